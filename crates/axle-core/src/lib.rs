@@ -1,0 +1,14 @@
+//! Axle's core: the policy layer above the kernels, as plain deterministic data structures.
+//!
+//! It decides which tokens run, where their KV lives and which token comes next; it never sees a
+//! tensor, never blocks, never does I/O. The runner (in `axle-models`) executes what this crate
+//! plans, and hands back logits for it to apply.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod sampler;
+
+pub use sampler::{Sampler, SamplingParams};
+
+/// A token id.
+pub type TokenId = u32;

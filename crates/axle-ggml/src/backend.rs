@@ -1,0 +1,335 @@
+//! Backends (CPU with a persistent thread pool, or any ggml device: CUDA, Metal, ...), buffer
+//! types, and the scheduler that allocates a graph's intermediates and runs it across backends.
+//! Nothing here names a specific accelerator: a build with the matching `llama-cpp-sys-2` feature
+//! (cuda, metal, vulkan) registers its device and Axle picks it up through [`Device::all`].
+use crate::{Error, Graph, Result};
+use llama_cpp_sys_2 as sys;
+use std::ffi::{CStr, CString};
+use std::sync::Arc;
+
+fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: ggml returns static or device-owned NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// What kind of device a backend runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU.
+    Cpu,
+    /// A discrete GPU.
+    Gpu,
+    /// An integrated GPU.
+    IntegratedGpu,
+    /// An accelerator (BLAS, AMX, ...) that only takes some ops.
+    Accelerator,
+    /// Anything else ggml may add.
+    Other,
+}
+
+/// A ggml backend device (owned by ggml's registry for the whole program).
+#[derive(Clone, Copy)]
+pub struct Device(sys::ggml_backend_dev_t);
+
+// SAFETY: devices are immutable registry entries that live for the whole program.
+unsafe impl Send for Device {}
+// SAFETY: as above; all accessors are read-only.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Loads dynamically built backends (e.g. `libggml-cuda.so`) from `dir`.
+    pub fn load_backends_from(dir: &std::path::Path) {
+        crate::quiet_logs();
+        if let Ok(c) = CString::new(dir.as_os_str().to_string_lossy().as_bytes()) {
+            // SAFETY: valid C string; ggml ignores directories without backends.
+            unsafe { sys::ggml_backend_load_all_from_path(c.as_ptr()) }
+        }
+    }
+
+    /// All registered devices.
+    pub fn all() -> Vec<Device> {
+        crate::quiet_logs();
+        // SAFETY: registry queries with indices below the count.
+        let n = unsafe { sys::ggml_backend_dev_count() };
+        (0..n)
+            .map(|i| Device(unsafe { sys::ggml_backend_dev_get(i) }))
+            .collect()
+    }
+
+    /// The CPU device.
+    pub fn cpu() -> Result<Device> {
+        // SAFETY: registry query.
+        let d = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+        if d.is_null() {
+            return Err(Error::NoDevice("no CPU device registered".into()));
+        }
+        Ok(Device(d))
+    }
+
+    /// The device's short name ("CPU", "CUDA0").
+    pub fn name(&self) -> String {
+        // SAFETY: valid device.
+        cstr(unsafe { sys::ggml_backend_dev_name(self.0) })
+    }
+
+    /// A human description (CPU model, GPU name).
+    pub fn description(&self) -> String {
+        // SAFETY: valid device.
+        cstr(unsafe { sys::ggml_backend_dev_description(self.0) })
+    }
+
+    /// The device kind.
+    pub fn kind(&self) -> DeviceKind {
+        // SAFETY: valid device.
+        match unsafe { sys::ggml_backend_dev_type(self.0) } {
+            sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            _ => DeviceKind::Other,
+        }
+    }
+
+    /// (free, total) memory in bytes.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid device, valid out pointers.
+        unsafe { sys::ggml_backend_dev_memory(self.0, &mut free, &mut total) };
+        (free, total)
+    }
+
+    /// The device's default buffer type.
+    pub fn buffer_type(&self) -> BufferType {
+        // SAFETY: valid device.
+        BufferType(unsafe { sys::ggml_backend_dev_buffer_type(self.0) })
+    }
+
+    /// The CPU's extra buffer types (the repacking ones that make Q4_0/Q4_K/IQ4_NL matmuls fast).
+    pub fn extra_buffer_types(&self) -> Vec<BufferType> {
+        let name = c"ggml_backend_dev_get_extra_bufts";
+        // SAFETY: valid device; the registry returns NULL when the function is not provided.
+        let f = unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.0);
+            sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr())
+        };
+        if f.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the registry documents this symbol with the ggml_backend_dev_get_extra_bufts_t signature.
+        let f: sys::ggml_backend_dev_get_extra_bufts_t = unsafe { std::mem::transmute(f) };
+        let mut out = Vec::new();
+        if let Some(f) = f {
+            // SAFETY: returns a NULL-terminated array owned by the backend.
+            let mut p = unsafe { f(self.0) };
+            // SAFETY: walk until the NULL terminator.
+            while !p.is_null() && unsafe { !(*p).is_null() } {
+                out.push(BufferType(unsafe { *p }));
+                p = unsafe { p.add(1) };
+            }
+        }
+        out
+    }
+}
+
+/// A ggml buffer type (where tensor memory lives, and in which layout).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferType(pub(crate) sys::ggml_backend_buffer_type_t);
+
+// SAFETY: buffer types are static descriptors owned by their backend registry.
+unsafe impl Send for BufferType {}
+// SAFETY: as above.
+unsafe impl Sync for BufferType {}
+
+impl BufferType {
+    /// The plain host (CPU) buffer type.
+    pub fn cpu() -> BufferType {
+        // SAFETY: static descriptor.
+        BufferType(unsafe { sys::ggml_backend_cpu_buffer_type() })
+    }
+
+    /// The buffer type's name ("CPU", "CPU_REPACK", "CUDA0").
+    pub fn name(&self) -> String {
+        // SAFETY: valid buffer type.
+        cstr(unsafe { sys::ggml_backend_buft_name(self.0) })
+    }
+}
+
+impl std::fmt::Debug for BufferType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A backend instance: a device ready to run graphs.
+pub struct Backend {
+    raw: sys::ggml_backend_t,
+    threadpool: *mut sys::ggml_threadpool,
+    device: Device,
+}
+
+// SAFETY: a backend is used by one thread at a time (the engine thread); ggml backends have no
+// thread affinity. Backend is not Sync.
+unsafe impl Send for Backend {}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: raw came from a backend init and is freed once; the thread pool is freed after the
+        // backend that uses it.
+        unsafe {
+            sys::ggml_backend_free(self.raw);
+            if !self.threadpool.is_null() {
+                sys::ggml_threadpool_free(self.threadpool);
+            }
+        }
+    }
+}
+
+impl Backend {
+    /// The CPU backend with a persistent pool of `n_threads` threads (reused across graphs).
+    pub fn cpu(n_threads: usize) -> Result<Backend> {
+        crate::quiet_logs();
+        let n_threads = n_threads.max(1) as i32;
+        // SAFETY: plain init calls; results checked for null.
+        unsafe {
+            let raw = sys::ggml_backend_cpu_init();
+            if raw.is_null() {
+                return Err(Error::NoDevice("ggml_backend_cpu_init failed".into()));
+            }
+            sys::ggml_backend_cpu_set_n_threads(raw, n_threads);
+            let mut params = sys::ggml_threadpool_params_default(n_threads);
+            let tp = sys::ggml_threadpool_new(&mut params);
+            if !tp.is_null() {
+                sys::ggml_backend_cpu_set_threadpool(raw, tp);
+            }
+            Ok(Backend {
+                raw,
+                threadpool: tp,
+                device: Device(sys::ggml_backend_get_device(raw)),
+            })
+        }
+    }
+
+    /// A backend on any device.
+    pub fn on(device: Device) -> Result<Backend> {
+        // SAFETY: valid device; NULL params means defaults.
+        let raw = unsafe { sys::ggml_backend_dev_init(device.0, std::ptr::null()) };
+        if raw.is_null() {
+            return Err(Error::NoDevice(format!(
+                "cannot initialise {}",
+                device.name()
+            )));
+        }
+        Ok(Backend {
+            raw,
+            threadpool: std::ptr::null_mut(),
+            device,
+        })
+    }
+
+    /// The backend's device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> String {
+        // SAFETY: valid backend.
+        cstr(unsafe { sys::ggml_backend_name(self.raw) })
+    }
+
+    /// Whether `buft`'s memory can feed a mul_mat of a weight shaped like `weight` on this
+    /// device (how the CPU decides which weights a repacking buffer type can take).
+    pub fn supports_matmul_weight(
+        &self,
+        buft: BufferType,
+        weight: crate::DType,
+        shape: &[i64],
+    ) -> bool {
+        let Ok(ctx) = crate::Context::new(3, 0) else {
+            return false;
+        };
+        let w = ctx.tensor(weight, shape);
+        let x = ctx.tensor(crate::DType::F32, &[shape[0], 512]);
+        let op = ctx.mul_mat(w, x);
+        // SAFETY: a zero-size buffer of `buft` is a dummy that only carries the type; it is attached
+        // to a metadata-only tensor for the query and freed right after.
+        unsafe {
+            let dummy = sys::ggml_backend_buft_alloc_buffer(buft.0, 0);
+            if dummy.is_null() {
+                return false;
+            }
+            (*w.raw()).buffer = dummy;
+            let ok = sys::ggml_backend_dev_supports_op(self.device.0, op.raw());
+            (*w.raw()).buffer = std::ptr::null_mut();
+            sys::ggml_backend_buffer_free(dummy);
+            ok
+        }
+    }
+}
+
+/// The graph scheduler: allocates intermediates in compute buffers and runs a graph, splitting it
+/// across backends by where weights live (the last backend must be the CPU).
+pub struct Scheduler {
+    raw: sys::ggml_backend_sched_t,
+    _backends: Vec<Arc<Backend>>,
+}
+
+// SAFETY: used from one thread at a time (the engine thread); not Sync.
+unsafe impl Send for Scheduler {}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: raw came from ggml_backend_sched_new, freed once, before its backends (held below).
+        unsafe { sys::ggml_backend_sched_free(self.raw) }
+    }
+}
+
+impl Scheduler {
+    /// A scheduler over `backends` (highest priority first, CPU last) for graphs of up to `max_nodes`.
+    pub fn new(backends: Vec<Arc<Backend>>, max_nodes: usize) -> Result<Scheduler> {
+        let mut raws: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw).collect();
+        // SAFETY: raws holds live backends kept alive by `_backends`; NULL bufts = defaults.
+        let raw = unsafe {
+            sys::ggml_backend_sched_new(
+                raws.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raws.len() as i32,
+                max_nodes,
+                false,
+                true,
+            )
+        };
+        if raw.is_null() {
+            return Err(Error::Alloc("ggml_backend_sched_new".into()));
+        }
+        Ok(Scheduler {
+            raw,
+            _backends: backends,
+        })
+    }
+
+    /// Assigns memory to every node of `graph` (call before writing inputs).
+    pub fn alloc(&mut self, graph: &mut Graph<'_>) -> Result<()> {
+        // SAFETY: live scheduler and graph. Reset drops the previous graph's assignment.
+        unsafe {
+            sys::ggml_backend_sched_reset(self.raw);
+            if !sys::ggml_backend_sched_alloc_graph(self.raw, graph.raw()) {
+                return Err(Error::Alloc("ggml_backend_sched_alloc_graph".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs an allocated graph to completion.
+    pub fn compute(&mut self, graph: &mut Graph<'_>) -> Result<()> {
+        // SAFETY: graph was allocated by `alloc` on this scheduler.
+        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.raw, graph.raw()) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Compute(st));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+//! Tensor element types, as ggml names them.
+use llama_cpp_sys_2 as sys;
+use std::ffi::CStr;
+
+/// A ggml tensor type (f32, f16, and the quantized block formats).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DType(pub(crate) sys::ggml_type);
+
+impl DType {
+    /// 32-bit float.
+    pub const F32: DType = DType(sys::GGML_TYPE_F32);
+    /// 16-bit float.
+    pub const F16: DType = DType(sys::GGML_TYPE_F16);
+    /// 32-bit signed integer.
+    pub const I32: DType = DType(sys::GGML_TYPE_I32);
+    /// 64-bit signed integer.
+    pub const I64: DType = DType(sys::GGML_TYPE_I64);
+
+    /// The type with ggml's raw id, if ggml knows it.
+    pub fn from_raw(id: u32) -> Option<DType> {
+        (id < sys::GGML_TYPE_COUNT).then_some(DType(id))
+    }
+
+    /// ggml's raw id.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// ggml's name for the type ("q4_K", "f16", ...).
+    pub fn name(self) -> String {
+        // SAFETY: ggml_type_name returns a static NUL-terminated string for every id below
+        // GGML_TYPE_COUNT (DType can only hold such ids), or NULL for removed ones.
+        let p = unsafe { sys::ggml_type_name(self.0) };
+        if p.is_null() {
+            return format!("type{}", self.0);
+        }
+        // SAFETY: non-null static C string from ggml.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// Bytes taken by a row of `n` elements of this type.
+    pub fn row_size(self, n: i64) -> usize {
+        // SAFETY: pure function of its arguments.
+        unsafe { sys::ggml_row_size(self.0, n) }
+    }
+}
+
+impl std::fmt::Debug for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}

@@ -1,0 +1,399 @@
+//! GGUF reading: metadata into plain Rust values, tensor descriptions, and the file mmap'd so that
+//! weights can be used in place. Parsing is ggml's own (`gguf_init_from_file`), checked before and
+//! after: the magic first (a clear "not a GGUF file"), then that the data region is complete.
+use crate::{DType, Error, Result};
+use llama_cpp_sys_2 as sys;
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One metadata value of a GGUF file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    /// Any unsigned integer type.
+    UInt(u64),
+    /// Any signed integer type.
+    Int(i64),
+    /// f32 or f64.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A UTF-8 string.
+    Str(String),
+    /// An array of values.
+    Array(Vec<MetaValue>),
+}
+
+impl MetaValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            MetaValue::UInt(_) => "unsigned integer",
+            MetaValue::Int(_) => "integer",
+            MetaValue::Float(_) => "float",
+            MetaValue::Bool(_) => "bool",
+            MetaValue::Str(_) => "string",
+            MetaValue::Array(_) => "array",
+        }
+    }
+
+    /// The value as an integer, if it is one.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            MetaValue::UInt(v) => i64::try_from(v).ok(),
+            MetaValue::Int(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The value as a float (integers convert).
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            MetaValue::Float(v) => Some(v),
+            MetaValue::UInt(v) => Some(v as f64),
+            MetaValue::Int(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+}
+
+/// Where one tensor lives in the file.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// GGUF tensor name (`blk.0.attn_q.weight`).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, ggml order (ne0 is the contiguous dimension); trailing ones dropped.
+    pub shape: Vec<i64>,
+    /// Byte offset of the data from the start of the file.
+    pub file_offset: u64,
+    /// Size of the data in bytes.
+    pub nbytes: u64,
+}
+
+/// An opened GGUF file: metadata, tensor table and the mmap of the whole file.
+pub struct GgufFile {
+    path: PathBuf,
+    metadata: BTreeMap<String, MetaValue>,
+    tensors: Vec<TensorInfo>,
+    mmap: Arc<Mmap>,
+}
+
+struct GgufCtx(*mut sys::gguf_context);
+impl Drop for GgufCtx {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from gguf_init_from_file, is non-null and freed once.
+        unsafe { sys::gguf_free(self.0) }
+    }
+}
+
+fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: gguf returns NUL-terminated strings owned by the context, alive during this call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+impl GgufFile {
+    /// Opens and validates a GGUF file, mmapping it.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        crate::quiet_logs();
+        let path = path.as_ref().to_path_buf();
+        let io = |source| Error::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::File::open(&path).map_err(io)?;
+        let file_size = file.metadata().map_err(io)?.len();
+        let mut magic = [0u8; 4];
+        let got = read_up_to(&mut file, &mut magic).map_err(io)?;
+        if got < 4 || &magic != b"GGUF" {
+            return Err(Error::NotGguf {
+                path,
+                magic: String::from_utf8_lossy(&magic[..got])
+                    .escape_debug()
+                    .to_string(),
+            });
+        }
+        let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
+            .map_err(|_| Error::MalformedGguf { path: path.clone() })?;
+        let params = sys::gguf_init_params {
+            no_alloc: true,
+            ctx: std::ptr::null_mut(),
+        };
+        // SAFETY: cpath is a valid C string; with ctx NULL no ggml context is created.
+        let raw = unsafe { sys::gguf_init_from_file(cpath.as_ptr(), params) };
+        if raw.is_null() {
+            return Err(Error::MalformedGguf { path });
+        }
+        let ctx = GgufCtx(raw);
+        let metadata = read_metadata(&ctx);
+        let tensors = read_tensors(&ctx)?;
+        let needed = tensors
+            .iter()
+            .map(|t| t.file_offset + t.nbytes)
+            .max()
+            .unwrap_or(0);
+        if needed > file_size {
+            return Err(Error::Truncated {
+                path,
+                needed,
+                actual: file_size,
+            });
+        }
+        // SAFETY: the file is opened read-only; Axle never writes model files while they are mapped.
+        // Another process truncating the file under us is outside what any mmap user can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Ok(GgufFile {
+            path,
+            metadata,
+            tensors,
+            mmap: Arc::new(mmap),
+        })
+    }
+
+    /// The file path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// File size in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.mmap.len() as u64
+    }
+
+    /// All metadata.
+    pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
+        &self.metadata
+    }
+
+    /// All tensors, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// A tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The raw bytes of a tensor (from the mmap).
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        &self.mmap[info.file_offset as usize..(info.file_offset + info.nbytes) as usize]
+    }
+
+    pub(crate) fn mmap(&self) -> &Arc<Mmap> {
+        &self.mmap
+    }
+
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.get(key)
+    }
+
+    fn typed<T>(
+        &self,
+        key: &str,
+        expected: &'static str,
+        f: impl Fn(&MetaValue) -> Option<T>,
+    ) -> Result<Option<T>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(v) => f(v).map(Some).ok_or(Error::KeyType {
+                key: key.into(),
+                found: v.kind(),
+                expected,
+            }),
+        }
+    }
+
+    /// An optional string value.
+    pub fn str_opt(&self, key: &str) -> Result<Option<&str>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Str(s)) => Ok(Some(s)),
+            Some(v) => Err(Error::KeyType {
+                key: key.into(),
+                found: v.kind(),
+                expected: "string",
+            }),
+        }
+    }
+
+    /// A required string value.
+    pub fn str(&self, key: &str) -> Result<&str> {
+        self.str_opt(key)?
+            .ok_or_else(|| Error::MissingKey(key.into()))
+    }
+
+    /// An optional integer value (any integer type).
+    pub fn int_opt(&self, key: &str) -> Result<Option<i64>> {
+        self.typed(key, "integer", MetaValue::as_i64)
+    }
+
+    /// A required integer value.
+    pub fn int(&self, key: &str) -> Result<i64> {
+        self.int_opt(key)?
+            .ok_or_else(|| Error::MissingKey(key.into()))
+    }
+
+    /// An optional float value (integers convert).
+    pub fn float_opt(&self, key: &str) -> Result<Option<f64>> {
+        self.typed(key, "float", MetaValue::as_f64)
+    }
+
+    /// An optional bool value.
+    pub fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        self.typed(key, "bool", |v| match v {
+            MetaValue::Bool(b) => Some(*b),
+            _ => None,
+        })
+    }
+
+    /// An optional array value.
+    pub fn array_opt(&self, key: &str) -> Result<Option<&[MetaValue]>> {
+        match self.metadata.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Array(a)) => Ok(Some(a)),
+            Some(v) => Err(Error::KeyType {
+                key: key.into(),
+                found: v.kind(),
+                expected: "array",
+            }),
+        }
+    }
+}
+
+fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+fn read_scalar(ctx: &GgufCtx, i: i64, ty: sys::gguf_type) -> MetaValue {
+    let c = ctx.0;
+    // SAFETY (all getters below): `i` is a valid key index of the live context and `ty` is the
+    // type gguf reported for it, which is what each getter asserts.
+    unsafe {
+        match ty {
+            sys::GGUF_TYPE_UINT8 => MetaValue::UInt(sys::gguf_get_val_u8(c, i) as u64),
+            sys::GGUF_TYPE_INT8 => MetaValue::Int(sys::gguf_get_val_i8(c, i) as i64),
+            sys::GGUF_TYPE_UINT16 => MetaValue::UInt(sys::gguf_get_val_u16(c, i) as u64),
+            sys::GGUF_TYPE_INT16 => MetaValue::Int(sys::gguf_get_val_i16(c, i) as i64),
+            sys::GGUF_TYPE_UINT32 => MetaValue::UInt(sys::gguf_get_val_u32(c, i) as u64),
+            sys::GGUF_TYPE_INT32 => MetaValue::Int(sys::gguf_get_val_i32(c, i) as i64),
+            sys::GGUF_TYPE_FLOAT32 => MetaValue::Float(sys::gguf_get_val_f32(c, i) as f64),
+            sys::GGUF_TYPE_BOOL => MetaValue::Bool(sys::gguf_get_val_bool(c, i)),
+            sys::GGUF_TYPE_STRING => MetaValue::Str(cstr(sys::gguf_get_val_str(c, i))),
+            sys::GGUF_TYPE_UINT64 => MetaValue::UInt(sys::gguf_get_val_u64(c, i)),
+            sys::GGUF_TYPE_INT64 => MetaValue::Int(sys::gguf_get_val_i64(c, i)),
+            sys::GGUF_TYPE_FLOAT64 => MetaValue::Float(sys::gguf_get_val_f64(c, i)),
+            _ => MetaValue::Array(Vec::new()),
+        }
+    }
+}
+
+fn read_array(ctx: &GgufCtx, i: i64) -> MetaValue {
+    let c = ctx.0;
+    // SAFETY: `i` is an array-typed key of the live context.
+    let (ty, n) = unsafe { (sys::gguf_get_arr_type(c, i), sys::gguf_get_arr_n(c, i)) };
+    if ty == sys::GGUF_TYPE_STRING {
+        // SAFETY: j < n for a string array.
+        let v = (0..n)
+            .map(|j| MetaValue::Str(cstr(unsafe { sys::gguf_get_arr_str(c, i, j) })))
+            .collect();
+        return MetaValue::Array(v);
+    }
+    if ty == sys::GGUF_TYPE_ARRAY {
+        // Nested arrays do not occur in the models we load; keep the count only.
+        return MetaValue::Array(Vec::new());
+    }
+    // SAFETY: for non-string arrays gguf returns a pointer to n packed elements of type `ty`.
+    let data = unsafe { sys::gguf_get_arr_data(c, i) };
+    macro_rules! arr {
+        ($t:ty, $wrap:expr) => {{
+            // SAFETY: data points to n elements of $t (the array's element type), alive with ctx.
+            let s = unsafe { std::slice::from_raw_parts(data as *const $t, n) };
+            MetaValue::Array(s.iter().map(|&x| $wrap(x)).collect())
+        }};
+    }
+    match ty {
+        sys::GGUF_TYPE_UINT8 => arr!(u8, |x: u8| MetaValue::UInt(x as u64)),
+        sys::GGUF_TYPE_INT8 => arr!(i8, |x: i8| MetaValue::Int(x as i64)),
+        sys::GGUF_TYPE_UINT16 => arr!(u16, |x: u16| MetaValue::UInt(x as u64)),
+        sys::GGUF_TYPE_INT16 => arr!(i16, |x: i16| MetaValue::Int(x as i64)),
+        sys::GGUF_TYPE_UINT32 => arr!(u32, |x: u32| MetaValue::UInt(x as u64)),
+        sys::GGUF_TYPE_INT32 => arr!(i32, |x: i32| MetaValue::Int(x as i64)),
+        sys::GGUF_TYPE_FLOAT32 => arr!(f32, |x: f32| MetaValue::Float(x as f64)),
+        sys::GGUF_TYPE_BOOL => arr!(u8, |x: u8| MetaValue::Bool(x != 0)),
+        sys::GGUF_TYPE_UINT64 => arr!(u64, MetaValue::UInt),
+        sys::GGUF_TYPE_INT64 => arr!(i64, MetaValue::Int),
+        sys::GGUF_TYPE_FLOAT64 => arr!(f64, MetaValue::Float),
+        _ => MetaValue::Array(Vec::new()),
+    }
+}
+
+fn read_metadata(ctx: &GgufCtx) -> BTreeMap<String, MetaValue> {
+    let mut out = BTreeMap::new();
+    // SAFETY: live context.
+    let n = unsafe { sys::gguf_get_n_kv(ctx.0) };
+    for i in 0..n {
+        // SAFETY: i < n_kv.
+        let (key, ty) = unsafe {
+            (
+                cstr(sys::gguf_get_key(ctx.0, i)),
+                sys::gguf_get_kv_type(ctx.0, i),
+            )
+        };
+        let v = if ty == sys::GGUF_TYPE_ARRAY {
+            read_array(ctx, i)
+        } else {
+            read_scalar(ctx, i, ty)
+        };
+        out.insert(key, v);
+    }
+    out
+}
+
+fn read_tensors(ctx: &GgufCtx) -> Result<Vec<TensorInfo>> {
+    let c = ctx.0;
+    // SAFETY: live context; all indices below are < n_tensors.
+    let (n, data_offset) = unsafe { (sys::gguf_get_n_tensors(c), sys::gguf_get_data_offset(c)) };
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        // SAFETY: i < n_tensors; ne points to 4 i64 values owned by ctx.
+        let (name, ty, off, size, ne) = unsafe {
+            let ne = std::slice::from_raw_parts(sys::gguf_get_tensor_ne(c, i), 4).to_vec();
+            (
+                cstr(sys::gguf_get_tensor_name(c, i)),
+                sys::gguf_get_tensor_type(c, i),
+                sys::gguf_get_tensor_offset(c, i),
+                sys::gguf_get_tensor_size(c, i),
+                ne,
+            )
+        };
+        let mut shape = ne;
+        while shape.len() > 1 && shape[shape.len() - 1] == 1 {
+            shape.pop();
+        }
+        let dtype = DType::from_raw(ty)
+            .ok_or_else(|| Error::Alloc(format!("unknown ggml type {ty} for {name}")))?;
+        out.push(TensorInfo {
+            name,
+            dtype,
+            shape,
+            file_offset: (data_offset + off) as u64,
+            nbytes: size as u64,
+        });
+    }
+    Ok(out)
+}

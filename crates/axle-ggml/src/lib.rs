@@ -1,0 +1,27 @@
+//! Safe RAII wrappers over ggml, reached through `llama-cpp-sys-2`.
+//!
+//! This is the only crate in Axle that contains `unsafe` code. It exposes a small tensor and graph
+//! API ([`Context`], [`Tensor`], [`Graph`]), backends and a scheduler ([`Backend`], [`Scheduler`]),
+//! GGUF reading with mmap'd weights ([`GgufFile`], [`TensorStore`]) and, for tests and benchmarks
+//! only, an in-process libllama oracle ([`oracle`]). It must not contain model policy: model graphs
+//! live in `axle-models`.
+#![deny(missing_docs)]
+
+mod backend;
+mod dtype;
+mod error;
+mod gguf;
+mod log;
+pub mod oracle;
+mod store;
+mod sysinfo;
+mod tensor;
+
+pub use backend::{Backend, BufferType, Device, DeviceKind, Scheduler};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use gguf::{GgufFile, MetaValue, TensorInfo};
+pub use log::quiet_logs;
+pub use store::{StoredTensor, TensorStore, WeightPlacement};
+pub use sysinfo::{cpu_features, system_info, CpuFeature};
+pub use tensor::{Context, GluOp, Graph, RopeParams, Tensor};

@@ -1,0 +1,281 @@
+//! libllama in-process, for tests (reference logits and tokenization) and benchmarks (the
+//! baseline). Never Axle's execution path. Same crate, same ggml build, same file.
+use crate::{Error, Result};
+use llama_cpp_sys_2 as sys;
+use std::ffi::CString;
+use std::path::Path;
+
+/// A token id.
+pub type Token = i32;
+
+/// A libllama model with one context.
+pub struct LlamaOracle {
+    model: *mut sys::llama_model,
+    ctx: *mut sys::llama_context,
+    threadpool: *mut sys::ggml_threadpool,
+    n_vocab: usize,
+    n_batch: usize,
+}
+
+// SAFETY: used from one thread at a time; not Sync.
+unsafe impl Send for LlamaOracle {}
+
+impl Drop for LlamaOracle {
+    fn drop(&mut self) {
+        // SAFETY: pointers came from libllama/ggml constructors and are freed once, context first.
+        unsafe {
+            sys::llama_free(self.ctx);
+            sys::llama_model_free(self.model);
+            if !self.threadpool.is_null() {
+                sys::ggml_threadpool_free(self.threadpool);
+            }
+        }
+    }
+}
+
+/// Options of the oracle context.
+#[derive(Debug, Clone)]
+pub struct OracleOptions {
+    /// Context length (KV cells).
+    pub n_ctx: u32,
+    /// Threads.
+    pub n_threads: usize,
+    /// Max sequences decoded together.
+    pub n_seq_max: u32,
+    /// Load only the vocabulary (for tokenizer tests).
+    pub vocab_only: bool,
+    /// Logical batch size.
+    pub n_batch: u32,
+}
+
+impl Default for OracleOptions {
+    fn default() -> Self {
+        OracleOptions {
+            n_ctx: 4096,
+            n_threads: 2,
+            n_seq_max: 1,
+            vocab_only: false,
+            n_batch: 512,
+        }
+    }
+}
+
+impl LlamaOracle {
+    /// Loads `path` with flash attention on, F16 KV and a persistent thread pool (as Axle runs).
+    pub fn load(path: &Path, opts: &OracleOptions) -> Result<LlamaOracle> {
+        crate::quiet_logs();
+        let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
+            .map_err(|e| Error::Oracle(e.to_string()))?;
+        // SAFETY: default-initialised params, valid path; every result is checked for null.
+        unsafe {
+            sys::llama_backend_init();
+            let mut mp = sys::llama_model_default_params();
+            mp.n_gpu_layers = 0;
+            mp.vocab_only = opts.vocab_only;
+            let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
+            if model.is_null() {
+                return Err(Error::Oracle(format!("cannot load {}", path.display())));
+            }
+            let vocab = sys::llama_model_get_vocab(model);
+            let n_vocab = sys::llama_vocab_n_tokens(vocab) as usize;
+            if opts.vocab_only {
+                return Ok(LlamaOracle {
+                    model,
+                    ctx: std::ptr::null_mut(),
+                    threadpool: std::ptr::null_mut(),
+                    n_vocab,
+                    n_batch: 0,
+                });
+            }
+            let mut cp = sys::llama_context_default_params();
+            cp.n_ctx = opts.n_ctx;
+            cp.n_batch = opts.n_batch;
+            cp.n_ubatch = opts.n_batch;
+            cp.n_seq_max = opts.n_seq_max;
+            cp.n_threads = opts.n_threads as i32;
+            cp.n_threads_batch = opts.n_threads as i32;
+            cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            cp.kv_unified = true;
+            cp.no_perf = true;
+            let ctx = sys::llama_init_from_model(model, cp);
+            if ctx.is_null() {
+                sys::llama_model_free(model);
+                return Err(Error::Oracle("cannot create llama context".into()));
+            }
+            let mut tpp = sys::ggml_threadpool_params_default(opts.n_threads as i32);
+            let threadpool = sys::ggml_threadpool_new(&mut tpp);
+            if !threadpool.is_null() {
+                sys::llama_attach_threadpool(ctx, threadpool, threadpool);
+            }
+            Ok(LlamaOracle {
+                model,
+                ctx,
+                threadpool,
+                n_vocab,
+                n_batch: opts.n_batch as usize,
+            })
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: live model.
+        unsafe { sys::llama_model_get_vocab(self.model) }
+    }
+
+    /// libllama's tokenization of `text`.
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>> {
+        let mut out = vec![0; text.len() + 8];
+        // SAFETY: text pointer/len pair is valid; out has the capacity passed.
+        let n = unsafe {
+            sys::llama_tokenize(
+                self.vocab(),
+                text.as_ptr().cast(),
+                text.len() as i32,
+                out.as_mut_ptr(),
+                out.len() as i32,
+                add_special,
+                parse_special,
+            )
+        };
+        if n < 0 {
+            out.resize((-n) as usize, 0);
+            // SAFETY: retried with the size libllama asked for.
+            let n2 = unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr().cast(),
+                    text.len() as i32,
+                    out.as_mut_ptr(),
+                    out.len() as i32,
+                    add_special,
+                    parse_special,
+                )
+            };
+            if n2 < 0 {
+                return Err(Error::Oracle("tokenize failed".into()));
+            }
+            out.truncate(n2 as usize);
+        } else {
+            out.truncate(n as usize);
+        }
+        Ok(out)
+    }
+
+    /// libllama's bytes for one token (`special` renders control tokens).
+    pub fn token_to_piece(&self, token: Token, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: buf has the length passed; retried with the size requested.
+        let n = unsafe {
+            sys::llama_token_to_piece(
+                self.vocab(),
+                token,
+                buf.as_mut_ptr().cast(),
+                buf.len() as i32,
+                0,
+                special,
+            )
+        };
+        if n < 0 {
+            buf.resize((-n) as usize, 0);
+            // SAFETY: as above.
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            buf.truncate(n.max(0) as usize);
+        } else {
+            buf.truncate(n as usize);
+        }
+        buf
+    }
+
+    /// Clears the KV cache.
+    pub fn clear(&mut self) {
+        // SAFETY: live context.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx), true) }
+    }
+
+    /// Removes positions >= `from` of sequence `seq` from the cache.
+    pub fn truncate(&mut self, seq: i32, from: i32) {
+        // SAFETY: live context.
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx), seq, from, -1) };
+    }
+
+    /// Decodes one batch of (token, position, sequence, wants_logits) entries and returns the
+    /// logits of the entries that asked for them, in order.
+    pub fn decode(&mut self, entries: &[(Token, i32, i32, bool)]) -> Result<Vec<Vec<f32>>> {
+        if self.ctx.is_null() {
+            return Err(Error::Oracle("vocab-only oracle cannot decode".into()));
+        }
+        if entries.is_empty() || entries.len() > self.n_batch {
+            return Err(Error::Oracle(format!(
+                "batch of {} entries (max {})",
+                entries.len(),
+                self.n_batch
+            )));
+        }
+        // SAFETY: batch allocated for entries.len() tokens and one seq id each; all writes are in
+        // bounds; logits are read only for entries flagged as outputs; batch freed before return.
+        unsafe {
+            let mut batch = sys::llama_batch_init(entries.len() as i32, 0, 1);
+            for (i, &(tok, pos, seq, logits)) in entries.iter().enumerate() {
+                *batch.token.add(i) = tok;
+                *batch.pos.add(i) = pos;
+                *batch.n_seq_id.add(i) = 1;
+                *(*batch.seq_id.add(i)) = seq;
+                *batch.logits.add(i) = logits as i8;
+            }
+            batch.n_tokens = entries.len() as i32;
+            let rc = sys::llama_decode(self.ctx, batch);
+            let mut out = Vec::new();
+            if rc == 0 {
+                for (i, e) in entries.iter().enumerate() {
+                    if e.3 {
+                        let p = sys::llama_get_logits_ith(self.ctx, i as i32);
+                        out.push(std::slice::from_raw_parts(p, self.n_vocab).to_vec());
+                    }
+                }
+            }
+            sys::llama_batch_free(batch);
+            if rc != 0 {
+                return Err(Error::Oracle(format!("llama_decode returned {rc}")));
+            }
+            Ok(out)
+        }
+    }
+
+    /// Processes a prompt for sequence 0 from position `start` in batches, returning the last logits.
+    pub fn prefill(&mut self, tokens: &[Token], start: i32) -> Result<Vec<f32>> {
+        let mut last = Vec::new();
+        let n = tokens.len();
+        for (c, chunk) in tokens.chunks(self.n_batch.max(1)).enumerate() {
+            let base = c * self.n_batch;
+            let entries: Vec<_> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| (t, start + (base + i) as i32, 0, base + i + 1 == n))
+                .collect();
+            let mut out = self.decode(&entries)?;
+            if let Some(l) = out.pop() {
+                last = l;
+            }
+        }
+        Ok(last)
+    }
+}

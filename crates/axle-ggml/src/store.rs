@@ -1,0 +1,271 @@
+//! Long-lived tensors (model weights, KV cache) with their backend memory: a [`TensorStore`] owns
+//! the metadata context, the buffers and, for weights used in place, the file mmap. Handles to its
+//! tensors ([`StoredTensor`]) keep the store alive, so a graph can never see freed weights.
+use crate::gguf::GgufFile;
+use crate::{Backend, BufferType, Context, DType, Error, Result, Tensor};
+use llama_cpp_sys_2 as sys;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+struct Buffer(sys::ggml_backend_buffer_t);
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by ggml, freed once, after no graph uses it (the store is dropped last).
+        unsafe { sys::ggml_backend_buffer_free(self.0) }
+    }
+}
+
+struct StoreInner {
+    ctx: Context,
+    _buffers: Vec<Buffer>,
+    _mmap: Option<Arc<Mmap>>,
+    by_name: HashMap<String, *mut sys::ggml_tensor>,
+}
+
+// SAFETY: after loading, the store's tensors are only read by graphs (weights) or written by graphs
+// run on the engine thread (KV); the metadata itself is never mutated again.
+unsafe impl Send for StoreInner {}
+// SAFETY: as above: shared access is read-only metadata access.
+unsafe impl Sync for StoreInner {}
+
+/// A set of persistent tensors and their memory.
+#[derive(Clone)]
+pub struct TensorStore {
+    inner: Arc<StoreInner>,
+}
+
+/// A handle to one tensor of a [`TensorStore`]; keeps the store alive.
+#[derive(Clone)]
+pub struct StoredTensor {
+    store: Arc<StoreInner>,
+    ptr: *mut sys::ggml_tensor,
+}
+
+// SAFETY: see StoreInner.
+unsafe impl Send for StoredTensor {}
+// SAFETY: see StoreInner.
+unsafe impl Sync for StoredTensor {}
+
+impl StoredTensor {
+    /// The tensor, usable in graphs while this handle is borrowed.
+    pub fn t(&self) -> Tensor<'_> {
+        let _ = &self.store;
+        Tensor::from_raw(self.ptr)
+    }
+}
+
+impl std::fmt::Debug for StoredTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.t();
+        write!(f, "{}:{:?}{:?}", t.name(), t.dtype(), t.ne())
+    }
+}
+
+/// Where model weights go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightPlacement {
+    /// Host memory: used in place from the mmap, except matmul weights that a CPU repacking buffer
+    /// type takes (copied once into its faster layout, as llama.cpp does).
+    Host {
+        /// Whether to use the repacking buffer types.
+        repack: bool,
+    },
+    /// All weights copied to one device buffer type (a GPU).
+    Device(BufferType),
+}
+
+impl TensorStore {
+    /// A tensor by name.
+    pub fn get(&self, name: &str) -> Option<StoredTensor> {
+        self.inner.by_name.get(name).map(|&ptr| StoredTensor {
+            store: self.inner.clone(),
+            ptr,
+        })
+    }
+
+    /// A tensor by name, or a clear error.
+    pub fn require(&self, name: &str) -> Result<StoredTensor> {
+        self.get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))
+    }
+
+    /// Names and buffer types of all tensors (for reports).
+    pub fn placement_summary(&self) -> Vec<(String, String)> {
+        self.inner
+            .ctx
+            .tensors()
+            .into_iter()
+            .map(|t| {
+                // SAFETY: tensors of a live store; buffer is set for all of them after loading.
+                let buft = unsafe {
+                    let b = (*t.raw()).buffer;
+                    if b.is_null() {
+                        String::new()
+                    } else {
+                        BufferType(sys::ggml_backend_buffer_get_type(b)).name()
+                    }
+                };
+                (t.name(), buft)
+            })
+            .collect()
+    }
+
+    /// Loads all tensors of a GGUF file. `matmul_weight(name)` tells which tensors are only used as
+    /// the weight of a mul_mat (candidates for repacking); `backend` answers support queries.
+    pub fn load_weights(
+        file: &GgufFile,
+        placement: WeightPlacement,
+        backend: &Backend,
+        matmul_weight: impl Fn(&str) -> bool,
+    ) -> Result<TensorStore> {
+        let infos = file.tensors();
+        let ctx = Context::new(infos.len() + 1, 0)?;
+        let mut by_name = HashMap::new();
+        let mut groups: HashMap<Option<BufferType>, Vec<(usize, *mut sys::ggml_tensor)>> =
+            HashMap::new();
+        let extras = match placement {
+            WeightPlacement::Host { repack: true } => backend.device().extra_buffer_types(),
+            _ => Vec::new(),
+        };
+        for (i, info) in infos.iter().enumerate() {
+            let t = ctx.tensor(info.dtype, &info.shape).named(&info.name);
+            if t.nbytes() as u64 != info.nbytes {
+                return Err(Error::TensorShape {
+                    name: info.name.clone(),
+                    found: info.shape.clone(),
+                    expected: vec![],
+                });
+            }
+            by_name.insert(info.name.clone(), t.raw());
+            let target = match placement {
+                WeightPlacement::Device(b) => Some(b),
+                WeightPlacement::Host { .. } => {
+                    let repackable = info.shape.len() == 2 && matmul_weight(&info.name);
+                    extras.iter().copied().find(|&b| {
+                        repackable && backend.supports_matmul_weight(b, info.dtype, &info.shape)
+                    })
+                }
+            };
+            groups.entry(target).or_default().push((i, t.raw()));
+        }
+        let mut buffers = Vec::new();
+        let mut mmap = None;
+        for (target, tensors) in groups {
+            match target {
+                None => {
+                    // In place: one host buffer over the whole mapping; tensors point into it.
+                    let m = file.mmap().clone();
+                    // SAFETY: the mapping outlives the buffer (both owned by the store; the buffer is
+                    // dropped first). ggml never writes to weight tensors.
+                    let buf = unsafe {
+                        sys::ggml_backend_cpu_buffer_from_ptr(m.as_ptr() as *mut _, m.len())
+                    };
+                    if buf.is_null() {
+                        return Err(Error::Alloc("cpu buffer over mmap".into()));
+                    }
+                    // SAFETY: buf is a fresh buffer.
+                    unsafe {
+                        sys::ggml_backend_buffer_set_usage(
+                            buf,
+                            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+                        )
+                    };
+                    buffers.push(Buffer(buf));
+                    for (i, t) in tensors {
+                        let off = infos[i].file_offset as usize;
+                        // SAFETY: off + nbytes <= file size was checked when the file was opened, so
+                        // the address lies inside buf.
+                        let st = unsafe {
+                            sys::ggml_backend_tensor_alloc(buf, t, m.as_ptr().add(off) as *mut _)
+                        };
+                        if st != sys::GGML_STATUS_SUCCESS {
+                            return Err(Error::Alloc(format!("placing {} in mmap", infos[i].name)));
+                        }
+                    }
+                    mmap = Some(m);
+                }
+                Some(buft) => {
+                    let buf =
+                        alloc_for(buft, &tensors.iter().map(|&(_, t)| t).collect::<Vec<_>>())?;
+                    // SAFETY: buf is a fresh buffer.
+                    unsafe {
+                        sys::ggml_backend_buffer_set_usage(
+                            buf.0,
+                            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+                        )
+                    };
+                    for (i, t) in tensors {
+                        let data = file.tensor_data(&infos[i]);
+                        // SAFETY: t is allocated in buf and data has exactly its nbytes (checked above);
+                        // repacking buffer types convert the layout inside set_tensor.
+                        unsafe {
+                            sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len())
+                        };
+                    }
+                    buffers.push(buf);
+                }
+            }
+        }
+        Ok(TensorStore {
+            inner: Arc::new(StoreInner {
+                ctx,
+                _buffers: buffers,
+                _mmap: mmap,
+                by_name,
+            }),
+        })
+    }
+
+    /// Zero-filled tensors of the given types and shapes in one buffer of `buft` (KV caches).
+    pub fn zeroed(buft: BufferType, specs: &[(String, DType, Vec<i64>)]) -> Result<TensorStore> {
+        let ctx = Context::new(specs.len() + 1, 0)?;
+        let mut by_name = HashMap::new();
+        let mut raws = Vec::new();
+        for (name, dtype, shape) in specs {
+            let t = ctx.tensor(*dtype, shape).named(name);
+            by_name.insert(name.clone(), t.raw());
+            raws.push(t.raw());
+        }
+        let buf = alloc_for(buft, &raws)?;
+        // SAFETY: fresh buffer.
+        unsafe { sys::ggml_backend_buffer_clear(buf.0, 0) };
+        Ok(TensorStore {
+            inner: Arc::new(StoreInner {
+                ctx,
+                _buffers: vec![buf],
+                _mmap: None,
+                by_name,
+            }),
+        })
+    }
+}
+
+/// Allocates one buffer of `buft` large enough for `tensors` and places each in it.
+fn alloc_for(buft: BufferType, tensors: &[*mut sys::ggml_tensor]) -> Result<Buffer> {
+    // SAFETY: size queries on live tensors; the buffer is checked for null; tallocr places tensors
+    // at aligned offsets inside the buffer it was given.
+    unsafe {
+        let align = sys::ggml_backend_buft_get_alignment(buft.0);
+        let mut size = 0usize;
+        for &t in tensors {
+            size += sys::ggml_backend_buft_get_alloc_size(buft.0, t).div_ceil(align) * align;
+        }
+        let buf = sys::ggml_backend_buft_alloc_buffer(buft.0, size.max(align));
+        if buf.is_null() {
+            return Err(Error::Alloc(format!(
+                "{} bytes of {}",
+                size,
+                BufferType(buft.0).name()
+            )));
+        }
+        let buf = Buffer(buf);
+        let mut talloc = sys::ggml_tallocr_new(buf.0);
+        for &t in tensors {
+            if sys::ggml_tallocr_alloc(&mut talloc, t) != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Alloc("tensor placement in buffer".into()));
+            }
+        }
+        Ok(buf)
+    }
+}

@@ -1,0 +1,453 @@
+//! The small safe tensor API that model files are written in: a [`Context`] owns tensor metadata,
+//! [`Tensor`] is a copyable handle that cannot outlive it, ops are methods on the context, and a
+//! [`Graph`] collects the ops to run. Memory for tensors comes from backend buffers (see
+//! [`crate::Scheduler`] and [`crate::TensorStore`]), never from the context itself.
+use crate::{DType, Error, Result};
+use llama_cpp_sys_2 as sys;
+use std::ffi::{CStr, CString};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// An owned ggml context holding tensor and graph metadata only (`no_alloc`).
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+// SAFETY: a ggml context is plain memory with no thread affinity; `Context` is not Sync, so it is
+// only ever used from one thread at a time.
+unsafe impl Send for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ggml_init and is freed exactly once.
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A handle to a tensor of a [`Context`], valid for the context's lifetime `'a`.
+#[derive(Clone, Copy)]
+pub struct Tensor<'a> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: PhantomData<&'a Context>,
+}
+
+/// A computation graph built in a [`Context`].
+pub struct Graph<'a> {
+    ptr: NonNull<sys::ggml_cgraph>,
+    _ctx: PhantomData<&'a Context>,
+}
+
+/// Gated linear unit variants of `glu_split`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GluOp {
+    /// silu(gate) * up (Llama, Qwen, Mistral).
+    SwiGlu,
+    /// gelu_tanh(gate) * up (Gemma).
+    GeGlu,
+}
+
+/// Rotary embedding parameters, as `ggml_rope_ext` takes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    /// Dimensions rotated (n_rot).
+    pub n_dims: i32,
+    /// 0 = normal (interleaved pairs, Llama), 2 = NeoX (halves, Qwen/Gemma).
+    pub mode: i32,
+    /// Original training context (YaRN).
+    pub n_ctx_orig: i32,
+    /// Base frequency.
+    pub freq_base: f32,
+    /// 1 / linear scaling factor.
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix (0 disables).
+    pub ext_factor: f32,
+    /// Magnitude scaling.
+    pub attn_factor: f32,
+    /// YaRN low correction dim.
+    pub beta_fast: f32,
+    /// YaRN high correction dim.
+    pub beta_slow: f32,
+}
+
+impl<'a> Tensor<'a> {
+    pub(crate) fn from_raw(ptr: *mut sys::ggml_tensor) -> Tensor<'a> {
+        Tensor {
+            ptr: NonNull::new(ptr).expect("ggml returned a null tensor"),
+            _ctx: PhantomData,
+        }
+    }
+
+    pub(crate) fn raw(self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn get(&self) -> &sys::ggml_tensor {
+        // SAFETY: the tensor lives in a context that outlives 'a (the handle's lifetime).
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Shape, ggml order (ne0 contiguous), always 4 entries.
+    pub fn ne(&self) -> [i64; 4] {
+        self.get().ne
+    }
+
+    /// Strides in bytes.
+    pub fn nb(&self) -> [usize; 4] {
+        self.get().nb
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        DType(self.get().type_)
+    }
+
+    /// Size of the tensor data in bytes.
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: valid tensor.
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+
+    /// Number of elements.
+    pub fn nelements(&self) -> i64 {
+        self.ne().iter().product()
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> String {
+        // SAFETY: valid tensor; the name is a NUL-terminated array inside it.
+        unsafe { CStr::from_ptr(sys::ggml_get_name(self.raw())) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Names the tensor (for debugging and dumps). Returns the same handle.
+    pub fn named(self, name: &str) -> Tensor<'a> {
+        if let Ok(c) = CString::new(name) {
+            // SAFETY: valid tensor and C string; ggml copies at most 63 bytes.
+            unsafe { sys::ggml_set_name(self.raw(), c.as_ptr()) };
+        }
+        self
+    }
+
+    /// Marks the tensor as a graph input (its memory is not reused for intermediates).
+    pub fn as_input(self) -> Tensor<'a> {
+        // SAFETY: valid tensor.
+        unsafe { sys::ggml_set_input(self.raw()) };
+        self
+    }
+
+    /// Marks the tensor as a graph output (kept after compute).
+    pub fn as_output(self) -> Tensor<'a> {
+        // SAFETY: valid tensor.
+        unsafe { sys::ggml_set_output(self.raw()) };
+        self
+    }
+
+    /// Whether backend memory has been assigned.
+    pub fn is_allocated(&self) -> bool {
+        !self.get().buffer.is_null()
+            || (!self.get().view_src.is_null() && !self.get().data.is_null())
+    }
+
+    fn check_io(&self, bytes: usize) -> Result<()> {
+        if !self.is_allocated() {
+            return Err(Error::Alloc(format!(
+                "tensor `{}` has no backend memory",
+                self.name()
+            )));
+        }
+        if bytes != self.nbytes() {
+            return Err(Error::DataSize {
+                name: self.name(),
+                tensor: self.nbytes(),
+                given: bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies host data into the tensor (whole tensor; `data` must match its size in bytes).
+    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(data);
+        self.check_io(bytes)?;
+        // SAFETY: the tensor is allocated in a backend buffer and `bytes` equals its size.
+        unsafe { sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), 0, bytes) };
+        Ok(())
+    }
+
+    /// Copies the tensor's data out to host memory (whole tensor).
+    pub fn read<T: Copy + Default>(&self, out: &mut Vec<T>) -> Result<()> {
+        let n = self.nbytes() / std::mem::size_of::<T>();
+        out.clear();
+        out.resize(n, T::default());
+        self.check_io(n * std::mem::size_of::<T>())?;
+        // SAFETY: allocated tensor, `out` holds exactly nbytes.
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), 0, self.nbytes())
+        };
+        Ok(())
+    }
+
+    /// Copies raw bytes into part of the tensor at byte `offset`.
+    pub fn write_bytes_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if !self.is_allocated() || offset + data.len() > self.nbytes() {
+            return Err(Error::DataSize {
+                name: self.name(),
+                tensor: self.nbytes(),
+                given: offset + data.len(),
+            });
+        }
+        // SAFETY: bounds checked above; tensor is allocated.
+        unsafe {
+            sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())
+        };
+        Ok(())
+    }
+}
+
+impl<'a> Graph<'a> {
+    /// Adds `t` and everything it depends on to the graph.
+    pub fn expand(&mut self, t: Tensor<'a>) {
+        // SAFETY: graph and tensor belong to live contexts of lifetime 'a.
+        unsafe { sys::ggml_build_forward_expand(self.ptr.as_ptr(), t.raw()) }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Context {
+    /// A metadata-only context with room for `n_tensors` tensors and, if `graph_nodes > 0`, one graph.
+    pub fn new(n_tensors: usize, graph_nodes: usize) -> Result<Context> {
+        crate::quiet_logs();
+        // SAFETY: pure size computations.
+        let mut size = unsafe { sys::ggml_tensor_overhead() } * n_tensors;
+        if graph_nodes > 0 {
+            // SAFETY: pure size computation.
+            size += unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
+        }
+        let params = sys::ggml_init_params {
+            mem_size: size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // SAFETY: valid params; ggml allocates its own metadata arena.
+        let ptr = unsafe { sys::ggml_init(params) };
+        NonNull::new(ptr)
+            .map(|ptr| Context { ptr })
+            .ok_or_else(|| Error::Alloc(format!("ggml_init({size} bytes)")))
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    /// A new graph with room for `nodes` nodes.
+    pub fn graph(&self, nodes: usize) -> Graph<'_> {
+        // SAFETY: the context was sized for a graph of this many nodes by `new`.
+        let g = unsafe { sys::ggml_new_graph_custom(self.raw(), nodes, false) };
+        Graph {
+            ptr: NonNull::new(g).expect("ggml_new_graph_custom returned null"),
+            _ctx: PhantomData,
+        }
+    }
+
+    /// A new tensor of the given type and shape (1 to 4 dims, ggml order).
+    pub fn tensor(&self, dtype: DType, shape: &[i64]) -> Tensor<'_> {
+        assert!((1..=4).contains(&shape.len()), "tensor rank must be 1..=4");
+        // SAFETY: valid context, shape has 1..=4 entries.
+        Tensor::from_raw(unsafe {
+            sys::ggml_new_tensor(self.raw(), dtype.0, shape.len() as i32, shape.as_ptr())
+        })
+    }
+
+    /// An input tensor: a new tensor marked as graph input.
+    pub fn input(&self, dtype: DType, shape: &[i64], name: &str) -> Tensor<'_> {
+        self.tensor(dtype, shape).named(name).as_input()
+    }
+
+    /// All tensors of this context, in creation order.
+    pub fn tensors(&self) -> Vec<Tensor<'_>> {
+        let mut out = Vec::new();
+        // SAFETY: valid context; iteration follows ggml's object list.
+        let mut t = unsafe { sys::ggml_get_first_tensor(self.raw()) };
+        while !t.is_null() {
+            out.push(Tensor::from_raw(t));
+            // SAFETY: t is a tensor of this context.
+            t = unsafe { sys::ggml_get_next_tensor(self.raw(), t) };
+        }
+        out
+    }
+}
+
+// The ops. Each wraps one ggml builder; ggml validates shapes with asserts, so the model code must
+// pass well-formed shapes (which it derives from validated hyperparameters).
+impl Context {
+    /// Matrix product: `a` [k, m] x `b` [k, n] -> [m, n] (a is usually the weight).
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: tensors and context are live for 'a.
+        Tensor::from_raw(unsafe { sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
+    }
+    /// Elementwise sum with broadcasting of `b`.
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_add(self.raw(), a.raw(), b.raw()) })
+    }
+    /// Elementwise product with broadcasting of `b`.
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_mul(self.raw(), a.raw(), b.raw()) })
+    }
+    /// Multiplies by a scalar.
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_scale(self.raw(), a.raw(), s) })
+    }
+    /// tanh, elementwise.
+    pub fn tanh<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_tanh(self.raw(), a.raw()) })
+    }
+    /// RMS norm over dim 0 (no weight).
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_rms_norm(self.raw(), a.raw(), eps) })
+    }
+    /// Rows of `a` selected by the I32 indices `ids`.
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
+    }
+    /// Writes rows of `src` into `dst` at the I64 row indices `ids`; returns a view of `dst`.
+    pub fn set_rows<'a>(&'a self, dst: Tensor<'a>, src: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_set_rows(self.raw(), dst.raw(), src.raw(), ids.raw()) })
+    }
+    /// Same data, new contiguous shape.
+    pub fn reshape<'a>(&'a self, a: Tensor<'a>, shape: &[i64]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the element count matches.
+        let r = unsafe {
+            match *shape {
+                [a0] => sys::ggml_reshape_1d(self.raw(), a.raw(), a0),
+                [a0, a1] => sys::ggml_reshape_2d(self.raw(), a.raw(), a0, a1),
+                [a0, a1, a2] => sys::ggml_reshape_3d(self.raw(), a.raw(), a0, a1, a2),
+                [a0, a1, a2, a3] => sys::ggml_reshape_4d(self.raw(), a.raw(), a0, a1, a2, a3),
+                _ => panic!("reshape rank must be 1..=4"),
+            }
+        };
+        Tensor::from_raw(r)
+    }
+    /// A strided view: `shape` with byte strides `strides` (one fewer than the rank) at byte `offset`.
+    pub fn view<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        shape: &[i64],
+        strides: &[usize],
+        offset: usize,
+    ) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the view lies inside the source.
+        let r = unsafe {
+            match (shape, strides) {
+                ([n0], []) => sys::ggml_view_1d(self.raw(), a.raw(), *n0, offset),
+                ([n0, n1], [s1]) => sys::ggml_view_2d(self.raw(), a.raw(), *n0, *n1, *s1, offset),
+                ([n0, n1, n2], [s1, s2]) => {
+                    sys::ggml_view_3d(self.raw(), a.raw(), *n0, *n1, *n2, *s1, *s2, offset)
+                }
+                ([n0, n1, n2, n3], [s1, s2, s3]) => sys::ggml_view_4d(
+                    self.raw(),
+                    a.raw(),
+                    *n0,
+                    *n1,
+                    *n2,
+                    *n3,
+                    *s1,
+                    *s2,
+                    *s3,
+                    offset,
+                ),
+                _ => panic!("view: rank must be 1..=4 with rank-1 strides"),
+            }
+        };
+        Tensor::from_raw(r)
+    }
+    /// Permutes dimensions (ggml semantics: axis i of `a` goes to position `axes[i]`).
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe {
+            sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3])
+        })
+    }
+    /// A contiguous copy.
+    pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_cont(self.raw(), a.raw()) })
+    }
+    /// Gated linear unit of two tensors: act(gate) * up.
+    pub fn glu<'a>(&'a self, gate: Tensor<'a>, up: Tensor<'a>, op: GluOp) -> Tensor<'a> {
+        let op = match op {
+            GluOp::SwiGlu => sys::GGML_GLU_OP_SWIGLU,
+            GluOp::GeGlu => sys::GGML_GLU_OP_GEGLU,
+        };
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_glu_split(self.raw(), gate.raw(), up.raw(), op) })
+    }
+    /// Rotary position embedding of `a` [head_dim, n_head, n_tokens] at I32 positions `pos`,
+    /// with optional per-dimension frequency factors (llama3 / longrope).
+    pub fn rope<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        factors: Option<Tensor<'a>>,
+        p: &RopeParams,
+    ) -> Tensor<'a> {
+        let f = factors.map_or(std::ptr::null_mut(), |t| t.raw());
+        // SAFETY: as above; a null factor tensor means none.
+        Tensor::from_raw(unsafe {
+            sys::ggml_rope_ext(
+                self.raw(),
+                a.raw(),
+                pos.raw(),
+                f,
+                p.n_dims,
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+    /// Fused attention: q [d, n_q, n_head], k/v [d, n_kv, n_head_kv] (F16), mask F16 [n_kv, n_q];
+    /// returns [d_v, n_head, n_q] accumulated in F32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        mask: Tensor<'a>,
+        scale: f32,
+        softcap: f32,
+    ) -> Tensor<'a> {
+        // SAFETY: as above.
+        let t = unsafe {
+            sys::ggml_flash_attn_ext(
+                self.raw(),
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                mask.raw(),
+                scale,
+                0.0,
+                softcap,
+            )
+        };
+        // SAFETY: t is a fresh flash-attn node.
+        unsafe { sys::ggml_prec_set_acc(t, sys::GGML_PREC_F32) };
+        Tensor::from_raw(t)
+    }
+}

@@ -1,0 +1,153 @@
+//! Llama family (`llama` GGUF architecture: Llama 2/3, SmolLM, Mistral without sliding window):
+//! RMSNorm, rotary embeddings (with llama3 frequency factors when the file has them), grouped-query
+//! attention, SwiGLU feed-forward, tied or separate output matrix.
+use super::{Family, Hparams, Weights};
+use crate::blocks::{AttnSpec, FfnWeights, Step};
+use crate::ModelError;
+use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor, TensorStore};
+
+/// One decoder layer.
+struct Layer {
+    /// [n_embd]
+    attn_norm: StoredTensor,
+    /// [n_embd, n_head * head_dim]
+    wq: StoredTensor,
+    /// [n_embd, n_head_kv * head_dim]
+    wk: StoredTensor,
+    /// [n_embd, n_head_kv * head_dim]
+    wv: StoredTensor,
+    /// [n_head * head_dim, n_embd]
+    wo: StoredTensor,
+    /// Optional QKV biases.
+    bq: Option<StoredTensor>,
+    bk: Option<StoredTensor>,
+    bv: Option<StoredTensor>,
+    /// [n_embd]
+    ffn_norm: StoredTensor,
+    /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
+    ffn_gate: StoredTensor,
+    ffn_up: StoredTensor,
+    ffn_down: StoredTensor,
+}
+
+/// The Llama model.
+pub struct Llama {
+    hp: Hparams,
+    /// [n_embd, n_vocab]
+    tok_embd: StoredTensor,
+    /// [n_embd]
+    output_norm: StoredTensor,
+    /// [n_embd, n_vocab] (the embedding matrix when tied)
+    output: StoredTensor,
+    /// [head_dim / 2] llama3 rope frequency factors
+    rope_freqs: Option<StoredTensor>,
+    layers: Vec<Layer>,
+    attn: AttnSpec,
+}
+
+/// Reads the config and binds the weights.
+pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
+    let hp = Hparams::from_gguf(f, "llama", 0)?;
+    Ok(Box::new(Llama::new(hp, store)?))
+}
+
+impl Llama {
+    fn new(hp: Hparams, store: &TensorStore) -> Result<Llama, ModelError> {
+        let w = Weights::new(store);
+        let (e, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
+        let (q_dim, kv_dim) = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k);
+        let vv_dim = hp.n_head_kv * hp.head_dim_v;
+        let tok_embd = w.req("token_embd.weight", &[e, v])?;
+        let output = w
+            .opt("output.weight", &[e, v])?
+            .unwrap_or_else(|| tok_embd.clone());
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for i in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            layers.push(Layer {
+                attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
+                wq: w.req(&n("attn_q.weight"), &[e, q_dim])?,
+                wk: w.req(&n("attn_k.weight"), &[e, kv_dim])?,
+                wv: w.req(&n("attn_v.weight"), &[e, vv_dim])?,
+                wo: w.req(&n("attn_output.weight"), &[hp.n_head * hp.head_dim_v, e])?,
+                bq: w.opt(&n("attn_q.bias"), &[q_dim])?,
+                bk: w.opt(&n("attn_k.bias"), &[kv_dim])?,
+                bv: w.opt(&n("attn_v.bias"), &[vv_dim])?,
+                ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
+                ffn_gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
+                ffn_up: w.req(&n("ffn_up.weight"), &[e, ff])?,
+                ffn_down: w.req(&n("ffn_down.weight"), &[ff, e])?,
+            });
+        }
+        let attn = AttnSpec {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim_k: hp.head_dim_k,
+            head_dim_v: hp.head_dim_v,
+            scale: 1.0 / (hp.head_dim_k as f32).sqrt(),
+            softcap: 0.0,
+            sliding: false,
+        };
+        Ok(Llama {
+            tok_embd,
+            output_norm: w.req("output_norm.weight", &[e])?,
+            output,
+            rope_freqs: w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?,
+            layers,
+            attn,
+            hp,
+        })
+    }
+}
+
+impl Family for Llama {
+    fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
+        let g = s.ctx;
+        let (hp, n) = (&self.hp, s.n_tokens);
+        let rope_freqs = self.rope_freqs.as_ref().map(|t| t.t());
+        let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
+        let last = self.layers.len() - 1;
+        for (il, l) in self.layers.iter().enumerate() {
+            let h = s.rms_norm(x, &l.attn_norm, hp.rms_eps);
+            let q = g.reshape(
+                s.linear(&l.wq, l.bq.as_ref(), h),
+                &[hp.head_dim_k, hp.n_head, n],
+            );
+            let k = g.reshape(
+                s.linear(&l.wk, l.bk.as_ref(), h),
+                &[hp.head_dim_k, hp.n_head_kv, n],
+            );
+            let v = g.reshape(
+                s.linear(&l.wv, l.bv.as_ref(), h),
+                &[hp.head_dim_v, hp.n_head_kv, n],
+            );
+            let q = g.rope(q, s.pos, rope_freqs, &hp.rope);
+            let k = g.rope(k, s.pos, rope_freqs, &hp.rope);
+            let a = s.attention(il, q, k, v, &self.attn);
+            let mut o = g.mul_mat(l.wo.t(), a);
+            let mut residual = x;
+            if il == last {
+                o = g.get_rows(o, s.out_ids);
+                residual = g.get_rows(residual, s.out_ids);
+            }
+            let x_attn = g.add(o, residual);
+            let h = s.rms_norm(x_attn, &l.ffn_norm, hp.rms_eps);
+            let f = s.ffn(
+                h,
+                FfnWeights {
+                    gate: &l.ffn_gate,
+                    up: &l.ffn_up,
+                    down: &l.ffn_down,
+                },
+                GluOp::SwiGlu,
+            );
+            x = g.add(f, x_attn).named(&format!("l_out-{il}"));
+        }
+        let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
+        g.mul_mat(self.output.t(), x).named("result_output")
+    }
+}

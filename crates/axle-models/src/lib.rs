@@ -1,0 +1,57 @@
+//! Axle's models: GGUF weights bound to one hand-written graph per architecture family, the
+//! tokenizers and chat templates that go with them, and the [`Runner`] that executes a step of a
+//! core plan as one ggml graph. Model files never touch raw pointers (that is `axle-ggml`'s job)
+//! and never decide policy (that is `axle-core`'s).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod arch;
+pub mod blocks;
+pub mod chat;
+pub mod kv;
+pub mod model;
+pub mod runner;
+pub mod sequence;
+pub mod tokenizer;
+
+pub use chat::{ChatError, ChatMessage, ChatTemplate};
+pub use model::{default_threads, Model, ModelOptions};
+pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput};
+pub use sequence::Sequence;
+pub use tokenizer::{StreamDecoder, TokenId, Tokenizer};
+
+/// Errors of model loading and execution.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// File, format or ggml failure.
+    #[error(transparent)]
+    Ggml(#[from] axle_ggml::Error),
+    /// Tokenizer construction failure.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    /// Chat template failure.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    /// The file's architecture has no family here.
+    #[error("unsupported model architecture `{arch}` (supported: {supported})")]
+    UnsupportedArch {
+        /// The architecture in the file.
+        arch: String,
+        /// What Axle implements.
+        supported: String,
+    },
+    /// Inconsistent hyperparameters.
+    #[error("invalid model: {0}")]
+    Invalid(String),
+    /// The prompt and generation do not fit the context.
+    #[error("prompt of {tokens} tokens does not fit the context of {limit} tokens")]
+    ContextOverflow {
+        /// Tokens needed.
+        tokens: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A malformed step.
+    #[error("bad batch: {0}")]
+    Batch(String),
+}

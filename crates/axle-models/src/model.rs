@@ -1,0 +1,149 @@
+//! A loaded model: the GGUF file's weights in backend memory, its family graph, tokenizer and chat
+//! template. Loading validates everything a user can get wrong (path, format, architecture) and
+//! reports it as one clear error.
+use crate::arch::{self, Family};
+use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::tokenizer::Tokenizer;
+use crate::ModelError;
+use axle_ggml::{Backend, GgufFile, TensorStore, WeightPlacement};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// CPU threads.
+    pub threads: usize,
+    /// Use the CPU repacking buffer types for matmul weights (faster Q4_0 / Q4_K / IQ4_NL).
+    pub repack: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            threads: default_threads(),
+            repack: true,
+        }
+    }
+}
+
+/// Physical cores are what ggml scales with; use all available parallelism by default.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// A loaded model.
+pub struct Model {
+    path: PathBuf,
+    family: Box<dyn Family>,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    chat_source: Option<String>,
+    _weights: TensorStore,
+    backend: Arc<Backend>,
+    file_size: u64,
+    threads: usize,
+}
+
+impl Model {
+    /// Loads a GGUF model.
+    pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Model, ModelError> {
+        let path = path.as_ref();
+        let file = GgufFile::open(path)?;
+        let arch_name = file.str("general.architecture")?.to_string();
+        let loader = arch::loader_for(&arch_name)?;
+        let backend = Arc::new(Backend::cpu(opts.threads)?);
+        let weights = TensorStore::load_weights(
+            &file,
+            WeightPlacement::Host {
+                repack: opts.repack,
+            },
+            &backend,
+            |name| name != "token_embd.weight",
+        )?;
+        let family = loader(&file, &weights)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let hp = family.hparams();
+        if tokenizer.len() as i64 > hp.n_vocab {
+            return Err(ModelError::Invalid(format!(
+                "tokenizer has {} tokens but the output layer has {} rows",
+                tokenizer.len(),
+                hp.n_vocab
+            )));
+        }
+        let chat_source = file.str_opt("tokenizer.chat_template")?.map(str::to_string);
+        Ok(Model {
+            path: path.to_path_buf(),
+            family,
+            tokenizer,
+            chat_source,
+            _weights: weights,
+            backend,
+            file_size: file.file_size(),
+            threads: opts.threads,
+        })
+    }
+
+    /// The model file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size of the model file in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.file_size
+    }
+
+    /// CPU threads in use.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The family graph.
+    pub fn family(&self) -> &dyn Family {
+        self.family.as_ref()
+    }
+
+    /// The CPU backend.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    /// GGUF architecture name.
+    pub fn arch(&self) -> &str {
+        &self.family.hparams().arch
+    }
+
+    /// Training context length.
+    pub fn n_ctx_train(&self) -> u32 {
+        self.family.hparams().n_ctx_train
+    }
+
+    /// The chat template (the model's, or the built-in one for its family).
+    pub fn chat_template(&self) -> Result<ChatTemplate, ChatError> {
+        let tok = &self.tokenizer;
+        let text = |t: Option<u32>| t.and_then(|t| tok.token_text(t)).unwrap_or("").to_string();
+        ChatTemplate::new(
+            self.chat_source.as_deref(),
+            self.arch(),
+            &text(tok.bos),
+            &text(tok.eos),
+        )
+    }
+
+    /// Renders messages with the chat template and tokenizes the result (special tokens parsed;
+    /// BOS added only if the template did not already write it).
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
+        let text = self.chat_template()?.render(messages, true, None)?;
+        let tok = &self.tokenizer;
+        let mut ids = tok.encode(&text, false, true);
+        if tok.add_bos {
+            if let Some(bos) = tok.bos {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+}

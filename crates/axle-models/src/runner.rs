@@ -1,0 +1,287 @@
+//! The runner: executes one step of a plan (many sequences, each a prefill chunk or a decode
+//! token) as one ggml graph over the whole batch, with KV in paged slots. It builds the graph
+//! inputs (token ids, positions, slot indices, attention masks, output rows), lets the model family
+//! build the graph, computes it and returns the logits of the rows that asked for them. It decides
+//! no policy: which tokens, which slots and which rows come from the caller (the core).
+use crate::blocks::Step;
+use crate::kv::KvCache;
+use crate::model::Model;
+use crate::ModelError;
+use axle_core::TokenId;
+use axle_ggml::{BufferType, Context, DType, Scheduler};
+use half::f16;
+use std::sync::Arc;
+
+/// Which logits a sequence wants back from a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prefill chunk that does not end the prompt).
+    None,
+    /// The last token's (end of prompt, or a plain decode).
+    Last,
+    /// Every token's (verifying draft tokens).
+    All,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone)]
+pub struct SeqInput {
+    /// Tokens to run, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: Vec<TokenId>,
+    /// Position of the first token (= tokens already in the KV cache for this sequence).
+    pub start_pos: u32,
+    /// Physical block of each logical block of the sequence; must cover every position up to the
+    /// last token of this step.
+    pub block_table: Vec<u32>,
+    /// Which logits to return.
+    pub logits: LogitRows,
+}
+
+/// Logits returned by a step, one row per requested position, in input order.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// Row-major logits, `rows.len() * n_vocab`.
+    pub logits: Vec<f32>,
+    /// Vocabulary size (row length).
+    pub n_vocab: usize,
+    /// For each row: (sequence index in the step, token index within that sequence's input).
+    pub rows: Vec<(usize, usize)>,
+}
+
+impl StepOutput {
+    /// Logits of row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    /// Logits of (sequence, token index), if requested.
+    pub fn find(&self, seq: usize, tok: usize) -> Option<&[f32]> {
+        self.rows
+            .iter()
+            .position(|&r| r == (seq, tok))
+            .map(|i| self.row(i))
+    }
+}
+
+/// Options of a runner.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    /// KV slots (the total context across all sequences).
+    pub kv_slots: u32,
+    /// Slots per block.
+    pub block_size: u32,
+    /// Most tokens in one step.
+    pub max_batch_tokens: usize,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            kv_slots: 4096,
+            block_size: 16,
+            max_batch_tokens: 512,
+        }
+    }
+}
+
+/// Graph nodes reserved per step; generous for the families we build (about 30 per layer).
+const MAX_NODES: usize = 16384;
+/// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
+const KV_PAD: u32 = 256;
+
+/// Executes plans on one model.
+pub struct Runner {
+    model: Arc<Model>,
+    kv: KvCache,
+    sched: Scheduler,
+    opts: RunnerOptions,
+    host: HostInputs,
+}
+
+#[derive(Default)]
+struct HostInputs {
+    tokens: Vec<i32>,
+    pos: Vec<i32>,
+    slots: Vec<i64>,
+    mask: Vec<u16>,
+    mask_swa: Vec<u16>,
+    out_ids: Vec<i32>,
+    rows: Vec<(usize, usize)>,
+}
+
+impl Runner {
+    /// A runner with a fresh KV cache.
+    pub fn new(model: Arc<Model>, opts: RunnerOptions) -> Result<Runner, ModelError> {
+        if opts.block_size == 0 || opts.kv_slots == 0 || opts.kv_slots % opts.block_size != 0 {
+            return Err(ModelError::Invalid(format!(
+                "kv slots ({}) must be a positive multiple of the block size ({})",
+                opts.kv_slots, opts.block_size
+            )));
+        }
+        let kv = KvCache::new(
+            BufferType::cpu(),
+            &model.family().hparams().kv_dims(),
+            opts.kv_slots,
+        )?;
+        let sched = Scheduler::new(vec![model.backend().clone()], MAX_NODES)?;
+        Ok(Runner {
+            model,
+            kv,
+            sched,
+            opts,
+            host: HostInputs::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Options in force.
+    pub fn options(&self) -> &RunnerOptions {
+        &self.opts
+    }
+
+    /// Number of KV blocks.
+    pub fn n_blocks(&self) -> u32 {
+        self.opts.kv_slots / self.opts.block_size
+    }
+
+    fn slot(&self, table: &[u32], pos: u32) -> Result<u32, ModelError> {
+        let bs = self.opts.block_size;
+        let block = *table.get((pos / bs) as usize).ok_or_else(|| {
+            ModelError::Batch(format!("block table too short for position {pos}"))
+        })?;
+        if block >= self.n_blocks() {
+            return Err(ModelError::Batch(format!(
+                "block {block} out of range ({} blocks)",
+                self.n_blocks()
+            )));
+        }
+        Ok(block * bs + pos % bs)
+    }
+
+    fn prepare(&mut self, seqs: &[SeqInput]) -> Result<(i64, u32), ModelError> {
+        let window = self.model.family().sliding_window();
+        let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n_tokens == 0 {
+            return Err(ModelError::Batch("empty step".into()));
+        }
+        if n_tokens > self.opts.max_batch_tokens {
+            return Err(ModelError::Batch(format!(
+                "{n_tokens} tokens exceed the step budget {}",
+                self.opts.max_batch_tokens
+            )));
+        }
+        let n_vocab = self.model.family().hparams().n_vocab;
+        let mut h = std::mem::take(&mut self.host);
+        h.tokens.clear();
+        h.pos.clear();
+        h.slots.clear();
+        h.out_ids.clear();
+        h.rows.clear();
+        // Highest slot any token of this step can see, to size the mask.
+        let mut max_slot = 0u32;
+        for s in seqs {
+            for p in 0..s.start_pos + s.tokens.len() as u32 {
+                max_slot = max_slot.max(self.slot(&s.block_table, p)?);
+            }
+        }
+        let n_kv = (max_slot + 1).div_ceil(KV_PAD) * KV_PAD;
+        let n_kv = n_kv.min(self.opts.kv_slots);
+        let neg = f16::NEG_INFINITY.to_bits();
+        h.mask.clear();
+        h.mask.resize(n_kv as usize * n_tokens, neg);
+        if window.is_some() {
+            h.mask_swa.clear();
+            h.mask_swa.resize(n_kv as usize * n_tokens, neg);
+        }
+        let mut row = 0usize;
+        for (si, s) in seqs.iter().enumerate() {
+            for (ti, &t) in s.tokens.iter().enumerate() {
+                if t as i64 >= n_vocab {
+                    return Err(ModelError::Batch(format!(
+                        "token id {t} is outside the vocabulary ({n_vocab})"
+                    )));
+                }
+                let p = s.start_pos + ti as u32;
+                h.tokens.push(t as i32);
+                h.pos.push(p as i32);
+                h.slots.push(self.slot(&s.block_table, p)? as i64);
+                let base = row * n_kv as usize;
+                for q in 0..=p {
+                    let slot = self.slot(&s.block_table, q)? as usize;
+                    h.mask[base + slot] = 0;
+                    if let Some(w) = window {
+                        if p - q < w {
+                            h.mask_swa[base + slot] = 0;
+                        }
+                    }
+                }
+                let want = match s.logits {
+                    LogitRows::None => false,
+                    LogitRows::Last => ti + 1 == s.tokens.len(),
+                    LogitRows::All => true,
+                };
+                if want {
+                    h.out_ids.push(row as i32);
+                    h.rows.push((si, ti));
+                }
+                row += 1;
+            }
+        }
+        self.host = h;
+        Ok((n_tokens as i64, n_kv))
+    }
+
+    /// Runs one step and returns the requested logits.
+    pub fn step(&mut self, seqs: &[SeqInput]) -> Result<StepOutput, ModelError> {
+        let (n, n_kv) = self.prepare(seqs)?;
+        let n_out = self.host.out_ids.len() as i64;
+        let hp_vocab = self.model.family().hparams().n_vocab as usize;
+        if n_out == 0 {
+            // Nothing to return, but the KV must still be written: compute with one output row.
+            self.host.out_ids.push(n as i32 - 1);
+        }
+        let n_out_graph = self.host.out_ids.len() as i64;
+        let has_swa = self.model.family().sliding_window().is_some();
+        let ctx = Context::new(MAX_NODES * 2, MAX_NODES)?;
+        let mut step = Step {
+            ctx: &ctx,
+            graph: ctx.graph(MAX_NODES),
+            n_tokens: n,
+            tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
+            pos: ctx.input(DType::I32, &[n], "inp_pos"),
+            slots: ctx.input(DType::I64, &[n], "inp_slots"),
+            mask: ctx.input(DType::F16, &[n_kv as i64, n], "inp_kq_mask"),
+            mask_swa: has_swa.then(|| ctx.input(DType::F16, &[n_kv as i64, n], "inp_kq_mask_swa")),
+            out_ids: ctx.input(DType::I32, &[n_out_graph], "inp_out_ids"),
+            n_kv: n_kv as i64,
+            kv: &self.kv,
+        };
+        let logits = self.model.family().forward(&mut step).as_output();
+        let mut graph = step.graph;
+        graph.expand(logits);
+        self.sched.alloc(&mut graph)?;
+        let h = &self.host;
+        step.tokens.write(&h.tokens)?;
+        step.pos.write(&h.pos)?;
+        step.slots.write(&h.slots)?;
+        step.mask.write(&h.mask)?;
+        if let Some(m) = step.mask_swa {
+            m.write(&h.mask_swa)?;
+        }
+        step.out_ids.write(&h.out_ids)?;
+        self.sched.compute(&mut graph)?;
+        let mut out = StepOutput {
+            n_vocab: hp_vocab,
+            rows: h.rows.clone(),
+            logits: Vec::new(),
+        };
+        if n_out > 0 {
+            logits.read(&mut out.logits)?;
+        }
+        Ok(out)
+    }
+}

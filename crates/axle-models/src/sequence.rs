@@ -1,0 +1,94 @@
+//! One sequence on a contiguous KV range (slot = position): the simplest client of the runner, used
+//! by single-prompt generation and the oracle tests. The paged, multi-sequence path is the engine's.
+use crate::runner::{LogitRows, Runner, SeqInput};
+use crate::ModelError;
+use axle_core::TokenId;
+
+/// A single sequence occupying slots `0..len` of a runner's KV cache.
+pub struct Sequence {
+    tokens: Vec<TokenId>,
+    table: Vec<u32>,
+}
+
+impl Sequence {
+    /// An empty sequence over the whole cache of `runner`.
+    pub fn new(runner: &Runner) -> Sequence {
+        Sequence {
+            tokens: Vec::new(),
+            table: (0..runner.n_blocks()).collect(),
+        }
+    }
+
+    /// Tokens in the cache.
+    pub fn tokens(&self) -> &[TokenId] {
+        &self.tokens
+    }
+
+    /// Forgets everything after `len` tokens (the KV slots are simply overwritten later).
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+    }
+
+    /// Runs `tokens` (in chunks of the runner's step budget) and returns the last token's logits.
+    pub fn feed(
+        &mut self,
+        runner: &mut Runner,
+        tokens: &[TokenId],
+    ) -> Result<Vec<f32>, ModelError> {
+        let limit = runner.options().kv_slots as usize;
+        if self.tokens.len() + tokens.len() > limit {
+            return Err(ModelError::ContextOverflow {
+                tokens: self.tokens.len() + tokens.len(),
+                limit,
+            });
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Batch("nothing to feed".into()));
+        }
+        let chunk = runner.options().max_batch_tokens;
+        let mut last = Vec::new();
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (i, c) in tokens.chunks(chunk).enumerate() {
+            let input = SeqInput {
+                tokens: c.to_vec(),
+                start_pos: self.tokens.len() as u32,
+                block_table: self.table.clone(),
+                logits: if i + 1 == n_chunks {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
+            };
+            let out = runner.step(std::slice::from_ref(&input))?;
+            self.tokens.extend_from_slice(c);
+            if i + 1 == n_chunks {
+                last = out.row(0).to_vec();
+            }
+        }
+        Ok(last)
+    }
+
+    /// Runs `tokens` in one step and returns logits at every position (draft verification).
+    pub fn feed_all(
+        &mut self,
+        runner: &mut Runner,
+        tokens: &[TokenId],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let limit = runner.options().kv_slots as usize;
+        if self.tokens.len() + tokens.len() > limit {
+            return Err(ModelError::ContextOverflow {
+                tokens: self.tokens.len() + tokens.len(),
+                limit,
+            });
+        }
+        let input = SeqInput {
+            tokens: tokens.to_vec(),
+            start_pos: self.tokens.len() as u32,
+            block_table: self.table.clone(),
+            logits: LogitRows::All,
+        };
+        let out = runner.step(std::slice::from_ref(&input))?;
+        self.tokens.extend_from_slice(tokens);
+        Ok((0..out.rows.len()).map(|i| out.row(i).to_vec()).collect())
+    }
+}
