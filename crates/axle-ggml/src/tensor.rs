@@ -11,6 +11,8 @@ use std::ptr::NonNull;
 /// An owned ggml context holding tensor and graph metadata only (`no_alloc`).
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
+    /// The graph built in this context, if any (so a cached context can be run again).
+    graph: std::cell::Cell<Option<NonNull<sys::ggml_cgraph>>>,
 }
 
 // SAFETY: a ggml context is plain memory with no thread affinity; `Context` is not Sync, so it is
@@ -235,7 +237,10 @@ impl Context {
         // SAFETY: valid params; ggml allocates its own metadata arena.
         let ptr = unsafe { sys::ggml_init(params) };
         NonNull::new(ptr)
-            .map(|ptr| Context { ptr })
+            .map(|ptr| Context {
+                ptr,
+                graph: std::cell::Cell::new(None),
+            })
             .ok_or_else(|| Error::Alloc(format!("ggml_init({size} bytes)")))
     }
 
@@ -247,10 +252,28 @@ impl Context {
     pub fn graph(&self, nodes: usize) -> Graph<'_> {
         // SAFETY: the context was sized for a graph of this many nodes by `new`.
         let g = unsafe { sys::ggml_new_graph_custom(self.raw(), nodes, false) };
+        let ptr = NonNull::new(g).expect("ggml_new_graph_custom returned null");
+        self.graph.set(Some(ptr));
         Graph {
-            ptr: NonNull::new(g).expect("ggml_new_graph_custom returned null"),
+            ptr,
             _ctx: PhantomData,
         }
+    }
+
+    /// The graph last built in this context (to run a cached graph again).
+    pub fn existing_graph(&self) -> Option<Graph<'_>> {
+        self.graph.get().map(|ptr| Graph {
+            ptr,
+            _ctx: PhantomData,
+        })
+    }
+
+    /// A tensor of this context by name.
+    pub fn find(&self, name: &str) -> Option<Tensor<'_>> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: valid context and C string; returns NULL when absent.
+        let t = unsafe { sys::ggml_get_tensor(self.raw(), c.as_ptr()) };
+        (!t.is_null()).then(|| Tensor::from_raw(t))
     }
 
     /// A new tensor of the given type and shape (1 to 4 dims, ggml order).

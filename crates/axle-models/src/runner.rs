@@ -85,7 +85,7 @@ impl Default for RunnerOptions {
 }
 
 /// Graph nodes reserved per step; generous for the families we build (about 30 per layer).
-const MAX_NODES: usize = 16384;
+const MAX_NODES: usize = 4096;
 /// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
 const KV_PAD: u32 = 256;
 
@@ -96,6 +96,8 @@ pub struct Runner {
     sched: Scheduler,
     opts: RunnerOptions,
     host: HostInputs,
+    /// The last graph built, with the shape it was built for.
+    cached: Option<(GraphKey, Context)>,
 }
 
 #[derive(Default)]
@@ -130,6 +132,7 @@ impl Runner {
             sched,
             opts,
             host: HostInputs::default(),
+            cached: None,
         })
     }
 
@@ -236,52 +239,101 @@ impl Runner {
     }
 
     /// Runs one step and returns the requested logits.
+    ///
+    /// A graph depends only on the step's shape (tokens, visible slots, output rows), so when a step
+    /// has the same shape as the previous one (steady decoding) the previous graph and its memory
+    /// assignment are reused and only the inputs are rewritten, as llama.cpp does.
     pub fn step(&mut self, seqs: &[SeqInput]) -> Result<StepOutput, ModelError> {
         let (n, n_kv) = self.prepare(seqs)?;
-        let n_out = self.host.out_ids.len() as i64;
-        let hp_vocab = self.model.family().hparams().n_vocab as usize;
+        let n_out = self.host.out_ids.len();
         if n_out == 0 {
             // Nothing to return, but the KV must still be written: compute with one output row.
             self.host.out_ids.push(n as i32 - 1);
         }
-        let n_out_graph = self.host.out_ids.len() as i64;
-        let has_swa = self.model.family().sliding_window().is_some();
-        let ctx = Context::new(MAX_NODES * 2, MAX_NODES)?;
-        let mut step = Step {
-            ctx: &ctx,
-            graph: ctx.graph(MAX_NODES),
+        let key = GraphKey {
             n_tokens: n,
-            tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
-            pos: ctx.input(DType::I32, &[n], "inp_pos"),
-            slots: ctx.input(DType::I64, &[n], "inp_slots"),
-            mask: ctx.input(DType::F16, &[n_kv as i64, n], "inp_kq_mask"),
-            mask_swa: has_swa.then(|| ctx.input(DType::F16, &[n_kv as i64, n], "inp_kq_mask_swa")),
-            out_ids: ctx.input(DType::I32, &[n_out_graph], "inp_out_ids"),
-            n_kv: n_kv as i64,
-            kv: &self.kv,
+            n_kv,
+            n_out: self.host.out_ids.len(),
         };
-        let logits = self.model.family().forward(&mut step).as_output();
-        let mut graph = step.graph;
-        graph.expand(logits);
-        self.sched.alloc(&mut graph)?;
+        let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
+        if !reuse {
+            self.cached = None;
+            let ctx = self.build(key)?;
+            let mut graph = ctx
+                .existing_graph()
+                .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
+            self.sched.alloc(&mut graph)?;
+            self.cached = Some((key, ctx));
+        }
+        let Some((_, ctx)) = &self.cached else {
+            unreachable!("graph cached above")
+        };
+        let input = |name: &str| {
+            ctx.find(name)
+                .ok_or_else(|| ModelError::Batch(format!("graph input {name} missing")))
+        };
         let h = &self.host;
-        step.tokens.write(&h.tokens)?;
-        step.pos.write(&h.pos)?;
-        step.slots.write(&h.slots)?;
-        step.mask.write(&h.mask)?;
-        if let Some(m) = step.mask_swa {
+        input("inp_tokens")?.write(&h.tokens)?;
+        input("inp_pos")?.write(&h.pos)?;
+        input("inp_slots")?.write(&h.slots)?;
+        input("inp_kq_mask")?.write(&h.mask)?;
+        if let Some(m) = ctx.find("inp_kq_mask_swa") {
             m.write(&h.mask_swa)?;
         }
-        step.out_ids.write(&h.out_ids)?;
+        input("inp_out_ids")?.write(&h.out_ids)?;
+        let mut graph = ctx
+            .existing_graph()
+            .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
         self.sched.compute(&mut graph)?;
         let mut out = StepOutput {
-            n_vocab: hp_vocab,
+            n_vocab: self.model.family().hparams().n_vocab as usize,
             rows: h.rows.clone(),
             logits: Vec::new(),
         };
         if n_out > 0 {
-            logits.read(&mut out.logits)?;
+            input(LOGITS)?.read(&mut out.logits)?;
         }
         Ok(out)
     }
+
+    /// Builds the graph of a step shape in a fresh context.
+    fn build(&self, key: GraphKey) -> Result<Context, ModelError> {
+        let has_swa = self.model.family().sliding_window().is_some();
+        let ctx = Context::new(MAX_NODES, MAX_NODES)?;
+        {
+            let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
+            let mut step = Step {
+                ctx: &ctx,
+                graph: ctx.graph(MAX_NODES),
+                n_tokens: n,
+                tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
+                pos: ctx.input(DType::I32, &[n], "inp_pos"),
+                slots: ctx.input(DType::I64, &[n], "inp_slots"),
+                mask: ctx.input(DType::F16, &[n_kv, n], "inp_kq_mask"),
+                mask_swa: has_swa.then(|| ctx.input(DType::F16, &[n_kv, n], "inp_kq_mask_swa")),
+                out_ids: ctx.input(DType::I32, &[key.n_out as i64], "inp_out_ids"),
+                n_kv,
+                kv: &self.kv,
+            };
+            let logits = self
+                .model
+                .family()
+                .forward(&mut step)
+                .named(LOGITS)
+                .as_output();
+            step.graph.expand(logits);
+        }
+        Ok(ctx)
+    }
+}
+
+/// Name of the logits tensor in every graph.
+const LOGITS: &str = "axle_logits";
+
+/// The shape of a step: graphs with equal keys are interchangeable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GraphKey {
+    n_tokens: i64,
+    n_kv: u32,
+    n_out: usize,
 }

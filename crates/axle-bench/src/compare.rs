@@ -1,0 +1,209 @@
+//! `axle bench compare`: prefill and decode throughput of Axle against libllama on one model, in
+//! one process, same threads, interleaved repetitions, medians and ratios.
+use crate::stats::{markdown_table, median, synthetic_tokens};
+use crate::BenchError;
+use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    /// The GGUF model.
+    pub model: PathBuf,
+    /// CPU threads (both engines).
+    pub threads: usize,
+    /// Prompt lengths to prefill.
+    pub prefill: Vec<usize>,
+    /// Tokens to decode.
+    pub decode: usize,
+    /// Repetitions per test (median reported).
+    pub reps: usize,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// One row of the result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareRow {
+    /// "pp128", "tg128", ...
+    pub test: String,
+    /// Axle tok/s per repetition.
+    pub axle: Vec<f64>,
+    /// libllama tok/s per repetition.
+    pub llama: Vec<f64>,
+    /// Median Axle tok/s.
+    pub axle_median: f64,
+    /// Median libllama tok/s.
+    pub llama_median: f64,
+    /// axle_median / llama_median.
+    pub ratio: f64,
+}
+
+/// The whole result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareReport {
+    /// Model file.
+    pub model: String,
+    /// Threads.
+    pub threads: usize,
+    /// Rows.
+    pub rows: Vec<CompareRow>,
+}
+
+impl CompareReport {
+    /// The Markdown table.
+    pub fn table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.test.clone(),
+                    format!("{:.1}", r.axle_median),
+                    format!("{:.1}", r.llama_median),
+                    format!("{:.3}", r.ratio),
+                ]
+            })
+            .collect();
+        markdown_table(&["test", "axle tok/s", "libllama tok/s", "ratio"], &rows)
+    }
+}
+
+fn time_axle_prefill(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError> {
+    let mut seq = Sequence::new(runner);
+    let t = Instant::now();
+    seq.feed(runner, toks)?;
+    Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_llama_prefill(o: &mut LlamaOracle, toks: &[u32]) -> Result<f64, BenchError> {
+    o.clear();
+    let ids: Vec<i32> = toks.iter().map(|&t| t as i32).collect();
+    let t = Instant::now();
+    o.prefill(&ids, 0)?;
+    Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_axle_decode(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError> {
+    let mut seq = Sequence::new(runner);
+    let t = Instant::now();
+    for &tok in toks {
+        seq.feed(runner, &[tok])?;
+    }
+    Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_llama_decode(o: &mut LlamaOracle, toks: &[u32]) -> Result<f64, BenchError> {
+    o.clear();
+    let t = Instant::now();
+    for (i, &tok) in toks.iter().enumerate() {
+        o.decode(&[(tok as i32, i as i32, 0, true)])?;
+    }
+    Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Runs the comparison.
+pub fn run(opts: &CompareOptions) -> Result<CompareReport, BenchError> {
+    if opts.reps == 0 {
+        return Err(BenchError::Invalid("--reps must be at least 1".into()));
+    }
+    let max_len = opts
+        .prefill
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(opts.decode)
+        + 1;
+    let kv_slots = (max_len as u32).div_ceil(256) * 256;
+    let model = Arc::new(Model::load(
+        &opts.model,
+        &ModelOptions {
+            threads: opts.threads,
+            repack: true,
+        },
+    )?);
+    let mut runner = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kv_slots,
+            ..Default::default()
+        },
+    )?;
+    let mut oracle = LlamaOracle::load(
+        &opts.model,
+        &OracleOptions {
+            n_ctx: kv_slots,
+            n_threads: opts.threads,
+            ..Default::default()
+        },
+    )?;
+    let n_vocab = model.tokenizer.len();
+    let tests: Vec<(String, usize, bool)> = opts
+        .prefill
+        .iter()
+        .map(|&n| (format!("pp{n}"), n, true))
+        .chain((opts.decode > 0).then(|| (format!("tg{}", opts.decode), opts.decode, false)))
+        .collect();
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new((tests.len() * opts.reps * 2 + 2) as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    // Warm-up: page the weights in and let both engines build their buffers once.
+    let warm = synthetic_tokens(32, n_vocab, 1);
+    bar.set_message("warm-up");
+    time_axle_prefill(&mut runner, &warm)?;
+    bar.inc(1);
+    time_llama_prefill(&mut oracle, &warm)?;
+    bar.inc(1);
+    let mut rows = Vec::new();
+    for (name, n, prefill) in tests {
+        let (mut a, mut l) = (Vec::new(), Vec::new());
+        for rep in 0..opts.reps {
+            let toks = synthetic_tokens(n, n_vocab, 100 + rep as u64);
+            bar.set_message(format!("{name} rep {}", rep + 1));
+            // Alternate which engine goes first so drift (thermal, caches) does not favour one.
+            let axle_first = rep % 2 == 0;
+            for turn in 0..2 {
+                if (turn == 0) == axle_first {
+                    a.push(if prefill {
+                        time_axle_prefill(&mut runner, &toks)?
+                    } else {
+                        time_axle_decode(&mut runner, &toks)?
+                    });
+                } else {
+                    l.push(if prefill {
+                        time_llama_prefill(&mut oracle, &toks)?
+                    } else {
+                        time_llama_decode(&mut oracle, &toks)?
+                    });
+                }
+                bar.inc(1);
+            }
+        }
+        let (am, lm) = (median(&a), median(&l));
+        rows.push(CompareRow {
+            test: name,
+            axle: a,
+            llama: l,
+            axle_median: am,
+            llama_median: lm,
+            ratio: am / lm,
+        });
+    }
+    bar.finish_and_clear();
+    Ok(CompareReport {
+        model: opts.model.display().to_string(),
+        threads: opts.threads,
+        rows,
+    })
+}

@@ -1,0 +1,22 @@
+//! Axle's benchmark toolkit. Every figure is measured in one process against the reference
+//! (libllama, same ggml build, same file, same threads), repeated, and reported as medians and
+//! ratios. Benchmarks are commands that print tables, never timed tests.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod compare;
+pub mod stats;
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Axle failed.
+    #[error(transparent)]
+    Model(#[from] axle_models::ModelError),
+    /// The reference failed.
+    #[error(transparent)]
+    Ggml(#[from] axle_ggml::Error),
+    /// Bad options.
+    #[error("{0}")]
+    Invalid(String),
+}

@@ -1,0 +1,60 @@
+//! Small statistics and table helpers shared by the benchmarks.
+
+/// Median of the samples (mean of the middle two for even counts); 0 for none.
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Deterministic pseudo-random token ids in `[0, n_vocab)` (xorshift), for synthetic prompts.
+pub fn synthetic_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Renders a Markdown table.
+pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!(
+        "| {} |\n|{}|\n",
+        header.join(" | "),
+        header
+            .iter()
+            .map(|h| format!("{}:", "-".repeat(h.len().max(3))))
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    for r in rows {
+        out.push_str(&format!("| {} |\n", r.join(" | ")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_tokens() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let t = synthetic_tokens(100, 50, 7);
+        assert!(t.iter().all(|&x| x < 50));
+        assert_eq!(t, synthetic_tokens(100, 50, 7));
+    }
+}

@@ -1,0 +1,44 @@
+//! `axle`: run local LLMs. Subcommands: generate, tokenize, doctor, bench.
+#![forbid(unsafe_code)]
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "axle", version, about = "Axle: a local LLM inference runtime")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt or a chat message, streamed to stdout.
+    Generate(cmd::generate::Args),
+    /// Print the token ids and pieces of a text.
+    Tokenize(cmd::tokenize::Args),
+    /// Print what this build can use here (CPU features, threads, ggml backends) and check a model.
+    Doctor(cmd::doctor::Args),
+    /// Benchmarks against libllama in the same process.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Bench(b) => cmd::bench::run(b),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
