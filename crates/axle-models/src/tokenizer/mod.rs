@@ -112,15 +112,65 @@ fn token_id(file: &GgufFile, key: &str, n: usize) -> Option<TokenId> {
 }
 
 /// Texts of tokens that end a generation turn in common chat formats, beyond the declared EOS.
+/// Like llama.cpp, such tokens are treated as control tokens even where the file says otherwise.
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+];
+
+/// Fill-in-the-middle markers, also control tokens whatever the file says.
+const FIM_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<PRE>",
+    "\u{2581}<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<SUF>",
+    "\u{2581}<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<MID>",
+    "\u{2581}<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
 ];
 
 impl Tokenizer {
@@ -173,6 +223,25 @@ impl Tokenizer {
             }
             Algorithm::Spm => None,
         };
+        let mut kinds = kinds;
+        // Some vocabularies (Gemma 4, PLaMo) use a normal `</s>`: it then neither ends turns nor is special.
+        let normal_s = ["<|tool_response>", "<|plamo:eos|>"]
+            .iter()
+            .any(|t| by_text.contains_key(*t));
+        let mut eog: Vec<TokenId> = Vec::new();
+        for text in EOG_TEXTS.iter().chain(FIM_TEXTS) {
+            if normal_s && *text == "</s>" {
+                continue;
+            }
+            if let Some(&id) = by_text.get(*text) {
+                if kinds[id as usize] != TokenKind::Control {
+                    kinds[id as usize] = TokenKind::Control;
+                }
+                if EOG_TEXTS.contains(text) {
+                    eog.push(id);
+                }
+            }
+        }
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| {
                 matches!(
@@ -199,16 +268,9 @@ impl Tokenizer {
             .bool_opt("tokenizer.ggml.add_space_prefix")
             .map_err(meta)?
             .unwrap_or(algorithm == Algorithm::Spm);
-        let mut eog: Vec<TokenId> = eos.into_iter().collect();
+        eog.extend(eos);
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
             eog.extend(token_id(file, key, n));
-        }
-        for text in EOG_TEXTS {
-            if let Some(&id) = by_text.get(*text) {
-                if kinds[id as usize] != TokenKind::Normal {
-                    eog.push(id);
-                }
-            }
         }
         eog.sort_unstable();
         eog.dedup();

@@ -48,24 +48,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(path) = a.model {
         let file = GgufFile::open(&path)?;
         let arch_name = file.str("general.architecture")?;
-        let supported = arch::loader_for(arch_name).is_ok();
+        if arch::loader_for(arch_name).is_err() {
+            anyhow::bail!(
+                "{}: unsupported model architecture `{arch_name}` (supported: {})",
+                path.display(),
+                arch::supported().join(", ")
+            );
+        }
         let tok = Tokenizer::from_gguf(&file)?;
         println!(
-            "model: {} — {} tensors, {:.1} MiB, architecture {} ({}), vocabulary {} tokens, chat template: {}",
+            "model: {} — {} tensors, {:.1} MiB, architecture {} (supported), vocabulary {} tokens, chat template: {}",
             path.display(),
             file.tensors().len(),
             file.file_size() as f64 / (1 << 20) as f64,
             arch_name,
-            if supported { "supported" } else { "NOT supported" },
             tok.len(),
             if file.str_opt("tokenizer.chat_template")?.is_some() { "yes" } else { "no" },
         );
-        if !supported {
-            anyhow::bail!(
-                "unsupported model architecture `{arch_name}` (supported: {})",
-                arch::supported().join(", ")
-            );
-        }
     }
     Ok(())
 }

@@ -1,0 +1,178 @@
+//! Bad input to the `axle` binary: each case gets a one-line error and a non-zero exit, never a
+//! panic or a backtrace.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn models() -> PathBuf {
+    if let Some(d) = std::env::var_os("AXLE_MODEL_DIR") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
+    cache.join("axle/models")
+}
+
+fn smollm2() -> PathBuf {
+    let p = models().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "test model {} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
+    p
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("axle-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Runs axle and returns (exit code, stderr), asserting the error shape.
+fn fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "expected failure for {args:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit code for {args:?}: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
+        "panic for {args:?}: {stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one error line for {args:?}, got: {stderr}"
+    );
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    stderr
+}
+
+/// A minimal GGUF v3 file with the given string metadata and no tensors.
+fn write_gguf(path: &PathBuf, kv: &[(&str, &str)]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    for (k, v) in kv {
+        b.extend_from_slice(&(k.len() as u64).to_le_bytes());
+        b.extend_from_slice(k.as_bytes());
+        b.extend_from_slice(&8u32.to_le_bytes());
+        b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        b.extend_from_slice(v.as_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn missing_model_file() {
+    let e = fails(&[
+        "generate",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(
+        e.contains("/nonexistent/model.gguf") && e.contains("No such file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn not_a_gguf_file() {
+    let p = tmp("notes.txt");
+    std::fs::write(&p, "just some text, not a model\n").unwrap();
+    let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(e.contains("is not a GGUF file"), "{e}");
+    let e = fails(&["tokenize", "--model", p.to_str().unwrap(), "hi"]);
+    assert!(e.contains("is not a GGUF file"), "{e}");
+}
+
+#[test]
+fn truncated_gguf_files() {
+    let data = std::fs::read(smollm2()).unwrap();
+    // Cut inside the tensor data: the header parses, the data is short.
+    let p = tmp("truncated-data.gguf");
+    std::fs::write(&p, &data[..data.len() / 2]).unwrap();
+    let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(e.contains("truncated"), "{e}");
+    // Cut inside the metadata: the header itself is incomplete.
+    let p = tmp("truncated-header.gguf");
+    std::fs::write(&p, &data[..4096]).unwrap();
+    let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(e.contains("malformed GGUF"), "{e}");
+}
+
+#[test]
+fn unknown_architecture() {
+    let p = tmp("mamba.gguf");
+    write_gguf(&p, &[("general.architecture", "mamba9")]);
+    let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
+    assert!(
+        e.contains("unsupported model architecture `mamba9`") && e.contains("llama"),
+        "{e}"
+    );
+    let e = fails(&["doctor", "--model", p.to_str().unwrap()]);
+    assert!(e.contains("mamba9"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let prompt = "word ".repeat(300);
+    let e = fails(&[
+        "generate",
+        "--model",
+        smollm2().to_str().unwrap(),
+        "--prompt",
+        &prompt,
+        "--ctx",
+        "64",
+        "--threads",
+        "2",
+    ]);
+    assert!(e.contains("does not fit the context of 64 tokens"), "{e}");
+}
+
+#[test]
+fn generate_and_tokenize_work() {
+    let m = smollm2();
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args([
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Paris"), "unexpected continuation: {text}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("decode: 8 tokens"));
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(["tokenize", "--model", m.to_str().unwrap(), "Hello world"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"Hello\""));
+}
