@@ -59,6 +59,34 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
+    /// Checks the ranges of every option; the message names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = |c: bool, msg: &str| if c { Ok(()) } else { Err(msg.to_string()) };
+        ok(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature must be a finite number >= 0",
+        )?;
+        ok(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "top_p must be in (0, 1]",
+        )?;
+        ok((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
+        ok(
+            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
+            "repetition_penalty must be > 0",
+        )?;
+        ok(
+            self.presence_penalty.is_finite() && self.frequency_penalty.is_finite(),
+            "penalties must be finite",
+        )?;
+        ok(
+            self.logit_bias
+                .iter()
+                .all(|b| b.1.is_finite() || b.1 == f32::NEG_INFINITY),
+            "logit_bias values must be numbers",
+        )
+    }
+
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0

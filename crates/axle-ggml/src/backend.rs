@@ -5,7 +5,6 @@
 use crate::{Error, Graph, Result};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{CStr, CString};
-use std::sync::Arc;
 
 fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
@@ -274,7 +273,7 @@ impl Backend {
 /// across backends by where weights live (the last backend must be the CPU).
 pub struct Scheduler {
     raw: sys::ggml_backend_sched_t,
-    _backends: Vec<Arc<Backend>>,
+    _backends: Vec<Backend>,
 }
 
 // SAFETY: used from one thread at a time (the engine thread); not Sync.
@@ -289,7 +288,7 @@ impl Drop for Scheduler {
 
 impl Scheduler {
     /// A scheduler over `backends` (highest priority first, CPU last) for graphs of up to `max_nodes`.
-    pub fn new(backends: Vec<Arc<Backend>>, max_nodes: usize) -> Result<Scheduler> {
+    pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<Scheduler> {
         let mut raws: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw).collect();
         // SAFETY: raws holds live backends kept alive by `_backends`; NULL bufts = defaults.
         let raw = unsafe {

@@ -7,7 +7,6 @@ use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 use axle_ggml::{Backend, GgufFile, TensorStore, WeightPlacement};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -40,7 +39,6 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     chat_source: Option<String>,
     _weights: TensorStore,
-    backend: Arc<Backend>,
     file_size: u64,
     threads: usize,
 }
@@ -52,7 +50,8 @@ impl Model {
         let file = GgufFile::open(path)?;
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;
-        let backend = Arc::new(Backend::cpu(opts.threads)?);
+        // Used for placement queries while loading; each runner owns the backend it computes with.
+        let backend = Backend::cpu(opts.threads)?;
         let weights = TensorStore::load_weights(
             &file,
             WeightPlacement::Host {
@@ -78,7 +77,6 @@ impl Model {
             tokenizer,
             chat_source,
             _weights: weights,
-            backend,
             file_size: file.file_size(),
             threads: opts.threads,
         })
@@ -102,11 +100,6 @@ impl Model {
     /// The family graph.
     pub fn family(&self) -> &dyn Family {
         self.family.as_ref()
-    }
-
-    /// The CPU backend.
-    pub fn backend(&self) -> &Arc<Backend> {
-        &self.backend
     }
 
     /// GGUF architecture name.

@@ -8,7 +8,7 @@ use crate::kv::KvCache;
 use crate::model::Model;
 use crate::ModelError;
 use axle_core::TokenId;
-use axle_ggml::{BufferType, Context, DType, Scheduler};
+use axle_ggml::{Backend, BufferType, Context, DType, Scheduler};
 use half::f16;
 use std::sync::Arc;
 
@@ -114,7 +114,10 @@ struct HostInputs {
 impl Runner {
     /// A runner with a fresh KV cache.
     pub fn new(model: Arc<Model>, opts: RunnerOptions) -> Result<Runner, ModelError> {
-        if opts.block_size == 0 || opts.kv_slots == 0 || opts.kv_slots % opts.block_size != 0 {
+        if opts.block_size == 0
+            || opts.kv_slots == 0
+            || !opts.kv_slots.is_multiple_of(opts.block_size)
+        {
             return Err(ModelError::Invalid(format!(
                 "kv slots ({}) must be a positive multiple of the block size ({})",
                 opts.kv_slots, opts.block_size
@@ -125,7 +128,7 @@ impl Runner {
             &model.family().hparams().kv_dims(),
             opts.kv_slots,
         )?;
-        let sched = Scheduler::new(vec![model.backend().clone()], MAX_NODES)?;
+        let sched = Scheduler::new(vec![Backend::cpu(model.threads())?], MAX_NODES)?;
         Ok(Runner {
             model,
             kv,

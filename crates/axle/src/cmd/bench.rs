@@ -24,7 +24,7 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 128)]
     decode: usize,
     /// Repetitions (medians reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Also write the raw results as JSON here.
     #[arg(long)]

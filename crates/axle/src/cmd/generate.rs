@@ -51,14 +51,18 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if !(a.temperature >= 0.0)
-        || !(a.top_p > 0.0 && a.top_p <= 1.0)
-        || !(0.0..=1.0).contains(&a.min_p)
-    {
-        bail!(
-            "invalid sampling options: temperature must be >= 0, top-p in (0, 1], min-p in [0, 1]"
-        );
-    }
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        ..Default::default()
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid sampling options: {e}"))?;
     let model = Arc::new(super::load_model(&a.model, a.threads)?);
     let prompt = match (&a.prompt, &a.chat) {
         (Some(p), _) => model.tokenizer.encode(p, true, false),
@@ -92,15 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
     )?;
     let mut seq = Sequence::new(&runner);
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        seed: a.seed,
-        ..Default::default()
-    });
+    let mut sampler = Sampler::new(params);
     let tok = &model.tokenizer;
     let t0 = Instant::now();
     let mut logits = seq

