@@ -1,6 +1,7 @@
 //! Architecture families, one file each, and the registry that maps a GGUF
 //! `general.architecture` to the family that implements it. Adding a family means one new file and
 //! one line in [`REGISTRY`].
+pub mod gemma3;
 pub mod llama;
 
 use crate::blocks::Step;
@@ -187,7 +188,7 @@ impl<'s> Weights<'s> {
 pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelError>;
 
 /// GGUF architecture name -> family.
-pub const REGISTRY: &[(&str, Loader)] = &[("llama", llama::load)];
+pub const REGISTRY: &[(&str, Loader)] = &[("llama", llama::load), ("gemma3", gemma3::load)];
 
 /// Names of the supported architectures.
 pub fn supported() -> Vec<&'static str> {

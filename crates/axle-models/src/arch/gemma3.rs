@@ -1,0 +1,191 @@
+//! Gemma 3 (`gemma3` GGUF architecture): embeddings scaled by sqrt(hidden), four RMSNorms per layer
+//! (pre/post attention, pre/post FFN; the GGUF stores Gemma's (1 + w) weights already folded),
+//! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
+//! their own RoPE bases, optional final logit softcapping, tied output matrix.
+use super::{Family, Hparams, Weights};
+use crate::blocks::{AttnSpec, FfnWeights, Step};
+use crate::ModelError;
+use axle_ggml::{GgufFile, GluOp, MetaValue, RopeParams, StoredTensor, Tensor, TensorStore};
+
+/// One decoder layer.
+struct Layer {
+    /// [n_embd] each: pre-attention, post-attention, pre-FFN, post-FFN norms.
+    attn_norm: StoredTensor,
+    attn_post_norm: StoredTensor,
+    ffn_norm: StoredTensor,
+    ffn_post_norm: StoredTensor,
+    /// [n_embd, n_head * head_dim], [n_embd, n_head_kv * head_dim] x2, [n_head * head_dim, n_embd]
+    wq: StoredTensor,
+    wk: StoredTensor,
+    wv: StoredTensor,
+    wo: StoredTensor,
+    /// [head_dim] each: per-head RMSNorm of queries and keys.
+    q_norm: StoredTensor,
+    k_norm: StoredTensor,
+    /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
+    ffn_gate: StoredTensor,
+    ffn_up: StoredTensor,
+    ffn_down: StoredTensor,
+    /// Sliding-window (local) layer, or global.
+    sliding: bool,
+}
+
+/// The Gemma 3 model.
+pub struct Gemma3 {
+    hp: Hparams,
+    /// RoPE of the sliding-window layers (their own base, no scaling).
+    rope_swa: RopeParams,
+    /// Window of the local layers (tokens), if any.
+    window: Option<u32>,
+    /// Final logit softcap (0 = off).
+    final_softcap: f32,
+    /// [n_embd, n_vocab]
+    tok_embd: StoredTensor,
+    /// [n_embd]
+    output_norm: StoredTensor,
+    /// [n_embd, n_vocab] (the embedding matrix when tied)
+    output: StoredTensor,
+    layers: Vec<Layer>,
+}
+
+/// Which layers use the sliding window: an explicit per-layer array, or every layer except each
+/// `pattern`-th (default 6: five local layers, then one global).
+fn sliding_layers(f: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    let key = "gemma3.attention.sliding_window_pattern";
+    if let Some(arr) = f.array_opt(key).ok().flatten() {
+        if arr.len() == n_layer {
+            return Ok(arr
+                .iter()
+                .map(|v| matches!(v, MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
+                .collect());
+        }
+    }
+    let pattern = f.int_opt(key).ok().flatten().unwrap_or(6).max(0) as usize;
+    Ok((0..n_layer)
+        .map(|il| pattern == 0 || il % pattern < pattern - 1)
+        .collect())
+}
+
+/// Reads the config and binds the weights.
+pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
+    let hp = Hparams::from_gguf(f, "gemma3", 2)?;
+    let window = f
+        .int_opt("gemma3.attention.sliding_window")?
+        .filter(|&w| w > 0)
+        .map(|w| w as u32);
+    let sliding = match window {
+        Some(_) => sliding_layers(f, hp.n_layer)?,
+        None => vec![false; hp.n_layer],
+    };
+    let rope_swa = RopeParams {
+        freq_base: f.float_opt("gemma3.rope.freq_base_swa")?.unwrap_or(10000.0) as f32,
+        freq_scale: 1.0,
+        ..hp.rope
+    };
+    let final_softcap = f
+        .float_opt("gemma3.final_logit_softcapping")?
+        .unwrap_or(0.0) as f32;
+    let w = Weights::new(store);
+    let (e, v, ff, hd) = (hp.n_embd, hp.n_vocab, hp.n_ff, hp.head_dim_k);
+    let tok_embd = w.req("token_embd.weight", &[e, v])?;
+    let output = w
+        .opt("output.weight", &[e, v])?
+        .unwrap_or_else(|| tok_embd.clone());
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for (i, &sliding) in sliding.iter().enumerate() {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        layers.push(Layer {
+            attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
+            attn_post_norm: w.req(&n("post_attention_norm.weight"), &[e])?,
+            ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
+            ffn_post_norm: w.req(&n("post_ffw_norm.weight"), &[e])?,
+            wq: w.req(&n("attn_q.weight"), &[e, hp.n_head * hd])?,
+            wk: w.req(&n("attn_k.weight"), &[e, hp.n_head_kv * hd])?,
+            wv: w.req(&n("attn_v.weight"), &[e, hp.n_head_kv * hp.head_dim_v])?,
+            wo: w.req(&n("attn_output.weight"), &[hp.n_head * hp.head_dim_v, e])?,
+            q_norm: w.req(&n("attn_q_norm.weight"), &[hd])?,
+            k_norm: w.req(&n("attn_k_norm.weight"), &[hd])?,
+            ffn_gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
+            ffn_up: w.req(&n("ffn_up.weight"), &[e, ff])?,
+            ffn_down: w.req(&n("ffn_down.weight"), &[ff, e])?,
+            sliding,
+        });
+    }
+    Ok(Box::new(Gemma3 {
+        output_norm: w.req("output_norm.weight", &[e])?,
+        tok_embd,
+        output,
+        layers,
+        rope_swa,
+        window,
+        final_softcap,
+        hp,
+    }))
+}
+
+impl Family for Gemma3 {
+    fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    fn sliding_window(&self) -> Option<u32> {
+        self.window
+    }
+
+    fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
+        let g = s.ctx;
+        let (hp, n) = (&self.hp, s.n_tokens);
+        let embd = g.get_rows(self.tok_embd.t(), s.tokens);
+        let mut x = g.scale(embd, (hp.n_embd as f32).sqrt()).named("inp_scaled");
+        let q_scale = 1.0 / (hp.head_dim_k as f32).sqrt();
+        let last = self.layers.len() - 1;
+        for (il, l) in self.layers.iter().enumerate() {
+            let rope = if l.sliding { &self.rope_swa } else { &hp.rope };
+            let h = s.rms_norm(x, &l.attn_norm, hp.rms_eps);
+            let q = g.reshape(g.mul_mat(l.wq.t(), h), &[hp.head_dim_k, hp.n_head, n]);
+            let k = g.reshape(g.mul_mat(l.wk.t(), h), &[hp.head_dim_k, hp.n_head_kv, n]);
+            let v = g.reshape(g.mul_mat(l.wv.t(), h), &[hp.head_dim_v, hp.n_head_kv, n]);
+            let q = g.rope(s.rms_norm(q, &l.q_norm, hp.rms_eps), s.pos, None, rope);
+            let k = g.rope(s.rms_norm(k, &l.k_norm, hp.rms_eps), s.pos, None, rope);
+            // The query is pre-scaled, so attention itself runs with scale 1.
+            let q = g.scale(q, q_scale);
+            let spec = AttnSpec {
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim_k: hp.head_dim_k,
+                head_dim_v: hp.head_dim_v,
+                scale: 1.0,
+                softcap: 0.0,
+                sliding: l.sliding,
+            };
+            let mut a = g.mul_mat(l.wo.t(), s.attention(il, q, k, v, &spec));
+            if il == last {
+                a = g.get_rows(a, s.out_ids);
+                x = g.get_rows(x, s.out_ids);
+            }
+            let sa = g.add(s.rms_norm(a, &l.attn_post_norm, hp.rms_eps), x);
+            let h = s.rms_norm(sa, &l.ffn_norm, hp.rms_eps);
+            let f = s.ffn(
+                h,
+                FfnWeights {
+                    gate: &l.ffn_gate,
+                    up: &l.ffn_up,
+                    down: &l.ffn_down,
+                },
+                GluOp::GeGlu,
+            );
+            x = g
+                .add(s.rms_norm(f, &l.ffn_post_norm, hp.rms_eps), sa)
+                .named(&format!("l_out-{il}"));
+        }
+        let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
+        let mut logits = g.mul_mat(self.output.t(), x);
+        if self.final_softcap > 0.0 {
+            logits = g.scale(
+                g.tanh(g.scale(logits, 1.0 / self.final_softcap)),
+                self.final_softcap,
+            );
+        }
+        logits
+    }
+}
