@@ -174,13 +174,18 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport, BenchError> {
             // Alternate which engine goes first so drift (thermal, caches) does not favour one.
             let axle_first = rep % 2 == 0;
             for turn in 0..2 {
+                // An untimed warm-up on the engine about to be measured: both engines keep a thread
+                // pool, and on a 2-core machine the pool that just ran would otherwise still be
+                // spinning while the other one starts.
                 if (turn == 0) == axle_first {
+                    time_axle_prefill(&mut runner, &warm)?;
                     a.push(if prefill {
                         time_axle_prefill(&mut runner, &toks)?
                     } else {
                         time_axle_decode(&mut runner, &toks)?
                     });
                 } else {
+                    time_llama_prefill(&mut oracle, &warm)?;
                     l.push(if prefill {
                         time_llama_prefill(&mut oracle, &toks)?
                     } else {
