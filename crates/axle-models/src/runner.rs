@@ -279,9 +279,11 @@ impl Runner {
         input("inp_tokens")?.write(&h.tokens)?;
         input("inp_pos")?.write(&h.pos)?;
         input("inp_slots")?.write(&h.slots)?;
-        input("inp_kq_mask")?.write(&h.mask)?;
-        if let Some(m) = ctx.find("inp_kq_mask_swa") {
-            m.write(&h.mask_swa)?;
+        // A mask no layer reads (all layers local, or none) has no memory assigned: skip it.
+        for (name, data) in [("inp_kq_mask", &h.mask), ("inp_kq_mask_swa", &h.mask_swa)] {
+            if let Some(m) = ctx.find(name).filter(|m| m.is_allocated()) {
+                m.write(data)?;
+            }
         }
         input("inp_out_ids")?.write(&h.out_ids)?;
         let mut graph = ctx

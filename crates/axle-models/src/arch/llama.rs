@@ -1,6 +1,8 @@
-//! Llama family (`llama` GGUF architecture: Llama 2/3, SmolLM, Mistral without sliding window):
-//! RMSNorm, rotary embeddings (with llama3 frequency factors when the file has them), grouped-query
-//! attention, SwiGLU feed-forward, tied or separate output matrix.
+//! Llama family (`llama` GGUF architecture: Llama 2/3, SmolLM, Mistral): RMSNorm, rotary
+//! embeddings (with llama3 frequency factors when the file has them), grouped-query attention
+//! (sliding-window on every layer when the file sets `llama.attention.sliding_window`, as Mistral
+//! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families are this graph with
+//! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
 use super::{Family, Hparams, Weights};
 use crate::blocks::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
@@ -22,6 +24,9 @@ struct Layer {
     bq: Option<StoredTensor>,
     bk: Option<StoredTensor>,
     bv: Option<StoredTensor>,
+    /// [head_dim] each: per-head RMSNorm of queries and keys (Qwen3).
+    q_norm: Option<StoredTensor>,
+    k_norm: Option<StoredTensor>,
     /// [n_embd]
     ffn_norm: StoredTensor,
     /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
@@ -43,16 +48,55 @@ pub struct Llama {
     rope_freqs: Option<StoredTensor>,
     layers: Vec<Layer>,
     attn: AttnSpec,
+    /// Sliding window of every layer (Mistral), if set.
+    window: Option<u32>,
+}
+
+/// What distinguishes the Llama-shaped families from each other.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    /// GGUF architecture name (metadata key prefix).
+    pub arch: &'static str,
+    /// RoPE mode: 0 normal (Llama), 2 NeoX (Qwen).
+    pub rope_mode: i32,
+    /// Per-head RMSNorm of Q and K before RoPE (required when set).
+    pub qk_norm: bool,
 }
 
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, "llama", 0)?;
-    Ok(Box::new(Llama::new(hp, store)?))
+    load_variant(
+        f,
+        store,
+        Variant {
+            arch: "llama",
+            rope_mode: 0,
+            qk_norm: false,
+        },
+    )
+}
+
+/// Loads a Llama-shaped family.
+pub fn load_variant(
+    f: &GgufFile,
+    store: &TensorStore,
+    variant: Variant,
+) -> Result<Box<dyn Family>, ModelError> {
+    let hp = Hparams::from_gguf(f, variant.arch, variant.rope_mode)?;
+    let window = f
+        .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
+        .filter(|&w| w > 0)
+        .map(|w| w as u32);
+    Ok(Box::new(Llama::new(hp, store, variant, window)?))
 }
 
 impl Llama {
-    fn new(hp: Hparams, store: &TensorStore) -> Result<Llama, ModelError> {
+    fn new(
+        hp: Hparams,
+        store: &TensorStore,
+        variant: Variant,
+        window: Option<u32>,
+    ) -> Result<Llama, ModelError> {
         let w = Weights::new(store);
         let (e, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
         let (q_dim, kv_dim) = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k);
@@ -73,6 +117,16 @@ impl Llama {
                 bq: w.opt(&n("attn_q.bias"), &[q_dim])?,
                 bk: w.opt(&n("attn_k.bias"), &[kv_dim])?,
                 bv: w.opt(&n("attn_v.bias"), &[vv_dim])?,
+                q_norm: if variant.qk_norm {
+                    Some(w.req(&n("attn_q_norm.weight"), &[hp.head_dim_k])?)
+                } else {
+                    None
+                },
+                k_norm: if variant.qk_norm {
+                    Some(w.req(&n("attn_k_norm.weight"), &[hp.head_dim_k])?)
+                } else {
+                    None
+                },
                 ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
                 ffn_gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
                 ffn_up: w.req(&n("ffn_up.weight"), &[e, ff])?,
@@ -86,7 +140,7 @@ impl Llama {
             head_dim_v: hp.head_dim_v,
             scale: 1.0 / (hp.head_dim_k as f32).sqrt(),
             softcap: 0.0,
-            sliding: false,
+            sliding: window.is_some(),
         };
         Ok(Llama {
             tok_embd,
@@ -95,6 +149,7 @@ impl Llama {
             rope_freqs: w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?,
             layers,
             attn,
+            window,
             hp,
         })
     }
@@ -103,6 +158,10 @@ impl Llama {
 impl Family for Llama {
     fn hparams(&self) -> &Hparams {
         &self.hp
+    }
+
+    fn sliding_window(&self) -> Option<u32> {
+        self.window
     }
 
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
@@ -125,6 +184,12 @@ impl Family for Llama {
                 s.linear(&l.wv, l.bv.as_ref(), h),
                 &[hp.head_dim_v, hp.n_head_kv, n],
             );
+            let (q, k) = match (&l.q_norm, &l.k_norm) {
+                (Some(qn), Some(kn)) => {
+                    (s.rms_norm(q, qn, hp.rms_eps), s.rms_norm(k, kn, hp.rms_eps))
+                }
+                _ => (q, k),
+            };
             let q = g.rope(q, s.pos, rope_freqs, &hp.rope);
             let k = g.rope(k, s.pos, rope_freqs, &hp.rope);
             let a = s.attention(il, q, k, v, &self.attn);

@@ -3,6 +3,8 @@
 //! one line in [`REGISTRY`].
 pub mod gemma3;
 pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
 
 use crate::blocks::Step;
 use crate::ModelError;
@@ -188,7 +190,12 @@ impl<'s> Weights<'s> {
 pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelError>;
 
 /// GGUF architecture name -> family.
-pub const REGISTRY: &[(&str, Loader)] = &[("llama", llama::load), ("gemma3", gemma3::load)];
+pub const REGISTRY: &[(&str, Loader)] = &[
+    ("llama", llama::load),
+    ("gemma3", gemma3::load),
+    ("qwen2", qwen2::load),
+    ("qwen3", qwen3::load),
+];
 
 /// Names of the supported architectures.
 pub fn supported() -> Vec<&'static str> {

@@ -130,7 +130,11 @@ fn greedy_oracle(o: &mut LlamaOracle, prompt: &[u32]) -> (Vec<f32>, Vec<u32>, Ve
 }
 
 pub fn run_oracle_suite(model_file: &str, prompts: &[String], min_identical: usize) {
-    let path = model(model_file);
+    run_oracle_suite_path(&model(model_file), prompts, min_identical)
+}
+
+pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_identical: usize) {
+    let path = path.to_path_buf();
     let model = Arc::new(
         Model::load(
             &path,
@@ -168,6 +172,12 @@ pub fn run_oracle_suite(model_file: &str, prompts: &[String], min_identical: usi
         let (a_first, a_cont) = greedy_axle(&mut runner, &toks);
         let (o_first, o_cont, gaps) = greedy_oracle(&mut oracle, &toks);
         let d = max_abs_diff(&a_first, &o_first);
+        let spread = o_first.iter().cloned().fold(f32::MIN, f32::max)
+            - o_first.iter().cloned().fold(f32::MAX, f32::min);
+        assert!(
+            spread > 1.0,
+            "degenerate reference logits (spread {spread})"
+        );
         worst = worst.max(d);
         let top1 = argmax(&a_first) == argmax(&o_first);
         let same = a_cont == o_cont;
@@ -191,9 +201,13 @@ pub fn run_oracle_suite(model_file: &str, prompts: &[String], min_identical: usi
         );
         assert!(d < 0.35, "last-position logits differ by {d}");
     }
-    println!("identical greedy continuations: {identical}/10, worst max|dlogit| {worst:.5}");
+    println!(
+        "identical greedy continuations: {identical}/{}, worst max|dlogit| {worst:.5}",
+        prompts.len()
+    );
     assert!(
         identical >= min_identical,
-        "only {identical}/10 greedy continuations identical"
+        "only {identical}/{} greedy continuations identical",
+        prompts.len()
     );
 }

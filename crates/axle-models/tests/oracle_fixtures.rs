@@ -1,0 +1,83 @@
+//! Families with no real weights here, on tiny random-weight fixtures (`scripts/make-fixtures.py`):
+//! our graphs against libllama on the same files, five prompts each, logits and greedy continuations.
+mod common;
+
+fn prompts() -> Vec<String> {
+    common::prompts().into_iter().take(5).collect()
+}
+
+#[test]
+fn qwen2_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("qwen2-tiny.gguf"), &prompts(), 5);
+}
+
+#[test]
+fn qwen3_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("qwen3-tiny.gguf"), &prompts(), 5);
+}
+
+#[test]
+fn llama_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);
+}
+
+/// Sliding-window attention (Mistral style) on a one-layer fixture with a 16-token window: the last
+/// token's logits over a long prompt must equal libllama's full attention over only the last 16
+/// tokens at their true positions (libllama's `llama` graph has no window, so this is how the window
+/// is checked against it), and must differ from full attention over the whole prompt.
+#[test]
+fn sliding_window_matches_truncated_full_attention() {
+    use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+    use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+    use std::sync::Arc;
+    let path = common::fixture("mistral-swa-tiny.gguf");
+    let model = Arc::new(
+        Model::load(
+            &path,
+            &ModelOptions {
+                threads: 2,
+                repack: true,
+            },
+        )
+        .unwrap(),
+    );
+    assert_eq!(model.family().sliding_window(), Some(16));
+    let mut runner = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kv_slots: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut oracle = LlamaOracle::load(
+        &path,
+        &OracleOptions {
+            n_ctx: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for p in common::prompts().iter().skip(2) {
+        let toks = model.tokenizer.encode(p, true, false);
+        assert!(toks.len() > 16);
+        let ours = Sequence::new(&runner).feed(&mut runner, &toks).unwrap();
+        let start = toks.len() - 16;
+        let window: Vec<_> = (start..toks.len())
+            .map(|i| (toks[i] as i32, i as i32, 0, i + 1 == toks.len()))
+            .collect();
+        oracle.clear();
+        let windowed = oracle.decode(&window).unwrap().remove(0);
+        let all: Vec<i32> = toks.iter().map(|&t| t as i32).collect();
+        oracle.clear();
+        let full = oracle.prefill(&all, 0).unwrap();
+        let d = common::max_abs_diff(&ours, &windowed);
+        let d_full = common::max_abs_diff(&ours, &full);
+        println!(
+            "{} tokens: |ours - window-only reference| {d:.6}, |ours - full attention| {d_full:.4}",
+            toks.len()
+        );
+        assert!(d < 1e-3, "windowed logits differ by {d}");
+        assert!(d_full > 1e-2, "the window had no effect");
+    }
+}

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Writes tiny random-weight GGUF fixtures for architectures with no real weights here.
+
+Each fixture has a few layers, a small hidden size, real-looking metadata and the real SmolLM2
+byte-level BPE vocabulary (copied from the SmolLM2 GGUF, so tokenization is realistic). Weights are
+seeded random values, Q8_0 for matrices (exercising quantized kernels) and F32 for norms/biases.
+Tests check our graphs against libllama on these files.
+
+    pip install gguf numpy
+    python3 scripts/make-fixtures.py [--smollm2 PATH] [--out fixtures]
+"""
+import argparse
+import os
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+VOCAB_KEYS = [
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+]
+
+
+def read_vocab(path):
+    r = gguf.GGUFReader(path)
+    out = {}
+    for k in VOCAB_KEYS:
+        f = r.fields.get(k)
+        if f is None:
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                out[k] = (t, sub, [bytes(f.parts[i]).decode("utf-8") for i in f.data])
+            else:
+                out[k] = (t, sub, [f.parts[i][0].item() for i in f.data])
+        elif t == gguf.GGUFValueType.STRING:
+            out[k] = (t, None, bytes(f.parts[f.data[0]]).decode("utf-8"))
+        else:
+            out[k] = (t, None, f.parts[f.data[0]][0].item())
+    return out
+
+
+def add_vocab(w, vocab):
+    for k, (t, sub, v) in vocab.items():
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_array(k, v) if sub != gguf.GGUFValueType.INT32 else w.add_array(k, [int(x) for x in v])
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(k, v)
+        elif t == gguf.GGUFValueType.BOOL:
+            w.add_bool(k, bool(v))
+        else:
+            w.add_uint32(k, int(v))
+
+
+def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=None):
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    e, nh, nkv, hd, ff, nl = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["n_ff"], cfg["n_layer"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"axle-fixture-{arch}")
+    w.add_context_length(4096)
+    w.add_embedding_length(e)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(cfg.get("rope_base", 10000.0))
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    for k, v in (extra or {}).items():
+        w.add_uint32(k, v)
+    add_vocab(w, vocab)
+
+    def mat(name, rows, cols, scale=None):
+        # ggml shape [cols(ne0), rows(ne1)]: numpy array (rows, cols)
+        s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        data = (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+
+    def vec(name, n, center=1.0, scale=0.1):
+        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    vec("output_norm.weight", e)
+    for i in range(nl):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", e)
+        mat(p + "attn_q.weight", nh * hd, e)
+        mat(p + "attn_k.weight", nkv * hd, e)
+        mat(p + "attn_v.weight", nkv * hd, e)
+        mat(p + "attn_output.weight", e, nh * hd)
+        if qkv_bias:
+            vec(p + "attn_q.bias", nh * hd, 0.0, 0.5)
+            vec(p + "attn_k.bias", nkv * hd, 0.0, 0.5)
+            vec(p + "attn_v.bias", nkv * hd, 0.0, 0.5)
+        if qk_norm:
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
+        vec(p + "ffn_norm.weight", e)
+        mat(p + "ffn_gate.weight", ff, e)
+        mat(p + "ffn_up.weight", ff, e)
+        mat(p + "ffn_down.weight", e, ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    default = os.path.join(os.environ.get("AXLE_MODEL_DIR", os.path.expanduser("~/.cache/axle/models")),
+                           "SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--smollm2", default=default)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    vocab = read_vocab(a.smollm2)
+    base = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_layer=2)
+    write(os.path.join(a.out, "qwen2-tiny.gguf"), "qwen2", base, vocab, 1, qkv_bias=True)
+    write(os.path.join(a.out, "qwen3-tiny.gguf"), "qwen3", dict(base, head_dim=32, rope_base=1e6), vocab, 2, qk_norm=True)
+    write(os.path.join(a.out, "llama-tiny.gguf"), "llama", base, vocab, 3)
+    # Mistral-style: every layer attends over a sliding window. One layer, so that the last token's
+    # logits over a long prompt equal a full-attention run over just the last `window` tokens.
+    write(os.path.join(a.out, "mistral-swa-tiny.gguf"), "llama", dict(base, n_layer=1), vocab, 4,
+          extra={"llama.attention.sliding_window": 16})
+
+
+if __name__ == "__main__":
+    main()
