@@ -6,9 +6,16 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod blocks;
 pub mod sampler;
+pub mod scheduler;
 
+pub use blocks::{BlockId, BlockPool};
 pub use sampler::{Sampler, SamplingParams};
+pub use scheduler::{
+    Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler, SchedulerConfig,
+    StepPlan,
+};
 
 /// A token id.
 pub type TokenId = u32;

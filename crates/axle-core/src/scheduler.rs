@@ -1,0 +1,560 @@
+//! The request lifecycle and the per-step scheduler. Each step, every request's computed tokens
+//! catch up with its known tokens (prompt + generated): a decode is a catch-up of one token, a
+//! prefill a catch-up of many, done in chunks under a token budget. Running requests go first
+//! (decodes, then unfinished prefills), then waiting ones in arrival order. When KV blocks run out,
+//! the newest running request is preempted: its blocks are released and it recomputes later, so the
+//! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
+//! `apply` takes the logits the runner computed for it.
+use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::TokenId;
+use std::collections::{HashMap, VecDeque};
+
+/// A request id (unique per scheduler).
+pub type RequestId = u64;
+
+/// What a request asks for.
+#[derive(Debug, Clone)]
+pub struct RequestSpec {
+    /// Prompt tokens (at least one).
+    pub prompt: Vec<TokenId>,
+    /// Sampling options.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Tokens that end generation (EOS, end-of-turn, user stop ids); not emitted.
+    pub stop_tokens: Vec<TokenId>,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token (EOS, end of turn, or a requested stop id).
+    Stop,
+    /// A stop string matched (decided by the caller, which sees text).
+    StopString,
+    /// max_tokens reached.
+    Length,
+    /// The sequence reached the context limit.
+    ContextLimit,
+    /// Cancelled by the client.
+    Cancelled,
+    /// Rejected or failed.
+    Error(String),
+}
+
+/// Where a request is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Queued (new, or preempted and waiting to recompute).
+    Waiting,
+    /// Has KV blocks and is being computed.
+    Running,
+    /// Done.
+    Finished(FinishReason),
+}
+
+/// Scheduler limits.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most tokens computed in one step.
+    pub max_batch_tokens: usize,
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// KV blocks in the pool.
+    pub n_blocks: u32,
+    /// Slots per block.
+    pub block_size: u32,
+    /// Most tokens one sequence may hold (prompt + generated).
+    pub context_limit: usize,
+    /// Reuse cached blocks of identical prefixes.
+    pub prefix_caching: bool,
+    /// Model identity mixed into block hashes.
+    pub model_id: u64,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedSeq {
+    /// The request.
+    pub id: RequestId,
+    /// Tokens to compute now.
+    pub tokens: Vec<TokenId>,
+    /// Position of the first of them.
+    pub start_pos: u32,
+    /// Physical blocks of the sequence, covering every position up to the last token.
+    pub block_table: Vec<BlockId>,
+    /// Whether the last token's logits are needed (the catch-up reaches the known end).
+    pub wants_logits: bool,
+}
+
+/// A step: what to compute.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepPlan {
+    /// Sequences, in batch order.
+    pub seqs: Vec<PlannedSeq>,
+    /// Requests preempted while planning (they recompute later).
+    pub preempted: Vec<RequestId>,
+}
+
+impl StepPlan {
+    /// Tokens in the step.
+    pub fn n_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+
+    /// Whether there is nothing to compute.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+/// What happened to a request in `apply`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The request.
+    pub id: RequestId,
+    /// A new token, if one was sampled (not emitted for stop tokens).
+    pub token: Option<TokenId>,
+    /// Set when the request finished.
+    pub finished: Option<FinishReason>,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    spec: RequestSpec,
+    /// Prompt followed by generated tokens.
+    tokens: Vec<TokenId>,
+    computed: usize,
+    blocks: Vec<BlockId>,
+    /// Hash chain of this sequence's full blocks, as far as computed.
+    keys: Vec<u64>,
+    sampler: Sampler,
+    phase: Phase,
+    arrival: u64,
+    preemptions: u32,
+    cached_tokens: usize,
+}
+
+impl Request {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.spec.prompt.len()
+    }
+}
+
+/// Per-request statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestStats {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub generated_tokens: usize,
+    /// Prompt tokens served from the prefix cache at the last admission.
+    pub cached_tokens: usize,
+    /// Times preempted.
+    pub preemptions: u32,
+}
+
+/// The scheduler: requests, queues and the block pool.
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    pool: BlockPool,
+    requests: HashMap<RequestId, Request>,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
+    next_id: RequestId,
+    clock: u64,
+}
+
+impl Scheduler {
+    /// A scheduler with an empty pool.
+    pub fn new(cfg: SchedulerConfig) -> Scheduler {
+        let pool = BlockPool::new(cfg.n_blocks, cfg.block_size, cfg.prefix_caching);
+        Scheduler {
+            cfg,
+            pool,
+            requests: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            clock: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The block pool (read-only, for metrics and tests).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Queues a request. Fails (without queuing) when it can never fit.
+    pub fn add(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
+        if spec.prompt.is_empty() {
+            return Err("the prompt is empty".into());
+        }
+        let cap = self
+            .cfg
+            .context_limit
+            .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
+        if spec.prompt.len() >= cap {
+            return Err(format!(
+                "prompt of {} tokens does not fit the context of {} tokens",
+                spec.prompt.len(),
+                cap
+            ));
+        }
+        spec.sampling.validate()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.clock += 1;
+        let tokens = spec.prompt.clone();
+        let sampler = Sampler::new(spec.sampling.clone());
+        self.requests.insert(
+            id,
+            Request {
+                spec,
+                tokens,
+                computed: 0,
+                blocks: Vec::new(),
+                keys: Vec::new(),
+                sampler,
+                phase: Phase::Waiting,
+                arrival: self.clock,
+                preemptions: 0,
+                cached_tokens: 0,
+            },
+        );
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// A request's phase (None once forgotten).
+    pub fn phase(&self, id: RequestId) -> Option<&Phase> {
+        self.requests.get(&id).map(|r| &r.phase)
+    }
+
+    /// A request's tokens so far (prompt, then generated).
+    pub fn tokens(&self, id: RequestId) -> Option<&[TokenId]> {
+        self.requests.get(&id).map(|r| r.tokens.as_slice())
+    }
+
+    /// A request's generated tokens.
+    pub fn generated(&self, id: RequestId) -> Option<&[TokenId]> {
+        self.requests
+            .get(&id)
+            .map(|r| &r.tokens[r.spec.prompt.len()..])
+    }
+
+    /// A request's statistics.
+    pub fn stats(&self, id: RequestId) -> Option<RequestStats> {
+        self.requests.get(&id).map(|r| RequestStats {
+            prompt_tokens: r.spec.prompt.len(),
+            generated_tokens: r.generated(),
+            cached_tokens: r.cached_tokens,
+            preemptions: r.preemptions,
+        })
+    }
+
+    /// Requests queued.
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests holding KV.
+    pub fn n_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether any request is unfinished.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Drops a finished request's record.
+    pub fn forget(&mut self, id: RequestId) {
+        if matches!(
+            self.requests.get(&id).map(|r| &r.phase),
+            Some(Phase::Finished(_))
+        ) {
+            self.requests.remove(&id);
+        }
+    }
+
+    /// Ends a request now (client cancel or stop string), freeing its blocks.
+    pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> bool {
+        let Some(r) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        if matches!(r.phase, Phase::Finished(_)) {
+            return false;
+        }
+        for b in r.blocks.drain(..) {
+            self.pool.release(b);
+        }
+        r.phase = Phase::Finished(reason);
+        self.running.retain(|&x| x != id);
+        self.waiting.retain(|&x| x != id);
+        true
+    }
+
+    fn preempt(&mut self, id: RequestId) {
+        let r = self
+            .requests
+            .get_mut(&id)
+            .expect("preempting a known request");
+        for b in r.blocks.drain(..) {
+            self.pool.release(b);
+        }
+        r.computed = 0;
+        r.keys.clear();
+        r.phase = Phase::Waiting;
+        r.preemptions += 1;
+        self.running.retain(|&x| x != id);
+        // Back in arrival order, ahead of newer requests.
+        let arrival = r.arrival;
+        let pos = self
+            .waiting
+            .iter()
+            .position(|w| self.requests[w].arrival > arrival)
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(pos, id);
+    }
+
+    /// The running request to preempt: the newest one other than `keep`.
+    fn victim(&self, keep: RequestId) -> Option<RequestId> {
+        self.running
+            .iter()
+            .copied()
+            .filter(|&x| x != keep)
+            .max_by_key(|x| self.requests[x].arrival)
+    }
+
+    /// Claims cached blocks for the longest cached prefix of a request being admitted. The block
+    /// holding the last known token is never reused, so that token is always computed (its logits
+    /// are needed) and a shared block is never written.
+    fn reuse_prefix(&mut self, id: RequestId) {
+        let bs = self.cfg.block_size as usize;
+        let model_id = self.cfg.model_id;
+        let r = self.requests.get_mut(&id).expect("known request");
+        let full = (r.tokens.len() - 1) / bs;
+        let mut parent = None;
+        for i in 0..full {
+            let key = block_key(parent, &r.tokens[i * bs..(i + 1) * bs], model_id);
+            match self.pool.reuse(&key) {
+                Some(b) => {
+                    parent = Some(key.hash);
+                    r.blocks.push(b);
+                    r.keys.push(key.hash);
+                }
+                None => break,
+            }
+        }
+        r.computed = r.blocks.len() * bs;
+        r.cached_tokens = r.computed;
+    }
+
+    /// Makes sure `id` has blocks for its first `upto` positions, preempting newer running requests
+    /// if the pool is empty. Returns false if it cannot (then nothing was preempted for it).
+    fn ensure_blocks(
+        &mut self,
+        id: RequestId,
+        upto: usize,
+        plan: &mut StepPlan,
+        preempt: bool,
+    ) -> bool {
+        let bs = self.cfg.block_size as usize;
+        loop {
+            let have = self.requests[&id].blocks.len() * bs;
+            if have >= upto {
+                return true;
+            }
+            if let Some(b) = self.pool.allocate() {
+                self.requests.get_mut(&id).expect("known").blocks.push(b);
+                continue;
+            }
+            if !preempt {
+                return false;
+            }
+            let Some(v) = self.victim(id) else {
+                return false;
+            };
+            if self.requests[&v].arrival < self.requests[&id].arrival {
+                return false; // only newer requests give way
+            }
+            plan.seqs.retain(|s| s.id != v);
+            self.preempt(v);
+            plan.preempted.push(v);
+        }
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.cfg.max_batch_tokens;
+        // Running requests: decodes first, then unfinished prefills, each in arrival order.
+        let mut order: Vec<RequestId> = self.running.clone();
+        order.sort_by_key(|id| {
+            let r = &self.requests[id];
+            (r.tokens.len() - r.computed > 1, r.arrival)
+        });
+        for id in order {
+            if plan.seqs.len() >= self.cfg.max_seqs || budget == 0 {
+                break;
+            }
+            if !self.running.contains(&id) {
+                continue; // preempted while planning this step
+            }
+            let (computed, known) = (self.requests[&id].computed, self.requests[&id].tokens.len());
+            let n = (known - computed).min(budget);
+            if !self.ensure_blocks(id, computed + n, &mut plan, true) {
+                self.preempt(id);
+                plan.preempted.push(id);
+                continue;
+            }
+            budget -= n;
+            plan.seqs.push(self.planned(id, n));
+        }
+        // Waiting requests, first come first served; stop at the first that does not fit.
+        while let Some(&id) = self.waiting.front() {
+            if plan.seqs.len() >= self.cfg.max_seqs || budget == 0 {
+                break;
+            }
+            if self.pool.caching() && self.requests[&id].blocks.is_empty() {
+                self.reuse_prefix(id);
+            }
+            let (computed, known) = (self.requests[&id].computed, self.requests[&id].tokens.len());
+            let n = (known - computed).min(budget);
+            if !self.ensure_blocks(id, computed + n, &mut plan, false) {
+                let r = self.requests.get_mut(&id).expect("known");
+                for b in r.blocks.drain(..) {
+                    self.pool.release(b);
+                }
+                r.keys.clear();
+                r.computed = 0;
+                break;
+            }
+            self.waiting.pop_front();
+            self.requests.get_mut(&id).expect("known").phase = Phase::Running;
+            self.running.push(id);
+            budget -= n;
+            plan.seqs.push(self.planned(id, n));
+        }
+        plan
+    }
+
+    fn planned(&self, id: RequestId, n: usize) -> PlannedSeq {
+        let r = &self.requests[&id];
+        PlannedSeq {
+            id,
+            tokens: r.tokens[r.computed..r.computed + n].to_vec(),
+            start_pos: r.computed as u32,
+            block_table: r.blocks.clone(),
+            wants_logits: r.computed + n == r.tokens.len(),
+        }
+    }
+
+    /// Applies a computed step: `logits(i)` gives the last-token logits of `plan.seqs[i]` when it
+    /// wanted them. Samples, checks stops, registers newly full blocks, and reports events.
+    pub fn apply<'l>(
+        &mut self,
+        plan: &StepPlan,
+        mut logits: impl FnMut(usize) -> Option<&'l [f32]>,
+    ) -> Vec<Event> {
+        let bs = self.cfg.block_size as usize;
+        let mut events = Vec::new();
+        for (i, s) in plan.seqs.iter().enumerate() {
+            let Some(r) = self.requests.get_mut(&s.id) else {
+                continue;
+            };
+            if r.phase != Phase::Running || r.computed != s.start_pos as usize {
+                continue; // cancelled or preempted after planning
+            }
+            r.computed += s.tokens.len();
+            // Register blocks that just became full, extending the hash chain.
+            while (r.keys.len() + 1) * bs <= r.computed {
+                let b = r.keys.len();
+                let key: BlockKey = block_key(
+                    r.keys.last().copied(),
+                    &r.tokens[b * bs..(b + 1) * bs],
+                    self.cfg.model_id,
+                );
+                r.keys.push(key.hash);
+                self.pool.register(r.blocks[b], key);
+            }
+            if !s.wants_logits {
+                continue;
+            }
+            let Some(l) = logits(i) else { continue };
+            let history = r.tokens.clone();
+            let tok = r.sampler.sample(l, &history);
+            let mut ev = Event {
+                id: s.id,
+                token: None,
+                finished: None,
+            };
+            if r.spec.stop_tokens.contains(&tok) {
+                ev.finished = Some(FinishReason::Stop);
+            } else {
+                r.tokens.push(tok);
+                ev.token = Some(tok);
+                if r.generated() >= r.spec.max_tokens {
+                    ev.finished = Some(FinishReason::Length);
+                } else if r.tokens.len()
+                    >= self
+                        .cfg
+                        .context_limit
+                        .min((self.cfg.n_blocks * self.cfg.block_size) as usize)
+                {
+                    ev.finished = Some(FinishReason::ContextLimit);
+                }
+            }
+            if let Some(reason) = &ev.finished {
+                self.finish(s.id, reason.clone());
+            }
+            events.push(ev);
+        }
+        events
+    }
+
+    /// Checks the invariants the property tests rely on: the pool is consistent, every block's
+    /// reference count equals the number of running requests holding it, and nothing else holds
+    /// blocks.
+    pub fn check(&self) -> Result<(), String> {
+        self.pool.check()?;
+        let mut owners: HashMap<BlockId, u32> = HashMap::new();
+        for (id, r) in &self.requests {
+            match r.phase {
+                Phase::Running => {
+                    if !self.running.contains(id) {
+                        return Err(format!("running request {id} not in the running list"));
+                    }
+                }
+                _ => {
+                    if !r.blocks.is_empty() {
+                        return Err(format!("request {id} holds blocks while {:?}", r.phase));
+                    }
+                }
+            }
+            for &b in &r.blocks {
+                *owners.entry(b).or_default() += 1;
+            }
+            if r.computed > r.tokens.len() {
+                return Err(format!("request {id} computed past its tokens"));
+            }
+        }
+        for b in 0..self.pool.n_blocks() {
+            let want = owners.get(&b).copied().unwrap_or(0);
+            if self.pool.refs(b) != want {
+                return Err(format!(
+                    "block {b}: {} refs, {want} owners",
+                    self.pool.refs(b)
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,283 @@
+//! Property tests of the scheduler and block pool against a fake model whose "logits" are a pure
+//! function of the tokens it reads back from its simulated KV slots. Random arrivals, prompt
+//! lengths (with shared prefixes), cancellations and small KV budgets; after every step the
+//! invariants hold, and every request's output equals the output of the same request run alone
+//! with ample memory and no prefix cache: preemption and prefix reuse change nothing, and a reused
+//! block never serves other tokens.
+use axle_core::{
+    FinishReason, Phase, RequestId, RequestSpec, SamplingParams, Scheduler, SchedulerConfig,
+    StepPlan,
+};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+const VOCAB: usize = 12;
+const BS: u32 = 4;
+
+/// The fake model: KV slots hold (position, token); logits hash what is read back.
+struct FakeModel {
+    kv: HashMap<u32, (u32, u32)>,
+}
+
+impl FakeModel {
+    fn run(&mut self, plan: &StepPlan) -> Vec<Option<Vec<f32>>> {
+        plan.seqs
+            .iter()
+            .map(|s| {
+                let slot = |p: u32| s.block_table[(p / BS) as usize] * BS + p % BS;
+                for (i, &t) in s.tokens.iter().enumerate() {
+                    let p = s.start_pos + i as u32;
+                    self.kv.insert(slot(p), (p, t));
+                }
+                if !s.wants_logits {
+                    return None;
+                }
+                let last = s.start_pos + s.tokens.len() as u32;
+                let mut h: u64 = 1469598103934665603;
+                for p in 0..last {
+                    let (pos, tok) = self.kv[&slot(p)];
+                    assert_eq!(
+                        pos, p,
+                        "slot for position {p} holds position {pos}: wrong block served"
+                    );
+                    h = (h ^ tok as u64).wrapping_mul(1099511628211);
+                }
+                Some(
+                    (0..VOCAB)
+                        .map(|v| {
+                            (((h ^ v as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40) % 1000) as f32
+                                / 100.0
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    at_step: usize,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    temperature: f32,
+    seed: u64,
+    cancel_after: Option<usize>,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0usize..12,
+        prop::collection::vec(0u32..3, 0..3),
+        0usize..3,
+        prop::collection::vec(0u32..VOCAB as u32, 1..14),
+        1usize..10,
+        prop::bool::ANY,
+        0u64..1000,
+        prop::option::weighted(0.2, 0usize..8),
+    )
+        .prop_map(
+            |(at_step, prefix_sel, shared, tail, max_tokens, sample, seed, cancel_after)| {
+                // Shared prefixes across requests exercise the prefix cache.
+                let shared_prefix: Vec<u32> = (0..shared * 5)
+                    .map(|i| (i as u32 * 7 + prefix_sel.len() as u32) % VOCAB as u32)
+                    .collect();
+                let mut prompt = shared_prefix;
+                prompt.extend(tail);
+                Arrival {
+                    at_step,
+                    prompt,
+                    max_tokens,
+                    temperature: if sample { 0.8 } else { 0.0 },
+                    seed,
+                    cancel_after,
+                }
+            },
+        )
+}
+
+fn spec(a: &Arrival) -> RequestSpec {
+    RequestSpec {
+        prompt: a.prompt.clone(),
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            seed: a.seed,
+            ..Default::default()
+        },
+        max_tokens: a.max_tokens,
+        stop_tokens: vec![VOCAB as u32 - 1],
+    }
+}
+
+/// Runs arrivals to completion; returns each request's generated tokens and finish reason.
+fn simulate(
+    arrivals: &[Arrival],
+    cfg: SchedulerConfig,
+    cancels: bool,
+) -> Vec<(Vec<u32>, FinishReason)> {
+    let mut s = Scheduler::new(cfg);
+    let mut model = FakeModel { kv: HashMap::new() };
+    let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
+    let mut steps_alive: Vec<usize> = vec![0; arrivals.len()];
+    for step in 0..2000 {
+        for (i, a) in arrivals.iter().enumerate() {
+            if a.at_step == step {
+                ids[i] = Some(s.add(spec(a)).expect("fits"));
+            }
+        }
+        if cancels {
+            for (i, a) in arrivals.iter().enumerate() {
+                if let (Some(id), Some(c)) = (ids[i], a.cancel_after) {
+                    if steps_alive[i] == c {
+                        s.finish(id, FinishReason::Cancelled);
+                    }
+                    steps_alive[i] += 1;
+                }
+            }
+        }
+        let plan = s.schedule();
+        s.check()
+            .unwrap_or_else(|e| panic!("after schedule at step {step}: {e}"));
+        assert!(plan.n_tokens() <= s.config().max_batch_tokens);
+        assert!(plan.seqs.len() <= s.config().max_seqs);
+        let out = model.run(&plan);
+        s.apply(&plan, |i| out[i].as_deref());
+        s.check()
+            .unwrap_or_else(|e| panic!("after apply at step {step}: {e}"));
+        if step > 12 && !s.has_work() {
+            break;
+        }
+    }
+    assert!(!s.has_work(), "requests left unfinished");
+    assert_eq!(s.pool().in_use(), 0, "blocks leaked");
+    ids.iter()
+        .map(|id| {
+            let id = id.expect("arrived");
+            let reason = match s.phase(id) {
+                Some(Phase::Finished(r)) => r.clone(),
+                other => panic!("request {id} ended as {other:?}"),
+            };
+            (s.generated(id).unwrap().to_vec(), reason)
+        })
+        .collect()
+}
+
+fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch_tokens,
+        max_seqs,
+        n_blocks,
+        block_size: BS,
+        context_limit: 28,
+        prefix_caching: caching,
+        model_id: 9,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn small_budgets_preemption_and_caching_change_no_output(
+        arrivals in prop::collection::vec(arrival(), 1..7),
+        n_blocks in 7u32..16,
+        caching in prop::bool::ANY,
+        budget in 3usize..24,
+        max_seqs in 1usize..5,
+    ) {
+        // Reference: ample memory, no cache, no cancellations.
+        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
+        let constrained = simulate(&arrivals, cfg(n_blocks, caching, budget, max_seqs), true);
+        for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
+            let (got, reason) = &constrained[i];
+            if *reason == FinishReason::Cancelled {
+                prop_assert!(want.starts_with(got), "request {i}: cancelled output {got:?} is not a prefix of {want:?}");
+            } else {
+                prop_assert_eq!(got, want, "request {} ({:?})", i, a);
+                prop_assert_eq!(reason, want_reason);
+            }
+        }
+    }
+}
+
+#[test]
+fn exhausted_kv_preempts_the_newest_and_everything_completes() {
+    // Three requests that each need 4 blocks at the end, in a pool of 6 blocks.
+    let arrivals: Vec<Arrival> = (0..3)
+        .map(|i| Arrival {
+            at_step: 0,
+            prompt: vec![i, 1, 2, 3, 4, 5],
+            max_tokens: 9,
+            temperature: 0.0,
+            seed: 0,
+            cancel_after: None,
+        })
+        .collect();
+    let mut s = Scheduler::new(cfg(6, true, 32, 4));
+    let mut model = FakeModel { kv: HashMap::new() };
+    let ids: Vec<_> = arrivals
+        .iter()
+        .map(|a| {
+            s.add(RequestSpec {
+                stop_tokens: vec![],
+                ..spec(a)
+            })
+            .unwrap()
+        })
+        .collect();
+    let mut preempted = Vec::new();
+    while s.has_work() {
+        let plan = s.schedule();
+        preempted.extend(plan.preempted.iter().copied());
+        let out = model.run(&plan);
+        s.apply(&plan, |i| out[i].as_deref());
+        s.check().unwrap();
+    }
+    assert!(!preempted.is_empty(), "the budget should force preemption");
+    assert!(
+        !preempted.contains(&ids[0]),
+        "the oldest request is never preempted for newer ones"
+    );
+    for id in ids {
+        assert_eq!(s.phase(id), Some(&Phase::Finished(FinishReason::Length)));
+        assert_eq!(s.generated(id).unwrap().len(), 9);
+    }
+    assert_eq!(s.pool().in_use(), 0);
+}
+
+#[test]
+fn prefix_reuse_skips_cached_blocks() {
+    let mut s = Scheduler::new(cfg(32, true, 64, 4));
+    let mut model = FakeModel { kv: HashMap::new() };
+    let prompt: Vec<u32> = (0..17).map(|i| i % 10).collect();
+    let run = |s: &mut Scheduler, model: &mut FakeModel| {
+        let id = s
+            .add(RequestSpec {
+                prompt: prompt.clone(),
+                sampling: SamplingParams::greedy(),
+                max_tokens: 2,
+                stop_tokens: vec![],
+            })
+            .unwrap();
+        let first = s.schedule();
+        let computed = first.n_tokens();
+        let out = model.run(&first);
+        s.apply(&first, |i| out[i].as_deref());
+        while s.has_work() {
+            let p = s.schedule();
+            let out = model.run(&p);
+            s.apply(&p, |i| out[i].as_deref());
+        }
+        (
+            computed,
+            s.generated(id).unwrap().to_vec(),
+            s.stats(id).unwrap().cached_tokens,
+        )
+    };
+    let (a_computed, a_out, a_cached) = run(&mut s, &mut model);
+    let (b_computed, b_out, b_cached) = run(&mut s, &mut model);
+    assert_eq!((a_computed, a_cached), (17, 0));
+    // 17 tokens = 4 full blocks + 1; all 4 full blocks are reused, only the last token is computed.
+    assert_eq!((b_computed, b_cached), (1, 16));
+    assert_eq!(a_out, b_out);
+}
