@@ -401,6 +401,11 @@ impl Context {
             sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3])
         })
     }
+    /// Concatenation along dimension `dim`.
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the other dimensions match.
+        Tensor::from_raw(unsafe { sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim) })
+    }
     /// A contiguous copy.
     pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.

@@ -28,6 +28,9 @@ pub struct Step<'a> {
     pub n_kv: i64,
     /// The KV storage.
     pub kv: &'a KvCache,
+    /// (first row, rows) of each attention op: rows are split so that every sequence gets the
+    /// same attention kernel whatever else is in the batch.
+    pub attn_groups: Vec<(i64, i64)>,
 }
 
 /// Attention hyperparameters of one layer.

@@ -257,11 +257,12 @@ impl Runner {
             n_tokens: n,
             n_kv,
             n_out: self.host.out_ids.len(),
+            groups: attention_groups(seqs),
         };
         let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
         if !reuse {
             self.cached = None;
-            let ctx = self.build(key)?;
+            let ctx = self.build(&key)?;
             let mut graph = ctx
                 .existing_graph()
                 .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
@@ -285,7 +286,9 @@ impl Runner {
                 m.write(data)?;
             }
         }
-        input("inp_out_ids")?.write(&h.out_ids)?;
+        if let Some(t) = ctx.find("inp_out_ids").filter(|t| t.is_allocated()) {
+            t.write(&h.out_ids)?;
+        }
         let mut graph = ctx
             .existing_graph()
             .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
@@ -302,7 +305,7 @@ impl Runner {
     }
 
     /// Builds the graph of a step shape in a fresh context.
-    fn build(&self, key: GraphKey) -> Result<Context, ModelError> {
+    fn build(&self, key: &GraphKey) -> Result<Context, ModelError> {
         let has_swa = self.model.family().sliding_window().is_some();
         let ctx = Context::new(MAX_NODES, MAX_NODES)?;
         {
@@ -319,6 +322,7 @@ impl Runner {
                 out_ids: ctx.input(DType::I32, &[key.n_out as i64], "inp_out_ids"),
                 n_kv,
                 kv: &self.kv,
+                attn_groups: key.groups.clone(),
             };
             let logits = self
                 .model
@@ -335,10 +339,47 @@ impl Runner {
 /// Name of the logits tensor in every graph.
 const LOGITS: &str = "axle_logits";
 
+/// Query rows at or above which ggml's CPU flash attention switches to its tiled kernel.
+const FA_TILE_ROWS: usize = 64;
+
+/// Splits the batch's rows into attention groups so that each sequence gets the same attention
+/// kernel batched as alone (ggml picks the kernel by the number of query rows in the op): a
+/// sequence with at least `FA_TILE_ROWS` tokens gets an op of its own; shorter ones share ops while
+/// their total stays below that. This keeps batched outputs identical to single runs.
+fn attention_groups(seqs: &[SeqInput]) -> Vec<(i64, i64)> {
+    let mut groups: Vec<(i64, i64)> = Vec::new();
+    let mut row = 0i64;
+    let mut open: Option<usize> = None;
+    for s in seqs {
+        let n = s.tokens.len() as i64;
+        if n as usize >= FA_TILE_ROWS {
+            groups.push((row, n));
+            open = None;
+        } else {
+            match open {
+                Some(g)
+                    if (groups[g].1 + n) < FA_TILE_ROWS as i64
+                        && groups[g].0 + groups[g].1 == row =>
+                {
+                    groups[g].1 += n
+                }
+                _ => {
+                    groups.push((row, n));
+                    open = Some(groups.len() - 1);
+                }
+            }
+        }
+        row += n;
+    }
+    groups
+}
+
 /// The shape of a step: graphs with equal keys are interchangeable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct GraphKey {
     n_tokens: i64,
     n_kv: u32,
     n_out: usize,
+    /// (first row, rows) of each attention op.
+    groups: Vec<(i64, i64)>,
 }

@@ -171,7 +171,9 @@ impl Family for Llama {
         let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
         let last = self.layers.len() - 1;
         for (il, l) in self.layers.iter().enumerate() {
-            let h = s.rms_norm(x, &l.attn_norm, hp.rms_eps);
+            let h = s
+                .rms_norm(x, &l.attn_norm, hp.rms_eps)
+                .named(&format!("attn_norm-{il}"));
             let q = g.reshape(
                 s.linear(&l.wq, l.bq.as_ref(), h),
                 &[hp.head_dim_k, hp.n_head, n],
@@ -192,7 +194,12 @@ impl Family for Llama {
             };
             let q = g.rope(q, s.pos, rope_freqs, &hp.rope);
             let k = g.rope(k, s.pos, rope_freqs, &hp.rope);
-            let a = s.attention(il, q, k, v, &self.attn);
+            let q = q.named(&format!("q_rope-{il}"));
+            let k = k.named(&format!("k_rope-{il}"));
+            let v = v.named(&format!("v-{il}"));
+            let a = s
+                .attention(il, q, k, v, &self.attn)
+                .named(&format!("attn-{il}"));
             let mut o = g.mul_mat(l.wo.t(), a);
             let mut residual = x;
             if il == last {
@@ -200,7 +207,10 @@ impl Family for Llama {
                 residual = g.get_rows(residual, s.out_ids);
             }
             let x_attn = g.add(o, residual);
-            let h = s.rms_norm(x_attn, &l.ffn_norm, hp.rms_eps);
+            let x_attn = x_attn.named(&format!("ffn_inp-{il}"));
+            let h = s
+                .rms_norm(x_attn, &l.ffn_norm, hp.rms_eps)
+                .named(&format!("ffn_norm-{il}"));
             let f = s.ffn(
                 h,
                 FfnWeights {

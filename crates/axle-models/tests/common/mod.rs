@@ -168,7 +168,7 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
         "tokens", "max|dlogit|", "top1", "greedy64"
     );
     for p in prompts {
-        let toks = model.tokenizer.encode(&p, true, false);
+        let toks = model.tokenizer.encode(p, true, false);
         let (a_first, a_cont) = greedy_axle(&mut runner, &toks);
         let (o_first, o_cont, gaps) = greedy_oracle(&mut oracle, &toks);
         let d = max_abs_diff(&a_first, &o_first);

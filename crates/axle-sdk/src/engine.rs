@@ -1,0 +1,301 @@
+//! The synchronous engine: one model, one runner, one scheduler. Each `step` is
+//! plan (core) -> execute (runner, one graph for the whole batch) -> apply (core), followed by
+//! detokenization and stop-string matching per request.
+use crate::stop::StopMatcher;
+use crate::SdkError;
+use axle_core::{
+    Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler, SchedulerConfig,
+};
+use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// Engine limits.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// KV slots shared by all sequences.
+    pub kv_slots: u32,
+    /// Slots per KV block.
+    pub block_size: u32,
+    /// Most tokens per step (prefill chunks and decodes together).
+    pub max_batch_tokens: usize,
+    /// Most sequences per step.
+    pub max_seqs: usize,
+    /// Reuse KV of identical prompt prefixes.
+    pub prefix_caching: bool,
+    /// Most tokens one sequence may hold.
+    pub context_len: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            kv_slots: 8192,
+            block_size: 16,
+            max_batch_tokens: 512,
+            max_seqs: 16,
+            prefix_caching: true,
+            context_len: 4096,
+        }
+    }
+}
+
+/// Per-request options.
+#[derive(Debug, Clone)]
+pub struct RequestOptions {
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop strings (matched on generated text; never emitted).
+    pub stop_strings: Vec<String>,
+    /// Extra stop token ids.
+    pub stop_tokens: Vec<TokenId>,
+    /// Do not stop at the model's end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for RequestOptions {
+    fn default() -> Self {
+        RequestOptions {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 256,
+            stop_strings: Vec::new(),
+            stop_tokens: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// What a step produced for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// A generated token and the text it completed (possibly empty).
+    Token {
+        /// The request.
+        id: RequestId,
+        /// The token.
+        token: TokenId,
+        /// Text now safe to emit.
+        text: String,
+    },
+    /// The request ended.
+    Finished {
+        /// The request.
+        id: RequestId,
+        /// Text still held back when it ended (flushed).
+        text: String,
+        /// Why.
+        reason: FinishReason,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens.
+        completion_tokens: usize,
+        /// Prompt tokens served from the prefix cache.
+        cached_tokens: usize,
+    },
+}
+
+struct TextState {
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+}
+
+/// One model driven step by step.
+pub struct EngineCore {
+    model: Arc<Model>,
+    runner: Runner,
+    sched: Scheduler,
+    text: HashMap<RequestId, TextState>,
+}
+
+/// A stable identity of the model file for prefix-cache keys.
+fn model_id(model: &Model) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    model.path().hash(&mut h);
+    model.file_size().hash(&mut h);
+    h.finish()
+}
+
+impl EngineCore {
+    /// An engine over a loaded model.
+    pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
+        let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
+        let runner = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                kv_slots,
+                block_size: cfg.block_size,
+                max_batch_tokens: cfg.max_batch_tokens,
+            },
+        )?;
+        let sched = Scheduler::new(SchedulerConfig {
+            max_batch_tokens: cfg.max_batch_tokens,
+            max_seqs: cfg.max_seqs,
+            n_blocks: kv_slots / cfg.block_size,
+            block_size: cfg.block_size,
+            context_limit: cfg.context_len,
+            prefix_caching: cfg.prefix_caching,
+            model_id: model_id(&model),
+        });
+        Ok(EngineCore {
+            model,
+            runner,
+            sched,
+            text: HashMap::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The scheduler (read-only: queue depth, KV use).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Queues a request.
+    pub fn add(
+        &mut self,
+        prompt: Vec<TokenId>,
+        opts: RequestOptions,
+    ) -> Result<RequestId, SdkError> {
+        let mut stop_tokens = opts.stop_tokens.clone();
+        if !opts.ignore_eos {
+            stop_tokens.extend_from_slice(self.model.tokenizer.eog_tokens());
+        }
+        if opts.max_tokens == 0 {
+            return Err(SdkError::Rejected("max_tokens must be at least 1".into()));
+        }
+        let id = self
+            .sched
+            .add(RequestSpec {
+                prompt,
+                sampling: opts.sampling,
+                max_tokens: opts.max_tokens,
+                stop_tokens,
+            })
+            .map_err(SdkError::Rejected)?;
+        self.text.insert(
+            id,
+            TextState {
+                decoder: StreamDecoder::new(),
+                stop: StopMatcher::new(opts.stop_strings),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Cancels a request (frees its KV at once). Returns whether it was still running.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        self.text.remove(&id);
+        let was = self.sched.finish(id, FinishReason::Cancelled);
+        self.sched.forget(id);
+        was
+    }
+
+    /// Whether any request is unfinished.
+    pub fn has_work(&self) -> bool {
+        self.sched.has_work()
+    }
+
+    fn finished(&mut self, id: RequestId, reason: FinishReason, mut text: String) -> Output {
+        if let Some(mut t) = self.text.remove(&id) {
+            if !matches!(reason, FinishReason::StopString) {
+                let rest = t.decoder.finish();
+                text.push_str(&t.stop.push(&rest).0);
+                text.push_str(&t.stop.finish());
+            }
+        }
+        let stats = self.sched.stats(id);
+        self.sched.forget(id);
+        let s = stats.unwrap_or(axle_core::scheduler::RequestStats {
+            prompt_tokens: 0,
+            generated_tokens: 0,
+            cached_tokens: 0,
+            preemptions: 0,
+        });
+        Output::Finished {
+            id,
+            text,
+            reason,
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.generated_tokens,
+            cached_tokens: s.cached_tokens,
+        }
+    }
+
+    /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;
+    /// the engine itself keeps going.
+    pub fn step(&mut self) -> Vec<Output> {
+        let plan = self.sched.schedule();
+        if plan.is_empty() {
+            return Vec::new();
+        }
+        let inputs: Vec<SeqInput> = plan
+            .seqs
+            .iter()
+            .map(|s| SeqInput {
+                tokens: s.tokens.clone(),
+                start_pos: s.start_pos,
+                block_table: s.block_table.clone(),
+                logits: if s.wants_logits {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
+            })
+            .collect();
+        let out = match self.runner.step(&inputs) {
+            Ok(o) => o,
+            Err(e) => {
+                let msg = e.to_string();
+                let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.id).collect();
+                return ids
+                    .into_iter()
+                    .map(|id| {
+                        self.sched.finish(id, FinishReason::Error(msg.clone()));
+                        self.finished(id, FinishReason::Error(msg.clone()), String::new())
+                    })
+                    .collect();
+            }
+        };
+        let events: Vec<Event> = self
+            .sched
+            .apply(&plan, |i| out.find(i, plan.seqs[i].tokens.len() - 1));
+        let mut outputs = Vec::with_capacity(events.len());
+        for ev in events {
+            let mut text = String::new();
+            let mut stopped = false;
+            if let (Some(tok), Some(t)) = (ev.token, self.text.get_mut(&ev.id)) {
+                let piece = t.decoder.push(&self.model.tokenizer, tok);
+                let (emit, hit) = t.stop.push(&piece);
+                text = emit;
+                stopped = hit;
+            }
+            if stopped {
+                self.sched.finish(ev.id, FinishReason::StopString);
+                outputs.push(self.finished(ev.id, FinishReason::StopString, text));
+            } else if let Some(reason) = ev.finished {
+                if let Some(tok) = ev.token {
+                    outputs.push(Output::Token {
+                        id: ev.id,
+                        token: tok,
+                        text: std::mem::take(&mut text),
+                    });
+                }
+                outputs.push(self.finished(ev.id, reason, text));
+            } else if let Some(tok) = ev.token {
+                outputs.push(Output::Token {
+                    id: ev.id,
+                    token: tok,
+                    text,
+                });
+            }
+        }
+        outputs
+    }
+}

@@ -1,0 +1,209 @@
+//! The engine on SmolLM2-135M: batched greedy outputs equal each prompt run alone (prefix cache on
+//! and off), a KV budget too small for all requests still completes everything correctly through
+//! preemption, and a dropped stream frees its KV.
+//!
+//! Steps are kept under 64 tokens here (`max_batch_tokens: 32`, so prompts prefill in chunks): at
+//! 64 or more tokens in one step ggml's CPU kernels change arithmetic for every row of the step
+//! (libllama shows the identical shift; `crates/axle-models/tests/oracle_batched.rs` checks that
+//! Axle's batched logits equal libllama's batched logits bit for bit in that regime).
+use axle_sdk::{
+    EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, Prompt, RequestOptions,
+    Session, StreamEvent,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn model() -> Arc<Model> {
+    let dir = std::env::var_os("AXLE_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/axle/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "test model {} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
+    Arc::new(
+        Model::load(
+            &p,
+            &ModelOptions {
+                threads: 2,
+                repack: true,
+            },
+        )
+        .expect("load"),
+    )
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "def add(a, b):\n    return",
+    "List three fruits:\n1.",
+    "Water boils at a temperature of",
+    "In 1969, the first person to walk on the moon was",
+    "The quick brown fox",
+    "Translate 'good morning' into Spanish:",
+    "A haiku about the sea:\n",
+];
+
+fn opts(max_tokens: usize) -> RequestOptions {
+    RequestOptions {
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// Runs prompts together through one engine; returns each request's tokens.
+fn run_together(
+    m: &Arc<Model>,
+    cfg: &EngineConfig,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> (Vec<Vec<u32>>, usize) {
+    let mut e = EngineCore::new(m.clone(), cfg).unwrap();
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| e.add(p.clone(), opts(max_tokens)).unwrap())
+        .collect();
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut max_running = 0;
+    while e.has_work() {
+        for o in e.step() {
+            if let Output::Token { id, token, .. } = o {
+                out.entry(id).or_default().push(token);
+            }
+        }
+        max_running = max_running.max(e.scheduler().n_running());
+        assert_eq!(e.scheduler().check(), Ok(()));
+    }
+    assert_eq!(e.scheduler().pool().in_use(), 0, "KV blocks leaked");
+    (
+        ids.iter()
+            .map(|id| out.remove(id).unwrap_or_default())
+            .collect(),
+        max_running,
+    )
+}
+
+fn encoded(m: &Model) -> Vec<Vec<u32>> {
+    PROMPTS
+        .iter()
+        .map(|p| m.tokenizer.encode(p, true, false))
+        .collect()
+}
+
+#[test]
+fn batched_outputs_equal_single_runs_with_and_without_prefix_cache() {
+    let m = model();
+    let prompts = encoded(&m);
+    let alone_cfg = EngineConfig {
+        kv_slots: 1024,
+        prefix_caching: false,
+        max_batch_tokens: 32,
+        ..Default::default()
+    };
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            run_together(&m, &alone_cfg, std::slice::from_ref(p), 32)
+                .0
+                .remove(0)
+        })
+        .collect();
+    for caching in [false, true] {
+        let cfg = EngineConfig {
+            kv_slots: 2048,
+            prefix_caching: caching,
+            max_batch_tokens: 32,
+            ..Default::default()
+        };
+        let (together, max_running) = run_together(&m, &cfg, &prompts, 32);
+        assert_eq!(max_running, 8, "all eight should run in one batch");
+        assert_eq!(together.iter().map(Vec::len).sum::<usize>(), 8 * 32);
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            assert_eq!(
+                a, t,
+                "prompt {i} ({:?}) differs batched (prefix caching {caching})",
+                PROMPTS[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn exhausted_kv_preempts_and_completes_correctly() {
+    let m = model();
+    let prompts = encoded(&m);
+    let alone_cfg = EngineConfig {
+        kv_slots: 1024,
+        prefix_caching: false,
+        max_batch_tokens: 32,
+        ..Default::default()
+    };
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            run_together(&m, &alone_cfg, std::slice::from_ref(p), 40)
+                .0
+                .remove(0)
+        })
+        .collect();
+    // 8 requests need about 8 x 4 blocks of 16 slots at the end; give them 12 blocks.
+    let tight = EngineConfig {
+        kv_slots: 192,
+        block_size: 16,
+        prefix_caching: true,
+        max_batch_tokens: 32,
+        ..Default::default()
+    };
+    let (together, _) = run_together(&m, &tight, &prompts, 40);
+    assert_eq!(alone, together, "preemption changed outputs");
+}
+
+#[test]
+fn dropped_streams_cancel_and_free_kv() {
+    let m = model();
+    let s = Session::new(
+        m,
+        EngineConfig {
+            kv_slots: 2048,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut streams: Vec<_> = (0..6)
+        .map(|i| {
+            s.stream(GenerateRequest {
+                prompt: Prompt::Text(PROMPTS[i].into()),
+                options: opts(200),
+            })
+            .unwrap()
+        })
+        .collect();
+    for st in streams.iter_mut() {
+        for _ in 0..3 {
+            assert!(matches!(st.next(), Some(StreamEvent::Token { .. })));
+        }
+    }
+    assert!(s.stats().kv_blocks_used > 0);
+    drop(streams);
+    // A blocking request afterwards completes, and once it is done no blocks remain in use.
+    let c = s
+        .generate(GenerateRequest {
+            prompt: Prompt::Text("Hello".into()),
+            options: opts(4),
+        })
+        .unwrap();
+    assert_eq!(c.completion_tokens, 4);
+    for _ in 0..200 {
+        if s.stats().kv_blocks_used == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("KV blocks still in use: {:?}", s.stats());
+}
