@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod batched;
 pub mod compare;
+pub mod prefix;
 pub mod stats;
 
 /// Errors of a benchmark run.
@@ -16,6 +18,9 @@ pub enum BenchError {
     /// The reference failed.
     #[error(transparent)]
     Ggml(#[from] axle_ggml::Error),
+    /// The engine failed.
+    #[error(transparent)]
+    Sdk(#[from] axle_sdk::SdkError),
     /// Bad options.
     #[error("{0}")]
     Invalid(String),

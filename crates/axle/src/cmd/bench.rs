@@ -7,6 +7,48 @@ use std::path::PathBuf;
 pub enum BenchCommand {
     /// Prefill and decode tok/s, Axle vs libllama, same process and threads.
     Compare(CompareArgs),
+    /// Aggregate decode tok/s at several concurrencies, Axle's engine vs libllama multi-sequence.
+    Batched(BatchedArgs),
+    /// Time to first token with a cached 1,000-token prefix vs without.
+    Prefix(PrefixArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BatchedArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// CPU threads for both engines.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Concurrency levels (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8, 16])]
+    concurrency: Vec<usize>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 32)]
+    prompt: usize,
+    /// Timed decode steps.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// Repetitions (medians reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Also write the raw results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct PrefixArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Shared prefix length in tokens.
+    #[arg(long, default_value_t = 1000)]
+    prefix: usize,
 }
 
 #[derive(clap::Args)]
@@ -50,6 +92,34 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             if let Some(p) = a.json {
                 std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
             }
+            Ok(())
+        }
+        BenchCommand::Batched(a) => {
+            let report = axle_bench::batched::run(&axle_bench::batched::BatchedOptions {
+                model: a.model,
+                threads: a.threads,
+                concurrency: a.concurrency,
+                prompt: a.prompt,
+                steps: a.steps,
+                reps: a.reps,
+            })?;
+            println!("model: {}  threads: {}  prompt: {} tokens  timed decode steps: {}  reps: {}", report.model, report.threads, a.prompt, a.steps, a.reps);
+            print!("{}", report.table());
+            if let Some(p) = a.json {
+                std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
+            }
+            Ok(())
+        }
+        BenchCommand::Prefix(a) => {
+            let r = axle_bench::prefix::run(&a.model, a.threads, a.prefix)?;
+            println!(
+                "shared prefix {} tokens: first request TTFT {:.1} ms, second (cached {} tokens) {:.1} ms, ratio {:.3}",
+                r.prefix_tokens,
+                r.first_ttft_s * 1e3,
+                r.second_cached_tokens,
+                r.second_ttft_s * 1e3,
+                r.ratio
+            );
             Ok(())
         }
     }

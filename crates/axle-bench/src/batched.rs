@@ -1,0 +1,151 @@
+//! `axle bench batched`: aggregate decode throughput with N concurrent sequences, Axle's engine
+//! (scheduler + paged KV + one graph per step) against libllama's own multi-sequence batched decode
+//! with the same sequences, prompts and greedy token choice, in one process.
+use crate::stats::{markdown_table, median, synthetic_tokens};
+use crate::BenchError;
+use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::{Model, ModelOptions};
+use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BatchedOptions {
+    /// The GGUF model.
+    pub model: PathBuf,
+    /// CPU threads.
+    pub threads: usize,
+    /// Concurrency levels.
+    pub concurrency: Vec<usize>,
+    /// Prompt tokens per sequence.
+    pub prompt: usize,
+    /// Timed decode steps.
+    pub steps: usize,
+    /// Repetitions (median reported).
+    pub reps: usize,
+}
+
+/// One row.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchedRow {
+    /// Sequences decoding together.
+    pub sequences: usize,
+    /// Axle aggregate tok/s per repetition.
+    pub axle: Vec<f64>,
+    /// libllama aggregate tok/s per repetition.
+    pub llama: Vec<f64>,
+    /// Medians and ratio.
+    pub axle_median: f64,
+    /// Median libllama tok/s.
+    pub llama_median: f64,
+    /// axle / libllama.
+    pub ratio: f64,
+}
+
+/// The result.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchedReport {
+    /// Model file.
+    pub model: String,
+    /// Threads.
+    pub threads: usize,
+    /// Rows.
+    pub rows: Vec<BatchedRow>,
+}
+
+impl BatchedReport {
+    /// Markdown table.
+    pub fn table(&self) -> String {
+        let rows: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| vec![r.sequences.to_string(), format!("{:.1}", r.axle_median), format!("{:.1}", r.llama_median), format!("{:.3}", r.ratio)])
+            .collect();
+        markdown_table(&["sequences", "axle tok/s", "libllama tok/s", "ratio"], &rows)
+    }
+}
+
+fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
+    let b = prompts.len();
+    let cfg = EngineConfig {
+        kv_slots: ((b * (prompts[0].len() + steps + 8)) as u32).div_ceil(256) * 256 + 256,
+        max_seqs: b.max(1),
+        max_batch_tokens: 512.max(b),
+        prefix_caching: false,
+        ..Default::default()
+    };
+    let mut e = EngineCore::new(model.clone(), &cfg)?;
+    for p in prompts {
+        e.add(p.clone(), RequestOptions { max_tokens: steps + 2, ignore_eos: true, ..Default::default() })?;
+    }
+    // Prefill until every sequence has its first token (then all decode together).
+    let mut started = 0;
+    while started < b {
+        started += e.step().iter().filter(|o| matches!(o, Output::Token { .. })).count();
+    }
+    let t = Instant::now();
+    let mut tokens = 0;
+    for _ in 0..steps {
+        tokens += e.step().iter().filter(|o| matches!(o, Output::Token { .. })).count();
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64())
+}
+
+fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
+    o.clear();
+    let argmax = |v: &[f32]| v.iter().enumerate().fold(0, |b, (i, &x)| if x > v[b] { i } else { b }) as i32;
+    let entries: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, p)| p.iter().enumerate().map(move |(i, &t)| (t as i32, i as i32, s as i32, i + 1 == p.len())))
+        .collect();
+    let mut next: Vec<i32> = o.decode(&entries)?.iter().map(|l| argmax(l)).collect();
+    let mut pos: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
+    let t = Instant::now();
+    for _ in 0..steps {
+        let batch: Vec<_> = (0..prompts.len()).map(|s| (next[s], pos[s], s as i32, true)).collect();
+        next = o.decode(&batch)?.iter().map(|l| argmax(l)).collect();
+        pos.iter_mut().for_each(|p| *p += 1);
+    }
+    Ok((steps * prompts.len()) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
+    if opts.reps == 0 || opts.steps == 0 || opts.concurrency.is_empty() {
+        return Err(BenchError::Invalid("reps, steps and concurrency must be positive".into()));
+    }
+    let model = Arc::new(Model::load(&opts.model, &ModelOptions { threads: opts.threads, repack: true })?);
+    let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
+    let n_ctx = ((max_b * (opts.prompt + opts.steps + 8)) as u32).div_ceil(256) * 256 + 256;
+    let mut oracle = LlamaOracle::load(
+        &opts.model,
+        &OracleOptions { n_ctx, n_threads: opts.threads, n_seq_max: max_b as u32, n_batch: (max_b * opts.prompt).max(512) as u32, ..Default::default() },
+    )?;
+    let bar = indicatif::ProgressBar::new((opts.concurrency.len() * opts.reps * 2) as u64);
+    let mut rows = Vec::new();
+    for &b in &opts.concurrency {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64)).collect();
+        let (mut a, mut l) = (Vec::new(), Vec::new());
+        for rep in 0..opts.reps {
+            bar.set_message(format!("{b} sequences, rep {}", rep + 1));
+            if rep % 2 == 0 {
+                a.push(axle_run(&model, &prompts, opts.steps)?);
+                bar.inc(1);
+                l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
+            } else {
+                l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
+                bar.inc(1);
+                a.push(axle_run(&model, &prompts, opts.steps)?);
+            }
+            bar.inc(1);
+        }
+        let (am, lm) = (median(&a), median(&l));
+        rows.push(BatchedRow { sequences: b, axle: a, llama: l, axle_median: am, llama_median: lm, ratio: am / lm });
+    }
+    bar.finish_and_clear();
+    Ok(BatchedReport { model: opts.model.display().to_string(), threads: opts.threads, rows })
+}
