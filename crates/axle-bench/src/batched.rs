@@ -68,10 +68,13 @@ impl BatchedReport {
     }
 }
 
+/// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
+const WARM: usize = 4;
+
 fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
-        kv_slots: ((b * (prompts[0].len() + steps + 8)) as u32).div_ceil(256) * 256 + 256,
+        kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
         max_seqs: b.max(1),
         max_batch_tokens: 512.max(b),
         prefix_caching: false,
@@ -79,12 +82,15 @@ fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f6
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
     for p in prompts {
-        e.add(p.clone(), RequestOptions { max_tokens: steps + 2, ignore_eos: true, ..Default::default() })?;
+        e.add(p.clone(), RequestOptions { max_tokens: steps + WARM + 2, ignore_eos: true, ..Default::default() })?;
     }
     // Prefill until every sequence has its first token (then all decode together).
     let mut started = 0;
     while started < b {
         started += e.step().iter().filter(|o| matches!(o, Output::Token { .. })).count();
+    }
+    for _ in 0..WARM {
+        e.step();
     }
     let t = Instant::now();
     let mut tokens = 0;
@@ -104,8 +110,11 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
         .collect();
     let mut next: Vec<i32> = o.decode(&entries)?.iter().map(|l| argmax(l)).collect();
     let mut pos: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
-    let t = Instant::now();
-    for _ in 0..steps {
+    let mut t = Instant::now();
+    for step in 0..WARM + steps {
+        if step == WARM {
+            t = Instant::now();
+        }
         let batch: Vec<_> = (0..prompts.len()).map(|s| (next[s], pos[s], s as i32, true)).collect();
         next = o.decode(&batch)?.iter().map(|l| argmax(l)).collect();
         pos.iter_mut().for_each(|p| *p += 1);
@@ -120,7 +129,7 @@ pub fn run(opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
     }
     let model = Arc::new(Model::load(&opts.model, &ModelOptions { threads: opts.threads, repack: true })?);
     let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
-    let n_ctx = ((max_b * (opts.prompt + opts.steps + 8)) as u32).div_ceil(256) * 256 + 256;
+    let n_ctx = ((max_b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
     let mut oracle = LlamaOracle::load(
         &opts.model,
         &OracleOptions { n_ctx, n_threads: opts.threads, n_seq_max: max_b as u32, n_batch: (max_b * opts.prompt).max(512) as u32, ..Default::default() },

@@ -28,7 +28,7 @@ pub struct BatchedArgs {
     #[arg(long, default_value_t = 32)]
     prompt: usize,
     /// Timed decode steps.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     steps: usize,
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 3)]
