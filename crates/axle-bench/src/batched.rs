@@ -62,9 +62,19 @@ impl BatchedReport {
         let rows: Vec<Vec<String>> = self
             .rows
             .iter()
-            .map(|r| vec![r.sequences.to_string(), format!("{:.1}", r.axle_median), format!("{:.1}", r.llama_median), format!("{:.3}", r.ratio)])
+            .map(|r| {
+                vec![
+                    r.sequences.to_string(),
+                    format!("{:.1}", r.axle_median),
+                    format!("{:.1}", r.llama_median),
+                    format!("{:.3}", r.ratio),
+                ]
+            })
             .collect();
-        markdown_table(&["sequences", "axle tok/s", "libllama tok/s", "ratio"], &rows)
+        markdown_table(
+            &["sequences", "axle tok/s", "libllama tok/s", "ratio"],
+            &rows,
+        )
     }
 }
 
@@ -82,12 +92,23 @@ fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f6
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
     for p in prompts {
-        e.add(p.clone(), RequestOptions { max_tokens: steps + WARM + 2, ignore_eos: true, ..Default::default() })?;
+        e.add(
+            p.clone(),
+            RequestOptions {
+                max_tokens: steps + WARM + 2,
+                ignore_eos: true,
+                ..Default::default()
+            },
+        )?;
     }
     // Prefill until every sequence has its first token (then all decode together).
     let mut started = 0;
     while started < b {
-        started += e.step().iter().filter(|o| matches!(o, Output::Token { .. })).count();
+        started += e
+            .step()
+            .iter()
+            .filter(|o| matches!(o, Output::Token { .. }))
+            .count();
     }
     for _ in 0..WARM {
         e.step();
@@ -95,18 +116,30 @@ fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f6
     let t = Instant::now();
     let mut tokens = 0;
     for _ in 0..steps {
-        tokens += e.step().iter().filter(|o| matches!(o, Output::Token { .. })).count();
+        tokens += e
+            .step()
+            .iter()
+            .filter(|o| matches!(o, Output::Token { .. }))
+            .count();
     }
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
 fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
     o.clear();
-    let argmax = |v: &[f32]| v.iter().enumerate().fold(0, |b, (i, &x)| if x > v[b] { i } else { b }) as i32;
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > v[b] { i } else { b }) as i32
+    };
     let entries: Vec<_> = prompts
         .iter()
         .enumerate()
-        .flat_map(|(s, p)| p.iter().enumerate().map(move |(i, &t)| (t as i32, i as i32, s as i32, i + 1 == p.len())))
+        .flat_map(|(s, p)| {
+            p.iter()
+                .enumerate()
+                .map(move |(i, &t)| (t as i32, i as i32, s as i32, i + 1 == p.len()))
+        })
         .collect();
     let mut next: Vec<i32> = o.decode(&entries)?.iter().map(|l| argmax(l)).collect();
     let mut pos: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
@@ -115,7 +148,9 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
         if step == WARM {
             t = Instant::now();
         }
-        let batch: Vec<_> = (0..prompts.len()).map(|s| (next[s], pos[s], s as i32, true)).collect();
+        let batch: Vec<_> = (0..prompts.len())
+            .map(|s| (next[s], pos[s], s as i32, true))
+            .collect();
         next = o.decode(&batch)?.iter().map(|l| argmax(l)).collect();
         pos.iter_mut().for_each(|p| *p += 1);
     }
@@ -125,19 +160,35 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
 /// Runs the benchmark.
 pub fn run(opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
     if opts.reps == 0 || opts.steps == 0 || opts.concurrency.is_empty() {
-        return Err(BenchError::Invalid("reps, steps and concurrency must be positive".into()));
+        return Err(BenchError::Invalid(
+            "reps, steps and concurrency must be positive".into(),
+        ));
     }
-    let model = Arc::new(Model::load(&opts.model, &ModelOptions { threads: opts.threads, repack: true })?);
+    let model = Arc::new(Model::load(
+        &opts.model,
+        &ModelOptions {
+            threads: opts.threads,
+            repack: true,
+        },
+    )?);
     let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
     let n_ctx = ((max_b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
     let mut oracle = LlamaOracle::load(
         &opts.model,
-        &OracleOptions { n_ctx, n_threads: opts.threads, n_seq_max: max_b as u32, n_batch: (max_b * opts.prompt).max(512) as u32, ..Default::default() },
+        &OracleOptions {
+            n_ctx,
+            n_threads: opts.threads,
+            n_seq_max: max_b as u32,
+            n_batch: (max_b * opts.prompt).max(512) as u32,
+            ..Default::default()
+        },
     )?;
     let bar = indicatif::ProgressBar::new((opts.concurrency.len() * opts.reps * 2) as u64);
     let mut rows = Vec::new();
     for &b in &opts.concurrency {
-        let prompts: Vec<Vec<u32>> = (0..b).map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64)).collect();
+        let prompts: Vec<Vec<u32>> = (0..b)
+            .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
+            .collect();
         let (mut a, mut l) = (Vec::new(), Vec::new());
         for rep in 0..opts.reps {
             bar.set_message(format!("{b} sequences, rep {}", rep + 1));
@@ -153,8 +204,19 @@ pub fn run(opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
             bar.inc(1);
         }
         let (am, lm) = (median(&a), median(&l));
-        rows.push(BatchedRow { sequences: b, axle: a, llama: l, axle_median: am, llama_median: lm, ratio: am / lm });
+        rows.push(BatchedRow {
+            sequences: b,
+            axle: a,
+            llama: l,
+            axle_median: am,
+            llama_median: lm,
+            ratio: am / lm,
+        });
     }
     bar.finish_and_clear();
-    Ok(BatchedReport { model: opts.model.display().to_string(), threads: opts.threads, rows })
+    Ok(BatchedReport {
+        model: opts.model.display().to_string(),
+        threads: opts.threads,
+        rows,
+    })
 }

@@ -26,14 +26,27 @@ pub struct PrefixReport {
 
 fn ttft(e: &mut EngineCore, prompt: Vec<u32>) -> Result<(Duration, usize), BenchError> {
     let t = Instant::now();
-    let id = e.add(prompt, RequestOptions { max_tokens: 1, ignore_eos: true, ..Default::default() })?;
+    let id = e.add(
+        prompt,
+        RequestOptions {
+            max_tokens: 1,
+            ignore_eos: true,
+            ..Default::default()
+        },
+    )?;
     let mut first = None;
     let mut cached = 0;
     while e.has_work() {
         for o in e.step() {
             match o {
-                Output::Token { id: i, .. } if i == id && first.is_none() => first = Some(t.elapsed()),
-                Output::Finished { id: i, cached_tokens, .. } if i == id => cached = cached_tokens,
+                Output::Token { id: i, .. } if i == id && first.is_none() => {
+                    first = Some(t.elapsed())
+                }
+                Output::Finished {
+                    id: i,
+                    cached_tokens,
+                    ..
+                } if i == id => cached = cached_tokens,
                 _ => {}
             }
         }
@@ -42,9 +55,25 @@ fn ttft(e: &mut EngineCore, prompt: Vec<u32>) -> Result<(Duration, usize), Bench
 }
 
 /// Runs it.
-pub fn run(model_path: &PathBuf, threads: usize, prefix_tokens: usize) -> Result<PrefixReport, BenchError> {
-    let model = Arc::new(Model::load(model_path, &ModelOptions { threads, repack: true })?);
-    let mut e = EngineCore::new(model.clone(), &EngineConfig { kv_slots: (prefix_tokens as u32 + 256).div_ceil(256) * 256 + 256, ..Default::default() })?;
+pub fn run(
+    model_path: &PathBuf,
+    threads: usize,
+    prefix_tokens: usize,
+) -> Result<PrefixReport, BenchError> {
+    let model = Arc::new(Model::load(
+        model_path,
+        &ModelOptions {
+            threads,
+            repack: true,
+        },
+    )?);
+    let mut e = EngineCore::new(
+        model.clone(),
+        &EngineConfig {
+            kv_slots: (prefix_tokens as u32 + 256).div_ceil(256) * 256 + 256,
+            ..Default::default()
+        },
+    )?;
     let n_vocab = model.tokenizer.len();
     let prefix = synthetic_tokens(prefix_tokens, n_vocab, 5);
     // Warm-up on unrelated tokens so both measurements see built graphs and paged-in weights.

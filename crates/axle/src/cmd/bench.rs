@@ -103,7 +103,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
                 reps: a.reps,
             })?;
-            println!("model: {}  threads: {}  prompt: {} tokens  timed decode steps: {}  reps: {}", report.model, report.threads, a.prompt, a.steps, a.reps);
+            println!(
+                "model: {}  threads: {}  prompt: {} tokens  timed decode steps: {}  reps: {}",
+                report.model, report.threads, a.prompt, a.steps, a.reps
+            );
             print!("{}", report.table());
             if let Some(p) = a.json {
                 std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;

@@ -1,7 +1,9 @@
-//! `axle generate`: one prompt (plain or chat), streamed to stdout, speeds on stderr.
-use anyhow::{bail, Context};
-use axle_core::{Sampler, SamplingParams};
-use axle_models::{default_threads, ChatMessage, Runner, RunnerOptions, Sequence, StreamDecoder};
+//! `axle generate`: one prompt (plain or chat) through the engine, streamed to stdout, speeds on
+//! stderr; `--parallel N` runs N copies together (continuous batching).
+use anyhow::bail;
+use axle_core::{FinishReason, SamplingParams};
+use axle_models::{default_threads, ChatMessage};
+use axle_sdk::{EngineConfig, GenerateRequest, Prompt, RequestOptions, Session, StreamEvent};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +50,9 @@ pub struct Args {
     /// Context length (KV slots); default: the model's, capped at 4096.
     #[arg(long)]
     ctx: Option<u32>,
+    /// Run this many copies of the prompt at once (seeds seed, seed+1, ...), continuously batched.
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -63,74 +68,124 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     params
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid sampling options: {e}"))?;
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
     let model = Arc::new(super::load_model(&a.model, a.threads)?);
     let prompt = match (&a.prompt, &a.chat) {
-        (Some(p), _) => model.tokenizer.encode(p, true, false),
+        (Some(p), _) => Prompt::Text(p.clone()),
         (None, Some(c)) => {
             let mut msgs = Vec::new();
             if let Some(s) = &a.system {
                 msgs.push(ChatMessage::new("system", s));
             }
             msgs.push(ChatMessage::new("user", c));
-            model.encode_chat(&msgs)?
+            Prompt::Chat(msgs)
         }
         (None, None) => bail!("give --prompt or --chat"),
     };
-    if prompt.is_empty() {
+    let ctx = a.ctx.unwrap_or_else(|| model.n_ctx_train().min(4096)) as usize;
+    let cfg = EngineConfig {
+        kv_slots: (ctx * a.parallel) as u32,
+        context_len: ctx,
+        max_seqs: a.parallel.max(1),
+        ..Default::default()
+    };
+    let session = Session::new(model.clone(), cfg)?;
+    let n_prompt = session.prompt_tokens(&prompt)?.len();
+    if n_prompt == 0 {
         bail!("the prompt is empty");
     }
-    let ctx = a.ctx.unwrap_or_else(|| model.n_ctx_train().min(4096));
-    let kv_slots = ctx.div_ceil(256) * 256;
-    if prompt.len() >= ctx as usize {
-        bail!(
-            "prompt of {} tokens does not fit the context of {} tokens (use --ctx)",
-            prompt.len(),
-            ctx
-        );
+    if n_prompt >= ctx {
+        bail!("prompt of {n_prompt} tokens does not fit the context of {ctx} tokens (use --ctx)");
     }
-    let mut runner = Runner::new(
-        model.clone(),
-        RunnerOptions {
-            kv_slots,
-            ..Default::default()
-        },
-    )?;
-    let mut seq = Sequence::new(&runner);
-    let mut sampler = Sampler::new(params);
-    let tok = &model.tokenizer;
     let t0 = Instant::now();
-    let mut logits = seq
-        .feed(&mut runner, &prompt)
-        .context("prompt processing failed")?;
-    let t_prompt = t0.elapsed();
-    let mut history = prompt.clone();
-    let mut decoder = StreamDecoder::new();
-    let mut out = std::io::stdout().lock();
-    let t1 = Instant::now();
-    let mut generated = 0usize;
-    let budget = a.max_tokens.min(ctx as usize - prompt.len());
-    while generated < budget {
-        let next = sampler.sample(&logits, &history);
-        generated += 1;
-        if tok.is_eog(next) {
-            break;
+    let streams = (0..a.parallel)
+        .map(|i| {
+            let mut sampling = params.clone();
+            sampling.seed = params.seed.wrapping_add(i as u64);
+            session.stream(GenerateRequest {
+                prompt: prompt.clone(),
+                options: RequestOptions {
+                    sampling,
+                    max_tokens: a.max_tokens,
+                    ..Default::default()
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if a.parallel == 1 {
+        let mut out = std::io::stdout().lock();
+        let mut first: Option<Instant> = None;
+        let mut n = 0usize;
+        for ev in streams.into_iter().next().into_iter().flatten() {
+            match ev {
+                StreamEvent::Token { text, .. } => {
+                    first.get_or_insert_with(Instant::now);
+                    n += 1;
+                    write!(out, "{text}")?;
+                    out.flush()?;
+                }
+                StreamEvent::Done {
+                    text,
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    ..
+                } => {
+                    writeln!(out, "{text}")?;
+                    if let FinishReason::Error(e) = reason {
+                        bail!("generation failed: {e}");
+                    }
+                    let ttft = first.map_or(t0.elapsed(), |f| f - t0);
+                    let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+                    eprintln!(
+                        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+                        prompt_tokens,
+                        prompt_tokens as f64 / ttft.as_secs_f64(),
+                        completion_tokens,
+                        n.saturating_sub(1) as f64 / dec.max(1e-9)
+                    );
+                }
+            }
         }
-        history.push(next);
-        write!(out, "{}", decoder.push(tok, next))?;
-        out.flush()?;
-        if generated == budget {
-            break;
-        }
-        logits = seq.feed(&mut runner, &[next])?;
+        return Ok(());
     }
-    writeln!(out, "{}", decoder.finish())?;
-    let t_dec = t1.elapsed().as_secs_f64();
+    // Several sequences: run them together and print each when done.
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let mut n = 0;
+                for ev in s {
+                    match ev {
+                        StreamEvent::Token { text: t, .. } => {
+                            n += 1;
+                            text.push_str(&t);
+                        }
+                        StreamEvent::Done { text: t, .. } => text.push_str(&t),
+                    }
+                }
+                (text, n)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for (i, h) in handles.into_iter().enumerate() {
+        let (text, n) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a stream reader panicked"))?;
+        total += n;
+        println!("--- [{i}] ---\n{text}");
+    }
+    let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
-        prompt.len(),
-        prompt.len() as f64 / t_prompt.as_secs_f64(),
-        generated,
-        generated as f64 / t_dec.max(1e-9)
+        "{} sequences: {} tokens in {:.2} s, {:.1} tok/s aggregate",
+        a.parallel,
+        total,
+        secs,
+        total as f64 / secs
     );
     Ok(())
 }
