@@ -7,10 +7,12 @@
 #![deny(missing_docs)]
 
 pub mod blocks;
+pub mod drafter;
 pub mod sampler;
 pub mod scheduler;
 
 pub use blocks::{BlockId, BlockPool};
+pub use drafter::{DraftConfig, Drafter};
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{
     Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler, SchedulerConfig,

@@ -6,6 +6,7 @@
 //! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
 //! `apply` takes the logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
+use crate::drafter::{DraftConfig, Drafter};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::TokenId;
 use std::collections::{HashMap, VecDeque};
@@ -24,6 +25,8 @@ pub struct RequestSpec {
     pub max_tokens: usize,
     /// Tokens that end generation (EOS, end-of-turn, user stop ids); not emitted.
     pub stop_tokens: Vec<TokenId>,
+    /// Allow n-gram speculation for this request (when the scheduler has it enabled).
+    pub speculate: bool,
 }
 
 /// Why a request ended.
@@ -71,6 +74,8 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Model identity mixed into block hashes.
     pub model_id: u64,
+    /// N-gram speculation settings (None: off for every request).
+    pub draft: Option<DraftConfig>,
 }
 
 /// One sequence's share of a step.
@@ -86,6 +91,9 @@ pub struct PlannedSeq {
     pub block_table: Vec<BlockId>,
     /// Whether the last token's logits are needed (the catch-up reaches the known end).
     pub wants_logits: bool,
+    /// How many of `tokens` (at the end) are draft tokens to verify; when non-zero, logits are
+    /// needed for the last `n_draft + 1` tokens.
+    pub n_draft: usize,
 }
 
 /// A step: what to compute.
@@ -114,8 +122,8 @@ impl StepPlan {
 pub struct Event {
     /// The request.
     pub id: RequestId,
-    /// A new token, if one was sampled (not emitted for stop tokens).
-    pub token: Option<TokenId>,
+    /// New tokens, in order (more than one when drafts were accepted; stop tokens not included).
+    pub tokens: Vec<TokenId>,
     /// Set when the request finished.
     pub finished: Option<FinishReason>,
 }
@@ -134,6 +142,7 @@ struct Request {
     arrival: u64,
     preemptions: u32,
     cached_tokens: usize,
+    drafter: Option<Drafter>,
 }
 
 impl Request {
@@ -153,6 +162,12 @@ pub struct RequestStats {
     pub cached_tokens: usize,
     /// Times preempted.
     pub preemptions: u32,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Verify steps.
+    pub verifies: usize,
 }
 
 /// The scheduler: requests, queues and the block pool.
@@ -213,6 +228,8 @@ impl Scheduler {
         self.clock += 1;
         let tokens = spec.prompt.clone();
         let sampler = Sampler::new(spec.sampling.clone());
+        let drafter =
+            (spec.speculate && self.cfg.draft.is_some()).then(|| Drafter::new(&spec.prompt));
         self.requests.insert(
             id,
             Request {
@@ -226,6 +243,7 @@ impl Scheduler {
                 arrival: self.clock,
                 preemptions: 0,
                 cached_tokens: 0,
+                drafter,
             },
         );
         self.waiting.push_back(id);
@@ -256,6 +274,9 @@ impl Scheduler {
             generated_tokens: r.generated(),
             cached_tokens: r.cached_tokens,
             preemptions: r.preemptions,
+            drafted: r.drafter.as_ref().map_or(0, |d| d.drafted),
+            accepted: r.drafter.as_ref().map_or(0, |d| d.accepted),
+            verifies: r.drafter.as_ref().map_or(0, |d| d.verifies),
         })
     }
 
@@ -410,13 +431,21 @@ impl Scheduler {
             }
             let (computed, known) = (self.requests[&id].computed, self.requests[&id].tokens.len());
             let n = (known - computed).min(budget);
-            if !self.ensure_blocks(id, computed + n, &mut plan, true) {
+            let draft = if n == 1 && known - computed == 1 {
+                self.draft_for(id, budget - 1)
+            } else {
+                Vec::new()
+            };
+            if !self.ensure_blocks(id, computed + n + draft.len(), &mut plan, true) {
                 self.preempt(id);
                 plan.preempted.push(id);
                 continue;
             }
-            budget -= n;
-            plan.seqs.push(self.planned(id, n));
+            budget -= n + draft.len();
+            let mut p = self.planned(id, n);
+            p.n_draft = draft.len();
+            p.tokens.extend(draft);
+            plan.seqs.push(p);
         }
         // Waiting requests, first come first served; stop at the first that does not fit.
         while let Some(&id) = self.waiting.front() {
@@ -446,6 +475,24 @@ impl Scheduler {
         plan
     }
 
+    /// Draft tokens for a decoding request, within its remaining token and context allowance.
+    fn draft_for(&mut self, id: RequestId, budget: usize) -> Vec<TokenId> {
+        let Some(cfg) = self.cfg.draft.as_ref() else {
+            return Vec::new();
+        };
+        let cap = self
+            .cfg
+            .context_limit
+            .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
+        let r = self.requests.get_mut(&id).expect("known");
+        let left = r.spec.max_tokens.saturating_sub(r.generated() + 1);
+        let room = left.min(cap.saturating_sub(r.tokens.len() + 1)).min(budget);
+        match r.drafter.as_mut() {
+            Some(d) if room > 0 => d.propose(cfg, room),
+            _ => Vec::new(),
+        }
+    }
+
     fn planned(&self, id: RequestId, n: usize) -> PlannedSeq {
         let r = &self.requests[&id];
         PlannedSeq {
@@ -454,17 +501,25 @@ impl Scheduler {
             start_pos: r.computed as u32,
             block_table: r.blocks.clone(),
             wants_logits: r.computed + n == r.tokens.len(),
+            n_draft: 0,
         }
     }
 
-    /// Applies a computed step: `logits(i)` gives the last-token logits of `plan.seqs[i]` when it
-    /// wanted them. Samples, checks stops, registers newly full blocks, and reports events.
+    /// Applies a computed step: `logits(i, j)` gives the logits of token `j` of `plan.seqs[i]`
+    /// (asked only for positions that wanted them). Samples, verifies drafts (accepting the longest
+    /// prefix the model agrees with, plus the model's own next token), checks stops, rolls back
+    /// rejected drafts by a length change (freeing whole blocks that only held them), registers
+    /// newly full blocks, and reports events.
     pub fn apply<'l>(
         &mut self,
         plan: &StepPlan,
-        mut logits: impl FnMut(usize) -> Option<&'l [f32]>,
+        mut logits: impl FnMut(usize, usize) -> Option<&'l [f32]>,
     ) -> Vec<Event> {
         let bs = self.cfg.block_size as usize;
+        let cap = self
+            .cfg
+            .context_limit
+            .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
         let mut events = Vec::new();
         for (i, s) in plan.seqs.iter().enumerate() {
             let Some(r) = self.requests.get_mut(&s.id) else {
@@ -473,51 +528,77 @@ impl Scheduler {
             if r.phase != Phase::Running || r.computed != s.start_pos as usize {
                 continue; // cancelled or preempted after planning
             }
-            r.computed += s.tokens.len();
-            // Register blocks that just became full, extending the hash chain.
-            while (r.keys.len() + 1) * bs <= r.computed {
-                let b = r.keys.len();
-                let key: BlockKey = block_key(
-                    r.keys.last().copied(),
-                    &r.tokens[b * bs..(b + 1) * bs],
-                    self.cfg.model_id,
-                );
-                r.keys.push(key.hash);
-                self.pool.register(r.blocks[b], key);
-            }
+            let n_known = s.tokens.len() - s.n_draft;
+            r.computed += n_known;
             if !s.wants_logits {
+                Self::register_full(&mut self.pool, r, bs, self.cfg.model_id);
                 continue;
             }
-            let Some(l) = logits(i) else { continue };
-            let history = r.tokens.clone();
-            let tok = r.sampler.sample(l, &history);
             let mut ev = Event {
                 id: s.id,
-                token: None,
+                tokens: Vec::new(),
                 finished: None,
             };
-            if r.spec.stop_tokens.contains(&tok) {
-                ev.finished = Some(FinishReason::Stop);
-            } else {
+            let mut accepted = 0;
+            for j in 0..=s.n_draft {
+                let Some(l) = logits(i, n_known - 1 + j) else {
+                    break;
+                };
+                let tok = r.sampler.sample(l, &r.tokens);
+                let agrees = j < s.n_draft && tok == s.tokens[n_known + j];
+                if r.spec.stop_tokens.contains(&tok) {
+                    ev.finished = Some(FinishReason::Stop);
+                    break;
+                }
                 r.tokens.push(tok);
-                ev.token = Some(tok);
+                if let Some(d) = r.drafter.as_mut() {
+                    d.push(tok);
+                }
+                ev.tokens.push(tok);
                 if r.generated() >= r.spec.max_tokens {
                     ev.finished = Some(FinishReason::Length);
-                } else if r.tokens.len()
-                    >= self
-                        .cfg
-                        .context_limit
-                        .min((self.cfg.n_blocks * self.cfg.block_size) as usize)
-                {
+                } else if r.tokens.len() >= cap {
                     ev.finished = Some(FinishReason::ContextLimit);
                 }
+                if !agrees || ev.finished.is_some() {
+                    break;
+                }
+                accepted += 1;
+                r.computed += 1; // the accepted draft's KV is already in place
             }
+            if s.n_draft > 0 {
+                if let (Some(d), Some(cfg)) = (r.drafter.as_mut(), self.cfg.draft.as_ref()) {
+                    d.record(cfg, s.n_draft, accepted);
+                }
+                // Rejected drafts: nothing to undo but whole blocks past what the tokens need.
+                let need = r.tokens.len().div_ceil(bs);
+                while r.blocks.len() > need {
+                    if let Some(b) = r.blocks.pop() {
+                        self.pool.release(b);
+                    }
+                }
+            }
+            Self::register_full(&mut self.pool, r, bs, self.cfg.model_id);
             if let Some(reason) = &ev.finished {
                 self.finish(s.id, reason.clone());
             }
             events.push(ev);
         }
         events
+    }
+
+    /// Registers the request's blocks that became full of computed tokens, extending its hash chain.
+    fn register_full(pool: &mut BlockPool, r: &mut Request, bs: usize, model_id: u64) {
+        while (r.keys.len() + 1) * bs <= r.computed {
+            let b = r.keys.len();
+            let key: BlockKey = block_key(
+                r.keys.last().copied(),
+                &r.tokens[b * bs..(b + 1) * bs],
+                model_id,
+            );
+            r.keys.push(key.hash);
+            pool.register(r.blocks[b], key);
+        }
     }
 
     /// Checks the invariants the property tests rely on: the pool is consistent, every block's

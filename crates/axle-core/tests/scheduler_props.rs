@@ -5,8 +5,8 @@
 //! with ample memory and no prefix cache: preemption and prefix reuse change nothing, and a reused
 //! block never serves other tokens.
 use axle_core::{
-    FinishReason, Phase, RequestId, RequestSpec, SamplingParams, Scheduler, SchedulerConfig,
-    StepPlan,
+    DraftConfig, FinishReason, Phase, RequestId, RequestSpec, SamplingParams, Scheduler,
+    SchedulerConfig, StepPlan,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -20,7 +20,9 @@ struct FakeModel {
 }
 
 impl FakeModel {
-    fn run(&mut self, plan: &StepPlan) -> Vec<Option<Vec<f32>>> {
+    /// Per sequence: logits for each token index that needs them (the last known token and every
+    /// draft token), computed from what the KV slots hold.
+    fn run(&mut self, plan: &StepPlan) -> Vec<Vec<Option<Vec<f32>>>> {
         plan.seqs
             .iter()
             .map(|s| {
@@ -29,27 +31,40 @@ impl FakeModel {
                     let p = s.start_pos + i as u32;
                     self.kv.insert(slot(p), (p, t));
                 }
-                if !s.wants_logits {
-                    return None;
-                }
-                let last = s.start_pos + s.tokens.len() as u32;
-                let mut h: u64 = 1469598103934665603;
-                for p in 0..last {
-                    let (pos, tok) = self.kv[&slot(p)];
-                    assert_eq!(
-                        pos, p,
-                        "slot for position {p} holds position {pos}: wrong block served"
-                    );
-                    h = (h ^ tok as u64).wrapping_mul(1099511628211);
-                }
-                Some(
-                    (0..VOCAB)
-                        .map(|v| {
-                            (((h ^ v as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40) % 1000) as f32
-                                / 100.0
-                        })
-                        .collect(),
-                )
+                let first = s.tokens.len() - s.n_draft - 1;
+                (0..s.tokens.len())
+                    .map(|j| {
+                        if !s.wants_logits || j < first {
+                            return None;
+                        }
+                        let last = s.start_pos + j as u32 + 1;
+                        let mut h: u64 = 1469598103934665603;
+                        for p in 0..last {
+                            let (pos, tok) = self.kv[&slot(p)];
+                            assert_eq!(
+                                pos, p,
+                                "slot for position {p} holds position {pos}: wrong block served"
+                            );
+                            h = (h ^ tok as u64).wrapping_mul(1099511628211);
+                        }
+                        // Mostly a pure function of the last token (so n-gram drafts often hit),
+                        // sometimes of the whole prefix.
+                        let key = if h.is_multiple_of(5) {
+                            h
+                        } else {
+                            self.kv[&slot(last - 1)].1 as u64 + 17
+                        };
+                        Some(
+                            (0..VOCAB)
+                                .map(|v| {
+                                    (((key ^ v as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40)
+                                        % 1000) as f32
+                                        / 100.0
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect()
             })
             .collect()
     }
@@ -106,6 +121,7 @@ fn spec(a: &Arrival) -> RequestSpec {
         },
         max_tokens: a.max_tokens,
         stop_tokens: vec![VOCAB as u32 - 1],
+        speculate: true,
     }
 }
 
@@ -141,7 +157,7 @@ fn simulate(
         assert!(plan.n_tokens() <= s.config().max_batch_tokens);
         assert!(plan.seqs.len() <= s.config().max_seqs);
         let out = model.run(&plan);
-        s.apply(&plan, |i| out[i].as_deref());
+        s.apply(&plan, |i, j| out[i][j].as_deref());
         s.check()
             .unwrap_or_else(|e| panic!("after apply at step {step}: {e}"));
         if step > 12 && !s.has_work() {
@@ -171,7 +187,17 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         context_limit: 28,
         prefix_caching: caching,
         model_id: 9,
+        draft: None,
     }
+}
+
+fn with_drafts(mut c: SchedulerConfig, max_len: usize) -> SchedulerConfig {
+    c.draft = Some(DraftConfig {
+        max_len,
+        verify_cost: (0..=8).map(|k| 1.0 + 0.05 * k as f64).collect(),
+        ..Default::default()
+    });
+    c
 }
 
 proptest! {
@@ -184,10 +210,15 @@ proptest! {
         caching in prop::bool::ANY,
         budget in 3usize..24,
         max_seqs in 1usize..5,
+        draft_len in 0usize..6,
     ) {
-        // Reference: ample memory, no cache, no cancellations.
+        // Reference: ample memory, no cache, no cancellations, no speculation.
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let constrained = simulate(&arrivals, cfg(n_blocks, caching, budget, max_seqs), true);
+        let mut c = cfg(n_blocks, caching, budget, max_seqs);
+        if draft_len > 0 {
+            c = with_drafts(c, draft_len);
+        }
+        let constrained = simulate(&arrivals, c, true);
         for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
             let (got, reason) = &constrained[i];
             if *reason == FinishReason::Cancelled {
@@ -230,7 +261,7 @@ fn exhausted_kv_preempts_the_newest_and_everything_completes() {
         let plan = s.schedule();
         preempted.extend(plan.preempted.iter().copied());
         let out = model.run(&plan);
-        s.apply(&plan, |i| out[i].as_deref());
+        s.apply(&plan, |i, j| out[i][j].as_deref());
         s.check().unwrap();
     }
     assert!(!preempted.is_empty(), "the budget should force preemption");
@@ -246,6 +277,67 @@ fn exhausted_kv_preempts_the_newest_and_everything_completes() {
 }
 
 #[test]
+fn speculation_verifies_drafts_and_rolls_back() {
+    // A periodic prompt: the fake model (mostly a function of the last token) continues the period,
+    // so drafts are accepted; outputs must equal the plain run token for token.
+    let prompt: Vec<u32> = (0..24).map(|i| [3u32, 5, 7, 2][i % 4]).collect();
+    let run = |c: SchedulerConfig| {
+        let mut s = Scheduler::new(c);
+        let mut model = FakeModel { kv: HashMap::new() };
+        let id = s
+            .add(RequestSpec {
+                prompt: prompt.clone(),
+                sampling: SamplingParams::greedy(),
+                max_tokens: 40,
+                stop_tokens: vec![],
+                speculate: true,
+            })
+            .unwrap();
+        let mut steps = 0;
+        while s.has_work() {
+            let p = s.schedule();
+            let out = model.run(&p);
+            s.apply(&p, |i, j| out[i][j].as_deref());
+            s.check().unwrap();
+            steps += 1;
+        }
+        (
+            s.generated(id).unwrap().to_vec(),
+            s.stats(id).unwrap(),
+            steps,
+            s.pool().in_use(),
+        )
+    };
+    let big = |d| {
+        let c = SchedulerConfig {
+            max_batch_tokens: 64,
+            max_seqs: 4,
+            n_blocks: 64,
+            block_size: BS,
+            context_limit: 256,
+            prefix_caching: false,
+            model_id: 1,
+            draft: None,
+        };
+        if d {
+            with_drafts(c, 4)
+        } else {
+            c
+        }
+    };
+    let (plain, plain_stats, plain_steps, _) = run(big(false));
+    let (fast, stats, steps, in_use) = run(big(true));
+    assert_eq!(plain, fast);
+    assert_eq!(plain_stats.drafted, 0);
+    assert!(stats.drafted > 0 && stats.verifies > 0, "{stats:?}");
+    assert!(
+        steps <= plain_steps,
+        "speculation took more steps ({steps} vs {plain_steps})"
+    );
+    assert_eq!(in_use, 0);
+}
+
+#[test]
 fn prefix_reuse_skips_cached_blocks() {
     let mut s = Scheduler::new(cfg(32, true, 64, 4));
     let mut model = FakeModel { kv: HashMap::new() };
@@ -257,16 +349,17 @@ fn prefix_reuse_skips_cached_blocks() {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 2,
                 stop_tokens: vec![],
+                speculate: false,
             })
             .unwrap();
         let first = s.schedule();
         let computed = first.n_tokens();
         let out = model.run(&first);
-        s.apply(&first, |i| out[i].as_deref());
+        s.apply(&first, |i, j| out[i][j].as_deref());
         while s.has_work() {
             let p = s.schedule();
             let out = model.run(&p);
-            s.apply(&p, |i| out[i].as_deref());
+            s.apply(&p, |i, j| out[i][j].as_deref());
         }
         (
             computed,

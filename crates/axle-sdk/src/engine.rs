@@ -4,7 +4,8 @@
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler, SchedulerConfig,
+    DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
+    SchedulerConfig,
 };
 use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId};
 use std::collections::HashMap;
@@ -26,6 +27,11 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Most tokens one sequence may hold.
     pub context_len: usize,
+    /// Longest n-gram draft (0 turns speculation off for every request).
+    pub max_draft: usize,
+    /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
+    /// at start-up on this machine and model.
+    pub verify_cost: Option<Vec<f64>>,
 }
 
 impl Default for EngineConfig {
@@ -37,6 +43,8 @@ impl Default for EngineConfig {
             max_seqs: 16,
             prefix_caching: true,
             context_len: 4096,
+            max_draft: 4,
+            verify_cost: None,
         }
     }
 }
@@ -54,6 +62,8 @@ pub struct RequestOptions {
     pub stop_tokens: Vec<TokenId>,
     /// Do not stop at the model's end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Use n-gram speculation when the engine has it on (the gate still decides per step).
+    pub speculate: bool,
 }
 
 impl Default for RequestOptions {
@@ -64,6 +74,7 @@ impl Default for RequestOptions {
             stop_strings: Vec::new(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
+            speculate: true,
         }
     }
 }
@@ -94,6 +105,12 @@ pub enum Output {
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
+        /// Draft tokens proposed / accepted, and verify steps.
+        drafted: usize,
+        /// Draft tokens accepted.
+        accepted: usize,
+        /// Verify steps.
+        verifies: usize,
     },
 }
 
@@ -110,6 +127,58 @@ pub struct EngineCore {
     text: HashMap<RequestId, TextState>,
 }
 
+/// Measures what a step verifying k draft tokens (k + 1 tokens of one sequence) costs relative to
+/// a one-token decode step, for k = 0..=max_len, on this machine and model: the input of the
+/// cost-aware draft length. Uses the first KV blocks as scratch (nothing runs yet).
+fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, SdkError> {
+    const CONTEXT: u32 = 64;
+    const REPS: usize = 7;
+    let bs = runner.options().block_size;
+    let table: Vec<u32> = (0..(CONTEXT + max_len as u32 + 1).div_ceil(bs)).collect();
+    let tokens: Vec<TokenId> = (0..CONTEXT + max_len as u32 + 1)
+        .map(|i| (i * 7919) % 1000 + 10)
+        .collect();
+    let chunk = runner.options().max_batch_tokens;
+    if max_len + 1 > chunk {
+        return Err(SdkError::Rejected(format!(
+            "draft length {max_len} needs a step budget above {chunk} tokens"
+        )));
+    }
+    for start in (0..CONTEXT as usize).step_by(chunk) {
+        let end = (start + chunk).min(CONTEXT as usize);
+        let fill = SeqInput {
+            tokens: tokens[start..end].to_vec(),
+            start_pos: start as u32,
+            block_table: table.clone(),
+            logits: LogitRows::Last,
+        };
+        runner.step(std::slice::from_ref(&fill))?;
+    }
+    let mut times = Vec::with_capacity(max_len + 1);
+    for k in 0..=max_len {
+        let inp = SeqInput {
+            tokens: tokens[CONTEXT as usize..CONTEXT as usize + k + 1].to_vec(),
+            start_pos: CONTEXT,
+            block_table: table.clone(),
+            logits: if k == 0 {
+                LogitRows::Last
+            } else {
+                LogitRows::All
+            },
+        };
+        runner.step(std::slice::from_ref(&inp))?; // builds the graph for this shape
+        let mut samples = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let t = std::time::Instant::now();
+            runner.step(std::slice::from_ref(&inp))?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        // The fastest run is the least disturbed by anything else on the machine.
+        times.push(samples.iter().copied().fold(f64::INFINITY, f64::min));
+    }
+    Ok(times.iter().map(|t| t / times[0]).collect())
+}
+
 /// A stable identity of the model file for prefix-cache keys.
 fn model_id(model: &Model) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -122,7 +191,7 @@ impl EngineCore {
     /// An engine over a loaded model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
-        let runner = Runner::new(
+        let mut runner = Runner::new(
             model.clone(),
             RunnerOptions {
                 kv_slots,
@@ -130,6 +199,19 @@ impl EngineCore {
                 max_batch_tokens: cfg.max_batch_tokens,
             },
         )?;
+        let draft = if cfg.max_draft > 0 {
+            let max_len = cfg.max_draft.min(8);
+            Some(DraftConfig {
+                max_len,
+                verify_cost: match &cfg.verify_cost {
+                    Some(c) => c.clone(),
+                    None => measure_verify_cost(&mut runner, max_len)?,
+                },
+                ..Default::default()
+            })
+        } else {
+            None
+        };
         let sched = Scheduler::new(SchedulerConfig {
             max_batch_tokens: cfg.max_batch_tokens,
             max_seqs: cfg.max_seqs,
@@ -138,6 +220,7 @@ impl EngineCore {
             context_limit: cfg.context_len,
             prefix_caching: cfg.prefix_caching,
             model_id: model_id(&model),
+            draft,
         });
         Ok(EngineCore {
             model,
@@ -177,6 +260,7 @@ impl EngineCore {
                 sampling: opts.sampling,
                 max_tokens: opts.max_tokens,
                 stop_tokens,
+                speculate: opts.speculate,
             })
             .map_err(SdkError::Rejected)?;
         self.text.insert(
@@ -217,6 +301,9 @@ impl EngineCore {
             generated_tokens: 0,
             cached_tokens: 0,
             preemptions: 0,
+            drafted: 0,
+            accepted: 0,
+            verifies: 0,
         });
         Output::Finished {
             id,
@@ -225,7 +312,15 @@ impl EngineCore {
             prompt_tokens: s.prompt_tokens,
             completion_tokens: s.generated_tokens,
             cached_tokens: s.cached_tokens,
+            drafted: s.drafted,
+            accepted: s.accepted,
+            verifies: s.verifies,
         }
+    }
+
+    /// The scheduler's speculation settings (measured verify costs), if on.
+    pub fn draft_config(&self) -> Option<&DraftConfig> {
+        self.sched.config().draft.as_ref()
     }
 
     /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;
@@ -242,10 +337,10 @@ impl EngineCore {
                 tokens: s.tokens.clone(),
                 start_pos: s.start_pos,
                 block_table: s.block_table.clone(),
-                logits: if s.wants_logits {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
+                logits: match (s.wants_logits, s.n_draft) {
+                    (false, _) => LogitRows::None,
+                    (true, 0) => LogitRows::Last,
+                    (true, _) => LogitRows::All,
                 },
             })
             .collect();
@@ -263,37 +358,32 @@ impl EngineCore {
                     .collect();
             }
         };
-        let events: Vec<Event> = self
-            .sched
-            .apply(&plan, |i| out.find(i, plan.seqs[i].tokens.len() - 1));
+        let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find(i, j));
         let mut outputs = Vec::with_capacity(events.len());
         for ev in events {
-            let mut text = String::new();
             let mut stopped = false;
-            if let (Some(tok), Some(t)) = (ev.token, self.text.get_mut(&ev.id)) {
+            for &tok in &ev.tokens {
+                let Some(t) = self.text.get_mut(&ev.id) else {
+                    break;
+                };
                 let piece = t.decoder.push(&self.model.tokenizer, tok);
-                let (emit, hit) = t.stop.push(&piece);
-                text = emit;
-                stopped = hit;
-            }
-            if stopped {
-                self.sched.finish(ev.id, FinishReason::StopString);
-                outputs.push(self.finished(ev.id, FinishReason::StopString, text));
-            } else if let Some(reason) = ev.finished {
-                if let Some(tok) = ev.token {
-                    outputs.push(Output::Token {
-                        id: ev.id,
-                        token: tok,
-                        text: std::mem::take(&mut text),
-                    });
+                let (text, hit) = t.stop.push(&piece);
+                if hit {
+                    stopped = true;
+                    self.sched.finish(ev.id, FinishReason::StopString);
+                    outputs.push(self.finished(ev.id, FinishReason::StopString, text));
+                    break;
                 }
-                outputs.push(self.finished(ev.id, reason, text));
-            } else if let Some(tok) = ev.token {
                 outputs.push(Output::Token {
                     id: ev.id,
                     token: tok,
                     text,
                 });
+            }
+            if !stopped {
+                if let Some(reason) = ev.finished {
+                    outputs.push(self.finished(ev.id, reason, String::new()));
+                }
             }
         }
         outputs

@@ -54,6 +54,10 @@ pub enum StreamEvent {
         completion_tokens: usize,
         /// Prompt tokens served from the prefix cache.
         cached_tokens: usize,
+        /// Draft tokens proposed.
+        drafted: usize,
+        /// Draft tokens accepted.
+        accepted: usize,
     },
 }
 
@@ -72,6 +76,10 @@ pub struct Completion {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
 }
 
 enum Command {
@@ -222,6 +230,8 @@ impl Session {
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    drafted,
+                    accepted,
                 } => {
                     text.push_str(&t);
                     if let FinishReason::Error(e) = &reason {
@@ -234,6 +244,8 @@ impl Session {
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens,
+                        drafted,
+                        accepted,
                     });
                 }
             }
@@ -313,6 +325,9 @@ fn engine_loop(
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens,
+                        drafted,
+                        accepted,
+                        ..
                     } => (
                         id,
                         StreamEvent::Done {
@@ -321,6 +336,8 @@ fn engine_loop(
                             prompt_tokens,
                             completion_tokens,
                             cached_tokens,
+                            drafted,
+                            accepted,
                         },
                     ),
                 };

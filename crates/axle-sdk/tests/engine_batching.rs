@@ -2,7 +2,7 @@
 //! and off), a KV budget too small for all requests still completes everything correctly through
 //! preemption, and a dropped stream frees its KV.
 //!
-//! Steps are kept under 64 tokens here (`max_batch_tokens: 32`, so prompts prefill in chunks): at
+//! Speculation is off here (`tests/speculation.rs` covers it). Steps are kept under 64 tokens here (`max_batch_tokens: 32`, so prompts prefill in chunks): at
 //! 64 or more tokens in one step ggml's CPU kernels change arithmetic for every row of the step
 //! (libllama shows the identical shift; `crates/axle-models/tests/oracle_batched.rs` checks that
 //! Axle's batched logits equal libllama's batched logits bit for bit in that regime).
@@ -104,6 +104,7 @@ fn batched_outputs_equal_single_runs_with_and_without_prefix_cache() {
         kv_slots: 1024,
         prefix_caching: false,
         max_batch_tokens: 32,
+        max_draft: 0,
         ..Default::default()
     };
     let alone: Vec<Vec<u32>> = prompts
@@ -119,6 +120,7 @@ fn batched_outputs_equal_single_runs_with_and_without_prefix_cache() {
             kv_slots: 2048,
             prefix_caching: caching,
             max_batch_tokens: 32,
+            max_draft: 0,
             ..Default::default()
         };
         let (together, max_running) = run_together(&m, &cfg, &prompts, 32);
@@ -142,6 +144,7 @@ fn exhausted_kv_preempts_and_completes_correctly() {
         kv_slots: 1024,
         prefix_caching: false,
         max_batch_tokens: 32,
+        max_draft: 0,
         ..Default::default()
     };
     let alone: Vec<Vec<u32>> = prompts
@@ -158,6 +161,7 @@ fn exhausted_kv_preempts_and_completes_correctly() {
         block_size: 16,
         prefix_caching: true,
         max_batch_tokens: 32,
+        max_draft: 0,
         ..Default::default()
     };
     let (together, _) = run_together(&m, &tight, &prompts, 40);

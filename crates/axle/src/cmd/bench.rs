@@ -11,6 +11,33 @@ pub enum BenchCommand {
     Batched(BatchedArgs),
     /// Time to first token with a cached 1,000-token prefix vs without.
     Prefix(PrefixArgs),
+    /// Decode tok/s with n-gram speculation vs plain, on the checked-in workloads.
+    Ngram(NgramArgs),
+}
+
+#[derive(clap::Args)]
+pub struct NgramArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Workload file.
+    #[arg(long, default_value = "benchmarks/workloads/ngram.json")]
+    workloads: PathBuf,
+    /// Tokens to generate per prompt.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Longest draft (1 to 8).
+    #[arg(long, default_value_t = 4)]
+    draft_len: usize,
+    /// Repetitions per prompt.
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// Also write the raw results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -110,6 +137,31 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             print!("{}", report.table());
             if let Some(p) = a.json {
                 std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
+            }
+            Ok(())
+        }
+        BenchCommand::Ngram(a) => {
+            if !(1..=8).contains(&a.draft_len) {
+                anyhow::bail!("--draft-len must be between 1 and 8");
+            }
+            let r = axle_bench::ngram::run(&axle_bench::ngram::NgramOptions {
+                model: a.model,
+                threads: a.threads,
+                workloads: a.workloads,
+                max_tokens: a.max_tokens,
+                max_draft: a.draft_len,
+                reps: a.reps,
+            })?;
+            let costs: Vec<String> = r.verify_cost.iter().map(|c| format!("{c:.2}")).collect();
+            println!(
+                "model: {}  threads: {}  measured verify cost (k = 0..): [{}]",
+                r.model,
+                r.threads,
+                costs.join(", ")
+            );
+            print!("{}", r.table());
+            if let Some(p) = a.json {
+                std::fs::write(&p, serde_json::to_string_pretty(&r)?)?;
             }
             Ok(())
         }

@@ -1,0 +1,249 @@
+//! N-gram self-speculation: the sequence's own context proposes its next tokens, with no draft
+//! model. Two sources, both updated in O(1) per token: prompt lookup (the continuation after the
+//! most recent earlier occurrence of the current 3- or 2-token suffix) and, failing that, a chain
+//! through trigram / bigram "next token" tables. A gate keeps drafting only while it pays: an
+//! exponential moving average of the acceptance rate pauses drafting below a threshold, and the
+//! draft length is the one that maximises expected accepted tokens per unit of verify cost.
+use crate::TokenId;
+use std::collections::HashMap;
+
+/// Gate and length settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftConfig {
+    /// Longest draft (1..=8).
+    pub max_len: usize,
+    /// EMA smoothing of the acceptance rate.
+    pub alpha: f64,
+    /// Drafting pauses while the EMA is below this.
+    pub min_acceptance: f64,
+    /// Tokens to wait before retrying after a pause (unless a long match appears first).
+    pub cooldown: usize,
+    /// Cost of a verify step with k draft tokens relative to a plain decode step, for k = 0..=max
+    /// (index 0 is 1.0). Measured by the engine on the machine and model at start-up.
+    pub verify_cost: Vec<f64>,
+}
+
+impl Default for DraftConfig {
+    fn default() -> Self {
+        DraftConfig {
+            max_len: 4,
+            alpha: 0.1,
+            min_acceptance: 0.5,
+            cooldown: 16,
+            verify_cost: Vec::new(),
+        }
+    }
+}
+
+impl DraftConfig {
+    /// The draft length with the best expected tokens per unit cost, given per-token acceptance
+    /// probability `p`; 0 when no length beats a plain decode step.
+    pub fn best_len(&self, p: f64, available: usize) -> usize {
+        let mut best = (1.0, 0usize); // plain decode: 1 token per unit cost
+        let mut expected = 1.0; // the model's own token is always gained
+        let mut pk = 1.0;
+        for k in 1..=self.max_len.min(available) {
+            pk *= p;
+            expected += pk;
+            let cost = self
+                .verify_cost
+                .get(k)
+                .copied()
+                .unwrap_or(1.0 + 0.1 * k as f64);
+            let value = expected / cost;
+            if value > best.0 * 1.02 {
+                best = (value, k);
+            }
+        }
+        best.1
+    }
+}
+
+/// Per-sequence n-gram state.
+#[derive(Debug, Clone)]
+pub struct Drafter {
+    tokens: Vec<TokenId>,
+    /// Continuation index after the latest earlier occurrence of each trigram / bigram.
+    after3: HashMap<[TokenId; 3], usize>,
+    after2: HashMap<[TokenId; 2], usize>,
+    /// EMA of the per-token acceptance rate (optimistic start).
+    ema: f64,
+    paused_until: Option<usize>,
+    /// Totals for statistics.
+    pub drafted: usize,
+    /// Accepted draft tokens.
+    pub accepted: usize,
+    /// Verify steps.
+    pub verifies: usize,
+}
+
+impl Drafter {
+    /// A drafter over the initial tokens (the prompt).
+    pub fn new(prompt: &[TokenId]) -> Drafter {
+        let mut d = Drafter {
+            tokens: Vec::with_capacity(prompt.len() + 256),
+            after3: HashMap::new(),
+            after2: HashMap::new(),
+            ema: 0.8,
+            paused_until: None,
+            drafted: 0,
+            accepted: 0,
+            verifies: 0,
+        };
+        for &t in prompt {
+            d.push(t);
+        }
+        d
+    }
+
+    /// Appends a token, indexing the n-grams that now have a continuation.
+    pub fn push(&mut self, t: TokenId) {
+        let n = self.tokens.len();
+        if n >= 2 {
+            self.after2
+                .insert([self.tokens[n - 2], self.tokens[n - 1]], n);
+        }
+        if n >= 3 {
+            self.after3.insert(
+                [self.tokens[n - 3], self.tokens[n - 2], self.tokens[n - 1]],
+                n,
+            );
+        }
+        self.tokens.push(t);
+    }
+
+    /// Tokens seen.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether no token was seen.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Current acceptance EMA.
+    pub fn acceptance(&self) -> f64 {
+        self.ema
+    }
+
+    /// Where the current suffix occurred before (continuation index) and the match length.
+    fn lookup(&self) -> Option<(usize, usize)> {
+        let n = self.tokens.len();
+        if n >= 3 {
+            if let Some(&i) =
+                self.after3
+                    .get(&[self.tokens[n - 3], self.tokens[n - 2], self.tokens[n - 1]])
+            {
+                return Some((i, 3));
+            }
+        }
+        if n >= 2 {
+            if let Some(&i) = self.after2.get(&[self.tokens[n - 2], self.tokens[n - 1]]) {
+                return Some((i, 2));
+            }
+        }
+        None
+    }
+
+    /// Proposes up to `cfg`-chosen many draft tokens (possibly none).
+    pub fn propose(&mut self, cfg: &DraftConfig, room: usize) -> Vec<TokenId> {
+        let n = self.tokens.len();
+        let found = self.lookup();
+        if let Some(until) = self.paused_until {
+            // A fresh long match lifts the pause early; otherwise wait out the cool-down.
+            let strong = matches!(found, Some((_, 3)));
+            if n < until && !strong {
+                return Vec::new();
+            }
+            self.paused_until = None;
+            self.ema = cfg.min_acceptance.max(self.ema);
+        }
+        let Some((start, _)) = found else {
+            return Vec::new();
+        };
+        let k = cfg.best_len(self.ema, room);
+        if k == 0 {
+            return Vec::new();
+        }
+        // Copy the earlier continuation; it may run into the current suffix (periodic text).
+        let mut out = Vec::with_capacity(k);
+        let mut i = start;
+        while out.len() < k && i < n {
+            out.push(self.tokens[i]);
+            i += 1;
+        }
+        // Past the end of history, continue by chaining trigram/bigram lookups over the draft.
+        while out.len() < k {
+            let mut ctx: Vec<TokenId> = self.tokens[n.saturating_sub(3)..].to_vec();
+            ctx.extend_from_slice(&out);
+            let m = ctx.len();
+            let next = (m >= 3)
+                .then(|| self.after3.get(&[ctx[m - 3], ctx[m - 2], ctx[m - 1]]))
+                .flatten()
+                .or_else(|| self.after2.get(&[ctx[m - 2], ctx[m - 1]]));
+            match next {
+                Some(&j) if j < n => out.push(self.tokens[j]),
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Records a verify outcome: `accepted` of `drafted` tokens matched.
+    pub fn record(&mut self, cfg: &DraftConfig, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.verifies += 1;
+        let rate = accepted as f64 / drafted as f64;
+        self.ema = (1.0 - cfg.alpha) * self.ema + cfg.alpha * rate;
+        if self.ema < cfg.min_acceptance {
+            self.paused_until = Some(self.tokens.len() + cfg.cooldown);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proposes_continuation_of_repeated_text() {
+        let cfg = DraftConfig {
+            verify_cost: vec![1.0, 1.1, 1.2, 1.3, 1.4],
+            ..Default::default()
+        };
+        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3]);
+        assert_eq!(d.propose(&cfg, 8), vec![4, 5, 6, 7]);
+        d.push(4);
+        assert_eq!(d.propose(&cfg, 8), vec![5, 6, 7, 9]);
+        assert_eq!(d.propose(&cfg, 2), vec![5, 6], "limited by room");
+    }
+
+    #[test]
+    fn gate_pauses_on_low_acceptance_and_costs_bound_length() {
+        let cfg = DraftConfig {
+            verify_cost: vec![1.0, 1.1, 1.2, 1.3, 1.4],
+            ..Default::default()
+        };
+        let mut d = Drafter::new(&[5, 6, 7, 8, 5, 6]);
+        for _ in 0..20 {
+            d.record(&cfg, 4, 0);
+        }
+        assert!(d.acceptance() < 0.5);
+        d.push(9);
+        d.push(10);
+        assert!(d.propose(&cfg, 8).is_empty(), "paused");
+        // Expensive verification: drafting never pays.
+        let dear = DraftConfig {
+            verify_cost: vec![1.0, 2.5, 3.5, 4.5, 5.5],
+            ..Default::default()
+        };
+        assert_eq!(dear.best_len(0.9, 8), 0);
+        assert_eq!(cfg.best_len(0.95, 8), 4);
+        assert_eq!(cfg.best_len(0.05, 8), 0);
+    }
+}
