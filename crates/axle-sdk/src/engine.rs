@@ -131,11 +131,17 @@ pub struct EngineCore {
 /// a one-token decode step, for k = 0..=max_len, on this machine and model: the input of the
 /// cost-aware draft length. Uses the first KV blocks as scratch (nothing runs yet).
 fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, SdkError> {
-    const CONTEXT: u32 = 64;
     const REPS: usize = 7;
+    let slots = runner.options().kv_slots;
+    // A 64-token context, or what fits in a small cache next to the draft.
+    let context: u32 = 64u32.min(slots.saturating_sub(max_len as u32 + 1));
+    if context == 0 {
+        // No room to measure: assume verifying costs as much as decoding each token (never drafts).
+        return Ok((0..=max_len).map(|k| (k + 1) as f64).collect());
+    }
     let bs = runner.options().block_size;
-    let table: Vec<u32> = (0..(CONTEXT + max_len as u32 + 1).div_ceil(bs)).collect();
-    let tokens: Vec<TokenId> = (0..CONTEXT + max_len as u32 + 1)
+    let table: Vec<u32> = (0..(context + max_len as u32 + 1).div_ceil(bs)).collect();
+    let tokens: Vec<TokenId> = (0..context + max_len as u32 + 1)
         .map(|i| (i * 7919) % 1000 + 10)
         .collect();
     let chunk = runner.options().max_batch_tokens;
@@ -144,8 +150,8 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
             "draft length {max_len} needs a step budget above {chunk} tokens"
         )));
     }
-    for start in (0..CONTEXT as usize).step_by(chunk) {
-        let end = (start + chunk).min(CONTEXT as usize);
+    for start in (0..context as usize).step_by(chunk) {
+        let end = (start + chunk).min(context as usize);
         let fill = SeqInput {
             tokens: tokens[start..end].to_vec(),
             start_pos: start as u32,
@@ -157,8 +163,8 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
     let mut times = Vec::with_capacity(max_len + 1);
     for k in 0..=max_len {
         let inp = SeqInput {
-            tokens: tokens[CONTEXT as usize..CONTEXT as usize + k + 1].to_vec(),
-            start_pos: CONTEXT,
+            tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
+            start_pos: context,
             block_table: table.clone(),
             logits: if k == 0 {
                 LogitRows::Last

@@ -53,6 +53,19 @@ pub struct Args {
     /// Run this many copies of the prompt at once (seeds seed, seed+1, ...), continuously batched.
     #[arg(long, default_value_t = 1)]
     parallel: usize,
+    /// N-gram self-speculation (the gate still turns it off where it would not pay).
+    #[arg(long, value_enum, default_value_t = Ngram::On)]
+    ngram: Ngram,
+    /// Longest n-gram draft (1 to 8).
+    #[arg(long, default_value_t = 4)]
+    draft_len: usize,
+}
+
+/// Speculation switch.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Ngram {
+    On,
+    Off,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -70,6 +83,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid sampling options: {e}"))?;
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
+    }
+    if !(1..=8).contains(&a.draft_len) {
+        bail!("--draft-len must be between 1 and 8");
     }
     let model = Arc::new(super::load_model(&a.model, a.threads)?);
     let prompt = match (&a.prompt, &a.chat) {
@@ -89,6 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_slots: (ctx * a.parallel) as u32,
         context_len: ctx,
         max_seqs: a.parallel.max(1),
+        max_draft: if a.ngram == Ngram::On { a.draft_len } else { 0 },
         ..Default::default()
     };
     let session = Session::new(model.clone(), cfg)?;
@@ -131,6 +148,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     reason,
                     prompt_tokens,
                     completion_tokens,
+                    drafted,
+                    accepted,
                     ..
                 } => {
                     writeln!(out, "{text}")?;
@@ -140,11 +159,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     let ttft = first.map_or(t0.elapsed(), |f| f - t0);
                     let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
                     eprintln!(
-                        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+                        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | ngram: {} drafted, {} accepted",
                         prompt_tokens,
                         prompt_tokens as f64 / ttft.as_secs_f64(),
                         completion_tokens,
-                        n.saturating_sub(1) as f64 / dec.max(1e-9)
+                        n.saturating_sub(1) as f64 / dec.max(1e-9),
+                        drafted,
+                        accepted
                     );
                 }
             }
