@@ -7,6 +7,7 @@
 
 pub mod arch;
 pub mod blocks;
+pub mod cache;
 pub mod chat;
 pub mod kv;
 pub mod model;

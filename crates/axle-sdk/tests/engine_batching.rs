@@ -11,21 +11,11 @@ use axle_sdk::{
     Session, StreamEvent,
 };
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model() -> Arc<Model> {
-    let dir = std::env::var_os("AXLE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/axle/models")
-        });
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "test model {} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
+    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+        .unwrap_or_else(|e| panic!("{e}"));
     Arc::new(
         Model::load(
             &p,

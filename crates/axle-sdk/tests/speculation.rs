@@ -13,17 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model(name: &str) -> Arc<Model> {
-    let dir = std::env::var_os("AXLE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/axle/models")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.is_file(),
-        "test model {} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
+    let p = axle_models::cache::cached_model(name).unwrap_or_else(|e| panic!("{e}"));
     Arc::new(
         Model::load(
             &p,

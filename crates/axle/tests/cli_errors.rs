@@ -3,24 +3,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-fn models() -> PathBuf {
-    if let Some(d) = std::env::var_os("AXLE_MODEL_DIR") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
-    cache.join("axle/models")
-}
-
 fn smollm2() -> PathBuf {
-    let p = models().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "test model {} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
-    p
+    axle_models::cache::cached_model(axle_models::cache::SMOLLM2).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -3,29 +3,11 @@
 #![allow(dead_code)]
 use std::path::PathBuf;
 
-pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
-
-pub fn model_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("AXLE_MODEL_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache")
-        });
-    home.join("axle/models")
-}
+#[allow(unused_imports)]
+pub use axle_models::cache::{GEMMA3, SMOLLM2};
 
 pub fn model(name: &str) -> PathBuf {
-    let p = model_dir().join(name);
-    assert!(
-        p.is_file(),
-        "test model {} is missing: run scripts/fetch-models.sh (or set AXLE_MODEL_DIR)",
-        p.display()
-    );
-    p
+    axle_models::cache::cached_model(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn fixture(name: &str) -> PathBuf {
