@@ -13,6 +13,7 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_6
   need+=(libclang-dev)
 fi
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}" >&2
   sudo=""
@@ -23,4 +24,11 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
 "$here/fetch-models.sh" >/dev/null
+
+# The server tests use the official openai client, pinned, in a virtualenv of their own.
+venv="${AXLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
 echo "setup done; models in $("$here/fetch-models.sh")" >&2

@@ -1,4 +1,4 @@
-//! `axle`: run local LLMs. Subcommands: generate, tokenize, doctor, bench.
+//! `axle`: run local LLMs. Subcommands: generate, serve, tokenize, doctor, bench.
 #![forbid(unsafe_code)]
 
 mod cmd;
@@ -17,6 +17,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or a chat message, streamed to stdout.
     Generate(cmd::generate::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::Args),
     /// Print the token ids and pieces of a text.
     Tokenize(cmd::tokenize::Args),
     /// Print what this build can use here (CPU features, threads, ggml backends) and check a model.
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod doctor;
 pub mod generate;
+pub mod serve;
 pub mod tokenize;
 
 use anyhow::Context;

@@ -1,0 +1,81 @@
+//! Axle's OpenAI-compatible HTTP server. [`app`] builds the router over a [`Session`], so tests call
+//! it without a socket; [`serve`] binds it with graceful shutdown. Routes: `POST
+//! /v1/chat/completions`, `POST /v1/completions` (blocking and SSE), `GET /v1/models`, `POST
+//! /v1/generate` (token ids in and out), `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET
+//! /metrics` (Prometheus text). Errors use OpenAI's JSON error shape. A client that goes away
+//! mid-stream cancels its request, which frees its KV blocks.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod api;
+mod error;
+mod metrics;
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+use axle_sdk::Session;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The model and its engine.
+    pub session: Arc<Session>,
+    /// The model name clients use (`--model-alias`, else the file stem).
+    pub model_name: String,
+    /// Required bearer key, if any.
+    pub api_key: Option<String>,
+    /// Counters and histograms.
+    pub metrics: Arc<Metrics>,
+    /// Most requests queued before new ones get 503.
+    pub max_queue: usize,
+}
+
+/// Largest request body accepted (bytes).
+pub const MAX_BODY: usize = 4 << 20;
+
+/// The router.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(api::chat_completions))
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/models", get(api::models))
+        .route("/v1/generate", post(api::generate_tokens))
+        .route("/tokenize", post(api::tokenize))
+        .route("/detokenize", post(api::detokenize))
+        .route("/health", get(api::health))
+        .route("/metrics", get(api::metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// Serves `state` on `addr` until SIGINT/SIGTERM; in-flight requests are allowed to finish.
+pub async fn serve(state: AppState, addr: std::net::SocketAddr) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

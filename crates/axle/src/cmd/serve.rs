@@ -1,0 +1,87 @@
+//! `axle serve`: the OpenAI-compatible server over one model.
+use anyhow::Context;
+use axle_models::default_threads;
+use axle_sdk::{EngineConfig, Session};
+use axle_server::{AppState, Metrics};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to bind (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 16)]
+    max_batch_size: usize,
+    /// Most tokens computed in one step (prefill chunks and decodes together).
+    #[arg(long, default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// Context length per sequence (tokens).
+    #[arg(long, default_value_t = 4096)]
+    context_len: usize,
+    /// KV slots shared by all sequences (default: context length x 2).
+    #[arg(long)]
+    kv_slots: Option<u32>,
+    /// Require this bearer key.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Model name clients use (default: the file name without extension).
+    #[arg(long)]
+    model_alias: Option<String>,
+    /// Requests queued before new ones get 503.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Longest n-gram draft (0 = speculation off).
+    #[arg(long, default_value_t = 4)]
+    draft_len: usize,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let model = Arc::new(super::load_model(&a.model, a.threads)?);
+    let name = a.model_alias.clone().unwrap_or_else(|| {
+        a.model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let cfg = EngineConfig {
+        kv_slots: a.kv_slots.unwrap_or((a.context_len * 2) as u32),
+        context_len: a.context_len,
+        max_seqs: a.max_batch_size.max(1),
+        max_batch_tokens: a
+            .max_batch_tokens
+            .max(a.draft_len + 1)
+            .max(a.max_batch_size),
+        max_draft: a.draft_len.min(8),
+        ..Default::default()
+    };
+    let session = Arc::new(Session::new(model, cfg)?);
+    let state = AppState {
+        session,
+        model_name: name.clone(),
+        api_key: a.api_key,
+        metrics: Arc::new(Metrics::default()),
+        max_queue: a.max_queue,
+    };
+    let addr = SocketAddr::new(a.host, a.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    eprintln!("serving {name} on http://{addr} (OpenAI-compatible: /v1/chat/completions, /v1/completions)");
+    rt.block_on(axle_server::serve(state, addr))
+        .with_context(|| format!("cannot serve on {addr}"))?;
+    eprintln!("shut down");
+    Ok(())
+}
