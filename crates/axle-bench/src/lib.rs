@@ -8,6 +8,7 @@ pub mod batched;
 pub mod compare;
 pub mod ngram;
 pub mod prefix;
+pub mod server;
 pub mod stats;
 
 /// Errors of a benchmark run.

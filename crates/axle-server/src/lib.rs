@@ -56,6 +56,11 @@ pub fn app(state: AppState) -> Router {
 /// Serves `state` on `addr` until SIGINT/SIGTERM; in-flight requests are allowed to finish.
 pub async fn serve(state: AppState, addr: std::net::SocketAddr) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    serve_on(state, listener).await
+}
+
+/// Serves on an already bound listener (tests and benchmarks bind port 0).
+pub async fn serve_on(state: AppState, listener: tokio::net::TcpListener) -> std::io::Result<()> {
     axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())
         .await

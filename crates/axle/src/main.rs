@@ -1,4 +1,4 @@
-//! `axle`: run local LLMs. Subcommands: generate, serve, tokenize, doctor, bench.
+//! `axle`: run local LLMs. Subcommands: generate, chat, serve, tokenize, doctor, bench.
 #![forbid(unsafe_code)]
 
 mod cmd;
@@ -17,6 +17,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or a chat message, streamed to stdout.
     Generate(cmd::generate::Args),
+    /// Chat in the terminal (history, /reset, /quit).
+    Chat(cmd::chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
     /// Print the token ids and pieces of a text.
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),

@@ -13,6 +13,24 @@ pub enum BenchCommand {
     Prefix(PrefixArgs),
     /// Decode tok/s with n-gram speculation vs plain, on the checked-in workloads.
     Ngram(NgramArgs),
+    /// Decode tok/s of one stream through the HTTP server vs the SDK directly.
+    Server(ServerArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Tokens per generation.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Repetitions (medians reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
 }
 
 #[derive(clap::Args)]
@@ -163,6 +181,14 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             if let Some(p) = a.json {
                 std::fs::write(&p, serde_json::to_string_pretty(&r)?)?;
             }
+            Ok(())
+        }
+        BenchCommand::Server(a) => {
+            let r = axle_bench::server::run(&a.model, a.threads, a.tokens, a.reps)?;
+            println!(
+                "decode tok/s, one stream of {} tokens: SDK {:.1}, server (SSE over loopback) {:.1}, ratio {:.3}",
+                a.tokens, r.sdk_median, r.server_median, r.ratio
+            );
             Ok(())
         }
         BenchCommand::Prefix(a) => {

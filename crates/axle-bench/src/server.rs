@@ -1,0 +1,138 @@
+//! `axle bench server`: decode tok/s of one stream through the HTTP server (SSE over loopback)
+//! against the same generation through the SDK directly, same engine, same process.
+use crate::stats::median;
+use crate::BenchError;
+use axle_models::{Model, ModelOptions};
+use axle_sdk::{
+    EngineConfig, GenerateRequest, Prompt, RequestOptions, SamplingParams, Session, StreamEvent,
+};
+use axle_server::{AppState, Metrics};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerReport {
+    /// SDK decode tok/s per repetition.
+    pub sdk: Vec<f64>,
+    /// Server decode tok/s per repetition.
+    pub server: Vec<f64>,
+    /// Medians.
+    pub sdk_median: f64,
+    /// Server median.
+    pub server_median: f64,
+    /// server / sdk.
+    pub ratio: f64,
+}
+
+const PROMPT: &str = "Once upon a time, in a quiet village by the sea,";
+
+fn sdk_run(session: &Session, tokens: usize) -> Result<f64, BenchError> {
+    let opts = RequestOptions {
+        max_tokens: tokens,
+        ignore_eos: true,
+        speculate: false,
+        sampling: SamplingParams::greedy(),
+        ..Default::default()
+    };
+    let mut first = None;
+    let mut n = 0usize;
+    for ev in session.stream(GenerateRequest {
+        prompt: Prompt::Text(PROMPT.into()),
+        options: opts,
+    })? {
+        if let StreamEvent::Token { .. } = ev {
+            first.get_or_insert_with(Instant::now);
+            n += 1;
+        }
+    }
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    Ok((n.saturating_sub(1)) as f64 / secs.max(1e-9))
+}
+
+fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
+    let io = |e: std::io::Error| BenchError::Invalid(format!("http: {e}"));
+    let body = serde_json::json!({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": true, "ngram": false, "stream": true}).to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body).map_err(io)?;
+    let mut first = None;
+    let mut n = 0usize;
+    for line in BufReader::new(s).lines() {
+        let line = line.map_err(io)?;
+        if line.starts_with("data: {") && line.contains("\"finish_reason\":null") {
+            first.get_or_insert_with(Instant::now);
+            n += 1;
+        }
+        if line.starts_with("data: [DONE]") {
+            break;
+        }
+    }
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    Ok((n.saturating_sub(1)) as f64 / secs.max(1e-9))
+}
+
+/// Runs it.
+pub fn run(
+    model: &PathBuf,
+    threads: usize,
+    tokens: usize,
+    reps: usize,
+) -> Result<ServerReport, BenchError> {
+    let m = Arc::new(Model::load(
+        model,
+        &ModelOptions {
+            threads,
+            repack: true,
+        },
+    )?);
+    let session = Arc::new(Session::new(
+        m,
+        EngineConfig {
+            max_draft: 0,
+            kv_slots: 4096,
+            ..Default::default()
+        },
+    )?);
+    let state = AppState {
+        session: session.clone(),
+        model_name: "bench".into(),
+        api_key: None,
+        metrics: Arc::new(Metrics::default()),
+        max_queue: 64,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Invalid(e.to_string()))?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .map_err(|e| BenchError::Invalid(e.to_string()))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| BenchError::Invalid(e.to_string()))?
+        .port();
+    rt.spawn(axle_server::serve_on(state, listener));
+    sdk_run(&session, 16)?; // warm-up
+    http_run(port, 16)?;
+    let (mut sdk, mut server) = (Vec::new(), Vec::new());
+    for rep in 0..reps.max(1) {
+        if rep % 2 == 0 {
+            sdk.push(sdk_run(&session, tokens)?);
+            server.push(http_run(port, tokens)?);
+        } else {
+            server.push(http_run(port, tokens)?);
+            sdk.push(sdk_run(&session, tokens)?);
+        }
+    }
+    let (a, b) = (median(&sdk), median(&server));
+    Ok(ServerReport {
+        sdk,
+        server,
+        sdk_median: a,
+        server_median: b,
+        ratio: b / a,
+    })
+}
