@@ -155,6 +155,18 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Every id must be in the model's vocabulary.
+fn check_tokens(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
+    let vocab = state.session.model().tokenizer.len();
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(&bad) => Err(ApiError::bad_request(
+            format!("token {bad} is outside the vocabulary ({vocab})"),
+            Some("tokens"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if !m.is_empty() && *m != state.model_name => Err(ApiError::unknown_model(m)),
@@ -655,13 +667,7 @@ pub(crate) async fn generate_tokens(
     check_auth(&state, &headers)?;
     let Json(req) = body?;
     let (opts, n) = options(&state, &req.common)?;
-    let vocab = state.session.model().tokenizer.len();
-    if let Some(&bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::bad_request(
-            format!("token {bad} is outside the vocabulary ({vocab})"),
-            Some("tokens"),
-        ));
-    }
+    check_tokens(&state, &req.tokens)?;
     let streams = start(&state, Prompt::Tokens(req.tokens), opts, n).await?;
     if req.common.stream == Some(true) {
         return Ok(sse(&state, streams, Flavor::Tokens, false));
@@ -698,13 +704,8 @@ pub(crate) async fn detokenize(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
+    check_tokens(&state, &req.tokens)?;
     let tok = &state.session.model().tokenizer;
-    if let Some(&bad) = req.tokens.iter().find(|&&t| t as usize >= tok.len()) {
-        return Err(ApiError::bad_request(
-            format!("token {bad} is outside the vocabulary ({})", tok.len()),
-            Some("tokens"),
-        ));
-    }
     Ok(Json(json!({ "text": tok.decode(&req.tokens, false) })).into_response())
 }
 
