@@ -107,6 +107,24 @@ def test_completions_blocking_stream_stop_and_n(client):
     assert len(many.choices) == 3
 
 
+def test_logprobs(client):
+    r = chat(client, "Say hello.", max_tokens=5, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        # Greedy: the chosen token is the most likely one.
+        assert e.token == e.top_logprobs[0].token and abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5
+    c = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == 4 and len(lp.top_logprobs[0]) == 2
+    streamed = [ch for ch in client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Say hello."}], temperature=0, max_tokens=5,
+        logprobs=True, stream=True) if ch.choices and ch.choices[0].logprobs]
+    assert [e.logprob for ch in streamed for e in ch.choices[0].logprobs.content] == pytest.approx([e.logprob for e in content])
+
+
 def test_error_classes(server, client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
@@ -150,6 +168,27 @@ def test_32_concurrent_streams_equal_sequential(server, client):
     same = sum(a == b for a, b in zip(together[:8], alone))
     print(f"batched == sequential for {same}/8 prompts")
     assert same >= 6
+
+
+def test_queue_full_is_503():
+    port = free_port()
+    proc = subprocess.Popen([str(BIN), "serve", "--model", str(MODEL), "--port", str(port), "--threads", "2", "--max-queue", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 503
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_dropped_streams_free_kv(server, client):

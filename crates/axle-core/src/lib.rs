@@ -13,7 +13,7 @@ pub mod scheduler;
 
 pub use blocks::{BlockId, BlockPool};
 pub use drafter::{DraftConfig, Drafter};
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingParams, TokenLogprob};
 pub use scheduler::{
     Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler, SchedulerConfig,
     StepPlan,

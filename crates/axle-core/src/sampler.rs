@@ -29,6 +29,9 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(TokenId, f32)>,
     /// RNG seed.
     pub seed: u64,
+    /// Report the log-probability of each generated token and of this many top alternatives
+    /// (None: no log-probabilities).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -44,6 +47,7 @@ impl Default for SamplingParams {
             penalty_last_n: 64,
             logit_bias: Vec::new(),
             seed: 0,
+            logprobs: None,
         }
     }
 }
@@ -226,6 +230,49 @@ impl Sampler {
     }
 }
 
+/// The log-probability of a generated token under the model's distribution (log-softmax of the
+/// raw logits), with the `top` most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The generated token.
+    pub token: TokenId,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(TokenId, f32)>,
+}
+
+/// Log-probabilities of `token` and the `top` best tokens in `logits`.
+pub fn logprobs(logits: &[f32], token: TokenId, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    let lp = |t: TokenId| {
+        logits
+            .get(t as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_z)
+    };
+    let mut best: Vec<(TokenId, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() < top || l > best[best.len() - 1].1 {
+                let pos = best.partition_point(|&(_, b)| b >= l);
+                best.insert(pos, (i as TokenId, l));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenLogprob {
+        token,
+        logprob: lp(token),
+        top: best.into_iter().map(|(t, l)| (t, l - log_z)).collect(),
+    }
+}
+
 /// Index of the largest logit (lowest index on ties).
 pub fn argmax(logits: &[f32]) -> TokenId {
     let mut best = 0;
@@ -288,6 +335,17 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(s.distribution(&logits).len(), 2);
+    }
+
+    #[test]
+    fn logprobs_normalise_and_rank() {
+        let lp = logprobs(&[0.0, 2.0, 1.0], 2, 2);
+        // Token 2 has logit 1.0, so log Z = 1.0 - logprob; the probabilities must sum to one.
+        let log_z = 1.0 - lp.logprob;
+        let total: f32 = [0.0f32, 2.0, 1.0].iter().map(|l| (l - log_z).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5, "{total}");
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert!((lp.top[1].1 - lp.logprob).abs() < 1e-6);
     }
 
     #[test]

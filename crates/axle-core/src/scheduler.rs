@@ -7,7 +7,7 @@
 //! `apply` takes the logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
 use crate::drafter::{DraftConfig, Drafter};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
 use std::collections::{HashMap, VecDeque};
 
@@ -126,6 +126,8 @@ pub struct Event {
     pub tokens: Vec<TokenId>,
     /// Set when the request finished.
     pub finished: Option<FinishReason>,
+    /// Log-probabilities of `tokens`, one each, when the request asked for them.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 #[derive(Debug, Clone)]
@@ -538,6 +540,7 @@ impl Scheduler {
                 id: s.id,
                 tokens: Vec::new(),
                 finished: None,
+                logprobs: Vec::new(),
             };
             let mut accepted = 0;
             for j in 0..=s.n_draft {
@@ -555,6 +558,9 @@ impl Scheduler {
                     d.push(tok);
                 }
                 ev.tokens.push(tok);
+                if let Some(top) = r.spec.sampling.logprobs {
+                    ev.logprobs.push(logprobs(l, tok, top));
+                }
                 if r.generated() >= r.spec.max_tokens {
                     ev.finished = Some(FinishReason::Length);
                 } else if r.tokens.len() >= cap {

@@ -5,7 +5,7 @@ use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
     DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig,
+    SchedulerConfig, TokenLogprob,
 };
 use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId};
 use std::collections::HashMap;
@@ -90,6 +90,8 @@ pub enum Output {
         token: TokenId,
         /// Text now safe to emit.
         text: String,
+        /// Its log-probabilities, when the request asked for them.
+        logprob: Option<TokenLogprob>,
     },
     /// The request ended.
     Finished {
@@ -368,7 +370,7 @@ impl EngineCore {
         let mut outputs = Vec::with_capacity(events.len());
         for ev in events {
             let mut stopped = false;
-            for &tok in &ev.tokens {
+            for (i, &tok) in ev.tokens.iter().enumerate() {
                 let Some(t) = self.text.get_mut(&ev.id) else {
                     break;
                 };
@@ -384,6 +386,7 @@ impl EngineCore {
                     id: ev.id,
                     token: tok,
                     text,
+                    logprob: ev.logprobs.get(i).cloned(),
                 });
             }
             if !stopped {

@@ -14,7 +14,7 @@ pub use session::{
 };
 pub use stop::StopMatcher;
 
-pub use axle_core::{FinishReason, RequestId, SamplingParams};
+pub use axle_core::{FinishReason, RequestId, SamplingParams, TokenLogprob};
 pub use axle_models::{ChatMessage, Model, ModelOptions};
 
 /// Errors of the SDK.

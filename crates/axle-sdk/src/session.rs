@@ -3,7 +3,7 @@
 //! and frees its KV blocks.
 use crate::engine::{EngineConfig, EngineCore, Output, RequestOptions};
 use crate::SdkError;
-use axle_core::{FinishReason, RequestId};
+use axle_core::{FinishReason, RequestId, TokenLogprob};
 use axle_models::{ChatMessage, Model, TokenId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +41,8 @@ pub enum StreamEvent {
         token: TokenId,
         /// Text to append.
         text: String,
+        /// Its log-probabilities, when asked for.
+        logprob: Option<TokenLogprob>,
     },
     /// The request ended; `text` is the last text to append.
     Done {
@@ -86,7 +88,7 @@ enum Command {
     Submit {
         ticket: u64,
         prompt: Vec<TokenId>,
-        options: RequestOptions,
+        options: Box<RequestOptions>,
         events: Sender<StreamEvent>,
         ack: Sender<Result<(), SdkError>>,
     },
@@ -200,7 +202,7 @@ impl Session {
             .send(Command::Submit {
                 ticket,
                 prompt,
-                options: req.options,
+                options: Box::new(req.options),
                 events,
                 ack,
             })
@@ -220,7 +222,7 @@ impl Session {
         let mut tokens = Vec::new();
         for ev in self.stream(req)? {
             match ev {
-                StreamEvent::Token { token, text: t } => {
+                StreamEvent::Token { token, text: t, .. } => {
                     tokens.push(token);
                     text.push_str(&t);
                 }
@@ -290,7 +292,7 @@ fn engine_loop(
                     options,
                     events,
                     ack,
-                } => match engine.add(prompt, options) {
+                } => match engine.add(prompt, *options) {
                     Ok(id) => {
                         by_ticket.insert(ticket, id);
                         streams.insert(id, (ticket, events));
@@ -317,7 +319,19 @@ fn engine_loop(
         if engine.has_work() {
             for out in engine.step() {
                 let (id, ev) = match out {
-                    Output::Token { id, token, text } => (id, StreamEvent::Token { token, text }),
+                    Output::Token {
+                        id,
+                        token,
+                        text,
+                        logprob,
+                    } => (
+                        id,
+                        StreamEvent::Token {
+                            token,
+                            text,
+                            logprob,
+                        },
+                    ),
                     Output::Finished {
                         id,
                         text,

@@ -4,9 +4,10 @@
 //! request and frees its KV.
 use crate::{ApiError, AppState};
 use axle_core::FinishReason;
+use axle_models::Tokenizer;
 use axle_sdk::{
     ChatMessage, GenerateRequest, Prompt, RequestOptions, SamplingParams, SdkError, StreamEvent,
-    TokenStream,
+    TokenLogprob, TokenStream,
 };
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -74,8 +75,9 @@ struct Common {
     seed: Option<u64>,
     stop: Option<Stop>,
     n: Option<usize>,
-    logprobs: Option<bool>,
-    top_logprobs: Option<u32>,
+    /// Chat: a bool (with `top_logprobs`); completions: the number of alternatives.
+    logprobs: Option<Value>,
+    top_logprobs: Option<usize>,
     logit_bias: Option<HashMap<String, f32>>,
     #[allow(dead_code)]
     user: Option<String>,
@@ -177,10 +179,21 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError>
 /// Validates the common fields and turns them into request options and a choice count.
 fn options(state: &AppState, c: &Common) -> Result<(RequestOptions, usize), ApiError> {
     check_model(state, &c.model)?;
-    if c.logprobs == Some(true) || c.top_logprobs.is_some() {
+    let logprobs = match &c.logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(c.top_logprobs.unwrap_or(0)),
+        Some(Value::Number(n)) => n.as_u64().map(|n| n as usize),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "logprobs must be a boolean or a count",
+                Some("logprobs"),
+            ))
+        }
+    };
+    if logprobs.is_some_and(|k| k > 20) {
         return Err(ApiError::bad_request(
-            "logprobs are not supported by this server yet",
-            Some("logprobs"),
+            "at most 20 top log-probabilities",
+            Some("top_logprobs"),
         ));
     }
     let n = c.n.unwrap_or(1);
@@ -225,6 +238,7 @@ fn options(state: &AppState, c: &Common) -> Result<(RequestOptions, usize), ApiE
         seed: c
             .seed
             .unwrap_or_else(|| NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        logprobs,
         ..Default::default()
     };
     sampling
@@ -305,6 +319,7 @@ async fn start(
 struct Choice {
     text: String,
     tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
     reason: FinishReason,
     prompt_tokens: usize,
     completion_tokens: usize,
@@ -322,19 +337,25 @@ async fn collect(state: &AppState, streams: Vec<TokenStream>) -> Result<Vec<Choi
                 let mut c = Choice {
                     text: String::new(),
                     tokens: Vec::new(),
+                    logprobs: Vec::new(),
                     reason: FinishReason::Stop,
                     prompt_tokens: 0,
                     completion_tokens: 0,
                 };
                 for ev in s {
                     match ev {
-                        StreamEvent::Token { token, text } => {
+                        StreamEvent::Token {
+                            token,
+                            text,
+                            logprob,
+                        } => {
                             if c.tokens.is_empty() {
                                 metrics.ttft(t0.elapsed().as_secs_f64());
                                 metrics.observe_running(running.stats().running);
                             }
                             c.tokens.push(token);
                             c.text.push_str(&text);
+                            c.logprobs.extend(logprob);
                         }
                         StreamEvent::Done {
                             text,
@@ -369,6 +390,54 @@ async fn collect(state: &AppState, streams: Vec<TokenStream>) -> Result<Vec<Choi
         return Err(ApiError::internal(e.clone()));
     }
     Ok(out)
+}
+
+/// A token's text (control tokens rendered) and bytes.
+fn piece(tok: &Tokenizer, t: u32) -> (String, Vec<u8>) {
+    let b = tok.piece(t, true);
+    (String::from_utf8_lossy(&b).into_owned(), b)
+}
+
+/// Chat-style log-probability entries (`choices[].logprobs.content`).
+fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
+    let entry = |t: u32, lp: f32| {
+        let (text, bytes) = piece(tok, t);
+        json!({"token": text, "logprob": lp, "bytes": bytes})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut e = entry(l.token, l.logprob);
+            e["top_logprobs"] = l
+                .top
+                .iter()
+                .map(|&(t, p)| entry(t, p))
+                .collect::<Vec<_>>()
+                .into();
+            e
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Completions-style log-probabilities (`choices[].logprobs`), text offsets from `offset`.
+fn text_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], mut offset: usize) -> Value {
+    let (mut tokens, mut token_logprobs, mut top, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for l in lps {
+        let (text, _) = piece(tok, l.token);
+        offsets.push(offset);
+        offset += text.len();
+        tokens.push(text);
+        token_logprobs.push(l.logprob);
+        let m: serde_json::Map<String, Value> = l
+            .top
+            .iter()
+            .map(|&(t, p)| (piece(tok, t).0, json!(p)))
+            .collect();
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
 fn usage(choices: &[Choice]) -> Value {
@@ -444,9 +513,15 @@ fn sse(
             let t0 = Instant::now();
             let mut last = t0;
             let mut first = true;
+            let weights = session.model().clone();
+            let mut offset = 0usize;
             for ev in stream {
                 match ev {
-                    StreamEvent::Token { token, text } => {
+                    StreamEvent::Token {
+                        token,
+                        text,
+                        logprob,
+                    } => {
                         let now = Instant::now();
                         if first {
                             metrics.ttft((now - t0).as_secs_f64());
@@ -461,8 +536,21 @@ fn sse(
                         } else {
                             json!({"content": text})
                         };
-                        if (flavor == Flavor::Tokens || !text.is_empty())
-                            && !send(chunk(delta, None))
+                        let mut v = chunk(delta, None);
+                        if let Some(lp) = &logprob {
+                            let one = std::slice::from_ref(lp);
+                            v["choices"][0]["logprobs"] = match flavor {
+                                Flavor::Chat => chat_logprobs(&weights.tokenizer, one),
+                                Flavor::Text => text_logprobs(&weights.tokenizer, one, offset),
+                                Flavor::Tokens => Value::Null,
+                            };
+                            if flavor == Flavor::Tokens {
+                                v["logprob"] = json!(lp.logprob);
+                            }
+                        }
+                        offset += text.len();
+                        if (flavor == Flavor::Tokens || !text.is_empty() || logprob.is_some())
+                            && !send(v)
                         {
                             return;
                         }
@@ -550,6 +638,7 @@ pub(crate) async fn chat_completions(
     check_auth(&state, &headers)?;
     let Json(req) = body?;
     let (opts, n) = options(&state, &req.common)?;
+    let opts_logprobs = opts.sampling.logprobs.is_some();
     if req.messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages must not be empty",
@@ -598,7 +687,9 @@ pub(crate) async fn chat_completions(
         "created": now(),
         "model": state.model_name,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({
-            "index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": null, "finish_reason": finish_reason(&c.reason)
+            "index": i, "message": {"role": "assistant", "content": c.text},
+            "logprobs": if opts_logprobs { chat_logprobs(&state.session.model().tokenizer, &c.logprobs) } else { Value::Null },
+            "finish_reason": finish_reason(&c.reason)
         })).collect::<Vec<_>>(),
         "usage": usage(&choices),
     });
@@ -613,6 +704,7 @@ pub(crate) async fn completions(
     check_auth(&state, &headers)?;
     let Json(req) = body?;
     let (opts, n) = options(&state, &req.common)?;
+    let opts_logprobs = opts.sampling.logprobs.is_some();
     let prompts = match req.prompt {
         PromptField::One(p) => vec![p],
         PromptField::Many(v) if !v.is_empty() && v.len() * n <= 16 => v,
@@ -652,7 +744,9 @@ pub(crate) async fn completions(
         "created": now(),
         "model": state.model_name,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({
-            "index": i, "text": c.text, "logprobs": null, "finish_reason": finish_reason(&c.reason)
+            "index": i, "text": c.text,
+            "logprobs": if opts_logprobs { text_logprobs(&state.session.model().tokenizer, &c.logprobs, 0) } else { Value::Null },
+            "finish_reason": finish_reason(&c.reason)
         })).collect::<Vec<_>>(),
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     });
