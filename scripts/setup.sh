@@ -31,4 +31,19 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
+
+# The delegated-route tests run llama.cpp's server as llama-cpp-python packages it. PyPI has its
+# source only, so its wheel is built once (about 6 minutes on 2 cores, host CPU features, no
+# llava or tools) into the cache and installed from there.
+if ! "$venv/bin/python" -c "import llama_cpp.server" >/dev/null 2>&1; then
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/axle/wheels"
+  if ! ls "$wheels"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+    echo "building llama-cpp-python 0.3.36 (once; about 6 minutes)" >&2
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" llama-cpp-python==0.3.36
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
+    -r "$here/../tests/python/requirements-upstream.txt"
+fi
 echo "setup done; models in $("$here/fetch-models.sh")" >&2

@@ -5,10 +5,7 @@ Starts the server on a free loopback port with SmolLM2-135M and checks chat and 
 dropped streams give their KV blocks back.
 """
 import concurrent.futures as cf
-import os
-import pathlib
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,17 +13,9 @@ import urllib.request
 import openai
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "axle"
-MODEL_DIR = pathlib.Path(os.environ.get("AXLE_MODEL_DIR", pathlib.Path.home() / ".cache" / "axle" / "models"))
-MODEL = MODEL_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
+from helpers import BIN, MODEL, free_port, wait_until_up
+
 KEY = "test-key"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics(base):
@@ -48,14 +37,7 @@ def server():
          "--max-batch-tokens", "48"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except Exception:
-            if proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode())
-            time.sleep(0.1)
+    wait_until_up(proc, base + "/health")
     yield base
     proc.terminate()
     proc.wait(timeout=30)

@@ -4,9 +4,10 @@ use crate::stats::median;
 use crate::BenchError;
 use axle_models::{Model, ModelOptions};
 use axle_sdk::{
-    EngineConfig, GenerateRequest, Prompt, RequestOptions, SamplingParams, Session, StreamEvent,
+    EngineConfig, GenerateRequest, Prompt, RequestOptions, RuntimeReport, SamplingParams, Session,
+    StreamEvent,
 };
-use axle_server::{AppState, Metrics};
+use axle_server::{AppState, Backend, Metrics};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -96,7 +97,8 @@ pub fn run(
         },
     )?);
     let state = AppState {
-        session: session.clone(),
+        backend: Backend::Native(session.clone()),
+        runtime: Arc::new(RuntimeReport::native(session.model(), None)),
         model_name: "bench".into(),
         api_key: None,
         metrics: Arc::new(Metrics::default()),

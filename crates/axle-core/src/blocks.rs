@@ -4,7 +4,7 @@
 //! is evicted, least recently used first. No tensors here: the runner owns the memory, this owns
 //! the bookkeeping.
 use crate::TokenId;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 /// A physical block id.
@@ -46,8 +46,10 @@ struct Block {
 pub struct BlockPool {
     block_size: u32,
     blocks: Vec<Block>,
-    /// Blocks with no owner and no cached contents.
-    free: Vec<BlockId>,
+    /// Blocks with no owner and no cached contents, handed out lowest first: a sequence's blocks
+    /// then tend to lie in ascending order, so attention visits its slots in logical order and
+    /// the same request computes the same numbers however earlier requests left the pool.
+    free: BTreeSet<BlockId>,
     /// Cached blocks with no owner, by release time: evicted oldest first.
     evictable: BTreeMap<(u64, BlockId), ()>,
     /// Cached contents -> block.
@@ -62,7 +64,7 @@ impl BlockPool {
         BlockPool {
             block_size,
             blocks: vec![Block::default(); n_blocks as usize],
-            free: (0..n_blocks).rev().collect(),
+            free: (0..n_blocks).collect(),
             evictable: BTreeMap::new(),
             cached: HashMap::new(),
             clock: 0,
@@ -97,7 +99,7 @@ impl BlockPool {
 
     /// Takes one block for a new owner (evicting the least recently used cached block if needed).
     pub fn allocate(&mut self) -> Option<BlockId> {
-        let id = match self.free.pop() {
+        let id = match self.free.pop_first() {
             Some(id) => id,
             None => {
                 let (&(t, id), _) = self.evictable.iter().next()?;
@@ -156,7 +158,7 @@ impl BlockPool {
             if b.key.is_some() {
                 self.evictable.insert((b.last_used, id), ());
             } else {
-                self.free.push(id);
+                self.free.insert(id);
             }
         }
     }

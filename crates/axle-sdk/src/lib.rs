@@ -4,6 +4,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod backend;
+pub mod delegate;
 mod engine;
 mod session;
 mod stop;
@@ -13,6 +15,9 @@ pub use session::{
     Completion, EngineStats, GenerateRequest, Prompt, Session, StreamEvent, TokenStream,
 };
 pub use stop::StopMatcher;
+
+pub use backend::{BackendKind, Policy, RuntimeReport, SupportTier};
+pub use delegate::{DelegateError, DelegatedInput, DelegatedRequest, Upstream};
 
 pub use axle_core::{FinishReason, RequestId, SamplingParams, TokenLogprob};
 pub use axle_models::{ChatMessage, Model, ModelOptions};

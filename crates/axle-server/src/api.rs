@@ -2,12 +2,12 @@
 //! handlers bridge its blocking event streams to async with `spawn_blocking`, and SSE streams are
 //! fed through a channel whose closing (client gone) drops the engine stream, which cancels the
 //! request and frees its KV.
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, Backend};
 use axle_core::FinishReason;
 use axle_models::Tokenizer;
 use axle_sdk::{
-    ChatMessage, GenerateRequest, Prompt, RequestOptions, SamplingParams, SdkError, StreamEvent,
-    TokenLogprob, TokenStream,
+    ChatMessage, DelegatedInput, GenerateRequest, Prompt, RequestOptions, SamplingParams, SdkError,
+    Session, StreamEvent, TokenLogprob, TokenStream,
 };
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -29,7 +29,7 @@ type Body<T> = Result<Json<T>, JsonRejection>;
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-enum Stop {
+pub(crate) enum Stop {
     One(String),
     Many(Vec<String>),
 }
@@ -55,36 +55,36 @@ struct Message {
 }
 
 #[derive(Debug, Deserialize)]
-struct StreamOptions {
-    include_usage: Option<bool>,
+pub(crate) struct StreamOptions {
+    pub(crate) include_usage: Option<bool>,
 }
 
 /// Sampling and length fields shared by the generation routes.
 #[derive(Debug, Default, Deserialize)]
-struct Common {
-    model: Option<String>,
-    max_tokens: Option<usize>,
-    max_completion_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<Stop>,
-    n: Option<usize>,
+pub(crate) struct Common {
+    pub(crate) model: Option<String>,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) max_completion_tokens: Option<usize>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) top_k: Option<usize>,
+    pub(crate) min_p: Option<f32>,
+    pub(crate) repetition_penalty: Option<f32>,
+    pub(crate) presence_penalty: Option<f32>,
+    pub(crate) frequency_penalty: Option<f32>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) stop: Option<Stop>,
+    pub(crate) n: Option<usize>,
     /// Chat: a bool (with `top_logprobs`); completions: the number of alternatives.
-    logprobs: Option<Value>,
-    top_logprobs: Option<usize>,
-    logit_bias: Option<HashMap<String, f32>>,
+    pub(crate) logprobs: Option<Value>,
+    pub(crate) top_logprobs: Option<usize>,
+    pub(crate) logit_bias: Option<HashMap<String, f32>>,
     #[allow(dead_code)]
-    user: Option<String>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    ignore_eos: Option<bool>,
-    ngram: Option<bool>,
+    pub(crate) user: Option<String>,
+    pub(crate) stream: Option<bool>,
+    pub(crate) stream_options: Option<StreamOptions>,
+    pub(crate) ignore_eos: Option<bool>,
+    pub(crate) ngram: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,9 +127,9 @@ pub(crate) struct DetokenizeRequest {
     tokens: Vec<u32>,
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -157,9 +157,27 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// The native session, or a clear error on a delegated server (token-id routes need our own
+/// tokenizer and engine).
+pub(crate) fn native(state: &AppState) -> Result<&Arc<Session>, ApiError> {
+    match &state.backend {
+        Backend::Native(s) => Ok(s),
+        Backend::Delegated(up) => Err(ApiError::bad_request(
+            format!(
+                "this route needs the native backend; this server delegates `{}` to {} at {} \
+                 and delegated backends have no token-id routes",
+                state.model_name,
+                up.kind().name(),
+                up.url()
+            ),
+            None,
+        )),
+    }
+}
+
 /// Every id must be in the model's vocabulary.
 fn check_tokens(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
-    let vocab = state.session.model().tokenizer.len();
+    let vocab = native(state)?.model().tokenizer.len();
     match tokens.iter().find(|&&t| t as usize >= vocab) {
         Some(&bad) => Err(ApiError::bad_request(
             format!("token {bad} is outside the vocabulary ({vocab})"),
@@ -169,11 +187,41 @@ fn check_tokens(state: &AppState, tokens: &[u32]) -> Result<(), ApiError> {
     }
 }
 
-fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+pub(crate) fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if !m.is_empty() && *m != state.model_name => Err(ApiError::unknown_model(m)),
         _ => Ok(()),
     }
+}
+
+/// The checks of the common fields that need no model (delegated routes make them too): sampling
+/// ranges, a positive token limit, at most 4 stop strings.
+pub(crate) fn check_model_free_fields(c: &Common) -> Result<(), ApiError> {
+    SamplingParams {
+        temperature: c.temperature.unwrap_or(1.0),
+        top_p: c.top_p.unwrap_or(1.0),
+        top_k: c.top_k.unwrap_or(0),
+        min_p: c.min_p.unwrap_or(0.0),
+        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| ApiError::bad_request(e, None))?;
+    if c.max_completion_tokens.or(c.max_tokens) == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    if matches!(&c.stop, Some(Stop::Many(v)) if v.len() > 4) {
+        return Err(ApiError::bad_request(
+            "at most 4 stop sequences",
+            Some("stop"),
+        ));
+    }
+    Ok(())
 }
 
 /// Validates the common fields and turns them into request options and a choice count.
@@ -203,7 +251,7 @@ fn options(state: &AppState, c: &Common) -> Result<(RequestOptions, usize), ApiE
             Some("n"),
         ));
     }
-    let vocab = state.session.model().tokenizer.len();
+    let vocab = native(state)?.model().tokenizer.len();
     let mut logit_bias = Vec::new();
     for (k, &v) in c.logit_bias.iter().flatten() {
         let id: u32 = k.parse().map_err(|_| {
@@ -244,23 +292,12 @@ fn options(state: &AppState, c: &Common) -> Result<(RequestOptions, usize), ApiE
     sampling
         .validate()
         .map_err(|e| ApiError::bad_request(e, None))?;
+    check_model_free_fields(c)?;
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(512);
-    if max_tokens == 0 {
-        return Err(ApiError::bad_request(
-            "max_tokens must be at least 1",
-            Some("max_tokens"),
-        ));
-    }
     let stop_strings = match &c.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
-        Some(Stop::Many(_)) => {
-            return Err(ApiError::bad_request(
-                "at most 4 stop sequences",
-                Some("stop"),
-            ))
-        }
+        Some(Stop::Many(v)) => v.clone(),
     };
     let opts = RequestOptions {
         sampling,
@@ -289,12 +326,12 @@ async fn start(
     n: usize,
 ) -> Result<Vec<TokenStream>, ApiError> {
     state.metrics.request();
-    let stats = state.session.stats();
+    let session = native(state)?.clone();
+    let stats = session.stats();
     if stats.waiting >= state.max_queue {
         state.metrics.error();
         return Err(ApiError::overloaded(stats.waiting));
     }
-    let session = state.session.clone();
     let r = tokio::task::spawn_blocking(move || {
         (0..n)
             .map(|i| {
@@ -328,7 +365,7 @@ struct Choice {
 /// Runs streams to completion (blocking requests).
 async fn collect(state: &AppState, streams: Vec<TokenStream>) -> Result<Vec<Choice>, ApiError> {
     let metrics = state.metrics.clone();
-    let running = state.session.clone();
+    let running = native(state)?.clone();
     let out = tokio::task::spawn_blocking(move || {
         streams
             .into_iter()
@@ -461,7 +498,8 @@ fn sse(
     streams: Vec<TokenStream>,
     flavor: Flavor,
     include_usage: bool,
-) -> Response {
+) -> Result<Response, ApiError> {
+    let native_session = native(state)?.clone();
     let id = format!(
         "{}-{}",
         if flavor == Flavor::Chat {
@@ -484,7 +522,8 @@ fn sse(
             id.clone(),
             model.clone(),
         );
-        let session = state.session.clone();
+        let session = native_session.clone();
+        let runtime = state.runtime.clone();
         tokio::task::spawn_blocking(move || {
             let chunk = |delta: Value, reason: Option<&str>| -> Value {
                 match flavor {
@@ -577,7 +616,11 @@ fn sse(
                             } else {
                                 json!({})
                             };
-                            send(chunk(delta, Some(finish_reason(&reason))));
+                            let mut last = chunk(delta, Some(finish_reason(&reason)));
+                            if flavor != Flavor::Tokens {
+                                last["runtime"] = json!(*runtime);
+                            }
+                            send(last);
                         }
                         totals.0.store(prompt_tokens, Ordering::Relaxed);
                         totals.1.fetch_add(completion_tokens, Ordering::Relaxed);
@@ -597,7 +640,8 @@ fn sse(
                     };
                     send(
                         json!({"id": id, "object": object, "created": created, "model": model, "choices": [],
-                        "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}),
+                        "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
+                        "runtime": *runtime}),
                     );
                 }
                 let _ = tx.blocking_send(Ok(Event::default().data("[DONE]")));
@@ -605,9 +649,9 @@ fn sse(
         });
     }
     drop(tx);
-    Sse::new(ReceiverStream::new(rx))
+    Ok(Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response())
 }
 
 fn text_of(m: &Message) -> Result<String, ApiError> {
@@ -630,15 +674,8 @@ fn text_of(m: &Message) -> Result<String, ApiError> {
     })
 }
 
-pub(crate) async fn chat_completions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body<ChatRequest>,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
-    let Json(req) = body?;
-    let (opts, n) = options(&state, &req.common)?;
-    let opts_logprobs = opts.sampling.logprobs.is_some();
+/// The request's messages, checked (roles, text-only content, not empty).
+fn chat_messages(req: &ChatRequest) -> Result<Vec<ChatMessage>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages must not be empty",
@@ -658,15 +695,43 @@ pub(crate) async fn chat_completions(
         }
         msgs.push(ChatMessage::new(&m.role, &text_of(m)?));
     }
+    Ok(msgs)
+}
+
+pub(crate) async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body<ChatRequest>,
+) -> Result<Response, ApiError> {
+    check_auth(&state, &headers)?;
+    let Json(req) = body?;
+    if let Backend::Delegated(up) = &state.backend {
+        let msgs = chat_messages(&req)?;
+        if req.tools.is_some() {
+            return Err(ApiError::bad_request(
+                "tools are not passed to delegated backends",
+                Some("tools"),
+            ));
+        }
+        return crate::delegated::generate(
+            &state,
+            up.clone(),
+            DelegatedInput::Chat(msgs),
+            &req.common,
+        )
+        .await;
+    }
+    let (opts, n) = options(&state, &req.common)?;
+    let opts_logprobs = opts.sampling.logprobs.is_some();
+    let msgs = chat_messages(&req)?;
     let prompt = match &req.tools {
         Some(tools) => {
-            let text = state
-                .session
+            let text = native(&state)?
                 .model()
                 .chat_template()
                 .and_then(|t| t.render(&msgs, true, Some(tools)))
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("tools")))?;
-            Prompt::Tokens(state.session.model().tokenizer.encode(&text, false, true))
+            Prompt::Tokens(native(&state)?.model().tokenizer.encode(&text, false, true))
         }
         None => Prompt::Chat(msgs),
     };
@@ -678,9 +743,10 @@ pub(crate) async fn chat_completions(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        return Ok(sse(&state, streams, Flavor::Chat, usage));
+        return sse(&state, streams, Flavor::Chat, usage);
     }
     let choices = collect(&state, streams).await?;
+    let weights = native(&state)?.model().clone();
     let body = json!({
         "id": format!("chatcmpl-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
         "object": "chat.completion",
@@ -688,9 +754,10 @@ pub(crate) async fn chat_completions(
         "model": state.model_name,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({
             "index": i, "message": {"role": "assistant", "content": c.text},
-            "logprobs": if opts_logprobs { chat_logprobs(&state.session.model().tokenizer, &c.logprobs) } else { Value::Null },
+            "logprobs": if opts_logprobs { chat_logprobs(&weights.tokenizer, &c.logprobs) } else { Value::Null },
             "finish_reason": finish_reason(&c.reason)
         })).collect::<Vec<_>>(),
+        "runtime": *state.runtime,
         "usage": usage(&choices),
     });
     Ok(Json(body).into_response())
@@ -703,6 +770,21 @@ pub(crate) async fn completions(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
+    if let Backend::Delegated(up) = &state.backend {
+        let PromptField::One(prompt) = req.prompt else {
+            return Err(ApiError::bad_request(
+                "delegated backends take a single prompt string",
+                Some("prompt"),
+            ));
+        };
+        return crate::delegated::generate(
+            &state,
+            up.clone(),
+            DelegatedInput::Text(prompt),
+            &req.common,
+        )
+        .await;
+    }
     let (opts, n) = options(&state, &req.common)?;
     let opts_logprobs = opts.sampling.logprobs.is_some();
     let prompts = match req.prompt {
@@ -733,9 +815,10 @@ pub(crate) async fn completions(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        return Ok(sse(&state, streams, Flavor::Text, usage));
+        return sse(&state, streams, Flavor::Text, usage);
     }
     let choices = collect(&state, streams).await?;
+    let weights = native(&state)?.model().clone();
     let prompt_tokens: usize = choices.iter().step_by(n).map(|c| c.prompt_tokens).sum();
     let completion_tokens: usize = choices.iter().map(|c| c.completion_tokens).sum();
     let body = json!({
@@ -745,9 +828,10 @@ pub(crate) async fn completions(
         "model": state.model_name,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({
             "index": i, "text": c.text,
-            "logprobs": if opts_logprobs { text_logprobs(&state.session.model().tokenizer, &c.logprobs, 0) } else { Value::Null },
+            "logprobs": if opts_logprobs { text_logprobs(&weights.tokenizer, &c.logprobs, 0) } else { Value::Null },
             "finish_reason": finish_reason(&c.reason)
         })).collect::<Vec<_>>(),
+        "runtime": *state.runtime,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     });
     Ok(Json(body).into_response())
@@ -764,12 +848,13 @@ pub(crate) async fn generate_tokens(
     check_tokens(&state, &req.tokens)?;
     let streams = start(&state, Prompt::Tokens(req.tokens), opts, n).await?;
     if req.common.stream == Some(true) {
-        return Ok(sse(&state, streams, Flavor::Tokens, false));
+        return sse(&state, streams, Flavor::Tokens, false);
     }
     let choices = collect(&state, streams).await?;
     let body = json!({
         "model": state.model_name,
         "choices": choices.iter().enumerate().map(|(i, c)| json!({"index": i, "tokens": c.tokens, "finish_reason": finish_reason(&c.reason)})).collect::<Vec<_>>(),
+        "runtime": *state.runtime,
         "usage": usage(&choices),
     });
     Ok(Json(body).into_response())
@@ -783,8 +868,7 @@ pub(crate) async fn tokenize(
     check_auth(&state, &headers)?;
     let Json(req) = body?;
     let tokens =
-        state
-            .session
+        native(&state)?
             .model()
             .tokenizer
             .encode(&req.text, req.add_special.unwrap_or(true), true);
@@ -799,7 +883,7 @@ pub(crate) async fn detokenize(
     check_auth(&state, &headers)?;
     let Json(req) = body?;
     check_tokens(&state, &req.tokens)?;
-    let tok = &state.session.model().tokenizer;
+    let tok = &native(&state)?.model().tokenizer;
     Ok(Json(json!({ "text": tok.decode(&req.tokens, false) })).into_response())
 }
 
@@ -808,7 +892,19 @@ pub(crate) async fn models(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
-    Ok(Json(json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "axle"}]})).into_response())
+    let owned_by = match &state.backend {
+        Backend::Native(_) => "axle".to_string(),
+        Backend::Delegated(up) => format!("{} via axle", up.kind().name()),
+    };
+    Ok(Json(json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": owned_by, "runtime": *state.runtime}]})).into_response())
+}
+
+pub(crate) async fn runtime(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    check_auth(&state, &headers)?;
+    Ok(Json(json!(*state.runtime)).into_response())
 }
 
 pub(crate) async fn health() -> Response {
@@ -816,6 +912,10 @@ pub(crate) async fn health() -> Response {
 }
 
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state.metrics.render(&state.session.stats());
+    let stats = match &state.backend {
+        Backend::Native(s) => s.stats(),
+        Backend::Delegated(_) => Default::default(),
+    };
+    let text = state.metrics.render(&stats);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

@@ -104,7 +104,21 @@ fn unknown_architecture() {
     write_gguf(&p, &[("general.architecture", "mamba9")]);
     let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
     assert!(
-        e.contains("unsupported model architecture `mamba9`") && e.contains("llama"),
+        e.contains("`mamba9` is not implemented natively") && e.contains("llama, gemma3"),
+        "{e}"
+    );
+    // Naming the native backend gives the same answer; the hint says how to delegate instead.
+    let e = fails(&[
+        "generate",
+        "--model",
+        p.to_str().unwrap(),
+        "--backend",
+        "native",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(
+        e.contains("--backend native: GGUF architecture `mamba9`"),
         "{e}"
     );
     let e = fails(&["doctor", "--model", p.to_str().unwrap()]);

@@ -202,6 +202,12 @@ pub fn supported() -> Vec<&'static str> {
     REGISTRY.iter().map(|(n, _)| *n).collect()
 }
 
+/// The `general.architecture` of a GGUF file, read from its header (tensors are not loaded).
+pub fn architecture_of(path: &std::path::Path) -> Result<String, ModelError> {
+    let file = GgufFile::open(path)?;
+    Ok(file.str("general.architecture")?.to_string())
+}
+
 /// The loader for an architecture, or a clear error naming the supported ones.
 pub fn loader_for(arch: &str) -> Result<Loader, ModelError> {
     REGISTRY

@@ -1,19 +1,18 @@
 //! `axle generate`: one prompt (plain or chat) through the engine, streamed to stdout, speeds on
 //! stderr; `--parallel N` runs N copies together (continuous batching).
+use super::route::{Route, RouteArgs};
 use anyhow::bail;
 use axle_core::{FinishReason, SamplingParams};
 use axle_models::{default_threads, ChatMessage};
 use axle_sdk::{EngineConfig, GenerateRequest, Prompt, RequestOptions, Session, StreamEvent};
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    route: RouteArgs,
     /// Plain prompt (continued as is).
     #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
     prompt: Option<String>,
@@ -87,7 +86,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(1..=8).contains(&a.draft_len) {
         bail!("--draft-len must be between 1 and 8");
     }
-    let model = Arc::new(super::load_model(&a.model, a.threads)?);
     let prompt = match (&a.prompt, &a.chat) {
         (Some(p), _) => Prompt::Text(p.clone()),
         (None, Some(c)) => {
@@ -99,6 +97,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Prompt::Chat(msgs)
         }
         (None, None) => bail!("give --prompt or --chat"),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (route, report) = rt.block_on(a.route.resolve(a.threads))?;
+    let model = match route {
+        Route::Native(m) => Arc::new(*m),
+        Route::Delegated(up) => {
+            eprintln!("route: {}", report.summary());
+            if a.parallel != 1 {
+                bail!("--parallel is served by the native backend only");
+            }
+            return rt.block_on(delegated(&up, prompt, &a));
+        }
     };
     let ctx = a.ctx.unwrap_or_else(|| model.n_ctx_train().min(4096)) as usize;
     let cfg = EngineConfig {
@@ -158,6 +170,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     }
                     let ttft = first.map_or(t0.elapsed(), |f| f - t0);
                     let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+                    eprintln!("route: {}", report.summary());
                     eprintln!(
                         "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | ngram: {} drafted, {} accepted",
                         prompt_tokens,
@@ -201,6 +214,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("--- [{i}] ---\n{text}");
     }
     let secs = t0.elapsed().as_secs_f64();
+    eprintln!("route: {}", report.summary());
     eprintln!(
         "{} sequences: {} tokens in {:.2} s, {:.1} tok/s aggregate",
         a.parallel,
@@ -208,5 +222,64 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         secs,
         total as f64 / secs
     );
+    Ok(())
+}
+
+/// Generation through an upstream server, streamed to stdout.
+async fn delegated(up: &axle_sdk::Upstream, prompt: Prompt, a: &Args) -> anyhow::Result<()> {
+    use axle_sdk::delegate::DelegatedChunk;
+    use axle_sdk::{DelegatedInput, DelegatedRequest};
+    let input = match prompt {
+        Prompt::Text(t) => DelegatedInput::Text(t),
+        Prompt::Chat(m) => DelegatedInput::Chat(m),
+        Prompt::Tokens(_) => bail!("delegated backends take text, not token ids"),
+    };
+    // Only what the user set (or our CLI's defaults that differ from OpenAI's) goes upstream.
+    let req = DelegatedRequest {
+        temperature: Some(a.temperature),
+        top_p: (a.top_p != 1.0).then_some(a.top_p),
+        top_k: (a.top_k != 0).then_some(a.top_k),
+        min_p: (a.min_p != 0.0).then_some(a.min_p),
+        repetition_penalty: (a.repetition_penalty != 1.0).then_some(a.repetition_penalty),
+        seed: Some(a.seed),
+        max_tokens: Some(a.max_tokens),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut stream = up.stream(&input, &req).await?;
+    let mut out = std::io::stdout().lock();
+    let (mut first, mut usage, mut reason) = (None, None, None);
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            DelegatedChunk::Text(t) => {
+                first.get_or_insert_with(Instant::now);
+                write!(out, "{t}")?;
+                out.flush()?;
+            }
+            DelegatedChunk::Finish(r) => reason = Some(r),
+            DelegatedChunk::Usage {
+                prompt_tokens,
+                completion_tokens,
+            } => usage = Some((prompt_tokens, completion_tokens)),
+        }
+    }
+    writeln!(out)?;
+    let ttft = first.map_or(t0.elapsed(), |f| f - t0);
+    let total = t0.elapsed();
+    match usage {
+        Some((p, c)) => eprintln!(
+            "upstream: prompt {p} tokens, first text after {:.0} ms | {c} tokens in {:.2} s ({:.1} tok/s end to end) | finish: {}",
+            ttft.as_secs_f64() * 1e3,
+            total.as_secs_f64(),
+            c as f64 / total.as_secs_f64(),
+            reason.as_deref().unwrap_or("?")
+        ),
+        None => eprintln!(
+            "upstream: first text after {:.0} ms, done in {:.2} s (no token counts reported) | finish: {}",
+            ttft.as_secs_f64() * 1e3,
+            total.as_secs_f64(),
+            reason.as_deref().unwrap_or("?")
+        ),
+    }
     Ok(())
 }

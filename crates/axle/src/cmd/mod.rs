@@ -3,6 +3,7 @@ pub mod bench;
 pub mod chat;
 pub mod doctor;
 pub mod generate;
+pub mod route;
 pub mod serve;
 pub mod tokenize;
 
@@ -11,18 +12,26 @@ use axle_models::{Model, ModelOptions};
 use std::path::Path;
 use std::time::Duration;
 
+/// Runs `f` with a spinner and `message` on stderr.
+pub fn with_spinner<T>(message: &str, f: impl FnOnce() -> T) -> T {
+    let spin = indicatif::ProgressBar::new_spinner();
+    spin.set_message(message.to_string());
+    spin.enable_steady_tick(Duration::from_millis(100));
+    let out = f();
+    spin.finish_and_clear();
+    out
+}
+
 /// Loads a model with a spinner on stderr.
 pub fn load_model(path: &Path, threads: usize) -> anyhow::Result<Model> {
-    let spin = indicatif::ProgressBar::new_spinner();
-    spin.set_message(format!("loading {}", path.display()));
-    spin.enable_steady_tick(Duration::from_millis(100));
-    let m = Model::load(
-        path,
-        &ModelOptions {
-            threads,
-            repack: true,
-        },
-    );
-    spin.finish_and_clear();
-    m.with_context(|| format!("cannot load model {}", path.display()))
+    with_spinner(&format!("loading {}", path.display()), || {
+        Model::load(
+            path,
+            &ModelOptions {
+                threads,
+                repack: true,
+            },
+        )
+    })
+    .with_context(|| format!("cannot load model {}", path.display()))
 }

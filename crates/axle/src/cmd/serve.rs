@@ -1,17 +1,16 @@
 //! `axle serve`: the OpenAI-compatible server over one model.
+use super::route::{Route, RouteArgs};
 use anyhow::Context;
 use axle_models::default_threads;
 use axle_sdk::{EngineConfig, Session};
-use axle_server::{AppState, Metrics};
+use axle_server::{AppState, Backend, Metrics};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    route: RouteArgs,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -33,7 +32,7 @@ pub struct Args {
     /// Require this bearer key.
     #[arg(long)]
     api_key: Option<String>,
-    /// Model name clients use (default: the file name without extension).
+    /// Model name clients use (default: the file name without extension, or the upstream's id).
     #[arg(long)]
     model_alias: Option<String>,
     /// Requests queued before new ones get 503.
@@ -48,37 +47,39 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let model = Arc::new(super::load_model(&a.model, a.threads)?);
-    let name = a.model_alias.clone().unwrap_or_else(|| {
-        a.model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
-    let cfg = EngineConfig {
-        kv_slots: a.kv_slots.unwrap_or((a.context_len * 2) as u32),
-        context_len: a.context_len,
-        max_seqs: a.max_batch_size.max(1),
-        max_batch_tokens: a
-            .max_batch_tokens
-            .max(a.draft_len + 1)
-            .max(a.max_batch_size),
-        max_draft: a.draft_len.min(8),
-        ..Default::default()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (route, report) = rt.block_on(a.route.resolve(a.threads))?;
+    let name = a.route.display_name(a.model_alias.as_deref(), &route);
+    let backend = match route {
+        Route::Native(model) => {
+            let cfg = EngineConfig {
+                kv_slots: a.kv_slots.unwrap_or((a.context_len * 2) as u32),
+                context_len: a.context_len,
+                max_seqs: a.max_batch_size.max(1),
+                max_batch_tokens: a
+                    .max_batch_tokens
+                    .max(a.draft_len + 1)
+                    .max(a.max_batch_size),
+                max_draft: a.draft_len.min(8),
+                ..Default::default()
+            };
+            Backend::Native(Arc::new(Session::new(Arc::new(*model), cfg)?))
+        }
+        Route::Delegated(up) => Backend::Delegated(Arc::new(up)),
     };
-    let session = Arc::new(Session::new(model, cfg)?);
+    eprintln!("route: {}", report.summary());
     let state = AppState {
-        session,
+        backend,
+        runtime: Arc::new(report),
         model_name: name.clone(),
         api_key: a.api_key,
         metrics: Arc::new(Metrics::default()),
         max_queue: a.max_queue,
     };
     let addr = SocketAddr::new(a.host, a.port);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     eprintln!("serving {name} on http://{addr} (OpenAI-compatible: /v1/chat/completions, /v1/completions)");
     rt.block_on(axle_server::serve(state, addr))
         .with_context(|| format!("cannot serve on {addr}"))?;
