@@ -1,7 +1,7 @@
 //! `axle bench batched`: aggregate decode throughput with N concurrent sequences, Axle's engine
 //! (scheduler + paged KV + one graph per step) against libllama's own multi-sequence batched decode
 //! with the same sequences, prompts and greedy token choice, in one process.
-use crate::stats::{markdown_table, median, synthetic_tokens};
+use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::{Model, ModelOptions};
@@ -56,27 +56,7 @@ pub struct BatchedReport {
     pub rows: Vec<BatchedRow>,
 }
 
-impl BatchedReport {
-    /// Markdown table.
-    pub fn table(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.sequences.to_string(),
-                    format!("{:.1}", r.axle_median),
-                    format!("{:.1}", r.llama_median),
-                    format!("{:.3}", r.ratio),
-                ]
-            })
-            .collect();
-        markdown_table(
-            &["sequences", "axle tok/s", "libllama tok/s", "ratio"],
-            &rows,
-        )
-    }
-}
+impl BatchedReport {}
 
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
 const WARM: usize = 4;

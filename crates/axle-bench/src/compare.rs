@@ -1,6 +1,6 @@
 //! `axle bench compare`: prefill and decode throughput of Axle against libllama on one model, in
 //! one process, same threads, interleaved repetitions, medians and ratios.
-use crate::stats::{markdown_table, median, synthetic_tokens};
+use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
@@ -54,24 +54,7 @@ pub struct CompareReport {
     pub rows: Vec<CompareRow>,
 }
 
-impl CompareReport {
-    /// The Markdown table.
-    pub fn table(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.test.clone(),
-                    format!("{:.1}", r.axle_median),
-                    format!("{:.1}", r.llama_median),
-                    format!("{:.3}", r.ratio),
-                ]
-            })
-            .collect();
-        markdown_table(&["test", "axle tok/s", "libllama tok/s", "ratio"], &rows)
-    }
-}
+impl CompareReport {}
 
 fn time_axle_prefill(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError> {
     let mut seq = Sequence::new(runner);
@@ -149,15 +132,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport, BenchError> {
         .map(|&n| (format!("pp{n}"), n, true))
         .chain((opts.decode > 0).then(|| (format!("tg{}", opts.decode), opts.decode, false)))
         .collect();
-    let bar = if opts.progress {
-        indicatif::ProgressBar::new((tests.len() * opts.reps * 2 + 2) as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = crate::progress_bar(opts.progress, (tests.len() * opts.reps * 2 + 2) as u64, "");
     // Warm-up: page the weights in and let both engines build their buffers once.
     let warm = synthetic_tokens(32, n_vocab, 1);
     bar.set_message("warm-up");

@@ -8,8 +8,24 @@ pub mod batched;
 pub mod compare;
 pub mod ngram;
 pub mod prefix;
+pub mod scenario;
 pub mod server;
 pub mod stats;
+
+/// A progress bar on stderr (hidden when `show` is false).
+pub fn progress_bar(show: bool, len: u64, message: &str) -> indicatif::ProgressBar {
+    let bar = if show {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(message.to_string());
+    bar
+}
 
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]

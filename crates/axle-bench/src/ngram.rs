@@ -1,7 +1,7 @@
 //! `axle bench ngram`: decode speed with n-gram self-speculation against plain decoding, on the
 //! checked-in workloads (`benchmarks/workloads/ngram.json`), same engine, same process, greedy, with
 //! the outputs checked to be identical.
-use crate::stats::{markdown_table, median};
+use crate::stats::median;
 use crate::BenchError;
 use axle_models::{Model, ModelOptions};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
@@ -86,44 +86,7 @@ pub struct NgramReport {
     pub rows: Vec<NgramRow>,
 }
 
-impl NgramReport {
-    /// Markdown table.
-    pub fn table(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.workload.clone(),
-                    r.kind.clone(),
-                    format!("{:.1}", r.plain),
-                    format!("{:.1}", r.accelerated),
-                    format!("{:.3}", r.ratio),
-                    format!("{:.2}", r.acceptance),
-                    format!("{:.2}", r.mean_accepted),
-                    if r.identical {
-                        "yes".into()
-                    } else {
-                        "NO".into()
-                    },
-                ]
-            })
-            .collect();
-        markdown_table(
-            &[
-                "workload",
-                "kind",
-                "plain tok/s",
-                "ngram tok/s",
-                "ratio",
-                "acceptance",
-                "mean accepted",
-                "identical",
-            ],
-            &rows,
-        )
-    }
-}
+impl NgramReport {}
 
 struct RunResult {
     tokens: Vec<u32>,

@@ -1,7 +1,12 @@
-//! `axle bench ...`: benchmark commands (tables with ratios against libllama).
-use axle_bench::compare::{self, CompareOptions};
+//! `axle bench ...`: every measurement is a scenario (a manifest, from a file or built from the
+//! flags of the quick commands), printed as a table and written as an artifact.
+use anyhow::Context;
+use axle_bench::scenario::manifest::{
+    BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec, Workload,
+};
+use axle_bench::scenario::{self, report, Artifact, Manifest, RunOptions};
 use axle_models::default_threads;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
@@ -15,6 +20,56 @@ pub enum BenchCommand {
     Ngram(NgramArgs),
     /// Decode tok/s of one stream through the HTTP server vs the SDK directly.
     Server(ServerArgs),
+    /// Runs a manifest: its workload, its checks, one artifact. Exit 1 when a check fails.
+    Scenario(ScenarioArgs),
+    /// Renders artifacts: Markdown tables and SVG charts, a comparison, the README sections.
+    Report(ReportArgs),
+    /// Re-checks an artifact against a baseline artifact (regression), without rerunning.
+    Check(CheckArgs),
+    /// Readiness: CPU features, ggml backends and devices, the oracle, models and their hashes.
+    Doctor,
+}
+
+#[derive(clap::Args)]
+pub struct ScenarioArgs {
+    /// The manifest (TOML or JSON; schema in benchmarks/manifests/README.md).
+    #[arg(long)]
+    manifest: PathBuf,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
+    /// Baseline artifact for the regression check (overrides the manifest's).
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// Artifacts (JSON).
+    #[arg(required = true)]
+    artifacts: Vec<PathBuf>,
+    /// Write NAME.md and NAME.svg per artifact here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Fill this README's `<!-- bench:NAME -->` sections from the artifacts.
+    #[arg(long)]
+    readme: Option<PathBuf>,
+    /// Print one table comparing the runs instead of one per run.
+    #[arg(long)]
+    compare: bool,
+}
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// The current artifact.
+    #[arg(long)]
+    artifact: PathBuf,
+    /// The baseline artifact.
+    #[arg(long)]
+    baseline: PathBuf,
+    /// Allowed relative loss per metric.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
 }
 
 #[derive(clap::Args)]
@@ -31,6 +86,9 @@ pub struct ServerArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -53,9 +111,9 @@ pub struct NgramArgs {
     /// Repetitions per prompt.
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    /// Also write the raw results as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -78,9 +136,9 @@ pub struct BatchedArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Also write the raw results as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -94,6 +152,12 @@ pub struct PrefixArgs {
     /// Shared prefix length in tokens.
     #[arg(long, default_value_t = 1000)]
     prefix: usize,
+    /// Repetitions (medians reported).
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -113,95 +177,183 @@ pub struct CompareArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Also write the raw results as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
-        BenchCommand::Compare(a) => {
-            let report = compare::run(&CompareOptions {
-                model: a.model,
-                threads: a.threads,
+        BenchCommand::Compare(a) => quick(
+            "compare",
+            &a.model,
+            a.threads,
+            a.reps,
+            Workload::Compare(CompareSpec {
                 prefill: a.prefill,
                 decode: a.decode,
-                reps: a.reps,
-                progress: true,
-            })?;
-            println!(
-                "model: {}  threads: {}  reps: {}",
-                report.model, report.threads, a.reps
-            );
-            print!("{}", report.table());
-            if let Some(p) = a.json {
-                std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
-            }
-            Ok(())
-        }
-        BenchCommand::Batched(a) => {
-            let report = axle_bench::batched::run(&axle_bench::batched::BatchedOptions {
-                model: a.model,
-                threads: a.threads,
+            }),
+            &a.output_root,
+        ),
+        BenchCommand::Batched(a) => quick(
+            "batched",
+            &a.model,
+            a.threads,
+            a.reps,
+            Workload::Batched(BatchedSpec {
                 concurrency: a.concurrency,
-                prompt: a.prompt,
+                prompt_tokens: a.prompt,
                 steps: a.steps,
-                reps: a.reps,
-            })?;
-            println!(
-                "model: {}  threads: {}  prompt: {} tokens  timed decode steps: {}  reps: {}",
-                report.model, report.threads, a.prompt, a.steps, a.reps
-            );
-            print!("{}", report.table());
-            if let Some(p) = a.json {
-                std::fs::write(&p, serde_json::to_string_pretty(&report)?)?;
-            }
-            Ok(())
-        }
+            }),
+            &a.output_root,
+        ),
         BenchCommand::Ngram(a) => {
             if !(1..=8).contains(&a.draft_len) {
                 anyhow::bail!("--draft-len must be between 1 and 8");
             }
-            let r = axle_bench::ngram::run(&axle_bench::ngram::NgramOptions {
-                model: a.model,
-                threads: a.threads,
-                workloads: a.workloads,
-                max_tokens: a.max_tokens,
-                max_draft: a.draft_len,
-                reps: a.reps,
-            })?;
-            let costs: Vec<String> = r.verify_cost.iter().map(|c| format!("{c:.2}")).collect();
-            println!(
-                "model: {}  threads: {}  measured verify cost (k = 0..): [{}]",
-                r.model,
-                r.threads,
-                costs.join(", ")
-            );
-            print!("{}", r.table());
-            if let Some(p) = a.json {
-                std::fs::write(&p, serde_json::to_string_pretty(&r)?)?;
+            let workloads = std::fs::canonicalize(&a.workloads)
+                .with_context(|| format!("cannot read {}", a.workloads.display()))?;
+            quick(
+                "ngram",
+                &a.model,
+                a.threads,
+                a.reps,
+                Workload::Ngram(NgramSpec {
+                    workloads: workloads.display().to_string(),
+                    max_tokens: a.max_tokens,
+                    draft_len: a.draft_len,
+                }),
+                &a.output_root,
+            )
+        }
+        BenchCommand::Server(a) => quick(
+            "server",
+            &a.model,
+            a.threads,
+            a.reps,
+            Workload::Server(ServerSpec { tokens: a.tokens }),
+            &a.output_root,
+        ),
+        BenchCommand::Prefix(a) => quick(
+            "prefix",
+            &a.model,
+            a.threads,
+            a.reps,
+            Workload::Prefix(PrefixSpec {
+                prefix_tokens: a.prefix,
+            }),
+            &a.output_root,
+        ),
+        BenchCommand::Scenario(a) => {
+            let (artifact, written) = scenario::run(
+                &a.manifest,
+                &RunOptions {
+                    output_root: Some(a.output_root),
+                    baseline: a.baseline,
+                    progress: true,
+                },
+            )?;
+            finish(&artifact, written.as_deref())
+        }
+        BenchCommand::Report(a) => {
+            let runs = a
+                .artifacts
+                .iter()
+                .map(|p| Artifact::load(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            if a.compare {
+                print!("{}", report::comparison(&runs));
+            } else {
+                for r in &runs {
+                    println!("## {}\n\n{}", r.scenario, report::markdown(r));
+                }
+            }
+            if let Some(dir) = &a.output {
+                report::write_reports(&runs, dir)?;
+                eprintln!("wrote reports (Markdown and SVG) to {}", dir.display());
+            }
+            if let Some(readme) = &a.readme {
+                let text = std::fs::read_to_string(readme)
+                    .with_context(|| format!("cannot read {}", readme.display()))?;
+                let (new, filled) = report::fill_readme(&text, &runs);
+                std::fs::write(readme, new)?;
+                eprintln!(
+                    "filled {} README sections: {}",
+                    filled.len(),
+                    filled.join(", ")
+                );
             }
             Ok(())
         }
-        BenchCommand::Server(a) => {
-            let r = axle_bench::server::run(&a.model, a.threads, a.tokens, a.reps)?;
+        BenchCommand::Check(a) => {
+            let current = Artifact::load(&a.artifact)?;
+            let baseline = Artifact::load(&a.baseline)?;
+            let c = scenario::check_against(&current, &baseline, a.tolerance, &[]);
             println!(
-                "decode tok/s, one stream of {} tokens: SDK {:.1}, server (SSE over loopback) {:.1}, ratio {:.3}",
-                a.tokens, r.sdk_median, r.server_median, r.ratio
+                "regression: {} ({})",
+                if c.passed { "passed" } else { "FAILED" },
+                c.detail
             );
+            if !c.passed {
+                anyhow::bail!("regression check failed");
+            }
             Ok(())
         }
-        BenchCommand::Prefix(a) => {
-            let r = axle_bench::prefix::run(&a.model, a.threads, a.prefix)?;
-            println!(
-                "shared prefix {} tokens: first request TTFT {:.1} ms, second (cached {} tokens) {:.1} ms, ratio {:.3}",
-                r.prefix_tokens,
-                r.first_ttft_s * 1e3,
-                r.second_cached_tokens,
-                r.second_ttft_s * 1e3,
-                r.ratio
-            );
-            Ok(())
-        }
+        BenchCommand::Doctor => super::doctor::bench_readiness(),
     }
+}
+
+/// A quick command: the scenario its flags describe, run like any manifest.
+fn quick(
+    name: &str,
+    model: &Path,
+    threads: usize,
+    reps: usize,
+    workload: Workload,
+    output_root: &Path,
+) -> anyhow::Result<()> {
+    let model = std::fs::canonicalize(model)
+        .with_context(|| format!("cannot open model {}", model.display()))?;
+    let stem = model
+        .file_stem()
+        .map(|s| {
+            s.to_string_lossy()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        })
+        .unwrap_or_default();
+    let m = Manifest {
+        name: format!("{name}-{stem}"),
+        description: format!("axle bench {name} (quick command)"),
+        model: ModelSpec {
+            path: model.display().to_string(),
+            threads,
+        },
+        route: None,
+        workload,
+        repetitions: reps,
+        checks: Default::default(),
+    };
+    let artifact = scenario::run_manifest(
+        &m,
+        Path::new("."),
+        &RunOptions {
+            output_root: None,
+            baseline: None,
+            progress: true,
+        },
+    )?;
+    let out = output_root.join(format!("{}.json", m.name));
+    artifact.save(&out)?;
+    finish(&artifact, Some(&out))
+}
+
+fn finish(a: &Artifact, written: Option<&Path>) -> anyhow::Result<()> {
+    print!("{}", report::markdown(a));
+    if let Some(p) = written {
+        eprintln!("artifact: {}", p.display());
+    }
+    if !a.passed {
+        anyhow::bail!("scenario {}: a check failed", a.scenario);
+    }
+    Ok(())
 }

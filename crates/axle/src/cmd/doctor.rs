@@ -68,3 +68,119 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// SHA-256 of the Gemma 3 270M file the fetch script assembles.
+const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+
+/// `axle bench doctor`: can this machine run the benchmarks? One line per item; each failure
+/// comes with a one-line fix, and any failure makes the exit status 1.
+pub fn bench_readiness() -> anyhow::Result<()> {
+    use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+    use axle_models::cache::{model_dir, GEMMA3, SMOLLM2};
+    let mut failures = 0;
+    let mut report = |ok: bool, what: String, fix: &str| {
+        if ok {
+            println!("[ok]   {what}");
+        } else {
+            failures += 1;
+            println!("[FAIL] {what}\n       fix: {fix}");
+        }
+    };
+    let feats = cpu_features();
+    let on: Vec<&str> = feats.iter().filter(|f| f.enabled).map(|f| f.name).collect();
+    let x86 = cfg!(target_arch = "x86_64");
+    report(
+        !x86 || on.contains(&"AVX2"),
+        format!("cpu features used by ggml: {}", on.join(" ")),
+        "build on the machine that runs the bench (.cargo/config.toml sets target-cpu=native); without AVX2 the figures are not comparable",
+    );
+    report(
+        true,
+        format!(
+            "threads: {} available, {} by default",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            default_threads()
+        ),
+        "",
+    );
+    let devices: Vec<String> = Device::all()
+        .iter()
+        .map(|d| format!("{} ({:?})", d.name(), d.kind()))
+        .collect();
+    report(
+        !devices.is_empty(),
+        format!("ggml devices: {}", devices.join(", ")),
+        "rebuild: cargo build --release (ggml's CPU backend is always built)",
+    );
+    let dir = model_dir();
+    for (name, want) in [(SMOLLM2, None), (GEMMA3, Some(GEMMA3_SHA256))] {
+        let p = dir.join(name);
+        if !p.is_file() {
+            report(
+                false,
+                format!("model {} missing", p.display()),
+                "./scripts/fetch-models.sh",
+            );
+            continue;
+        }
+        match axle_sdk::backend::file_sha256(&p) {
+            Ok(h) => report(
+                want.is_none_or(|w| w == h),
+                format!("model {} sha256 {h}", p.display()),
+                "delete it and run ./scripts/fetch-models.sh (the file is not the expected one)",
+            ),
+            Err(e) => report(
+                false,
+                format!("model {}: {e}", p.display()),
+                "./scripts/fetch-models.sh",
+            ),
+        }
+    }
+    let smol = dir.join(SMOLLM2);
+    if smol.is_file() {
+        let oracle = LlamaOracle::load(
+            &smol,
+            &OracleOptions {
+                vocab_only: true,
+                ..Default::default()
+            },
+        );
+        report(
+            oracle.is_ok(),
+            format!(
+                "libllama oracle (llama-cpp-sys-2): {}",
+                match &oracle {
+                    Ok(o) => format!("loads, vocabulary {}", o.n_vocab()),
+                    Err(e) => e.to_string(),
+                }
+            ),
+            "rebuild with cmake and libclang present: ./scripts/setup.sh && cargo build --release",
+        );
+    }
+    let fixtures: Vec<_> = std::fs::read_dir("fixtures")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "gguf"))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    report(
+        !fixtures.is_empty(),
+        format!("fixtures (./fixtures): {}", fixtures.join(", ")),
+        "run from the repository root (or regenerate: python3 scripts/make-fixtures.py)",
+    );
+    let manifests = std::fs::read_dir("benchmarks/manifests")
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0);
+    report(
+        manifests > 0,
+        format!("manifests (./benchmarks/manifests): {manifests} files"),
+        "run from the repository root",
+    );
+    if failures > 0 {
+        anyhow::bail!("{failures} readiness checks failed");
+    }
+    println!("ready");
+    Ok(())
+}

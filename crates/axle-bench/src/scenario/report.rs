@@ -1,0 +1,281 @@
+//! Reports of artifacts: a Markdown table per run (or one comparing runs of a scenario), a bar
+//! chart (SVG) of Axle beside its reference, and the README sections they fill.
+//!
+//! The chart is written as SVG by hand: plotters needs a system font to draw any text, and a
+//! bar chart is a few rectangles and labels.
+use super::Artifact;
+use crate::stats::markdown_table;
+use crate::BenchError;
+use std::fmt::Write;
+use std::path::Path;
+
+fn fmt(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// One run as a Markdown table (medians; reference and ratio where measured), then its checks.
+pub fn markdown(a: &Artifact) -> String {
+    let rows: Vec<Vec<String>> = a
+        .rows
+        .iter()
+        .map(|r| {
+            let extra = r
+                .extra
+                .iter()
+                .filter(|(k, _)| !k.starts_with("verify_cost"))
+                .map(|(k, v)| format!("{k} {}", fmt(*v)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            vec![
+                r.workload.clone(),
+                format!("{} ({})", r.metric, r.unit),
+                fmt(r.axle_median),
+                match (&r.reference_name, r.reference_median) {
+                    (Some(n), Some(v)) => format!("{} ({n})", fmt(v)),
+                    _ => "-".into(),
+                },
+                r.ratio.map_or("-".into(), |x| format!("{x:.3}")),
+                extra,
+            ]
+        })
+        .collect();
+    let mut out = markdown_table(
+        &["workload", "metric", "Axle", "reference", "ratio", "other"],
+        &rows,
+    );
+    let reps = a.manifest.repetitions;
+    let e = &a.environment;
+    let _ = writeln!(
+        out,
+        "\n{} repetitions, medians; {} threads on {} ({}); commit {}; model sha256 {}…",
+        reps,
+        e.threads,
+        e.cpu_model,
+        e.cpu_features.join(" "),
+        &e.git_commit.chars().take(12).collect::<String>(),
+        &e.model_sha256.chars().take(12).collect::<String>()
+    );
+    let costs: Vec<String> = a
+        .rows
+        .iter()
+        .flat_map(|r| r.extra.iter())
+        .filter(|(k, _)| k.starts_with("verify_cost_k"))
+        .map(|(_, v)| format!("{v:.2}"))
+        .collect();
+    if !costs.is_empty() {
+        let _ = writeln!(
+            out,
+            "Measured cost of verifying k drafts relative to one decode step (k = 0..): [{}]",
+            costs.join(", ")
+        );
+    }
+    for c in &a.checks {
+        let _ = writeln!(
+            out,
+            "- check {}: {} ({})",
+            c.kind,
+            if c.passed { "passed" } else { "FAILED" },
+            c.detail
+        );
+    }
+    out
+}
+
+/// Several runs of scenarios side by side: one column of Axle medians (and ratios) per run.
+pub fn comparison(runs: &[Artifact]) -> String {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for a in runs {
+        for r in &a.rows {
+            let k = (r.workload.clone(), r.metric.clone());
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    let mut header = vec!["workload".to_string(), "metric".to_string()];
+    for a in runs {
+        let commit: String = a.environment.git_commit.chars().take(8).collect();
+        header.push(format!("{} @{commit}", a.scenario));
+    }
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|(w, m)| {
+            let mut row = vec![w.clone(), m.clone()];
+            for a in runs {
+                row.push(
+                    a.rows
+                        .iter()
+                        .find(|r| &r.workload == w && &r.metric == m)
+                        .map_or("-".into(), |r| match r.ratio {
+                            Some(x) => format!("{} ({x:.3})", fmt(r.axle_median)),
+                            None => fmt(r.axle_median),
+                        }),
+                );
+            }
+            row
+        })
+        .collect();
+    let h: Vec<&str> = header.iter().map(String::as_str).collect();
+    markdown_table(&h, &rows)
+}
+
+/// A grouped bar chart of the throughput rows: Axle beside its reference, per workload.
+pub fn svg(a: &Artifact) -> String {
+    let bars: Vec<_> = a.rows.iter().filter(|r| r.unit == "tok/s").collect();
+    let (w, h, left, bottom, top) = (820.0, 360.0, 70.0, 90.0, 40.0);
+    let max = bars
+        .iter()
+        .map(|r| r.axle_median.max(r.reference_median.unwrap_or(0.0)))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let plot_h = h - bottom - top;
+    let slot = (w - left - 20.0) / bars.len().max(1) as f64;
+    let bw = (slot * 0.35).min(40.0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{}: tok/s (median of {}), Axle beside its reference</text>"#,
+        a.scenario, a.manifest.repetitions
+    );
+    for i in 0..=4 {
+        let v = max * i as f64 / 4.0;
+        let y = top + plot_h - plot_h * i as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            w - 20.0,
+            left - 6.0,
+            y + 4.0,
+            fmt(v)
+        );
+    }
+    for (i, r) in bars.iter().enumerate() {
+        let x0 = left + slot * i as f64 + slot / 2.0 - bw;
+        let mut bar = |x: f64, v: f64, color: &str| {
+            let bh = plot_h * v / max;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.1}" y="{:.1}" width="{bw:.1}" height="{bh:.1}" fill="{color}"/>"#,
+                top + plot_h - bh
+            );
+        };
+        bar(x0, r.axle_median, "#1f77b4");
+        if let Some(v) = r.reference_median {
+            bar(x0 + bw, v, "#ff7f0e");
+        }
+        let label = format!(
+            "{}{}",
+            r.workload,
+            r.ratio.map_or(String::new(), |x| format!(" ({x:.2}x)"))
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end" transform="rotate(-30 {:.1} {:.1})">{}</text>"#,
+            x0 + bw,
+            top + plot_h + 14.0,
+            x0 + bw,
+            top + plot_h + 14.0,
+            escape(&label)
+        );
+    }
+    let reference = bars
+        .iter()
+        .find_map(|r| r.reference_name.clone())
+        .unwrap_or_else(|| "reference".into());
+    let _ = writeln!(
+        s,
+        r##"<rect x="{:.1}" y="12" width="10" height="10" fill="#1f77b4"/><text x="{:.1}" y="21">Axle</text><rect x="{:.1}" y="12" width="10" height="10" fill="#ff7f0e"/><text x="{:.1}" y="21">{}</text>"##,
+        w - 230.0,
+        w - 216.0,
+        w - 170.0,
+        w - 156.0,
+        escape(&reference)
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
+fn escape(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Replaces each `<!-- bench:NAME -->` … `<!-- /bench:NAME -->` section of `readme` with the
+/// table of the artifact of scenario NAME. Returns the new text and the sections filled.
+pub fn fill_readme(readme: &str, runs: &[Artifact]) -> (String, Vec<String>) {
+    let mut out = readme.to_string();
+    let mut filled = Vec::new();
+    for a in runs {
+        let open = format!("<!-- bench:{} -->", a.scenario);
+        let close = format!("<!-- /bench:{} -->", a.scenario);
+        let (Some(i), Some(j)) = (out.find(&open), out.find(&close)) else {
+            continue;
+        };
+        if j < i {
+            continue;
+        }
+        let body = format!(
+            "{open}\n<!-- generated by `axle bench report --readme` from the artifact of benchmarks/manifests; do not edit -->\n{}{close}",
+            markdown(a)
+        );
+        out.replace_range(i..j + close.len(), &body);
+        filled.push(a.scenario.clone());
+    }
+    (out, filled)
+}
+
+/// Writes `NAME.md` and `NAME.svg` for each artifact into `dir`.
+pub fn write_reports(runs: &[Artifact], dir: &Path) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| BenchError::Invalid(format!("{}: {e}", dir.display())))?;
+    for a in runs {
+        let md = format!(
+            "# {}\n\n{}\n\n![{}]({}.svg)\n\n{}",
+            a.scenario,
+            a.description,
+            a.scenario,
+            a.scenario,
+            markdown(a)
+        );
+        for (ext, text) in [("md", md), ("svg", svg(a))] {
+            let p = dir.join(format!("{}.{ext}", a.scenario));
+            std::fs::write(&p, text)
+                .map_err(|e| BenchError::Invalid(format!("{}: {e}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readme_sections_are_replaced_between_their_markers_only() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../benchmarks/baselines/smoke.json"
+        );
+        let a = Artifact::load(Path::new(path)).unwrap();
+        let readme = "intro\n<!-- bench:smoke -->\nold table\n<!-- /bench:smoke -->\nafter\n<!-- bench:other -->\nkeep\n<!-- /bench:other -->\n";
+        let (new, filled) = fill_readme(readme, &[a]);
+        assert_eq!(filled, ["smoke"]);
+        assert!(!new.contains("old table"));
+        assert!(new.contains("| generate | decode_tok_s (tok/s) |"));
+        assert!(new.starts_with("intro\n<!-- bench:smoke -->\n"));
+        assert!(new.contains("<!-- /bench:smoke -->\nafter\n<!-- bench:other -->\nkeep\n"));
+        // Filling twice gives the same text.
+        let a = Artifact::load(Path::new(path)).unwrap();
+        assert_eq!(fill_readme(&new, &[a]).0, new);
+    }
+}

@@ -1,0 +1,377 @@
+//! The workloads a manifest can name, each turned into artifact rows. `generate` is measured
+//! here; the comparison kinds run the existing benches (compare, batched, prefix, ngram, server),
+//! so there is one way to measure and one format for the results.
+use super::manifest::{GenerateSpec, Manifest, Workload};
+use super::Row;
+use crate::stats::synthetic_tokens;
+use crate::{batched, compare, ngram, prefix, server, BenchError};
+use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::Model;
+use axle_sdk::{
+    EngineConfig, GenerateRequest, Prompt, RequestOptions, SamplingParams, Session, StreamEvent,
+};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Runs the manifest's workload.
+pub fn run(
+    m: &Manifest,
+    dir: &Path,
+    model: &Arc<Model>,
+    path: &Path,
+    progress: bool,
+) -> Result<Vec<Row>, BenchError> {
+    let (threads, reps, path) = (m.model.threads, m.repetitions, path.to_path_buf());
+    Ok(match &m.workload {
+        Workload::Generate(g) => generate(g, reps, model, &path, threads, progress)?,
+        Workload::Compare(c) => {
+            let r = compare::run(&compare::CompareOptions {
+                model: path,
+                threads,
+                prefill: c.prefill.clone(),
+                decode: c.decode,
+                reps,
+                progress,
+            })?;
+            r.rows
+                .into_iter()
+                .map(|row| {
+                    let metric = if row.test.starts_with("pp") {
+                        "prefill_tok_s"
+                    } else {
+                        "decode_tok_s"
+                    };
+                    Row::new(row.test, metric, row.axle, Some(("libllama", row.llama)))
+                })
+                .collect()
+        }
+        Workload::Batched(b) => {
+            let r = batched::run(&batched::BatchedOptions {
+                model: path,
+                threads,
+                concurrency: b.concurrency.clone(),
+                prompt: b.prompt_tokens,
+                steps: b.steps,
+                reps,
+            })?;
+            r.rows
+                .into_iter()
+                .map(|row| {
+                    Row::new(
+                        format!("seqs={}", row.sequences),
+                        "aggregate_decode_tok_s",
+                        row.axle,
+                        Some(("libllama", row.llama)),
+                    )
+                })
+                .collect()
+        }
+        Workload::Prefix(p) => {
+            let (mut cached, mut uncached) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                let r = prefix::run(&path, threads, p.prefix_tokens)?;
+                cached.push(r.second_ttft_s * 1e3);
+                uncached.push(r.first_ttft_s * 1e3);
+            }
+            vec![Row::new(
+                format!("prefix={}", p.prefix_tokens),
+                "ttft_ms",
+                cached,
+                Some(("uncached first request", uncached)),
+            )]
+        }
+        Workload::Ngram(n) => {
+            let r = ngram::run(&ngram::NgramOptions {
+                model: path,
+                threads,
+                workloads: super::manifest::resolve(&n.workloads, dir),
+                max_tokens: n.max_tokens,
+                max_draft: n.draft_len,
+                reps,
+            })?;
+            let mut rows: Vec<Row> = r
+                .rows
+                .into_iter()
+                .map(|row| {
+                    Row::new(
+                        format!("{} ({})", row.workload, row.kind),
+                        "decode_tok_s",
+                        vec![row.accelerated],
+                        Some(("no speculation", vec![row.plain])),
+                    )
+                    .with("acceptance_rate", row.acceptance)
+                    .with("mean_accepted", row.mean_accepted)
+                    .with("identical_output", f64::from(u8::from(row.identical)))
+                })
+                .collect();
+            if let Some(first) = rows.first_mut() {
+                for (k, c) in r.verify_cost.iter().enumerate() {
+                    first.extra.insert(format!("verify_cost_k{k}"), *c);
+                }
+            }
+            rows
+        }
+        Workload::Server(s) => {
+            let r = server::run(&path, threads, s.tokens, reps)?;
+            vec![Row::new(
+                format!("stream={}", s.tokens),
+                "decode_tok_s",
+                r.server,
+                Some(("SDK directly", r.sdk)),
+            )]
+        }
+    })
+}
+
+/// The prompts of a generate workload as token ids.
+pub fn prompt_tokens(g: &GenerateSpec, model: &Model) -> Vec<Vec<u32>> {
+    let n_vocab = model.tokenizer.len();
+    let prefix = synthetic_tokens(g.shared_prefix_tokens, n_vocab, 0x5eed);
+    let bodies: Vec<Vec<u32>> = if g.prompts.is_empty() {
+        (0..g.synthetic_prompts.max(1))
+            .map(|i| synthetic_tokens(g.prompt_tokens.unwrap_or(16), n_vocab, 17 + i as u64))
+            .collect()
+    } else {
+        g.prompts
+            .iter()
+            .map(|p| model.tokenizer.encode(p, true, true))
+            .collect()
+    };
+    bodies
+        .into_iter()
+        .map(|b| prefix.iter().copied().chain(b).collect())
+        .collect()
+}
+
+/// Per-request timings of one repetition.
+struct Timing {
+    prompt: usize,
+    ttft: f64,
+    decode: f64,
+    tokens: usize,
+    drafted: usize,
+    accepted: usize,
+}
+
+fn generate(
+    g: &GenerateSpec,
+    reps: usize,
+    model: &Arc<Model>,
+    path: &Path,
+    threads: usize,
+    progress: bool,
+) -> Result<Vec<Row>, BenchError> {
+    let prompts = prompt_tokens(g, model);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let ctx = (longest + g.max_tokens + 16).div_ceil(256) * 256;
+    let cfg = EngineConfig {
+        kv_slots: (ctx * g.concurrency) as u32,
+        context_len: ctx,
+        max_seqs: g.concurrency,
+        max_draft: if g.ngram { g.draft_len } else { 0 },
+        ..Default::default()
+    };
+    let mut oracle = if g.reference {
+        Some(LlamaOracle::load(
+            path,
+            &OracleOptions {
+                n_ctx: ctx as u32,
+                n_threads: threads,
+                ..Default::default()
+            },
+        )?)
+    } else {
+        None
+    };
+    let bar = crate::progress_bar(progress, reps as u64, "generate");
+    let names = [
+        "ttft_ms",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "aggregate_tok_s",
+        "peak_rss_mib",
+    ];
+    let mut axle: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let (mut ref_prefill, mut ref_decode) = (Vec::new(), Vec::new());
+    let (mut drafted, mut accepted) = (0usize, 0usize);
+    for _ in 0..reps {
+        // A fresh engine per repetition: the prefix cache starts empty each time, so repetitions
+        // measure the same thing (a shared prefix is still reused across the rep's prompts).
+        let session = Session::new(model.clone(), cfg.clone())?;
+        // Warm-up on tokens no prompt shares: threads spun up, buffers allocated.
+        session.generate(GenerateRequest {
+            prompt: Prompt::Tokens(synthetic_tokens(8, model.tokenizer.len(), 0xabc)),
+            options: RequestOptions {
+                max_tokens: 4,
+                ignore_eos: true,
+                ..Default::default()
+            },
+        })?;
+        // A closed loop of `concurrency` clients: each submits its next prompt when its last one
+        // finishes, so TTFT is measured from each request's own submission.
+        let t_rep = Instant::now();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let timings: Vec<Timing> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..g.concurrency)
+                .map(|_| {
+                    s.spawn(|| -> Result<Vec<Timing>, BenchError> {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(p) = prompts.get(i) else {
+                                return Ok(out);
+                            };
+                            out.push(timed_request(&session, p, i, g)?);
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("client thread panicked"))
+                .collect::<Result<Vec<_>, _>>()
+        })?
+        .into_iter()
+        .flatten()
+        .collect();
+        let wall = t_rep.elapsed().as_secs_f64();
+        let mut ttfts: Vec<f64> = timings.iter().map(|t| t.ttft * 1e3).collect();
+        ttfts.sort_by(f64::total_cmp);
+        let sum = |f: fn(&Timing) -> f64| timings.iter().map(f).sum::<f64>();
+        axle[0].push(crate::stats::median(&ttfts));
+        axle[1].push(sum(|t| t.prompt as f64) / sum(|t| t.ttft).max(1e-9));
+        axle[2].push(sum(|t| t.tokens.saturating_sub(1) as f64) / sum(|t| t.decode).max(1e-9));
+        axle[3].push(sum(|t| t.tokens as f64) / wall);
+        axle[4].push(super::peak_rss_mib());
+        drafted += timings.iter().map(|t| t.drafted).sum::<usize>();
+        accepted += timings.iter().map(|t| t.accepted).sum::<usize>();
+        drop(session);
+        if let Some(o) = oracle.as_mut() {
+            let (p, d) = reference_run(o, &prompts, g.max_tokens)?;
+            ref_prefill.push(p);
+            ref_decode.push(d);
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let workload = if g.concurrency > 1 {
+        format!("generate x{}", g.concurrency)
+    } else {
+        "generate".to_string()
+    };
+    let mut rows = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let reference = match (*name, oracle.is_some()) {
+            ("prefill_tok_s", true) => Some(("libllama", ref_prefill.clone())),
+            ("decode_tok_s", true) => Some(("libllama", ref_decode.clone())),
+            _ => None,
+        };
+        rows.push(Row::new(
+            workload.clone(),
+            name,
+            std::mem::take(&mut axle[i]),
+            reference,
+        ));
+    }
+    if drafted > 0 {
+        rows[2]
+            .extra
+            .insert("acceptance_rate".into(), accepted as f64 / drafted as f64);
+        rows[2].extra.insert("drafted".into(), drafted as f64);
+    }
+    Ok(rows)
+}
+
+/// One request, timed from its submission.
+fn timed_request(
+    session: &Session,
+    prompt: &[u32],
+    i: usize,
+    g: &GenerateSpec,
+) -> Result<Timing, BenchError> {
+    let t0 = Instant::now();
+    let stream = session.stream(GenerateRequest {
+        prompt: Prompt::Tokens(prompt.to_vec()),
+        options: RequestOptions {
+            sampling: SamplingParams {
+                temperature: g.temperature,
+                seed: g.seed + i as u64,
+                ..SamplingParams::greedy()
+            },
+            max_tokens: g.max_tokens,
+            ignore_eos: true,
+            speculate: g.ngram,
+            ..Default::default()
+        },
+    })?;
+    let (mut first, mut last) = (None, t0);
+    let mut t = Timing {
+        prompt: 0,
+        ttft: 0.0,
+        decode: 0.0,
+        tokens: 0,
+        drafted: 0,
+        accepted: 0,
+    };
+    for ev in stream {
+        match ev {
+            StreamEvent::Token { .. } => {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = now;
+                t.tokens += 1;
+            }
+            StreamEvent::Done {
+                prompt_tokens,
+                drafted,
+                accepted,
+                ..
+            } => {
+                t.prompt = prompt_tokens;
+                t.drafted = drafted;
+                t.accepted = accepted;
+            }
+        }
+    }
+    let first = first.unwrap_or(last);
+    t.ttft = (first - t0).as_secs_f64();
+    t.decode = (last - first).as_secs_f64();
+    Ok(t)
+}
+
+/// libllama on the same prompts, one at a time, greedy: (prefill tok/s, decode tok/s).
+fn reference_run(
+    o: &mut LlamaOracle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Result<(f64, f64), BenchError> {
+    let (mut p_tok, mut p_time, mut d_tok, mut d_time) = (0.0, 0.0, 0.0, 0.0);
+    for p in prompts {
+        o.clear();
+        let toks: Vec<i32> = p.iter().map(|&t| t as i32).collect();
+        let t = Instant::now();
+        let mut logits = o.prefill(&toks, 0)?;
+        p_time += t.elapsed().as_secs_f64();
+        p_tok += p.len() as f64;
+        let t = Instant::now();
+        for i in 0..max_tokens.saturating_sub(1) {
+            let next = argmax(&logits) as i32;
+            logits = o
+                .decode(&[(next, (p.len() + i) as i32, 0, true)])?
+                .pop()
+                .unwrap_or_default();
+        }
+        d_time += t.elapsed().as_secs_f64();
+        d_tok += max_tokens.saturating_sub(1) as f64;
+    }
+    Ok((p_tok / p_time.max(1e-9), d_tok / d_time.max(1e-9)))
+}
+
+/// Index of the largest logit.
+pub fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}

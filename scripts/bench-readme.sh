@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Regenerates the README's performance tables: runs every manifest in benchmarks/manifests (the
+# smoke one included), writes their artifacts to benchmarks/artifacts, renders reports (Markdown
+# and SVG charts) to benchmarks/reports, and fills the README's `<!-- bench:NAME -->` sections.
+# About 30 minutes on 2 cores; run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+./scripts/setup.sh
+cargo build --release --bin axle
+axle=./target/release/axle
+$axle bench doctor
+status=0
+for m in benchmarks/manifests/*.toml; do
+  echo "== $m" >&2
+  $axle bench scenario --manifest "$m" --output-root benchmarks/artifacts || status=1
+done
+$axle bench report benchmarks/artifacts/*.json --output benchmarks/reports --readme README.md >/dev/null
+exit $status
