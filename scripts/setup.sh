@@ -9,7 +9,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+# libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which some images carry alone.
+if ! ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* /usr/lib/*-linux-gnu/libclang.so* /usr/lib/*-linux-gnu/libclang-[0-9]*.so* >/dev/null 2>&1; then
   need+=(libclang-dev)
 fi
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
