@@ -401,6 +401,11 @@ impl Context {
             sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3])
         })
     }
+    /// Converts to `dtype` (F16 <-> F32 round trips are exact for F16 values).
+    pub fn cast<'a>(&'a self, a: Tensor<'a>, dtype: DType) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the conversion is supported.
+        Tensor::from_raw(unsafe { sys::ggml_cast(self.raw(), a.raw(), dtype.raw()) })
+    }
     /// Concatenation along dimension `dim`.
     pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Tensor<'a> {
         // SAFETY: as above; ggml asserts the other dimensions match.

@@ -24,8 +24,14 @@ pub struct Step<'a> {
     pub mask_swa: Option<Tensor<'a>>,
     /// I32 [n_out]: rows whose logits are wanted (applied before the last layer's residual).
     pub out_ids: Tensor<'a>,
-    /// Slots visible to attention this step (a prefix of the cache).
+    /// Columns of the mask: visible slots this step (a prefix of the cache), or the length of
+    /// the gathered KV when `kv_ids` is set.
     pub n_kv: i64,
+    /// I32 [n_kv]: when set, attention reads these slots, gathered in this order, instead of a
+    /// prefix of the cache. Used when some sequence's blocks do not lie in ascending order, so
+    /// that attention still visits every sequence's tokens in logical order (and computes the
+    /// same numbers wherever the blocks happen to lie).
+    pub kv_ids: Option<Tensor<'a>>,
     /// The KV storage.
     pub kv: &'a KvCache,
     /// (first row, rows) of each attention op: rows are split so that every sequence gets the
@@ -105,22 +111,42 @@ impl<'a> Step<'a> {
         let (kc, vc) = (self.kv.k[il].t(), self.kv.v[il].t());
         let k_rows = g.reshape(k, &[spec.head_dim_k * spec.n_head_kv, n]);
         let v_rows = g.reshape(v, &[spec.head_dim_v * spec.n_head_kv, n]);
-        self.graph.expand(g.set_rows(kc, k_rows, self.slots));
-        self.graph.expand(g.set_rows(vc, v_rows, self.slots));
-        let row_k = kc.dtype().row_size(spec.head_dim_k);
-        let row_v = vc.dtype().row_size(spec.head_dim_v);
-        let kview = g.view(
-            kc,
-            &[spec.head_dim_k, spec.n_head_kv, self.n_kv],
-            &[row_k, kc.nb()[1]],
-            0,
-        );
-        let vview = g.view(
-            vc,
-            &[spec.head_dim_v, spec.n_head_kv, self.n_kv],
-            &[row_v, vc.nb()[1]],
-            0,
-        );
+        let k_written = g.set_rows(kc, k_rows, self.slots);
+        let v_written = g.set_rows(vc, v_rows, self.slots);
+        self.graph.expand(k_written);
+        self.graph.expand(v_written);
+        let (kview, vview) = match self.kv_ids {
+            None => {
+                let row_k = kc.dtype().row_size(spec.head_dim_k);
+                let row_v = vc.dtype().row_size(spec.head_dim_v);
+                (
+                    g.view(
+                        kc,
+                        &[spec.head_dim_k, spec.n_head_kv, self.n_kv],
+                        &[row_k, kc.nb()[1]],
+                        0,
+                    ),
+                    g.view(
+                        vc,
+                        &[spec.head_dim_v, spec.n_head_kv, self.n_kv],
+                        &[row_v, vc.nb()[1]],
+                        0,
+                    ),
+                )
+            }
+            Some(ids) => {
+                // get_rows yields F32; back to the cache's F16 (exact) so that the attention
+                // kernel is the same one the direct path uses.
+                let gather = |cache: Tensor<'a>, d: i64| {
+                    let rows = g.cast(g.get_rows(cache, ids), cache.dtype());
+                    g.reshape(rows, &[d, spec.n_head_kv, self.n_kv])
+                };
+                (
+                    gather(k_written, spec.head_dim_k),
+                    gather(v_written, spec.head_dim_v),
+                )
+            }
+        };
         let q = g.permute(q, [0, 2, 1, 3]);
         let kview = g.permute(kview, [0, 2, 1, 3]);
         let vview = g.permute(vview, [0, 2, 1, 3]);

@@ -107,6 +107,8 @@ struct HostInputs {
     slots: Vec<i64>,
     mask: Vec<u16>,
     mask_swa: Vec<u16>,
+    /// Gathered slots (empty when attention reads a prefix of the cache directly).
+    kv_ids: Vec<i32>,
     out_ids: Vec<i32>,
     rows: Vec<(usize, usize)>,
 }
@@ -187,15 +189,43 @@ impl Runner {
         h.slots.clear();
         h.out_ids.clear();
         h.rows.clear();
-        // Highest slot any token of this step can see, to size the mask.
-        let mut max_slot = 0u32;
+        // Each sequence's visible slots in logical order. When they ascend for every sequence,
+        // attention reads a prefix of the cache and the mask picks each row's slots; a row then
+        // visits its tokens in logical order. When some sequence's blocks lie out of order (after
+        // preemption or prefix reuse), the step instead gathers every sequence's slots, in logical
+        // order, into a KV of its own, so the row still visits its tokens in logical order and the
+        // arithmetic is the same as if the blocks had been ascending.
+        let mut visible: Vec<Vec<u32>> = Vec::with_capacity(seqs.len());
         for s in seqs {
-            for p in 0..s.start_pos + s.tokens.len() as u32 {
-                max_slot = max_slot.max(self.slot(&s.block_table, p)?);
-            }
+            let end = s.start_pos + s.tokens.len() as u32;
+            visible.push(
+                (0..end)
+                    .map(|p| self.slot(&s.block_table, p))
+                    .collect::<Result<_, _>>()?,
+            );
         }
-        let n_kv = (max_slot + 1).div_ceil(KV_PAD) * KV_PAD;
-        let n_kv = n_kv.min(self.opts.kv_slots);
+        let ascending = visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]));
+        h.kv_ids.clear();
+        // Column of the mask where each sequence's position 0 lies, and the stride per position
+        // (direct: the slot itself; gathered: consecutive columns).
+        let mut seg_start = Vec::with_capacity(seqs.len());
+        let n_kv = if ascending {
+            let max_slot = visible
+                .iter()
+                .filter_map(|v| v.last())
+                .max()
+                .copied()
+                .unwrap_or(0);
+            ((max_slot + 1).div_ceil(KV_PAD) * KV_PAD).min(self.opts.kv_slots)
+        } else {
+            for v in &visible {
+                seg_start.push(h.kv_ids.len());
+                h.kv_ids.extend(v.iter().map(|&x| x as i32));
+            }
+            let n = (h.kv_ids.len() as u32).div_ceil(KV_PAD) * KV_PAD;
+            h.kv_ids.resize(n as usize, 0);
+            n
+        };
         let neg = f16::NEG_INFINITY.to_bits();
         h.mask.clear();
         h.mask.resize(n_kv as usize * n_tokens, neg);
@@ -214,14 +244,18 @@ impl Runner {
                 let p = s.start_pos + ti as u32;
                 h.tokens.push(t as i32);
                 h.pos.push(p as i32);
-                h.slots.push(self.slot(&s.block_table, p)? as i64);
+                h.slots.push(visible[si][p as usize] as i64);
                 let base = row * n_kv as usize;
                 for q in 0..=p {
-                    let slot = self.slot(&s.block_table, q)? as usize;
-                    h.mask[base + slot] = 0;
+                    let col = if ascending {
+                        visible[si][q as usize] as usize
+                    } else {
+                        seg_start[si] + q as usize
+                    };
+                    h.mask[base + col] = 0;
                     if let Some(w) = window {
                         if p - q < w {
-                            h.mask_swa[base + slot] = 0;
+                            h.mask_swa[base + col] = 0;
                         }
                     }
                 }
@@ -257,6 +291,7 @@ impl Runner {
             n_tokens: n,
             n_kv,
             n_out: self.host.out_ids.len(),
+            gathered: !self.host.kv_ids.is_empty(),
             groups: attention_groups(seqs),
         };
         let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
@@ -285,6 +320,9 @@ impl Runner {
             if let Some(m) = ctx.find(name).filter(|m| m.is_allocated()) {
                 m.write(data)?;
             }
+        }
+        if let Some(t) = ctx.find("inp_kv_ids").filter(|t| t.is_allocated()) {
+            t.write(&h.kv_ids)?;
         }
         if let Some(t) = ctx.find("inp_out_ids").filter(|t| t.is_allocated()) {
             t.write(&h.out_ids)?;
@@ -321,6 +359,9 @@ impl Runner {
                 mask_swa: has_swa.then(|| ctx.input(DType::F16, &[n_kv, n], "inp_kq_mask_swa")),
                 out_ids: ctx.input(DType::I32, &[key.n_out as i64], "inp_out_ids"),
                 n_kv,
+                kv_ids: key
+                    .gathered
+                    .then(|| ctx.input(DType::I32, &[n_kv], "inp_kv_ids")),
                 kv: &self.kv,
                 attn_groups: key.groups.clone(),
             };
@@ -380,6 +421,8 @@ struct GraphKey {
     n_tokens: i64,
     n_kv: u32,
     n_out: usize,
+    /// Whether attention reads gathered slots (`inp_kv_ids`) rather than a prefix of the cache.
+    gathered: bool,
     /// (first row, rows) of each attention op.
     groups: Vec<(i64, i64)>,
 }

@@ -1,0 +1,189 @@
+//! Whether a verify step (k + 1 tokens of one sequence, logits at every position) computes the
+//! same logits as k + 1 one-token decode steps, bit for bit: the condition for greedy n-gram
+//! speculation to reproduce plain decoding token for token. Prints, per model, weight layout and
+//! step width, the largest logit difference, and asserts what is known to hold: SmolLM2 (Q4_1,
+//! which has no repacked kernel) is exact at every width with either layout, and Gemma 3 with the
+//! plain (not repacked) layout is exact up to width 5 (the default draft of 4 tokens). Gemma's
+//! repacked Q4_K kernels switch to a 4-row GEMM that rounds differently from the 1-row GEMV, and
+//! its plain layout changes arithmetic from width 8 on.
+//!
+//! Also: where a sequence's blocks lie does not change its logits.
+mod common;
+
+use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
+use std::sync::Arc;
+
+const TEXT: &str = "The history of computing is a story of abstraction layered upon abstraction: \
+    from switches to gates, from gates to instructions, from instructions to languages.";
+
+/// Largest |difference| between the logits of each width-w verify step and the decode steps, for
+/// widths 1..=max_w.
+fn max_diff_by_width(name: &str, repack: bool, max_w: usize) -> Vec<f32> {
+    let model =
+        Arc::new(Model::load(common::model(name), &ModelOptions { threads: 2, repack }).unwrap());
+    let tokens = model.tokenizer.encode(TEXT, true, false);
+    let ctx = tokens.len() - max_w;
+    let mut runner = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kv_slots: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let table: Vec<u32> = (0..256 / runner.options().block_size).collect();
+    let input = |from: usize, to: usize, logits| SeqInput {
+        tokens: tokens[from..to].to_vec(),
+        start_pos: from as u32,
+        block_table: table.clone(),
+        logits,
+    };
+    runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
+    // Reference: one token per step.
+    let mut one: Vec<Vec<f32>> = Vec::new();
+    for i in ctx..ctx + max_w {
+        let out = runner.step(&[input(i, i + 1, LogitRows::Last)]).unwrap();
+        one.push(out.row(0).to_vec());
+    }
+    (1..=max_w)
+        .map(|w| {
+            let out = runner.step(&[input(ctx, ctx + w, LogitRows::All)]).unwrap();
+            (0..w)
+                .map(|j| {
+                    out.row(j)
+                        .iter()
+                        .zip(&one[j])
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max)
+                })
+                .fold(0.0f32, f32::max)
+        })
+        .collect()
+}
+
+#[test]
+fn verify_steps_reproduce_decode_steps() {
+    for (name, repack, exact_up_to) in [
+        (common::SMOLLM2, true, 9),
+        (common::SMOLLM2, false, 9),
+        (common::GEMMA3, false, 5),
+        (common::GEMMA3, true, 0),
+    ] {
+        let d = max_diff_by_width(name, repack, 9);
+        let shown: Vec<String> = d.iter().map(|x| format!("{x:.2e}")).collect();
+        println!(
+            "{name} repack={repack}: max |dlogit| by width 1..=9: [{}]",
+            shown.join(", ")
+        );
+        assert!(
+            d[..exact_up_to].iter().all(|&x| x == 0.0),
+            "{name} repack={repack}: widths 1..={exact_up_to} must be exact: {d:?}"
+        );
+    }
+}
+
+/// Logits of the last `decode` tokens of `TEXT`, decoded one per step after a prefill, with the
+/// sequence's logical blocks stored in the physical blocks `table`.
+fn decode_logits(
+    runner: &mut Runner,
+    tokens: &[u32],
+    table: &[u32],
+    decode: usize,
+) -> Vec<Vec<f32>> {
+    let ctx = tokens.len() - decode;
+    let input = |from: usize, to: usize| SeqInput {
+        tokens: tokens[from..to].to_vec(),
+        start_pos: from as u32,
+        block_table: table.to_vec(),
+        logits: LogitRows::Last,
+    };
+    runner.step(&[input(0, ctx)]).unwrap();
+    (ctx..tokens.len())
+        .map(|i| runner.step(&[input(i, i + 1)]).unwrap().row(0).to_vec())
+        .collect()
+}
+
+/// Where a sequence's blocks lie must not change its numbers: blocks in descending or shuffled
+/// order (as preemption and prefix reuse leave them) give the same logits, bit for bit, as
+/// ascending blocks, alone and next to another sequence in the batch. Attention gathers such a
+/// sequence's slots in logical order; without that the softmax sums in another order and greedy
+/// outputs drift. (Limit: a one-row step that can see 512 or more slots takes ggml's split-KV
+/// kernel, whose chunks follow the slot range, so there placement still matters, as in libllama.)
+#[test]
+fn block_placement_does_not_change_logits() {
+    for name in [common::SMOLLM2, common::GEMMA3] {
+        // Plain weight layout: its matmuls give every row the same numbers at any batch width
+        // (see above), so the batched comparison isolates attention.
+        let model = Arc::new(
+            Model::load(
+                common::model(name),
+                &ModelOptions {
+                    threads: 2,
+                    repack: false,
+                },
+            )
+            .unwrap(),
+        );
+        let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
+        let mut runner = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                kv_slots: 512,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let bs = runner.options().block_size as usize;
+        let need = tokens.len().div_ceil(bs) as u32;
+        assert!(need >= 3, "the text must span several blocks");
+        let ascending: Vec<u32> = (0..need).collect();
+        let descending: Vec<u32> = (0..need).rev().map(|b| b + 4).collect();
+        // Out of order, inside the first 512 slots (see above).
+        let shuffled: Vec<u32> = (0..need).map(|b| (b * 11 + 9) % 31).collect();
+        assert!(shuffled.windows(2).any(|w| w[0] > w[1]));
+        let reference = decode_logits(&mut runner, &tokens, &ascending, 6);
+        for table in [&descending, &shuffled] {
+            let got = decode_logits(&mut runner, &tokens, table, 6);
+            assert!(
+                got == reference,
+                "{name}: blocks {table:?} changed the logits"
+            );
+        }
+        // Batched beside another sequence whose blocks ascend: both prefilled the same way (one
+        // step each, under 64 rows), then decoded together in one step.
+        let other: Vec<u32> = (0..need).map(|b| b + 2 * need + 8).collect();
+        let ctx = tokens.len() - 1;
+        let seq = |table: &[u32], from: usize, to: usize, logits| SeqInput {
+            tokens: tokens[from..to].to_vec(),
+            start_pos: from as u32,
+            block_table: table.to_vec(),
+            logits,
+        };
+        runner
+            .step(&[seq(&ascending, 0, ctx, LogitRows::None)])
+            .unwrap();
+        let alone = runner
+            .step(&[seq(&ascending, ctx, ctx + 1, LogitRows::Last)])
+            .unwrap()
+            .row(0)
+            .to_vec();
+        for table in [&shuffled, &other] {
+            runner.step(&[seq(table, 0, ctx, LogitRows::None)]).unwrap();
+        }
+        let out = runner
+            .step(&[
+                seq(&other, ctx, ctx + 1, LogitRows::Last),
+                seq(&shuffled, ctx, ctx + 1, LogitRows::Last),
+            ])
+            .unwrap();
+        assert!(
+            out.row(0) == alone.as_slice(),
+            "{name}: batched differs from alone"
+        );
+        assert!(
+            out.row(1) == alone.as_slice(),
+            "{name}: batched rows differ by placement"
+        );
+        println!("{name}: identical logits for ascending, descending, shuffled and batched blocks");
+    }
+}
