@@ -6,6 +6,7 @@
 
 pub mod batched;
 pub mod compare;
+pub mod llama_server;
 pub mod ngram;
 pub mod prefix;
 pub mod scenario;

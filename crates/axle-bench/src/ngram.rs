@@ -1,10 +1,12 @@
 //! `axle bench ngram`: decode speed with n-gram self-speculation against plain decoding, on the
 //! checked-in workloads (`benchmarks/workloads/ngram.json`), same engine, same process, greedy, with
-//! the outputs checked to be identical.
+//! the outputs checked to be identical. Given a `llama-server` binary, the same prompts also go
+//! through llama.cpp's own n-gram speculative modes, each against its own plain decoding.
+use crate::llama_server::LlamaServer;
 use crate::stats::median;
 use crate::BenchError;
 use axle_models::{Model, ModelOptions};
-use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
+use axle_sdk::{EngineConfig, EngineCore, Output, PositionStats, RequestOptions};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub struct NgramOptions {
     pub model: PathBuf,
     /// Threads.
     pub threads: usize,
+    /// Repack weights for ggml's GEMM kernels (see the manifest's `model.repack`).
+    pub repack: bool,
     /// Workload file.
     pub workloads: PathBuf,
     /// Tokens to generate per prompt.
@@ -50,6 +54,27 @@ pub struct NgramOptions {
     pub max_draft: usize,
     /// Repetitions per prompt.
     pub reps: usize,
+    /// A `llama-server` binary to compare with (its n-gram speculative modes).
+    pub llama_server: Option<PathBuf>,
+    /// The `--spec-type` values to run it with.
+    pub llama_server_modes: Vec<String>,
+}
+
+/// llama-server on one workload in one speculative mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaServerRow {
+    /// `--spec-type`.
+    pub mode: String,
+    /// Its decode tok/s without speculation (median over prompts and reps).
+    pub plain: f64,
+    /// Its decode tok/s with this mode.
+    pub accelerated: f64,
+    /// accelerated / plain.
+    pub ratio: f64,
+    /// Accepted / drafted.
+    pub acceptance: f64,
+    /// Share of outputs identical to its plain output.
+    pub identical_share: f64,
 }
 
 /// One workload's result.
@@ -69,8 +94,12 @@ pub struct NgramRow {
     pub acceptance: f64,
     /// Mean accepted draft tokens per verify step.
     pub mean_accepted: f64,
-    /// Whether every output was identical to plain decoding.
-    pub identical: bool,
+    /// Share of outputs (prompts x repetitions) identical to plain decoding.
+    pub identical_share: f64,
+    /// Conditional acceptance by draft position (position 1 first).
+    pub acceptance_by_position: Vec<f64>,
+    /// llama-server's n-gram modes on the same prompts, when a binary was given.
+    pub llama_server: Vec<LlamaServerRow>,
 }
 
 /// The result.
@@ -94,6 +123,7 @@ struct RunResult {
     drafted: usize,
     accepted: usize,
     verifies: usize,
+    positions: PositionStats,
 }
 
 fn generate(
@@ -111,6 +141,7 @@ fn generate(
     let mut tokens = Vec::new();
     let mut first: Option<Instant> = None;
     let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
+    let mut positions = PositionStats::default();
     while e.has_work() {
         for o in e.step() {
             match o {
@@ -123,9 +154,10 @@ fn generate(
                     drafted: d,
                     accepted: a,
                     verifies: v,
+                    positions: p,
                     ..
                 } if i == id => {
-                    (drafted, accepted, verifies) = (d, a, v);
+                    (drafted, accepted, verifies, positions) = (d, a, v, p);
                 }
                 _ => {}
             }
@@ -143,7 +175,92 @@ fn generate(
         drafted,
         accepted,
         verifies,
+        positions,
     })
+}
+
+/// Runs every workload's prompts through llama-server, plain and in each speculative mode.
+fn llama_server_rows(
+    bin: &std::path::Path,
+    opts: &NgramOptions,
+    prompts: &[Vec<Vec<u32>>],
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<Vec<LlamaServerRow>>, BenchError> {
+    struct ModeRuns {
+        speed: Vec<f64>,
+        drafted: u64,
+        accepted: u64,
+        contents: Vec<String>,
+    }
+    let ctx = 4096;
+    let mut per_mode: Vec<(String, Vec<ModeRuns>)> = Vec::new();
+    let modes = std::iter::once(None).chain(opts.llama_server_modes.iter().map(Some));
+    for mode in modes {
+        let name = mode.cloned().unwrap_or_else(|| "plain".into());
+        bar.set_message(format!("llama-server {name}: starting"));
+        let server = LlamaServer::start(
+            bin,
+            &opts.model,
+            opts.threads,
+            ctx,
+            mode.map(|m| m.as_str()),
+        )?;
+        let mut runs = Vec::new();
+        for (wi, w) in prompts.iter().enumerate() {
+            let mut r = ModeRuns {
+                speed: Vec::new(),
+                drafted: 0,
+                accepted: 0,
+                contents: Vec::new(),
+            };
+            for p in w {
+                for _ in 0..opts.reps.max(1) {
+                    bar.set_message(format!("llama-server {name}: workload {}", wi + 1));
+                    let out = server.complete(p, opts.max_tokens)?;
+                    r.speed.push(out.decode_tok_s);
+                    r.drafted += out.drafted;
+                    r.accepted += out.accepted;
+                    r.contents.push(out.content);
+                    bar.inc(1);
+                }
+            }
+            runs.push(r);
+        }
+        per_mode.push((name, runs));
+    }
+    let Some((_, plain)) = per_mode.first() else {
+        return Ok(Vec::new());
+    };
+    Ok((0..prompts.len())
+        .map(|wi| {
+            let p = median(&plain[wi].speed);
+            per_mode[1..]
+                .iter()
+                .map(|(mode, runs)| {
+                    let r = &runs[wi];
+                    let f = median(&r.speed);
+                    let same = r
+                        .contents
+                        .iter()
+                        .zip(&plain[wi].contents)
+                        .filter(|(a, b)| a == b)
+                        .count();
+                    LlamaServerRow {
+                        mode: mode.clone(),
+                        plain: p,
+                        accelerated: f,
+                        ratio: f / p,
+                        acceptance: if r.drafted > 0 {
+                            r.accepted as f64 / r.drafted as f64
+                        } else {
+                            0.0
+                        },
+                        identical_share: same as f64 / r.contents.len().max(1) as f64,
+                    }
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// Runs the benchmark.
@@ -153,7 +270,7 @@ pub fn run(opts: &NgramOptions) -> Result<NgramReport, BenchError> {
         &opts.model,
         &ModelOptions {
             threads: opts.threads,
-            repack: true,
+            repack: opts.repack,
         },
     )?);
     let base = EngineConfig {
@@ -179,16 +296,31 @@ pub fn run(opts: &NgramOptions) -> Result<NgramReport, BenchError> {
         .draft_config()
         .map(|d| d.verify_cost.clone())
         .unwrap_or_default();
-    let total: usize =
-        workloads.iter().map(|w| w.prompts.len()).sum::<usize>() * opts.reps.max(1) * 2;
+    let per_pass: usize =
+        workloads.iter().map(|w| w.prompts.len()).sum::<usize>() * opts.reps.max(1);
+    let server_passes = if opts.llama_server.is_some() {
+        1 + opts.llama_server_modes.len()
+    } else {
+        0
+    };
+    let total = per_pass * (2 + server_passes);
+    let prompts: Vec<Vec<Vec<u32>>> = workloads
+        .iter()
+        .map(|w| {
+            w.prompts
+                .iter()
+                .map(|t| model.tokenizer.encode(t, true, false))
+                .collect()
+        })
+        .collect();
     let bar = indicatif::ProgressBar::new(total as u64);
     let mut rows = Vec::new();
-    for w in &workloads {
+    for (w, w_prompts) in workloads.iter().zip(&prompts) {
         let (mut p_speed, mut f_speed) = (Vec::new(), Vec::new());
         let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
-        let mut identical = true;
-        for (pi, text) in w.prompts.iter().enumerate() {
-            let prompt = model.tokenizer.encode(text, true, false);
+        let mut positions = PositionStats::default();
+        let mut same = 0usize;
+        for (pi, prompt) in w_prompts.iter().enumerate() {
             for rep in 0..opts.reps.max(1) {
                 bar.set_message(format!("{} prompt {} rep {}", w.name, pi + 1, rep + 1));
                 // Alternate the order so neither mode always runs on a warmer machine.
@@ -202,7 +334,8 @@ pub fn run(opts: &NgramOptions) -> Result<NgramReport, BenchError> {
                     (generate(&mut plain, prompt.clone(), opts.max_tokens)?, b)
                 };
                 bar.inc(1);
-                identical &= a.tokens == b.tokens;
+                same += usize::from(a.tokens == b.tokens);
+                positions.add(&b.positions);
                 p_speed.push(a.decode_tok_s);
                 f_speed.push(b.decode_tok_s);
                 drafted += b.drafted;
@@ -227,8 +360,20 @@ pub fn run(opts: &NgramOptions) -> Result<NgramReport, BenchError> {
             } else {
                 0.0
             },
-            identical,
+            identical_share: same as f64 / p_speed.len().max(1) as f64,
+            acceptance_by_position: positions.rates(),
+            llama_server: Vec::new(),
         });
+    }
+    if let Some(bin) = &opts.llama_server {
+        // Axle's engines hold spinning thread pools: free the cores for llama-server.
+        drop((plain, fast));
+        for (row, ls) in rows
+            .iter_mut()
+            .zip(llama_server_rows(bin, opts, &prompts, &bar)?)
+        {
+            row.llama_server = ls;
+        }
     }
     bar.finish_and_clear();
     Ok(NgramReport {

@@ -7,10 +7,58 @@
 use crate::TokenId;
 use std::collections::HashMap;
 
+/// The longest draft a verify step may carry.
+pub const MAX_DRAFT: usize = 8;
+
+/// Acceptance by draft position: how often position `j` of a draft was checked against the model
+/// (every earlier draft token having been accepted) and how often it was accepted. Shows where a
+/// draft stops paying: `accepted[j] / tested[j]` is the conditional acceptance of position `j`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PositionStats {
+    /// Times position `j` was checked.
+    pub tested: [u32; MAX_DRAFT],
+    /// Times position `j` was accepted.
+    pub accepted: [u32; MAX_DRAFT],
+}
+
+impl PositionStats {
+    /// Records one verify step: `accepted` of `drafted` draft tokens matched.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        for j in 0..drafted.min(MAX_DRAFT) {
+            if j <= accepted {
+                self.tested[j] += 1;
+            }
+            if j < accepted {
+                self.accepted[j] += 1;
+            }
+        }
+    }
+
+    /// Adds another request's counts.
+    pub fn add(&mut self, other: &PositionStats) {
+        for j in 0..MAX_DRAFT {
+            self.tested[j] += other.tested[j];
+            self.accepted[j] += other.accepted[j];
+        }
+    }
+
+    /// Conditional acceptance rate per position, up to the last position ever checked.
+    pub fn rates(&self) -> Vec<f64> {
+        let n = self
+            .tested
+            .iter()
+            .rposition(|&t| t > 0)
+            .map_or(0, |i| i + 1);
+        (0..n)
+            .map(|j| self.accepted[j] as f64 / f64::from(self.tested[j].max(1)))
+            .collect()
+    }
+}
+
 /// Gate and length settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftConfig {
-    /// Longest draft (1..=8).
+    /// Longest draft (1..=MAX_DRAFT).
     pub max_len: usize,
     /// EMA smoothing of the acceptance rate.
     pub alpha: f64,
@@ -75,6 +123,8 @@ pub struct Drafter {
     pub accepted: usize,
     /// Verify steps.
     pub verifies: usize,
+    /// Acceptance by draft position.
+    pub positions: PositionStats,
 }
 
 impl Drafter {
@@ -89,6 +139,7 @@ impl Drafter {
             drafted: 0,
             accepted: 0,
             verifies: 0,
+            positions: PositionStats::default(),
         };
         for &t in prompt {
             d.push(t);
@@ -198,6 +249,7 @@ impl Drafter {
         self.drafted += drafted;
         self.accepted += accepted;
         self.verifies += 1;
+        self.positions.record(drafted, accepted);
         let rate = accepted as f64 / drafted as f64;
         self.ema = (1.0 - cfg.alpha) * self.ema + cfg.alpha * rate;
         if self.ema < cfg.min_acceptance {
@@ -245,5 +297,22 @@ mod tests {
         assert_eq!(dear.best_len(0.9, 8), 0);
         assert_eq!(cfg.best_len(0.95, 8), 4);
         assert_eq!(cfg.best_len(0.05, 8), 0);
+    }
+
+    #[test]
+    fn position_stats_count_checked_and_accepted_positions() {
+        let mut p = PositionStats::default();
+        p.record(4, 4); // all four accepted
+        p.record(4, 1); // first accepted, second rejected, last two never checked
+        p.record(2, 0); // first rejected
+        assert_eq!(&p.tested[..5], &[3, 2, 1, 1, 0]);
+        assert_eq!(&p.accepted[..5], &[2, 1, 1, 1, 0]);
+        let r = p.rates();
+        assert_eq!(r.len(), 4);
+        assert!((r[0] - 2.0 / 3.0).abs() < 1e-12 && r[1] == 0.5 && r[3] == 1.0);
+        let mut q = PositionStats::default();
+        q.add(&p);
+        q.add(&p);
+        assert_eq!(q.tested[0], 6);
     }
 }

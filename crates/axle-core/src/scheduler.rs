@@ -6,7 +6,7 @@
 //! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
 //! `apply` takes the logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
-use crate::drafter::{DraftConfig, Drafter};
+use crate::drafter::{DraftConfig, Drafter, PositionStats};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
 use std::collections::{HashMap, VecDeque};
@@ -154,7 +154,7 @@ impl Request {
 }
 
 /// Per-request statistics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestStats {
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -170,6 +170,8 @@ pub struct RequestStats {
     pub accepted: usize,
     /// Verify steps.
     pub verifies: usize,
+    /// Acceptance by draft position.
+    pub positions: PositionStats,
 }
 
 /// The scheduler: requests, queues and the block pool.
@@ -279,6 +281,7 @@ impl Scheduler {
             drafted: r.drafter.as_ref().map_or(0, |d| d.drafted),
             accepted: r.drafter.as_ref().map_or(0, |d| d.accepted),
             verifies: r.drafter.as_ref().map_or(0, |d| d.verifies),
+            positions: r.drafter.as_ref().map(|d| d.positions).unwrap_or_default(),
         })
     }
 

@@ -4,8 +4,8 @@
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig, TokenLogprob,
+    DraftConfig, Event, FinishReason, PositionStats, RequestId, RequestSpec, SamplingParams,
+    Scheduler, SchedulerConfig, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId};
 use std::collections::HashMap;
@@ -113,6 +113,8 @@ pub enum Output {
         accepted: usize,
         /// Verify steps.
         verifies: usize,
+        /// Acceptance by draft position.
+        positions: PositionStats,
     },
 }
 
@@ -208,7 +210,7 @@ impl EngineCore {
             },
         )?;
         let draft = if cfg.max_draft > 0 {
-            let max_len = cfg.max_draft.min(8);
+            let max_len = cfg.max_draft.min(MAX_DRAFT);
             Some(DraftConfig {
                 max_len,
                 verify_cost: match &cfg.verify_cost {
@@ -304,15 +306,7 @@ impl EngineCore {
         }
         let stats = self.sched.stats(id);
         self.sched.forget(id);
-        let s = stats.unwrap_or(axle_core::scheduler::RequestStats {
-            prompt_tokens: 0,
-            generated_tokens: 0,
-            cached_tokens: 0,
-            preemptions: 0,
-            drafted: 0,
-            accepted: 0,
-            verifies: 0,
-        });
+        let s = stats.unwrap_or_default();
         Output::Finished {
             id,
             text,
@@ -323,6 +317,7 @@ impl EngineCore {
             drafted: s.drafted,
             accepted: s.accepted,
             verifies: s.verifies,
+            positions: s.positions,
         }
     }
 

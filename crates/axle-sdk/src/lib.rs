@@ -19,7 +19,7 @@ pub use stop::StopMatcher;
 pub use backend::{BackendKind, Policy, RuntimeReport, SupportTier};
 pub use delegate::{DelegateError, DelegatedInput, DelegatedRequest, Upstream};
 
-pub use axle_core::{FinishReason, RequestId, SamplingParams, TokenLogprob};
+pub use axle_core::{FinishReason, PositionStats, RequestId, SamplingParams, TokenLogprob};
 pub use axle_models::{ChatMessage, Model, ModelOptions};
 
 /// Errors of the SDK.

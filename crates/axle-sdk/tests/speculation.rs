@@ -1,8 +1,10 @@
 //! N-gram speculation is exact. Greedy: on 20 prompts (the checked-in high- and low-hit workloads
 //! plus general prompts), output with speculation equals output without, token for token, for
-//! SmolLM2 and Gemma 3, each prompt alone and all of them batched (batched: any divergence must be
-//! a near-tie of the reference logits, shown with its gap). Seeded sampling: on a tiny fixture,
-//! 200 seeds give identical samples with and without speculation (the draw order is the same, so
+//! SmolLM2 and Gemma 3, each prompt alone (all 20 identical) and all of them batched against the
+//! plain single runs (SmolLM2: all 20 identical; Gemma: ggml's plain-layout matmuls change
+//! arithmetic from 8 rows in a step, so any divergence must be a near-tie of the reference
+//! logits, shown with its gap). Models load with the default weight layout (not repacked).
+//! Seeded sampling: on a tiny fixture, 200 seeds give identical samples with and without speculation (the draw order is the same, so
 //! the output distribution is exactly plain sampling's), with drafts both accepted and rejected.
 //! The verify cost is pinned low here so drafting really happens; the gate is tested in axle-core.
 use axle_sdk::{
@@ -19,7 +21,7 @@ fn model(name: &str) -> Arc<Model> {
             &p,
             &ModelOptions {
                 threads: 2,
-                repack: true,
+                ..Default::default()
             },
         )
         .expect("load"),
@@ -169,7 +171,9 @@ fn same_or_near_tie(
     false
 }
 
-fn greedy_exactness(name: &str) {
+/// `batched_exact`: whether the model's kernels give every row the same numbers at any step width
+/// (so batched runs must equal single runs exactly, not only up to near-ties).
+fn greedy_exactness(name: &str, batched_exact: bool) {
     let m = model(name);
     let prompts: Vec<Vec<u32>> = prompts()
         .iter()
@@ -214,20 +218,26 @@ fn greedy_exactness(name: &str) {
     }
     println!("{name} batched: {batched_same}/{n} identical to plain single runs; drafted {}, accepted {}", fast.drafted, fast.accepted);
     assert!(fast.drafted > 0);
-    assert!(
-        alone_same + batched_same >= 3 * n / 2,
-        "too many near-tie divergences"
+    assert_eq!(
+        alone_same, n,
+        "{name}: speculation changed single-run outputs"
     );
+    if batched_exact {
+        assert_eq!(
+            batched_same, n,
+            "{name}: batched speculation changed outputs"
+        );
+    }
 }
 
 #[test]
 fn greedy_speculation_is_exact_smollm2() {
-    greedy_exactness("SmolLM2-135M-Instruct.Q4_1.gguf");
+    greedy_exactness("SmolLM2-135M-Instruct.Q4_1.gguf", true);
 }
 
 #[test]
 fn greedy_speculation_is_exact_gemma3() {
-    greedy_exactness("gemma-3-270m-q4_k_m.gguf");
+    greedy_exactness("gemma-3-270m-q4_k_m.gguf", false);
 }
 
 #[test]

@@ -49,6 +49,12 @@ pub struct ModelSpec {
     /// CPU threads.
     #[serde(default = "two")]
     pub threads: usize,
+    /// Repack weights for ggml's CPU GEMM kernels, as libllama does (`ModelOptions::repack`; off
+    /// by default, as in the CLI: where a repacked kernel handles 4 rows at a time, Gemma 3's
+    /// Q4_K, it rounds differently from one row, and n-gram verify steps would not be bit-exact
+    /// with plain decoding).
+    #[serde(default)]
+    pub repack: bool,
 }
 
 /// The expected runtime report.
@@ -180,6 +186,17 @@ pub struct NgramSpec {
     /// Longest draft.
     #[serde(default = "four")]
     pub draft_len: usize,
+    /// llama-server `--spec-type` modes to compare with, when a binary is given
+    /// (`--llama-server` or `AXLE_LLAMA_SERVER`).
+    #[serde(default = "default_llama_server_modes")]
+    pub llama_server_modes: Vec<String>,
+}
+
+fn default_llama_server_modes() -> Vec<String> {
+    crate::llama_server::DEFAULT_MODES
+        .iter()
+        .map(|m| m.to_string())
+        .collect()
 }
 
 /// `server`.

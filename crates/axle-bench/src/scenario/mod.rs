@@ -24,6 +24,8 @@ pub struct RunOptions {
     pub baseline: Option<PathBuf>,
     /// Progress bars on stderr.
     pub progress: bool,
+    /// A `llama-server` binary: `ngram` workloads also run its n-gram speculative modes.
+    pub llama_server: Option<PathBuf>,
 }
 
 /// Runs the manifest at `path`; returns the artifact and where it was written.
@@ -61,11 +63,11 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
         &model_path,
         &ModelOptions {
             threads: m.model.threads,
-            repack: true,
+            repack: m.model.repack,
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));
-    let rows = workloads::run(m, dir, &model, &model_path, opts.progress)?;
+    let rows = workloads::run(m, dir, &model, &model_path, opts)?;
     let mut results = Vec::new();
     if let Some(c) = &m.checks.correctness {
         results.push(checks::correctness(m, c, &model, &model_path)?);

@@ -17,6 +17,111 @@ fn fmt(v: f64) -> String {
     }
 }
 
+/// Extras rendered in tables of their own rather than in the "other" column.
+fn own_table(key: &str) -> bool {
+    key.starts_with("verify_cost")
+        || key.starts_with("accept_pos")
+        || key.starts_with("llama_server_")
+}
+
+/// The extras of each row under `prefix`, as (suffix, value), in the order of their suffixes.
+fn extras_with<'a>(r: &'a super::artifact::Row, prefix: &str) -> Vec<(&'a str, f64)> {
+    r.extra
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix(prefix).map(|s| (s, *v)))
+        .collect()
+}
+
+/// Conditional acceptance by draft position, one row per workload (n-gram runs).
+fn acceptance_table(a: &Artifact) -> Option<String> {
+    let n = a
+        .rows
+        .iter()
+        .map(|r| extras_with(r, "accept_pos").len())
+        .max()
+        .filter(|&n| n > 0)?;
+    let mut header = vec!["workload".to_string()];
+    header.extend((1..=n).map(|j| format!("draft pos {j}")));
+    let rows: Vec<Vec<String>> = a
+        .rows
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.workload.clone()];
+            for j in 1..=n {
+                row.push(
+                    r.extra
+                        .get(&format!("accept_pos{j}"))
+                        .map_or("-".into(), |v| format!("{v:.2}")),
+                );
+            }
+            row
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    Some(format!(
+        "\nAcceptance by draft position (share of checks of that position that were accepted, given every earlier one was):\n\n{}",
+        markdown_table(&header, &rows)
+    ))
+}
+
+/// llama-server's own n-gram modes on the same prompts, beside Axle's ratio (n-gram runs given a
+/// llama-server binary).
+fn llama_server_table(a: &Artifact) -> Option<String> {
+    let mut modes: Vec<String> = Vec::new();
+    for r in &a.rows {
+        for (k, _) in extras_with(r, "llama_server_") {
+            if let Some(m) = k.strip_suffix("_ratio") {
+                if !modes.iter().any(|x| x == m) {
+                    modes.push(m.to_string());
+                }
+            }
+        }
+    }
+    if modes.is_empty() {
+        return None;
+    }
+    let mut header = vec![
+        "workload".to_string(),
+        "Axle ratio".into(),
+        "llama-server plain (tok/s)".into(),
+    ];
+    header.extend(
+        modes
+            .iter()
+            .map(|m| format!("{} (tok/s, ratio, acc.)", m.replace('_', "-"))),
+    );
+    let rows: Vec<Vec<String>> = a
+        .rows
+        .iter()
+        .map(|r| {
+            let get = |k: &str| r.extra.get(&format!("llama_server_{k}")).copied();
+            let mut row = vec![
+                r.workload.clone(),
+                r.ratio.map_or("-".into(), |x| format!("{x:.3}")),
+                get("plain_tok_s").map_or("-".into(), fmt),
+            ];
+            for m in &modes {
+                row.push(
+                    match (get(&format!("{m}_tok_s")), get(&format!("{m}_ratio"))) {
+                        (Some(t), Some(x)) => format!(
+                            "{} ({x:.3}, {:.2})",
+                            fmt(t),
+                            get(&format!("{m}_acceptance")).unwrap_or(0.0)
+                        ),
+                        _ => "-".into(),
+                    },
+                );
+            }
+            row
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    Some(format!(
+        "\nllama-server's n-gram speculative modes on the same prompt tokens, each ratio against its own plain decoding:\n\n{}",
+        markdown_table(&header, &rows)
+    ))
+}
+
 /// One run as a Markdown table (medians; reference and ratio where measured), then its checks.
 pub fn markdown(a: &Artifact) -> String {
     let rows: Vec<Vec<String>> = a
@@ -26,7 +131,7 @@ pub fn markdown(a: &Artifact) -> String {
             let extra = r
                 .extra
                 .iter()
-                .filter(|(k, _)| !k.starts_with("verify_cost"))
+                .filter(|(k, _)| !own_table(k))
                 .map(|(k, v)| format!("{k} {}", fmt(*v)))
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -72,6 +177,13 @@ pub fn markdown(a: &Artifact) -> String {
             "Measured cost of verifying k drafts relative to one decode step (k = 0..): [{}]",
             costs.join(", ")
         );
+    }
+    for t in [acceptance_table(a), llama_server_table(a)]
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&t);
+        out.push('\n');
     }
     for c in &a.checks {
         let _ = writeln!(

@@ -20,8 +20,9 @@ pub fn run(
     dir: &Path,
     model: &Arc<Model>,
     path: &Path,
-    progress: bool,
+    opts: &super::RunOptions,
 ) -> Result<Vec<Row>, BenchError> {
+    let progress = opts.progress;
     let (threads, reps, path) = (m.model.threads, m.repetitions, path.to_path_buf());
     Ok(match &m.workload {
         Workload::Generate(g) => generate(g, reps, model, &path, threads, progress)?,
@@ -85,16 +86,19 @@ pub fn run(
             let r = ngram::run(&ngram::NgramOptions {
                 model: path,
                 threads,
+                repack: m.model.repack,
                 workloads: super::manifest::resolve(&n.workloads, dir),
                 max_tokens: n.max_tokens,
                 max_draft: n.draft_len,
                 reps,
+                llama_server: opts.llama_server.clone(),
+                llama_server_modes: n.llama_server_modes.clone(),
             })?;
             let mut rows: Vec<Row> = r
                 .rows
                 .into_iter()
                 .map(|row| {
-                    Row::new(
+                    let mut out = Row::new(
                         format!("{} ({})", row.workload, row.kind),
                         "decode_tok_s",
                         vec![row.accelerated],
@@ -102,7 +106,20 @@ pub fn run(
                     )
                     .with("acceptance_rate", row.acceptance)
                     .with("mean_accepted", row.mean_accepted)
-                    .with("identical_output", f64::from(u8::from(row.identical)))
+                    .with("identical_share", row.identical_share);
+                    for (j, a) in row.acceptance_by_position.iter().enumerate() {
+                        out = out.with(&format!("accept_pos{}", j + 1), *a);
+                    }
+                    for ls in &row.llama_server {
+                        let key = format!("llama_server_{}", ls.mode.replace('-', "_"));
+                        out = out
+                            .with(&format!("{key}_tok_s"), ls.accelerated)
+                            .with(&format!("{key}_ratio"), ls.ratio)
+                            .with(&format!("{key}_acceptance"), ls.acceptance)
+                            .with(&format!("{key}_identical_share"), ls.identical_share)
+                            .with("llama_server_plain_tok_s", ls.plain);
+                    }
+                    out
                 })
                 .collect();
             if let Some(first) = rows.first_mut() {

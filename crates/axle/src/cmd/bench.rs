@@ -41,6 +41,10 @@ pub struct ScenarioArgs {
     /// Baseline artifact for the regression check (overrides the manifest's).
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// A llama.cpp `llama-server` binary: n-gram scenarios also run its n-gram speculative modes
+    /// on the same prompts.
+    #[arg(long, env = "AXLE_LLAMA_SERVER")]
+    llama_server: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -111,6 +115,21 @@ pub struct NgramArgs {
     /// Repetitions per prompt.
     #[arg(long, default_value_t = 1)]
     reps: usize,
+    /// A llama.cpp `llama-server` binary: also run its n-gram speculative modes on the same
+    /// prompts (`--spec-type` each of --llama-server-modes) and print them beside ours.
+    #[arg(long, env = "AXLE_LLAMA_SERVER")]
+    llama_server: Option<PathBuf>,
+    /// llama-server speculative modes to compare with.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ngram-simple,ngram-map-k,ngram-mod"
+    )]
+    llama_server_modes: Vec<String>,
+    /// Repack weights for ggml's GEMM kernels (on Gemma 3's Q4_K the repacked 4-row GEMM rounds
+    /// differently from 1-row decode, so speculation is then not bit-exact).
+    #[arg(long)]
+    repack: bool,
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
@@ -194,6 +213,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 decode: a.decode,
             }),
             &a.output_root,
+            QuickExtras::default(),
         ),
         BenchCommand::Batched(a) => quick(
             "batched",
@@ -206,6 +226,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
             }),
             &a.output_root,
+            QuickExtras::default(),
         ),
         BenchCommand::Ngram(a) => {
             if !(1..=8).contains(&a.draft_len) {
@@ -213,6 +234,13 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             let workloads = std::fs::canonicalize(&a.workloads)
                 .with_context(|| format!("cannot read {}", a.workloads.display()))?;
+            if let Some(bin) = &a.llama_server {
+                anyhow::ensure!(
+                    bin.is_file(),
+                    "--llama-server {} is not a file",
+                    bin.display()
+                );
+            }
             quick(
                 "ngram",
                 &a.model,
@@ -222,8 +250,13 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     workloads: workloads.display().to_string(),
                     max_tokens: a.max_tokens,
                     draft_len: a.draft_len,
+                    llama_server_modes: a.llama_server_modes,
                 }),
                 &a.output_root,
+                QuickExtras {
+                    llama_server: a.llama_server,
+                    repack: a.repack,
+                },
             )
         }
         BenchCommand::Server(a) => quick(
@@ -233,6 +266,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             a.reps,
             Workload::Server(ServerSpec { tokens: a.tokens }),
             &a.output_root,
+            QuickExtras::default(),
         ),
         BenchCommand::Prefix(a) => quick(
             "prefix",
@@ -243,6 +277,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 prefix_tokens: a.prefix,
             }),
             &a.output_root,
+            QuickExtras::default(),
         ),
         BenchCommand::Scenario(a) => {
             let (artifact, written) = scenario::run(
@@ -251,6 +286,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     output_root: Some(a.output_root),
                     baseline: a.baseline,
                     progress: true,
+                    llama_server: a.llama_server,
                 },
             )?;
             finish(&artifact, written.as_deref())
@@ -304,6 +340,15 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// A quick command: the scenario its flags describe, run like any manifest.
+/// Options only some quick commands take.
+#[derive(Default)]
+struct QuickExtras {
+    /// A llama-server binary to compare with (n-gram).
+    llama_server: Option<PathBuf>,
+    /// Repack weights for ggml's GEMM kernels.
+    repack: bool,
+}
+
 fn quick(
     name: &str,
     model: &Path,
@@ -311,6 +356,7 @@ fn quick(
     reps: usize,
     workload: Workload,
     output_root: &Path,
+    extras: QuickExtras,
 ) -> anyhow::Result<()> {
     let model = std::fs::canonicalize(model)
         .with_context(|| format!("cannot open model {}", model.display()))?;
@@ -327,6 +373,7 @@ fn quick(
         model: ModelSpec {
             path: model.display().to_string(),
             threads,
+            repack: extras.repack,
         },
         route: None,
         workload,
@@ -340,6 +387,7 @@ fn quick(
             output_root: None,
             baseline: None,
             progress: true,
+            llama_server: extras.llama_server,
         },
     )?;
     let out = output_root.join(format!("{}.json", m.name));

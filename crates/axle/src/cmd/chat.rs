@@ -28,10 +28,15 @@ pub struct Args {
     /// Context length (tokens).
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+    /// Repack matmul weights for ggml's CPU GEMM kernels. Off by default: where a repacked kernel
+    /// handles 4 rows at once (Gemma 3's Q4_K) it rounds differently from one-row decoding, and
+    /// n-gram verify steps would then not reproduce plain decoding bit for bit.
+    #[arg(long)]
+    repack: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let model = Arc::new(super::load_model(&a.model, a.threads)?);
+    let model = Arc::new(super::load_model(&a.model, a.threads, a.repack)?);
     model.chat_template()?; // fail now, not at the first message, if there is no template
     let session = Session::new(
         model,

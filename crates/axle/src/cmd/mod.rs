@@ -22,16 +22,10 @@ pub fn with_spinner<T>(message: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Loads a model with a spinner on stderr.
-pub fn load_model(path: &Path, threads: usize) -> anyhow::Result<Model> {
+/// Loads a model with a spinner on stderr; `repack` picks ggml's repacked weight layouts.
+pub fn load_model(path: &Path, threads: usize, repack: bool) -> anyhow::Result<Model> {
     with_spinner(&format!("loading {}", path.display()), || {
-        Model::load(
-            path,
-            &ModelOptions {
-                threads,
-                repack: true,
-            },
-        )
+        Model::load(path, &ModelOptions { threads, repack })
     })
     .with_context(|| format!("cannot load model {}", path.display()))
 }

@@ -55,6 +55,11 @@ pub struct RouteArgs {
     /// Let `--backend auto` delegate a model it cannot run natively to --upstream.
     #[arg(long)]
     pub allow_delegation: bool,
+    /// Repack matmul weights for ggml's CPU GEMM kernels. Off by default: where a repacked kernel
+    /// handles 4 rows at once (Gemma 3's Q4_K) it rounds differently from one-row decoding, and
+    /// n-gram verify steps would then not reproduce plain decoding bit for bit.
+    #[arg(long)]
+    pub repack: bool,
 }
 
 /// A resolved route.
@@ -98,7 +103,7 @@ impl RouteArgs {
                     .model
                     .as_deref()
                     .context("the native backend needs --model PATH")?;
-                let model = super::load_model(path, threads)?;
+                let model = super::load_model(path, threads, self.repack)?;
                 let sha = super::with_spinner(&format!("hashing {}", path.display()), || {
                     backend::file_sha256(path)
                 })
