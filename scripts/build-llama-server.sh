@@ -10,7 +10,7 @@ if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 src="$cache/src"
 mkdir -p "$src" "$cache/bin"
 if [ ! -d "$src/llama_cpp_python-0.3.36" ]; then
-  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
     llama-cpp-python==0.3.36 -d "$src" >&2
   tar xzf "$src/llama_cpp_python-0.3.36.tar.gz" -C "$src"
 fi

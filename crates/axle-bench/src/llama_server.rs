@@ -5,8 +5,6 @@
 //! `draft_n_accepted`).
 use crate::BenchError;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +15,7 @@ pub const DEFAULT_MODES: &[&str] = &["ngram-simple", "ngram-map-k", "ngram-mod"]
 /// A running `llama-server`, stopped on drop.
 pub struct LlamaServer {
     child: Child,
+    http: reqwest::blocking::Client,
     port: u16,
     log: PathBuf,
 }
@@ -46,48 +45,12 @@ fn free_port() -> Result<u16, BenchError> {
         .map_err(|e| invalid(format!("no free port: {e}")))
 }
 
-/// One HTTP/1.1 exchange with `Connection: close`; returns the status and the body.
-fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+/// A blocking client for the local server: long completions may take minutes on 2 cores.
+fn client() -> Result<reqwest::blocking::Client, BenchError> {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .map_err(|e| invalid(format!("http client: {e}")))
 }
 
 impl LlamaServer {
@@ -122,7 +85,12 @@ impl LlamaServer {
         let child = cmd
             .spawn()
             .map_err(|e| invalid(format!("cannot start {}: {e}", bin.display())))?;
-        let mut server = LlamaServer { child, port, log };
+        let mut server = LlamaServer {
+            child,
+            http: client()?,
+            port,
+            log,
+        };
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
@@ -131,7 +99,11 @@ impl LlamaServer {
                     server.log_tail()
                 )));
             }
-            if let Ok((200, _)) = http(port, "GET", "/health", "") {
+            let health = server
+                .http
+                .get(format!("http://127.0.0.1:{port}/health"))
+                .send();
+            if health.is_ok_and(|r| r.status().is_success()) {
                 return Ok(server);
             }
             if Instant::now() > deadline {
@@ -160,11 +132,18 @@ impl LlamaServer {
             "top_k": 1,
             "cache_prompt": false,
             "stream": false,
-        })
-        .to_string();
-        let (status, text) = http(self.port, "POST", "/completion", &body)
+        });
+        let r = self
+            .http
+            .post(format!("http://127.0.0.1:{}/completion", self.port))
+            .json(&body)
+            .send()
             .map_err(|e| invalid(format!("llama-server: {e}")))?;
-        if status != 200 {
+        let status = r.status();
+        let text = r
+            .text()
+            .map_err(|e| invalid(format!("llama-server: {e}")))?;
+        if !status.is_success() {
             return Err(invalid(format!("llama-server answered {status}: {text}")));
         }
         let v: Value = serde_json::from_str(&text)
@@ -190,15 +169,6 @@ impl Drop for LlamaServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dechunks_bodies() {
-        assert_eq!(
-            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
-            "hello world"
-        );
-        assert_eq!(dechunk("zz\r\n"), "");
-    }
 
     #[test]
     fn missing_binary_is_a_clear_error() {

@@ -32,6 +32,41 @@ fn extras_with<'a>(r: &'a super::artifact::Row, prefix: &str) -> Vec<(&'a str, f
         .collect()
 }
 
+/// For n-gram runs (workloads named `NAME (KIND)`): the median ratio of each kind and the lowest
+/// ratio of each kind, the figures the speculation bars are stated in.
+fn ngram_summary(a: &Artifact) -> Option<String> {
+    let mut kinds: Vec<(String, Vec<f64>)> = Vec::new();
+    for r in &a.rows {
+        let (Some(kind), Some(ratio)) = (
+            r.workload
+                .rsplit_once(" (")
+                .and_then(|(_, k)| k.strip_suffix(')'))
+                .filter(|k| k.ends_with("-hit")),
+            r.ratio,
+        ) else {
+            continue;
+        };
+        match kinds.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, v)) => v.push(ratio),
+            None => kinds.push((kind.to_string(), vec![ratio])),
+        }
+    }
+    if kinds.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = kinds
+        .iter()
+        .map(|(k, v)| {
+            let lowest = v.iter().copied().fold(f64::INFINITY, f64::min);
+            format!(
+                "{k}: median ratio {:.3}, lowest {lowest:.3}",
+                crate::stats::median(v)
+            )
+        })
+        .collect();
+    Some(format!("Speculation over no speculation, by workload kind: {}", parts.join("; ")))
+}
+
 /// Conditional acceptance by draft position, one row per workload (n-gram runs).
 fn acceptance_table(a: &Artifact) -> Option<String> {
     let n = a
@@ -177,6 +212,9 @@ pub fn markdown(a: &Artifact) -> String {
             "Measured cost of verifying k drafts relative to one decode step (k = 0..): [{}]",
             costs.join(", ")
         );
+    }
+    if let Some(line) = ngram_summary(a) {
+        let _ = writeln!(out, "{line}");
     }
     for t in [acceptance_table(a), llama_server_table(a)]
         .into_iter()
