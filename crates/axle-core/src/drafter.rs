@@ -258,7 +258,11 @@ impl Drafter {
         let Some((start, _)) = found else {
             return Vec::new();
         };
-        let k = if draft { cfg.best_len(self.ema, room) } else { 0 };
+        let k = if draft {
+            cfg.best_len(self.ema, room)
+        } else {
+            0
+        };
         if k == 0 {
             // Held back: keep a shadow draft to learn whether drafting would pay now.
             if self.shadow.is_empty() {

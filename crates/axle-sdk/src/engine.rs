@@ -135,7 +135,7 @@ pub struct EngineCore {
 /// a one-token decode step, for k = 0..=max_len, on this machine and model: the input of the
 /// cost-aware draft length. Uses the first KV blocks as scratch (nothing runs yet).
 fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, SdkError> {
-    const REPS: usize = 7;
+    const REPS: usize = 9;
     let slots = runner.options().kv_slots;
     // A 64-token context, or what fits in a small cache next to the draft.
     let context: u32 = 64u32.min(slots.saturating_sub(max_len as u32 + 1));
@@ -164,29 +164,42 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
         };
         runner.step(std::slice::from_ref(&fill))?;
     }
-    let mut times = Vec::with_capacity(max_len + 1);
+    let input = |k: usize| SeqInput {
+        tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
+        start_pos: context,
+        block_table: table.clone(),
+        logits: if k == 0 {
+            LogitRows::Last
+        } else {
+            LogitRows::All
+        },
+    };
     for k in 0..=max_len {
-        let inp = SeqInput {
-            tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
-            start_pos: context,
-            block_table: table.clone(),
-            logits: if k == 0 {
-                LogitRows::Last
-            } else {
-                LogitRows::All
-            },
-        };
-        runner.step(std::slice::from_ref(&inp))?; // builds the graph for this shape
-        let mut samples = Vec::with_capacity(REPS);
-        for _ in 0..REPS {
+        runner.step(&[input(k)])?; // warm-up
+    }
+    // Widths interleaved within each repetition, so that whatever slows the machine down for a
+    // while (another process, clock changes) weighs on all widths of that repetition alike; the
+    // cost of k is the median over repetitions of time(k) / time(0) of the same repetition.
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(REPS); max_len + 1];
+    for _ in 0..REPS {
+        let mut times = Vec::with_capacity(max_len + 1);
+        for k in 0..=max_len {
+            let inp = input(k);
             let t = std::time::Instant::now();
             runner.step(std::slice::from_ref(&inp))?;
-            samples.push(t.elapsed().as_secs_f64());
+            times.push(t.elapsed().as_secs_f64());
         }
-        // The fastest run is the least disturbed by anything else on the machine.
-        times.push(samples.iter().copied().fold(f64::INFINITY, f64::min));
+        for (k, t) in times.iter().enumerate() {
+            ratios[k].push(t / times[0]);
+        }
     }
-    Ok(times.iter().map(|t| t / times[0]).collect())
+    Ok(ratios
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        })
+        .collect())
 }
 
 /// A stable identity of the model file for prefix-cache keys.

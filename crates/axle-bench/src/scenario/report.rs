@@ -64,7 +64,10 @@ fn ngram_summary(a: &Artifact) -> Option<String> {
             )
         })
         .collect();
-    Some(format!("Speculation over no speculation, by workload kind: {}", parts.join("; ")))
+    Some(format!(
+        "Speculation over no speculation, by workload kind: {}",
+        parts.join("; ")
+    ))
 }
 
 /// Conditional acceptance by draft position, one row per workload (n-gram runs).
