@@ -5,7 +5,7 @@
 use crate::llama_server::LlamaServer;
 use crate::stats::median;
 use crate::BenchError;
-use axle_models::{Model, ModelOptions};
+use axle_models::Model;
 use axle_sdk::{EngineConfig, EngineCore, Output, PositionStats, RequestOptions};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -44,8 +44,6 @@ pub struct NgramOptions {
     pub model: PathBuf,
     /// Threads.
     pub threads: usize,
-    /// Repack weights for ggml's GEMM kernels (see the manifest's `model.repack`).
-    pub repack: bool,
     /// Workload file.
     pub workloads: PathBuf,
     /// Tokens to generate per prompt.
@@ -263,16 +261,9 @@ fn llama_server_rows(
         .collect())
 }
 
-/// Runs the benchmark.
-pub fn run(opts: &NgramOptions) -> Result<NgramReport, BenchError> {
+/// Runs the benchmark on `model`, already loaded from `opts.model` (the file llama-server gets).
+pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, BenchError> {
     let workloads = load_workloads(&opts.workloads)?;
-    let model = Arc::new(Model::load(
-        &opts.model,
-        &ModelOptions {
-            threads: opts.threads,
-            repack: opts.repack,
-        },
-    )?);
     let base = EngineConfig {
         kv_slots: 4096,
         prefix_caching: false,

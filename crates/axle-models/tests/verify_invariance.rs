@@ -16,21 +16,27 @@ use std::sync::Arc;
 const TEXT: &str = "The history of computing is a story of abstraction layered upon abstraction: \
     from switches to gates, from gates to instructions, from instructions to languages.";
 
-/// Largest |difference| between the logits of each width-w verify step and the decode steps, for
-/// widths 1..=max_w.
-fn max_diff_by_width(name: &str, repack: bool, max_w: usize) -> Vec<f32> {
+/// The model `name` (2 threads, weights repacked or not) and a runner with `kv_slots` slots.
+fn load(name: &str, repack: bool, kv_slots: u32) -> (Arc<Model>, Runner) {
     let model =
         Arc::new(Model::load(common::model(name), &ModelOptions { threads: 2, repack }).unwrap());
-    let tokens = model.tokenizer.encode(TEXT, true, false);
-    let ctx = tokens.len() - max_w;
-    let mut runner = Runner::new(
+    let runner = Runner::new(
         model.clone(),
         RunnerOptions {
-            kv_slots: 256,
+            kv_slots,
             ..Default::default()
         },
     )
     .unwrap();
+    (model, runner)
+}
+
+/// Largest |difference| between the logits of each width-w verify step and the decode steps, for
+/// widths 1..=max_w.
+fn max_diff_by_width(name: &str, repack: bool, max_w: usize) -> Vec<f32> {
+    let (model, mut runner) = load(name, repack, 256);
+    let tokens = model.tokenizer.encode(TEXT, true, false);
+    let ctx = tokens.len() - max_w;
     let table: Vec<u32> = (0..256 / runner.options().block_size).collect();
     let input = |from: usize, to: usize, logits| SeqInput {
         tokens: tokens[from..to].to_vec(),
@@ -114,25 +120,8 @@ fn block_placement_does_not_change_logits() {
     for name in [common::SMOLLM2, common::GEMMA3] {
         // Plain weight layout: its matmuls give every row the same numbers at any batch width
         // (see above), so the batched comparison isolates attention.
-        let model = Arc::new(
-            Model::load(
-                common::model(name),
-                &ModelOptions {
-                    threads: 2,
-                    repack: false,
-                },
-            )
-            .unwrap(),
-        );
+        let (model, mut runner) = load(name, false, 512);
         let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
-        let mut runner = Runner::new(
-            model.clone(),
-            RunnerOptions {
-                kv_slots: 512,
-                ..Default::default()
-            },
-        )
-        .unwrap();
         let bs = runner.options().block_size as usize;
         let need = tokens.len().div_ceil(bs) as u32;
         assert!(need >= 3, "the text must span several blocks");

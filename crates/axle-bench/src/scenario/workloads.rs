@@ -83,17 +83,19 @@ pub fn run(
             )]
         }
         Workload::Ngram(n) => {
-            let r = ngram::run(&ngram::NgramOptions {
-                model: path,
-                threads,
-                repack: m.model.repack,
-                workloads: super::manifest::resolve(&n.workloads, dir),
-                max_tokens: n.max_tokens,
-                max_draft: n.draft_len,
-                reps,
-                llama_server: opts.llama_server.clone(),
-                llama_server_modes: n.llama_server_modes.clone(),
-            })?;
+            let r = ngram::run(
+                model,
+                &ngram::NgramOptions {
+                    model: path,
+                    threads,
+                    workloads: super::manifest::resolve(&n.workloads, dir),
+                    max_tokens: n.max_tokens,
+                    max_draft: n.draft_len,
+                    reps,
+                    llama_server: opts.llama_server.clone(),
+                    llama_server_modes: n.llama_server_modes.clone(),
+                },
+            )?;
             let mut rows: Vec<Row> = r
                 .rows
                 .into_iter()
