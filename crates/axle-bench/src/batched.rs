@@ -4,7 +4,7 @@
 use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, ModelOptions};
+use axle_models::Model;
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -138,19 +138,14 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
 }
 
 /// Runs the benchmark.
-pub fn run(opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
+/// Runs it on `model` (loaded by the caller), against libllama loaded from `opts.model`.
+pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
     if opts.reps == 0 || opts.steps == 0 || opts.concurrency.is_empty() {
         return Err(BenchError::Invalid(
             "reps, steps and concurrency must be positive".into(),
         ));
     }
-    let model = Arc::new(Model::load(
-        &opts.model,
-        &ModelOptions {
-            threads: opts.threads,
-            repack: true,
-        },
-    )?);
+    let model = model.clone();
     let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
     let n_ctx = ((max_b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
     let mut oracle = LlamaOracle::load(

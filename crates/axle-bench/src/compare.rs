@@ -3,7 +3,7 @@
 use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+use axle_models::{Model, Runner, RunnerOptions, Sequence};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,7 +90,9 @@ fn time_llama_decode(o: &mut LlamaOracle, toks: &[u32]) -> Result<f64, BenchErro
 }
 
 /// Runs the comparison.
-pub fn run(opts: &CompareOptions) -> Result<CompareReport, BenchError> {
+/// Runs the comparison on `model` (loaded by the caller, in the layout its manifest asks for)
+/// against libllama loaded from `opts.model`.
+pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, BenchError> {
     if opts.reps == 0 {
         return Err(BenchError::Invalid("--reps must be at least 1".into()));
     }
@@ -103,13 +105,7 @@ pub fn run(opts: &CompareOptions) -> Result<CompareReport, BenchError> {
         .max(opts.decode)
         + 1;
     let kv_slots = (max_len as u32).div_ceil(256) * 256;
-    let model = Arc::new(Model::load(
-        &opts.model,
-        &ModelOptions {
-            threads: opts.threads,
-            repack: true,
-        },
-    )?);
+    let model = model.clone();
     let mut runner = Runner::new(
         model.clone(),
         RunnerOptions {

@@ -2,10 +2,9 @@
 //! the request that filled the cache (prefix caching through the engine).
 use crate::stats::synthetic_tokens;
 use crate::BenchError;
-use axle_models::{Model, ModelOptions};
+use axle_models::Model;
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,19 +53,8 @@ fn ttft(e: &mut EngineCore, prompt: Vec<u32>) -> Result<(Duration, usize), Bench
     Ok((first.unwrap_or_else(|| t.elapsed()), cached))
 }
 
-/// Runs it.
-pub fn run(
-    model_path: &PathBuf,
-    threads: usize,
-    prefix_tokens: usize,
-) -> Result<PrefixReport, BenchError> {
-    let model = Arc::new(Model::load(
-        model_path,
-        &ModelOptions {
-            threads,
-            repack: true,
-        },
-    )?);
+/// Runs it on `model` (loaded by the caller).
+pub fn run(model: &Arc<Model>, prefix_tokens: usize) -> Result<PrefixReport, BenchError> {
     let mut e = EngineCore::new(
         model.clone(),
         &EngineConfig {

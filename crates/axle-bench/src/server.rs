@@ -2,14 +2,13 @@
 //! against the same generation through the SDK directly, same engine, same process.
 use crate::stats::median;
 use crate::BenchError;
-use axle_models::{Model, ModelOptions};
+use axle_models::Model;
 use axle_sdk::{
     EngineConfig, GenerateRequest, Prompt, RequestOptions, RuntimeReport, SamplingParams, Session,
     StreamEvent,
 };
 use axle_server::{AppState, Backend, Metrics};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,20 +73,9 @@ fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
     Ok((n.saturating_sub(1)) as f64 / secs.max(1e-9))
 }
 
-/// Runs it.
-pub fn run(
-    model: &PathBuf,
-    threads: usize,
-    tokens: usize,
-    reps: usize,
-) -> Result<ServerReport, BenchError> {
-    let m = Arc::new(Model::load(
-        model,
-        &ModelOptions {
-            threads,
-            repack: true,
-        },
-    )?);
+/// Runs it on `m` (loaded by the caller).
+pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, BenchError> {
+    let m = m.clone();
     let session = Arc::new(Session::new(
         m,
         EngineConfig {

@@ -38,6 +38,28 @@ impl DType {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
+    /// Whether ggml's CPU backend multiplies weights of this type with its tiled GEMM once the
+    /// other operand has 8 or more columns (the K-quants and the IQ formats). That kernel rounds
+    /// differently from the per-row dot product used below 8 columns.
+    pub fn has_cpu_tiled_gemm(self) -> bool {
+        matches!(
+            self.0,
+            sys::GGML_TYPE_Q2_K
+                | sys::GGML_TYPE_Q3_K
+                | sys::GGML_TYPE_Q4_K
+                | sys::GGML_TYPE_Q5_K
+                | sys::GGML_TYPE_Q6_K
+                | sys::GGML_TYPE_IQ4_XS
+                | sys::GGML_TYPE_IQ2_XXS
+                | sys::GGML_TYPE_IQ2_XS
+                | sys::GGML_TYPE_IQ2_S
+                | sys::GGML_TYPE_IQ3_XXS
+                | sys::GGML_TYPE_IQ3_S
+                | sys::GGML_TYPE_IQ1_S
+                | sys::GGML_TYPE_IQ1_M
+        )
+    }
+
     /// Bytes taken by a row of `n` elements of this type.
     pub fn row_size(self, n: i64) -> usize {
         // SAFETY: pure function of its arguments.

@@ -145,6 +145,18 @@ impl<'a> Tensor<'a> {
         self
     }
 
+    /// Whether the data lies in host memory in ggml's plain layout: not on a device, and not in
+    /// a CPU repacking buffer (which marks its tensors with `extra` and multiplies them with its
+    /// own GEMM/GEMV kernels).
+    pub fn is_plain_host(&self) -> bool {
+        let t = self.get();
+        if t.buffer.is_null() || !t.extra.is_null() {
+            return false;
+        }
+        // SAFETY: a non-null buffer of a live tensor.
+        unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
+    }
+
     /// Whether backend memory has been assigned.
     pub fn is_allocated(&self) -> bool {
         !self.get().buffer.is_null()

@@ -37,7 +37,31 @@ pub struct Step<'a> {
     /// (first row, rows) of each attention op: rows are split so that every sequence gets the
     /// same attention kernel whatever else is in the batch.
     pub attn_groups: Vec<(i64, i64)>,
+    /// Kernel choice.
+    pub kernels: Kernels,
 }
+
+/// How a step picks ggml's CPU kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    /// Every row gets the numbers it would get in a step of its own, whatever else shares the
+    /// step: K-quant products in slices of 4 columns (see [`Step::matmul`]), one attention op per
+    /// attention group, and no one-row attention op over 512 or more slots. The engine's choice:
+    /// batched, preempted and speculative decoding then reproduce plain decoding bit for bit.
+    #[default]
+    BatchInvariant,
+    /// The ops libllama builds (one attention op for the whole step, products at full width), so
+    /// that logits match libllama's bit for bit; a row's numbers then depend on the step's shape.
+    LikeLlamaCpp,
+}
+
+/// Columns per K-quant matrix product (below the 8 at which ggml's tiled GEMM takes over).
+const MATMUL_SLICE: i64 = 4;
+
+/// Visible slots from which ggml's CPU flash attention runs a one-row op with its split-KV kernel
+/// (each thread a chunk of the slots, partial softmaxes merged), which rounds differently from the
+/// one-pass kernel every wider op uses.
+const FA_SPLIT_KV_SLOTS: i64 = 512;
 
 /// Attention hyperparameters of one layer.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +98,49 @@ impl<'a> Step<'a> {
         self.ctx.mul(self.ctx.rms_norm(x, eps), w.t())
     }
 
+    /// `w @ x` for x [k, n], computed so that every column gets the numbers it would get alone.
+    ///
+    /// ggml's CPU backend multiplies K-quant weights with a tiled GEMM from 8 columns on, which
+    /// rounds differently from the per-column dot product used below that. Left alone, a token's
+    /// logits would then depend on how many other tokens share its step (a verify step of 8 or
+    /// more, a batch of decoding sequences), and batched or speculative greedy decoding would
+    /// drift from plain decoding at close calls. So for such weights the columns go through the
+    /// product in slices of [`MATMUL_SLICE`] (a 3-D batch of one op, plus one op for the rest).
+    /// Other weight types give every column the same numbers at any width already (llamafile's
+    /// kernels for Q8_0/Q5_0/Q4_0 do the same per-block arithmetic as the dot product). Repacked
+    /// weights (their own kernels, no such promise) and device weights are left as they are.
+    /// The cost: K-quant prefill gives up the tiled kernel (about 10% slower prefill on Gemma 3's
+    /// Q4_K_M, whose Q4_K/Q6_K tensors are a third of each layer).
+    pub fn matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
+        let g = self.ctx;
+        let [k, n, rest @ ..] = x.ne();
+        let w_t = w.t();
+        if self.kernels != Kernels::BatchInvariant
+            || n < 8
+            || rest != [1, 1]
+            || !w_t.dtype().has_cpu_tiled_gemm()
+            || !w_t.is_plain_host()
+        {
+            return g.mul_mat(w.t(), x);
+        }
+        let nb1 = x.nb()[1];
+        let full = n / MATMUL_SLICE;
+        let main = g.view(
+            x,
+            &[k, MATMUL_SLICE, full],
+            &[nb1, nb1 * MATMUL_SLICE as usize],
+            0,
+        );
+        let m = w.t().ne()[1];
+        let y = g.reshape(g.mul_mat(w.t(), main), &[m, full * MATMUL_SLICE]);
+        let left = n - full * MATMUL_SLICE;
+        if left == 0 {
+            return y;
+        }
+        let tail = g.view(x, &[k, left], &[nb1], (full * MATMUL_SLICE) as usize * nb1);
+        g.concat(y, g.mul_mat(w.t(), tail), 1)
+    }
+
     /// `w @ x` plus an optional bias.
     pub fn linear(
         &self,
@@ -81,7 +148,7 @@ impl<'a> Step<'a> {
         b: Option<&'a StoredTensor>,
         x: Tensor<'a>,
     ) -> Tensor<'a> {
-        let y = self.ctx.mul_mat(w.t(), x);
+        let y = self.matmul(w, x);
         match b {
             Some(b) => self.ctx.add(y, b.t()),
             None => y,
@@ -90,9 +157,9 @@ impl<'a> Step<'a> {
 
     /// Gated FFN: down(act(gate x) * up x).
     pub fn ffn(&self, x: Tensor<'a>, w: FfnWeights<'a>, act: GluOp) -> Tensor<'a> {
-        let g = self.ctx.mul_mat(w.gate.t(), x);
-        let u = self.ctx.mul_mat(w.up.t(), x);
-        self.ctx.mul_mat(w.down.t(), self.ctx.glu(g, u, act))
+        let g = self.matmul(w.gate, x);
+        let u = self.matmul(w.up, x);
+        self.matmul(w.down, self.ctx.glu(g, u, act))
     }
 
     /// Stores this step's K and V of layer `il` in their slots, then attends over the visible
@@ -147,7 +214,6 @@ impl<'a> Step<'a> {
                 )
             }
         };
-        let q = g.permute(q, [0, 2, 1, 3]);
         let kview = g.permute(kview, [0, 2, 1, 3]);
         let vview = g.permute(vview, [0, 2, 1, 3]);
         let mask = if spec.sliding {
@@ -155,7 +221,59 @@ impl<'a> Step<'a> {
         } else {
             self.mask
         };
-        let out = g.flash_attn(q, kview, vview, mask, spec.scale, spec.softcap);
-        g.reshape(out, &[spec.head_dim_v * spec.n_head, n])
+        // One op per attention group (see `attn_groups`), so that ggml picks each sequence's
+        // kernel by its own rows, not by the whole batch's.
+        let whole = [(0, n)];
+        let invariant = self.kernels == Kernels::BatchInvariant;
+        let groups: &[(i64, i64)] = if !invariant || self.attn_groups.is_empty() {
+            &whole
+        } else {
+            &self.attn_groups
+        };
+        let width = spec.head_dim_v * spec.n_head;
+        let mut out: Option<Tensor<'a>> = None;
+        for &(first, rows) in groups {
+            let (qg, mg) = if (first, rows) == (0, n) {
+                (q, mask)
+            } else {
+                let qn = q.nb();
+                let mn = mask.nb();
+                (
+                    g.view(
+                        q,
+                        &[spec.head_dim_k, spec.n_head, rows],
+                        &[qn[1], qn[2]],
+                        first as usize * qn[2],
+                    ),
+                    g.view(mask, &[self.n_kv, rows], &[mn[1]], first as usize * mn[1]),
+                )
+            };
+            // A one-row op over 512 or more slots would take the split-KV kernel: attend with the
+            // row twice instead (the one-pass kernel, as in every wider op) and keep the first.
+            let twice = invariant && rows == 1 && self.n_kv >= FA_SPLIT_KV_SLOTS;
+            let (qg, mg) = if twice {
+                (g.concat(qg, qg, 2), g.concat(mg, mg, 1))
+            } else {
+                (qg, mg)
+            };
+            let o = g.flash_attn(
+                g.permute(qg, [0, 2, 1, 3]),
+                kview,
+                vview,
+                mg,
+                spec.scale,
+                spec.softcap,
+            );
+            let o = if twice {
+                g.view(o, &[width, 1], &[o.nb()[2]], 0)
+            } else {
+                g.reshape(o, &[width, rows])
+            };
+            out = Some(match out {
+                None => o,
+                Some(prev) => g.concat(prev, o, 1),
+            });
+        }
+        out.unwrap_or_else(|| unreachable!("a step has at least one attention group"))
     }
 }

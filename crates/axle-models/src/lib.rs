@@ -15,6 +15,7 @@ pub mod runner;
 pub mod sequence;
 pub mod tokenizer;
 
+pub use blocks::Kernels;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use model::{default_threads, Model, ModelOptions};
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput};

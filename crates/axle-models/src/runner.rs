@@ -3,7 +3,7 @@
 //! inputs (token ids, positions, slot indices, attention masks, output rows), lets the model family
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
-use crate::blocks::Step;
+use crate::blocks::{Kernels, Step};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::ModelError;
@@ -72,6 +72,8 @@ pub struct RunnerOptions {
     pub block_size: u32,
     /// Most tokens in one step.
     pub max_batch_tokens: usize,
+    /// Kernel choice: batch-invariant (the default), or libllama's for oracle comparisons.
+    pub kernels: Kernels,
 }
 
 impl Default for RunnerOptions {
@@ -80,6 +82,7 @@ impl Default for RunnerOptions {
             kv_slots: 4096,
             block_size: 16,
             max_batch_tokens: 512,
+            kernels: Kernels::default(),
         }
     }
 }
@@ -364,6 +367,7 @@ impl Runner {
                     .then(|| ctx.input(DType::I32, &[n_kv], "inp_kv_ids")),
                 kv: &self.kv,
                 attn_groups: key.groups.clone(),
+                kernels: self.opts.kernels,
             };
             let logits = self
                 .model

@@ -6,7 +6,7 @@
 mod common;
 
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
+use axle_models::{Kernels, LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 
 #[test]
@@ -36,6 +36,8 @@ fn batched_logits_equal_libllama_batched_logits() {
     let mut runner = Runner::new(
         model.clone(),
         RunnerOptions {
+            // libllama's kernel choice: the comparison is bit for bit.
+            kernels: Kernels::LikeLlamaCpp,
             kv_slots: 1024,
             ..Default::default()
         },

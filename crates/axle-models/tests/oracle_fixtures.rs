@@ -28,7 +28,7 @@ fn llama_fixture_matches_libllama() {
 #[test]
 fn sliding_window_matches_truncated_full_attention() {
     use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-    use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+    use axle_models::{Kernels, Model, ModelOptions, Runner, RunnerOptions, Sequence};
     use std::sync::Arc;
     let path = common::fixture("mistral-swa-tiny.gguf");
     let model = Arc::new(
@@ -45,6 +45,8 @@ fn sliding_window_matches_truncated_full_attention() {
     let mut runner = Runner::new(
         model.clone(),
         RunnerOptions {
+            // libllama's kernel choice: the comparison is bit for bit.
+            kernels: Kernels::LikeLlamaCpp,
             kv_slots: 1024,
             ..Default::default()
         },

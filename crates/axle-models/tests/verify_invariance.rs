@@ -2,10 +2,12 @@
 //! same logits as k + 1 one-token decode steps, bit for bit: the condition for greedy n-gram
 //! speculation to reproduce plain decoding token for token. Prints, per model, weight layout and
 //! step width, the largest logit difference, and asserts what is known to hold: SmolLM2 (Q4_1,
-//! which has no repacked kernel) is exact at every width with either layout, and Gemma 3 with the
-//! plain (not repacked) layout is exact up to width 5 (the default draft of 4 tokens). Gemma's
-//! repacked Q4_K kernels switch to a 4-row GEMM that rounds differently from the 1-row GEMV, and
-//! its plain layout changes arithmetic from width 8 on.
+//! which has no repacked kernel) is exact at every width with either layout, and so is Gemma 3
+//! with the plain (not repacked) layout, its K-quant products sliced below ggml's tiled-GEMM
+//! width (see `Step::matmul`). Gemma's repacked Q4_K kernels switch to a 4-row GEMM that rounds
+//! differently from the 1-row GEMV. The plain-layout cases run twice: with the sequence in the
+//! first slots, and with its blocks spread over 512 slots, where a one-row step would take ggml's
+//! split-KV attention kernel (the runner attends with the row twice instead).
 //!
 //! Also: where a sequence's blocks lie does not change its logits.
 mod common;
@@ -32,12 +34,19 @@ fn load(name: &str, repack: bool, kv_slots: u32) -> (Arc<Model>, Runner) {
 }
 
 /// Largest |difference| between the logits of each width-w verify step and the decode steps, for
-/// widths 1..=max_w.
-fn max_diff_by_width(name: &str, repack: bool, max_w: usize) -> Vec<f32> {
-    let (model, mut runner) = load(name, repack, 256);
+/// widths 1..=max_w, with the sequence's blocks at `first_block`, `first_block + stride`, ...
+fn max_diff_by_width(
+    name: &str,
+    repack: bool,
+    max_w: usize,
+    (first_block, stride): (u32, u32),
+) -> Vec<f32> {
+    let (model, mut runner) = load(name, repack, 2048);
     let tokens = model.tokenizer.encode(TEXT, true, false);
     let ctx = tokens.len() - max_w;
-    let table: Vec<u32> = (0..256 / runner.options().block_size).collect();
+    let table: Vec<u32> = (0..256 / runner.options().block_size)
+        .map(|i| first_block + i * stride)
+        .collect();
     let input = |from: usize, to: usize, logits| SeqInput {
         tokens: tokens[from..to].to_vec(),
         start_pos: from as u32,
@@ -69,16 +78,21 @@ fn max_diff_by_width(name: &str, repack: bool, max_w: usize) -> Vec<f32> {
 
 #[test]
 fn verify_steps_reproduce_decode_steps() {
-    for (name, repack, exact_up_to) in [
-        (common::SMOLLM2, true, 9),
-        (common::SMOLLM2, false, 9),
-        (common::GEMMA3, false, 5),
-        (common::GEMMA3, true, 0),
+    // Blocks 10, 20, 30, ...: the visible slots spread over 512 columns, across the middle where
+    // split-KV attention would cut them in two chunks (one per thread).
+    let spread = (10, 10);
+    for (name, repack, exact_up_to, blocks) in [
+        (common::SMOLLM2, true, 9, (0, 1)),
+        (common::SMOLLM2, false, 9, (0, 1)),
+        (common::SMOLLM2, false, 9, spread),
+        (common::GEMMA3, false, 9, (0, 1)),
+        (common::GEMMA3, false, 9, spread),
+        (common::GEMMA3, true, 0, (0, 1)),
     ] {
-        let d = max_diff_by_width(name, repack, 9);
+        let d = max_diff_by_width(name, repack, 9, blocks);
         let shown: Vec<String> = d.iter().map(|x| format!("{x:.2e}")).collect();
         println!(
-            "{name} repack={repack}: max |dlogit| by width 1..=9: [{}]",
+            "{name} repack={repack} blocks {blocks:?} (first, stride): max |dlogit| by width 1..=9: [{}]",
             shown.join(", ")
         );
         assert!(
@@ -113,22 +127,23 @@ fn decode_logits(
 /// order (as preemption and prefix reuse leave them) give the same logits, bit for bit, as
 /// ascending blocks, alone and next to another sequence in the batch. Attention gathers such a
 /// sequence's slots in logical order; without that the softmax sums in another order and greedy
-/// outputs drift. (Limit: a one-row step that can see 512 or more slots takes ggml's split-KV
-/// kernel, whose chunks follow the slot range, so there placement still matters, as in libllama.)
+/// outputs drift. The tables reach past slot 512, where a one-row step would take ggml's split-KV
+/// kernel (whose chunks follow the slot range); the runner keeps such rows on the one-pass kernel.
 #[test]
 fn block_placement_does_not_change_logits() {
     for name in [common::SMOLLM2, common::GEMMA3] {
         // Plain weight layout: its matmuls give every row the same numbers at any batch width
         // (see above), so the batched comparison isolates attention.
-        let (model, mut runner) = load(name, false, 512);
+        let (model, mut runner) = load(name, false, 1024);
         let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
         let bs = runner.options().block_size as usize;
         let need = tokens.len().div_ceil(bs) as u32;
         assert!(need >= 3, "the text must span several blocks");
         let ascending: Vec<u32> = (0..need).collect();
         let descending: Vec<u32> = (0..need).rev().map(|b| b + 4).collect();
-        // Out of order, inside the first 512 slots (see above).
-        let shuffled: Vec<u32> = (0..need).map(|b| (b * 11 + 9) % 31).collect();
+        // Out of order, reaching past slot 512.
+        let shuffled: Vec<u32> = (0..need).map(|b| (b * 37 + 9) % 61).collect();
+        assert!(shuffled.iter().any(|&b| b * 16 >= 512));
         assert!(shuffled.windows(2).any(|w| w[0] > w[1]));
         let reference = decode_logits(&mut runner, &tokens, &ascending, 6);
         for table in [&descending, &shuffled] {
@@ -140,7 +155,8 @@ fn block_placement_does_not_change_logits() {
         }
         // Batched beside another sequence whose blocks ascend: both prefilled the same way (one
         // step each, under 64 rows), then decoded together in one step.
-        let other: Vec<u32> = (0..need).map(|b| b + 2 * need + 8).collect();
+        let other: Vec<u32> = (0..need).map(|b| b + 40).collect();
+        assert!(other.iter().all(|b| !shuffled.contains(b)));
         let ctx = tokens.len() - 1;
         let seq = |table: &[u32], from: usize, to: usize, logits| SeqInput {
             tokens: tokens[from..to].to_vec(),

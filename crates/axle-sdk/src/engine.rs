@@ -7,7 +7,9 @@ use axle_core::{
     DraftConfig, Event, FinishReason, PositionStats, RequestId, RequestSpec, SamplingParams,
     Scheduler, SchedulerConfig, TokenLogprob, MAX_DRAFT,
 };
-use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId};
+use axle_models::{
+    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId,
+};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -220,6 +222,9 @@ impl EngineCore {
                 kv_slots,
                 block_size: cfg.block_size,
                 max_batch_tokens: cfg.max_batch_tokens,
+                // Batch-invariant kernels: batched, preempted and speculative decoding reproduce
+                // plain decoding bit for bit.
+                kernels: Kernels::BatchInvariant,
             },
         )?;
         let draft = if cfg.max_draft > 0 {

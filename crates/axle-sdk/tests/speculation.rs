@@ -1,9 +1,10 @@
 //! N-gram speculation is exact. Greedy: on 20 prompts (the checked-in high- and low-hit workloads
 //! plus general prompts), output with speculation equals output without, token for token, for
-//! SmolLM2 and Gemma 3, each prompt alone (all 20 identical) and all of them batched against the
-//! plain single runs (SmolLM2: all 20 identical; Gemma: ggml's plain-layout matmuls change
-//! arithmetic from 8 rows in a step, so any divergence must be a near-tie of the reference
-//! logits, shown with its gap). Models load with the default weight layout (not repacked).
+//! SmolLM2 and Gemma 3, each prompt alone and all of them batched, against the plain single runs:
+//! all 20 identical in both cases. This rests on the engine's batch-invariant kernels (see
+//! `axle_models::Kernels`): before them, Gemma 3's batched runs matched only 14/20, because ggml's
+//! tiled K-quant GEMM takes over from 8 rows in a step. Models load with the default weight
+//! layout (not repacked).
 //! Seeded sampling: on a tiny fixture, 200 seeds give identical samples with and without speculation (the draw order is the same, so
 //! the output distribution is exactly plain sampling's), with drafts both accepted and rejected.
 //! The verify cost is pinned low here so drafting really happens; the gate is tested in axle-core.
@@ -149,10 +150,10 @@ fn gap_at_divergence(
     Some(v[0] - v[1])
 }
 
-/// Checks `other` against the reference `plain`: identical, or diverging only where the reference
-/// logits are a close call, top-2 gap under 0.5 (ggml's kernels round differently for different numbers of rows in a
-/// step: repacked Q4_K/Q5_0 matmuls and tiled paths). Returns whether identical.
-fn same_or_near_tie(
+/// Whether `other` equals the reference `plain`; where not, prints the top-2 gap of the reference
+/// logits at the first difference (a close call points at kernel arithmetic, a wide gap at a
+/// logic error).
+fn same_or_report(
     m: &Arc<Model>,
     what: &str,
     prompt: &[u32],
@@ -163,17 +164,11 @@ fn same_or_near_tie(
         return true;
     }
     let gap = gap_at_divergence(m, prompt, plain, other).expect("outputs differ");
-    println!("{what}: diverges at a near-tie, top-2 logit gap {gap:.4}");
-    assert!(
-        gap < 0.5,
-        "{what}: divergence is not a near-tie (gap {gap})"
-    );
+    println!("{what}: differs from plain decoding; top-2 logit gap there {gap:.4}");
     false
 }
 
-/// `batched_exact`: whether the model's kernels give every row the same numbers at any step width
-/// (so batched runs must equal single runs exactly, not only up to near-ties).
-fn greedy_exactness(name: &str, batched_exact: bool) {
+fn greedy_exactness(name: &str) {
     let m = model(name);
     let prompts: Vec<Vec<u32>> = prompts()
         .iter()
@@ -189,7 +184,7 @@ fn greedy_exactness(name: &str, batched_exact: bool) {
     for (i, p) in prompts.iter().enumerate() {
         let plain = run(&m, &cfg(0), std::slice::from_ref(p), &opts);
         let fast = run(&m, &cfg(4), std::slice::from_ref(p), &opts);
-        alone_same += same_or_near_tie(
+        alone_same += same_or_report(
             &m,
             &format!("{name} prompt {i} alone"),
             p,
@@ -208,7 +203,7 @@ fn greedy_exactness(name: &str, batched_exact: bool) {
     let fast = run(&m, &cfg(4), &prompts, &opts);
     let mut batched_same = 0;
     for i in 0..n {
-        batched_same += same_or_near_tie(
+        batched_same += same_or_report(
             &m,
             &format!("{name} prompt {i} batched"),
             &prompts[i],
@@ -222,22 +217,20 @@ fn greedy_exactness(name: &str, batched_exact: bool) {
         alone_same, n,
         "{name}: speculation changed single-run outputs"
     );
-    if batched_exact {
-        assert_eq!(
-            batched_same, n,
-            "{name}: batched speculation changed outputs"
-        );
-    }
+    assert_eq!(
+        batched_same, n,
+        "{name}: batched speculation changed outputs"
+    );
 }
 
 #[test]
 fn greedy_speculation_is_exact_smollm2() {
-    greedy_exactness("SmolLM2-135M-Instruct.Q4_1.gguf", true);
+    greedy_exactness("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 #[test]
 fn greedy_speculation_is_exact_gemma3() {
-    greedy_exactness("gemma-3-270m-q4_k_m.gguf", false);
+    greedy_exactness("gemma-3-270m-q4_k_m.gguf");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use super::workloads::argmax;
 use super::CheckResult;
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, Runner, RunnerOptions, Sequence};
+use axle_models::{Kernels, Model, Runner, RunnerOptions, Sequence};
 use axle_sdk::{
     EngineConfig, GenerateRequest, Prompt, RequestOptions, RuntimeReport, SamplingParams, Session,
 };
@@ -86,6 +86,8 @@ pub fn correctness(
         let mut runner = Runner::new(
             model.clone(),
             RunnerOptions {
+                // libllama's kernel choice: the comparison is bit for bit.
+                kernels: Kernels::LikeLlamaCpp,
                 kv_slots: 2048,
                 ..Default::default()
             },

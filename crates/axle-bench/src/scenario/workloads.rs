@@ -27,14 +27,17 @@ pub fn run(
     Ok(match &m.workload {
         Workload::Generate(g) => generate(g, reps, model, &path, threads, progress)?,
         Workload::Compare(c) => {
-            let r = compare::run(&compare::CompareOptions {
-                model: path,
-                threads,
-                prefill: c.prefill.clone(),
-                decode: c.decode,
-                reps,
-                progress,
-            })?;
+            let r = compare::run(
+                model,
+                &compare::CompareOptions {
+                    model: path,
+                    threads,
+                    prefill: c.prefill.clone(),
+                    decode: c.decode,
+                    reps,
+                    progress,
+                },
+            )?;
             r.rows
                 .into_iter()
                 .map(|row| {
@@ -48,14 +51,17 @@ pub fn run(
                 .collect()
         }
         Workload::Batched(b) => {
-            let r = batched::run(&batched::BatchedOptions {
-                model: path,
-                threads,
-                concurrency: b.concurrency.clone(),
-                prompt: b.prompt_tokens,
-                steps: b.steps,
-                reps,
-            })?;
+            let r = batched::run(
+                model,
+                &batched::BatchedOptions {
+                    model: path,
+                    threads,
+                    concurrency: b.concurrency.clone(),
+                    prompt: b.prompt_tokens,
+                    steps: b.steps,
+                    reps,
+                },
+            )?;
             r.rows
                 .into_iter()
                 .map(|row| {
@@ -71,7 +77,7 @@ pub fn run(
         Workload::Prefix(p) => {
             let (mut cached, mut uncached) = (Vec::new(), Vec::new());
             for _ in 0..reps {
-                let r = prefix::run(&path, threads, p.prefix_tokens)?;
+                let r = prefix::run(model, p.prefix_tokens)?;
                 cached.push(r.second_ttft_s * 1e3);
                 uncached.push(r.first_ttft_s * 1e3);
             }
@@ -132,7 +138,7 @@ pub fn run(
             rows
         }
         Workload::Server(s) => {
-            let r = server::run(&path, threads, s.tokens, reps)?;
+            let r = server::run(model, s.tokens, reps)?;
             vec![Row::new(
                 format!("stream={}", s.tokens),
                 "decode_tok_s",

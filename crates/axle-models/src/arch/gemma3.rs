@@ -142,9 +142,9 @@ impl Family for Gemma3 {
         for (il, l) in self.layers.iter().enumerate() {
             let rope = if l.sliding { &self.rope_swa } else { &hp.rope };
             let h = s.rms_norm(x, &l.attn_norm, hp.rms_eps);
-            let q = g.reshape(g.mul_mat(l.wq.t(), h), &[hp.head_dim_k, hp.n_head, n]);
-            let k = g.reshape(g.mul_mat(l.wk.t(), h), &[hp.head_dim_k, hp.n_head_kv, n]);
-            let v = g.reshape(g.mul_mat(l.wv.t(), h), &[hp.head_dim_v, hp.n_head_kv, n]);
+            let q = g.reshape(s.matmul(&l.wq, h), &[hp.head_dim_k, hp.n_head, n]);
+            let k = g.reshape(s.matmul(&l.wk, h), &[hp.head_dim_k, hp.n_head_kv, n]);
+            let v = g.reshape(s.matmul(&l.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
             let q = g.rope(s.rms_norm(q, &l.q_norm, hp.rms_eps), s.pos, None, rope);
             let k = g.rope(s.rms_norm(k, &l.k_norm, hp.rms_eps), s.pos, None, rope);
             // The query is pre-scaled, so attention itself runs with scale 1.
@@ -158,7 +158,8 @@ impl Family for Gemma3 {
                 softcap: 0.0,
                 sliding: l.sliding,
             };
-            let mut a = g.mul_mat(l.wo.t(), s.attention(il, q, k, v, &spec));
+            let att = s.attention(il, q, k, v, &spec);
+            let mut a = s.matmul(&l.wo, att);
             if il == last {
                 a = g.get_rows(a, s.out_ids);
                 x = g.get_rows(x, s.out_ids);
@@ -179,7 +180,7 @@ impl Family for Gemma3 {
                 .named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
-        let mut logits = g.mul_mat(self.output.t(), x);
+        let mut logits = s.matmul(&self.output, x);
         if self.final_softcap > 0.0 {
             logits = g.scale(
                 g.tanh(g.scale(logits, 1.0 / self.final_softcap)),

@@ -200,7 +200,7 @@ impl Family for Llama {
             let a = s
                 .attention(il, q, k, v, &self.attn)
                 .named(&format!("attn-{il}"));
-            let mut o = g.mul_mat(l.wo.t(), a);
+            let mut o = s.matmul(&l.wo, a);
             let mut residual = x;
             if il == last {
                 o = g.get_rows(o, s.out_ids);
@@ -223,6 +223,6 @@ impl Family for Llama {
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
-        g.mul_mat(self.output.t(), x).named("result_output")
+        s.matmul(&self.output, x).named("result_output")
     }
 }

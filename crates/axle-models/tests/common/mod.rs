@@ -74,7 +74,7 @@ pub fn top2_gap(v: &[f32]) -> f32 {
 }
 
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+use axle_models::{Kernels, Model, ModelOptions, Runner, RunnerOptions, Sequence};
 use std::sync::Arc;
 
 const CONTINUATION: usize = 64;
@@ -130,6 +130,8 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
     let mut runner = Runner::new(
         model.clone(),
         RunnerOptions {
+            // libllama's kernel choice: the comparison is bit for bit.
+            kernels: Kernels::LikeLlamaCpp,
             kv_slots: 2048,
             ..Default::default()
         },

@@ -1,0 +1,57 @@
+//! What a step costs by shape, on this machine: `cargo run --release -p axle-models --example
+//! step_cost -- MODEL.gguf [k]`. Prefills 300 tokens (timed), then times steps of one sequence
+//! with k + 1 tokens and logits at every position (a verify step of k drafts; k = 0 is a plain
+//! decode step): repeated with the same shape, and alternating with k + 1 (graph rebuilds). With
+//! `k`, times only that width (for profiling under `perf record`).
+use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().ok_or("usage: step_cost MODEL.gguf [k]")?;
+    let only: Option<usize> = args.next().map(|k| k.parse()).transpose()?;
+    let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
+    let mut r = Runner::new(model, RunnerOptions::default())?;
+    let ctx = 300usize;
+    let table: Vec<u32> = (0..64).collect();
+    let toks: Vec<u32> = (0..ctx as u32 + 16)
+        .map(|i| (i * 7919) % 1000 + 10)
+        .collect();
+    for _ in 0..3 {
+        let t = Instant::now();
+        r.step(&[SeqInput {
+            tokens: toks[..ctx].to_vec(),
+            start_pos: 0,
+            block_table: table.clone(),
+            logits: LogitRows::Last,
+        }])?;
+        println!("prefill {ctx}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+    let inp = |k: usize| SeqInput {
+        tokens: toks[ctx..ctx + k + 1].to_vec(),
+        start_pos: ctx as u32,
+        block_table: table.clone(),
+        logits: if k == 0 {
+            LogitRows::Last
+        } else {
+            LogitRows::All
+        },
+    };
+    let n = 20;
+    for k in only.map_or(0..=8, |k| k..=k) {
+        r.step(&[inp(k)])?;
+        let t = Instant::now();
+        for _ in 0..n {
+            r.step(&[inp(k)])?;
+        }
+        let steady = t.elapsed().as_secs_f64() / n as f64 * 1e3;
+        let t = Instant::now();
+        for i in 0..n {
+            r.step(&[inp(if i % 2 == 0 { k } else { (k + 1) % 9 })])?;
+        }
+        let alt = t.elapsed().as_secs_f64() / n as f64 * 1e3;
+        println!("k={k}: {steady:.2} ms steady, {alt:.2} ms alternating with k+1");
+    }
+    Ok(())
+}
