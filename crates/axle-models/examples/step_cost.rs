@@ -2,7 +2,8 @@
 //! step_cost -- MODEL.gguf [k]`. Prefills 300 tokens (timed), then times steps of one sequence
 //! with k + 1 tokens and logits at every position (a verify step of k drafts; k = 0 is a plain
 //! decode step): repeated with the same shape, and alternating with k + 1 (graph rebuilds). With
-//! `k`, times only that width (for profiling under `perf record`).
+//! `k [steps]`, prefills once and times only that width, `steps` times (default 20): for profiling,
+//! e.g. `perf record -D 3000 target/release/examples/step_cost MODEL 3 300`.
 use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: step_cost MODEL.gguf [k]")?;
     let only: Option<usize> = args.next().map(|k| k.parse()).transpose()?;
+    let n: usize = args.next().map(|n| n.parse()).transpose()?.unwrap_or(20);
     let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
     let mut r = Runner::new(model, RunnerOptions::default())?;
     let ctx = 300usize;
@@ -18,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let toks: Vec<u32> = (0..ctx as u32 + 16)
         .map(|i| (i * 7919) % 1000 + 10)
         .collect();
-    for _ in 0..3 {
+    for _ in 0..if only.is_some() { 1 } else { 3 } {
         let t = Instant::now();
         r.step(&[SeqInput {
             tokens: toks[..ctx].to_vec(),
@@ -38,7 +40,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             LogitRows::All
         },
     };
-    let n = 20;
     for k in only.map_or(0..=8, |k| k..=k) {
         r.step(&[inp(k)])?;
         let t = Instant::now();
@@ -46,6 +47,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.step(&[inp(k)])?;
         }
         let steady = t.elapsed().as_secs_f64() / n as f64 * 1e3;
+        if only.is_some() {
+            println!("k={k}: {steady:.2} ms steady");
+            break;
+        }
         let t = Instant::now();
         for i in 0..n {
             r.step(&[inp(if i % 2 == 0 { k } else { (k + 1) % 9 })])?;
