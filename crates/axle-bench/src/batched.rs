@@ -137,15 +137,13 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
     Ok((steps * prompts.len()) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Runs the benchmark.
-/// Runs it on `model` (loaded by the caller), against libllama loaded from `opts.model`.
+/// Runs the benchmark on `model` (loaded by the caller), against libllama loaded from `opts.model`.
 pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
     if opts.reps == 0 || opts.steps == 0 || opts.concurrency.is_empty() {
         return Err(BenchError::Invalid(
             "reps, steps and concurrency must be positive".into(),
         ));
     }
-    let model = model.clone();
     let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
     let n_ctx = ((max_b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
     let mut oracle = LlamaOracle::load(
@@ -168,13 +166,13 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         for rep in 0..opts.reps {
             bar.set_message(format!("{b} sequences, rep {}", rep + 1));
             if rep % 2 == 0 {
-                a.push(axle_run(&model, &prompts, opts.steps)?);
+                a.push(axle_run(model, &prompts, opts.steps)?);
                 bar.inc(1);
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
             } else {
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
                 bar.inc(1);
-                a.push(axle_run(&model, &prompts, opts.steps)?);
+                a.push(axle_run(model, &prompts, opts.steps)?);
             }
             bar.inc(1);
         }

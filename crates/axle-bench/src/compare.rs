@@ -89,7 +89,6 @@ fn time_llama_decode(o: &mut LlamaOracle, toks: &[u32]) -> Result<f64, BenchErro
     Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Runs the comparison.
 /// Runs the comparison on `model` (loaded by the caller, in the layout its manifest asks for)
 /// against libllama loaded from `opts.model`.
 pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, BenchError> {
@@ -105,7 +104,6 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         .max(opts.decode)
         + 1;
     let kv_slots = (max_len as u32).div_ceil(256) * 256;
-    let model = model.clone();
     let mut runner = Runner::new(
         model.clone(),
         RunnerOptions {

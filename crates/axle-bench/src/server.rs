@@ -75,9 +75,8 @@ fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
 
 /// Runs it on `m` (loaded by the caller).
 pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, BenchError> {
-    let m = m.clone();
     let session = Arc::new(Session::new(
-        m,
+        m.clone(),
         EngineConfig {
             max_draft: 0,
             kv_slots: 4096,

@@ -121,7 +121,7 @@ impl<'a> Step<'a> {
             || !w_t.dtype().has_cpu_tiled_gemm()
             || !w_t.is_plain_host()
         {
-            return g.mul_mat(w.t(), x);
+            return g.mul_mat(w_t, x);
         }
         let nb1 = x.nb()[1];
         let full = n / MATMUL_SLICE;
@@ -131,14 +131,14 @@ impl<'a> Step<'a> {
             &[nb1, nb1 * MATMUL_SLICE as usize],
             0,
         );
-        let m = w.t().ne()[1];
-        let y = g.reshape(g.mul_mat(w.t(), main), &[m, full * MATMUL_SLICE]);
+        let m = w_t.ne()[1];
+        let y = g.reshape(g.mul_mat(w_t, main), &[m, full * MATMUL_SLICE]);
         let left = n - full * MATMUL_SLICE;
         if left == 0 {
             return y;
         }
         let tail = g.view(x, &[k, left], &[nb1], (full * MATMUL_SLICE) as usize * nb1);
-        g.concat(y, g.mul_mat(w.t(), tail), 1)
+        g.concat(y, g.mul_mat(w_t, tail), 1)
     }
 
     /// `w @ x` plus an optional bias.
