@@ -12,7 +12,7 @@ pub mod sampler;
 pub mod scheduler;
 
 pub use blocks::{BlockId, BlockPool};
-pub use drafter::{DraftConfig, Drafter, PositionStats, MAX_DRAFT};
+pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
 pub use sampler::{Sampler, SamplingParams, TokenLogprob};
 pub use scheduler::{
     Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler, SchedulerConfig,
