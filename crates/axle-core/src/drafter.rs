@@ -403,6 +403,13 @@ impl Drafter {
         self.continuation(found.start, k)
     }
 
+    /// What a draft of up to `k` tokens would be now, ignoring the gate (for analysis: replays
+    /// that ask how well a hindsight choice of lengths would do).
+    pub fn candidate(&self, k: usize) -> Vec<TokenId> {
+        self.lookup()
+            .map_or_else(Vec::new, |f| self.continuation(f.start, k))
+    }
+
     /// Up to `k` tokens continuing the history from index `start`.
     fn continuation(&self, start: usize, k: usize) -> Vec<TokenId> {
         let n = self.tokens.len();

@@ -295,7 +295,13 @@ impl Runner {
             n_kv,
             n_out: self.host.out_ids.len(),
             gathered: !self.host.kv_ids.is_empty(),
-            groups: attention_groups(seqs),
+            // Only batch-invariant kernels split attention by group; otherwise the groups would
+            // make steps of one shape look different and rebuild the graph for nothing.
+            groups: if self.opts.kernels == Kernels::BatchInvariant {
+                attention_groups(seqs)
+            } else {
+                Vec::new()
+            },
         };
         let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
         if !reuse {
