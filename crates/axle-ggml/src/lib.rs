@@ -10,6 +10,7 @@
 mod backend;
 mod dtype;
 mod error;
+pub mod few_columns;
 mod gguf;
 mod log;
 pub mod oracle;

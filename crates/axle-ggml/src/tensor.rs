@@ -324,6 +324,34 @@ impl Context {
         // SAFETY: tensors and context are live for 'a.
         Tensor::from_raw(unsafe { sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
     }
+    /// `a^T @ b` for a product with a few columns, through a kernel that unpacks each weight block
+    /// once for all columns (see [`crate::few_columns`]); each column's numbers are bit-identical
+    /// to ggml's one-column product. `None` where the kernel does not apply (weight type, column
+    /// count, layout, memory, CPU): use [`Context::mul_mat`] then.
+    pub fn mul_mat_few<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Option<Tensor<'a>> {
+        if !crate::few_columns::applies(a, b) {
+            return None;
+        }
+        let mut args = [a.raw(), b.raw()];
+        // SAFETY: live tensors of this context; `applies` checked the shapes and memory the op's
+        // body relies on; the op is a plain function with no user data.
+        let t = unsafe {
+            sys::ggml_custom_4d(
+                self.raw(),
+                sys::GGML_TYPE_F32,
+                a.ne()[1],
+                b.ne()[1],
+                1,
+                1,
+                args.as_mut_ptr(),
+                args.len() as i32,
+                Some(crate::few_columns::op),
+                -1, // GGML_N_TASKS_MAX: every thread of the step
+                std::ptr::null_mut(),
+            )
+        };
+        Some(Tensor::from_raw(t))
+    }
     /// Elementwise sum with broadcasting of `b`.
     pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.

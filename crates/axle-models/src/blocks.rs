@@ -111,10 +111,19 @@ impl<'a> Step<'a> {
     /// weights (their own kernels, no such promise) and device weights are left as they are.
     /// The cost: K-quant prefill gives up the tiled kernel (about 10% slower prefill on Gemma 3's
     /// Q4_K_M, whose Q4_K/Q6_K tensors are a third of each layer).
+    ///
+    /// Q4_1 weights with 2 to 32 columns (verify steps, small batches) go through
+    /// [`Context::mul_mat_few`], which unpacks each weight block once for all columns where ggml
+    /// redoes the whole dot product per column; its columns are bit-identical to ggml's.
     pub fn matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
         let [k, n, rest @ ..] = x.ne();
         let w_t = w.t();
+        if self.kernels == Kernels::BatchInvariant {
+            if let Some(y) = g.mul_mat_few(w_t, x) {
+                return y;
+            }
+        }
         if self.kernels != Kernels::BatchInvariant
             || n < 8
             || rest != [1, 1]

@@ -1,0 +1,149 @@
+//! The few-column Q4_1 kernel against ggml's own product: every column bit-identical to ggml's
+//! one-column result, at every width it takes, with rows split over threads.
+use axle_ggml::{few_columns, Backend, BufferType, Context, DType, Scheduler, TensorStore};
+
+/// A small deterministic generator (no test should depend on a seed source).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn unit(&mut self) -> f32 {
+        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Q4_1 blocks with finite f16 scales and minimums of varied magnitude and sign.
+fn q4_1_bytes(blocks: usize, rng: &mut Lcg) -> Vec<u8> {
+    let mut out = Vec::with_capacity(blocks * 20);
+    for _ in 0..blocks {
+        let half = |rng: &mut Lcg, signed: bool| {
+            let exp = 5 + rng.next() % 10;
+            let sign = if signed && rng.next().is_multiple_of(2) {
+                0x8000
+            } else {
+                0
+            };
+            (sign | (exp << 10) | (rng.next() % 1024)) as u16
+        };
+        let d = half(rng, false);
+        out.extend_from_slice(&d.to_le_bytes());
+        let m = half(rng, true);
+        out.extend_from_slice(&m.to_le_bytes());
+        out.extend((0..16).map(|_| rng.next() as u8));
+    }
+    out
+}
+
+fn check(k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) {
+    assert!(
+        few_columns::supported(),
+        "this test needs AVX2, FMA and F16C"
+    );
+    let mut rng = Lcg(k as u64 * 1000 + m as u64);
+    let store = TensorStore::zeroed(BufferType::cpu(), &[("w".into(), DType::Q4_1, vec![k, m])])
+        .expect("weight buffer");
+    let w = store.get("w").expect("w");
+    w.t()
+        .write_bytes_at(0, &q4_1_bytes((k / 32 * m) as usize, &mut rng))
+        .expect("write weights");
+    for n in widths {
+        let ctx = Context::new(256, 256).expect("context");
+        let x = ctx.input(DType::F32, &[k, n], "x");
+        let few = ctx
+            .mul_mat_few(w.t(), x)
+            .expect("the kernel applies")
+            .named("few")
+            .as_output();
+        let nb1 = x.nb()[1];
+        let singles: Vec<_> = (0..n)
+            .map(|c| {
+                let col = ctx.view(x, &[k, 1], &[nb1], c as usize * nb1);
+                ctx.mul_mat(w.t(), col)
+                    .named(&format!("one{c}"))
+                    .as_output()
+            })
+            .collect();
+        let whole = ctx.mul_mat(w.t(), x).named("whole").as_output();
+        let mut g = ctx.graph(256);
+        g.expand(few);
+        for &s in &singles {
+            g.expand(s);
+        }
+        g.expand(whole);
+        let mut sched =
+            Scheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
+        sched.alloc(&mut g).expect("alloc");
+        let xs: Vec<f32> = (0..k * n).map(|_| rng.unit() * 2.0).collect();
+        x.write(&xs).expect("write x");
+        sched.compute(&mut g).expect("compute");
+        let mut got: Vec<f32> = Vec::new();
+        few.read(&mut got).expect("read");
+        let mut all: Vec<f32> = Vec::new();
+        whole.read(&mut all).expect("read");
+        assert_eq!(got.len(), (m * n) as usize);
+        for (c, s) in singles.iter().enumerate() {
+            let mut one: Vec<f32> = Vec::new();
+            s.read(&mut one).expect("read");
+            let col = &got[c * m as usize..(c + 1) * m as usize];
+            for (r, (a, b)) in col.iter().zip(&one).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "k={k} m={m} n={n}: column {c} row {r}: {a} vs ggml's {b}"
+                );
+            }
+            assert!(one.iter().any(|v| *v != 0.0), "a real product");
+        }
+        let same = got
+            .iter()
+            .zip(&all)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "k={k} m={m} n={n}: differs from ggml's full-width product"
+        );
+    }
+}
+
+#[test]
+fn every_column_matches_ggml_bit_for_bit() {
+    // SmolLM2's projection shapes (576 in; 192, 576 and 1536 out) and its FFN down (1536 in),
+    // with an odd row count so the thread split is uneven.
+    check(576, 193, 2..=9, 2);
+    check(1536, 576, 2..=5, 2);
+    let widest = few_columns::MAX_COLUMNS;
+    check(576, 67, widest..=widest, 3);
+}
+
+#[test]
+fn declines_what_it_does_not_cover() {
+    let store = TensorStore::zeroed(
+        BufferType::cpu(),
+        &[
+            ("q4_1".into(), DType::Q4_1, vec![64, 8]),
+            ("f32".into(), DType::F32, vec![64, 8]),
+        ],
+    )
+    .expect("buffer");
+    let ctx = Context::new(16, 0).expect("context");
+    let q = store.get("q4_1").expect("q4_1");
+    let f = store.get("f32").expect("f32");
+    let x = |n| ctx.tensor(DType::F32, &[64, n]);
+    assert!(ctx.mul_mat_few(q.t(), x(4)).is_some());
+    assert!(
+        ctx.mul_mat_few(q.t(), x(1)).is_none(),
+        "one column: ggml's own"
+    );
+    assert!(ctx
+        .mul_mat_few(q.t(), x(few_columns::MAX_COLUMNS + 1))
+        .is_none());
+    assert!(ctx.mul_mat_few(f.t(), x(4)).is_none(), "not Q4_1");
+    // Weights with no memory yet (not plain host memory).
+    let meta = ctx.tensor(DType::Q4_1, &[64, 8]);
+    assert!(ctx.mul_mat_few(meta, x(4)).is_none());
+}
