@@ -17,6 +17,10 @@ impl DType {
     pub const I64: DType = DType(sys::GGML_TYPE_I64);
     /// 4-bit blocks of 32 with a scale and a minimum.
     pub const Q4_1: DType = DType(sys::GGML_TYPE_Q4_1);
+    /// 5-bit blocks of 32 with a scale.
+    pub const Q5_0: DType = DType(sys::GGML_TYPE_Q5_0);
+    /// 8-bit blocks of 32 with a scale.
+    pub const Q8_0: DType = DType(sys::GGML_TYPE_Q8_0);
 
     /// The type with ggml's raw id, if ggml knows it.
     pub fn from_raw(id: u32) -> Option<DType> {

@@ -1,20 +1,23 @@
 //! Matrix products with a few columns (speculative verify steps, small batches) that unpack each
-//! weight block once for all columns, where ggml's CPU backend redoes the whole dot product per
-//! column.
+//! weight block once for all columns, for the quantized types where ggml's CPU backend does more
+//! work per column.
 //!
-//! ggml has no multi-column kernel for Q4_1 on x86-64 (llamafile's tinyBLAS covers Q4_0, Q5_0 and
-//! Q8_0 there), so a product with 4 columns costs about 4 one-column products: the nibble
-//! unpacking, the block scale and offset loads are repeated for every column. Here one weight row
-//! is read and unpacked once per block and multiplied into up to 4 columns.
+//! On x86-64 ggml multiplies Q4_1 weights by several columns one column at a time, redoing the
+//! nibble unpacking and block scales for each; llamafile's tinyBLAS covers Q8_0 and Q5_0 from two
+//! columns on, but with tiles that cost a 4-column product of Gemma 3's 262,144-row Q8_0 output
+//! head about 2.8 one-column products. Here each thread streams its share of the weight rows once,
+//! unpacks each block once and multiplies it into up to 4 columns.
 //!
-//! Each column's result is bit-identical to ggml's one-column `ggml_vec_dot_q4_1_q8_1` (AVX2): the
-//! activations are quantized by ggml's own Q8_1 quantizer (from its CPU type traits), and each
-//! column repeats that function's float operations in the same order (lane-wise FMA of
-//! `d_w * d_x` times the integer block sum, scalar FMA of `m_w * s_x`, the same horizontal sum,
-//! then one add). So a row's logits do not depend on how many other rows share its step: the
-//! batch invariance the engine needs is kept, and `tests` below check it against ggml itself.
+//! Each column's result is bit-identical to ggml's one-column dot product for the type
+//! (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`, `ggml_vec_dot_q5_0_q8_0`, AVX2): the
+//! activations are quantized by ggml's own quantizer (from its CPU type traits), integer parts
+//! are exact, and each column repeats that function's float operations in the same order
+//! (lane-wise FMA of `d_w * d_x` times the integer block sum, for Q4_1 a scalar FMA of
+//! `m_w * s_x`, the same horizontal sum). So a row's logits do not depend on how many other rows
+//! share its step: the batch invariance the engine needs is kept, and `tests/few_columns.rs`
+//! checks it against ggml itself.
 //!
-//! Hand-written because no crate provides a ggml-compatible Q4_1 kernel; it is wired in as a
+//! Hand-written because no crate provides ggml-compatible quantized kernels; it is wired in as a
 //! ggml custom op, so graphs, threads and memory stay ggml's.
 use crate::{DType, Tensor};
 use llama_cpp_sys_2 as sys;
@@ -25,10 +28,55 @@ use std::os::raw::{c_int, c_void};
 pub const MAX_COLUMNS: i64 = 32;
 
 const QK: usize = 32;
-/// `block_q4_1`: f16 scale, f16 minimum, 16 bytes of nibbles.
-const Q4_1_BLOCK: usize = 20;
-/// `block_q8_1`: f16 scale, f16 scale * sum, 32 signed bytes.
-const Q8_1_BLOCK: usize = 36;
+
+/// The weight types the kernel covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    /// `block_q4_1`: f16 scale, f16 minimum, 16 bytes of nibbles (20 bytes); columns in Q8_1.
+    Q4_1 = 0,
+    /// `block_q5_0`: f16 scale, 4 bytes of fifth bits, 16 bytes of nibbles (22); columns in Q8_0.
+    Q5_0 = 1,
+    /// `block_q8_0`: f16 scale, 32 signed bytes (34); columns in Q8_0.
+    Q8_0 = 2,
+}
+
+impl Kind {
+    fn of(t: DType) -> Option<Kind> {
+        match t.0 {
+            sys::GGML_TYPE_Q4_1 => Some(Kind::Q4_1),
+            sys::GGML_TYPE_Q5_0 => Some(Kind::Q5_0),
+            sys::GGML_TYPE_Q8_0 => Some(Kind::Q8_0),
+            _ => None,
+        }
+    }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    const fn from_tag(tag: u8) -> Kind {
+        match tag {
+            0 => Kind::Q4_1,
+            1 => Kind::Q5_0,
+            _ => Kind::Q8_0,
+        }
+    }
+
+    const fn block_bytes(self) -> usize {
+        match self {
+            Kind::Q4_1 => 20,
+            Kind::Q5_0 => 22,
+            Kind::Q8_0 => 34,
+        }
+    }
+
+    /// ggml's type for the quantized columns (its `vec_dot_type`) and its block size.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn columns(self) -> (sys::ggml_type, usize) {
+        match self {
+            Kind::Q4_1 => (sys::GGML_TYPE_Q8_1, 36),
+            Kind::Q5_0 | Kind::Q8_0 => (sys::GGML_TYPE_Q8_0, 34),
+        }
+    }
+}
 
 /// Whether this CPU runs the kernel (AVX2, FMA and F16C, as ggml's own path requires).
 pub fn supported() -> bool {
@@ -44,19 +92,21 @@ pub fn supported() -> bool {
     }
 }
 
-/// Whether `w @ x` can go through [`op`]: Q4_1 weights in plain host memory, 2 to `MAX_COLUMNS`
-/// contiguous f32 columns, no batch dimensions, and a CPU that runs the kernel.
+/// Whether `w @ x` can go through [`op`]: Q4_1, Q5_0 or Q8_0 weights in plain host memory, 2 to
+/// `MAX_COLUMNS` contiguous f32 columns, no batch dimensions, and a CPU that runs the kernel.
 pub fn applies(w: Tensor<'_>, x: Tensor<'_>) -> bool {
     let [k, m, w2, w3] = w.ne();
     let [xk, n, x2, x3] = x.ne();
-    w.dtype() == DType::Q4_1
-        && x.dtype() == DType::F32
+    let Some(kind) = Kind::of(w.dtype()) else {
+        return false;
+    };
+    x.dtype() == DType::F32
         && k == xk
         && k % QK as i64 == 0
         && m > 0
         && [w2, w3, x2, x3] == [1, 1, 1, 1]
         && (2..=MAX_COLUMNS).contains(&n)
-        && w.nb()[0] == Q4_1_BLOCK
+        && w.nb()[0] == kind.block_bytes()
         && x.nb()[0] == 4
         && x.nb()[1] == 4 * k as usize
         && w.is_plain_host()
@@ -66,8 +116,8 @@ pub fn applies(w: Tensor<'_>, x: Tensor<'_>) -> bool {
 /// The custom op's body: `dst[m, n] = w[k, m]^T @ x[k, n]`, rows of `w` split over the threads.
 ///
 /// # Safety
-/// Called by ggml's CPU backend with `dst` built by `Context::mul_mat_few` (src 0: Q4_1 weights,
-/// src 1: contiguous f32 activations, both in host memory, shapes checked by [`applies`]).
+/// Called by ggml's CPU backend with `dst` built by `Context::mul_mat_few` (src 0: weights of a
+/// covered type, src 1: contiguous f32 activations, both in host memory, shapes checked by [`applies`]).
 pub(crate) unsafe extern "C" fn op(
     dst: *mut sys::ggml_tensor,
     ith: c_int,
@@ -88,15 +138,29 @@ pub(crate) unsafe extern "C" fn op(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Q4_1_BLOCK, Q8_1_BLOCK, QK};
+    use super::{Kind, QK};
+    use crate::DType;
     use llama_cpp_sys_2 as sys;
     use std::arch::x86_64::*;
+
+    /// One quantized activation column: its blocks, and each block's scale (and, for Q8_1,
+    /// scaled sum) as f32.
+    #[derive(Clone, Copy)]
+    struct Column<'a> {
+        q: *const u8,
+        scale: &'a [f32],
+        sum: &'a [f32],
+    }
 
     /// # Safety
     /// As [`super::op`]; the CPU has AVX2, FMA and F16C.
     pub(super) unsafe fn mul_mat(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
         // SAFETY: ggml passes a live tensor whose sources were set when the op was built.
         let (d, w, x) = unsafe { (&*dst, &*(*dst).src[0], &*(*dst).src[1]) };
+        let Some(kind) = Kind::of(DType(w.type_)) else {
+            unreachable!("`applies` admitted only covered weight types")
+        };
+        let (col_type, col_block) = kind.columns();
         let k = w.ne[0] as usize;
         let m = w.ne[1] as usize;
         let n = x.ne[1] as usize;
@@ -106,14 +170,14 @@ mod x86 {
         if r0 == r1 {
             return;
         }
-        // Quantize the columns with ggml's own Q8_1 quantizer (what its mul_mat does), and take
-        // each block's scale and scaled sum as f32 once.
+        // Quantize the columns with ggml's own quantizer (what its mul_mat does), and take each
+        // block's scale (and scaled sum) as f32 once.
         // SAFETY: ggml returns static traits for every type id.
-        let traits = unsafe { &*sys::ggml_get_type_traits_cpu(sys::GGML_TYPE_Q8_1) };
+        let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
         let Some(quantize) = traits.from_float else {
-            unreachable!("ggml's CPU traits quantize to Q8_1")
+            unreachable!("ggml's CPU traits quantize to Q8_0 and Q8_1")
         };
-        let mut q = vec![0u8; n * nb * Q8_1_BLOCK];
+        let mut q = vec![0u8; n * nb * col_block];
         let mut scale = vec![0f32; n * nb];
         let mut sum = vec![0f32; n * nb];
         for c in 0..n {
@@ -123,40 +187,45 @@ mod x86 {
                 let src = (x.data as *const u8).add(c * x.nb[1]) as *const f32;
                 quantize(
                     src,
-                    q.as_mut_ptr().add(c * nb * Q8_1_BLOCK) as *mut _,
+                    q.as_mut_ptr().add(c * nb * col_block) as *mut _,
                     k as i64,
                 );
             }
             for b in 0..nb {
-                let blk = &q[(c * nb + b) * Q8_1_BLOCK..];
+                let blk = &q[(c * nb + b) * col_block..];
                 // SAFETY: F16C is available (checked by `applies`).
                 unsafe {
                     scale[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                    sum[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                    if kind == Kind::Q4_1 {
+                        sum[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                    }
                 }
             }
         }
+        let column = |c: usize| Column {
+            q: q[c * nb * col_block..].as_ptr(),
+            scale: &scale[c * nb..(c + 1) * nb],
+            sum: &sum[c * nb..(c + 1) * nb],
+        };
         let out = d.data as *mut f32;
         let mut r = [0f32; 4];
         for row in r0..r1 {
-            // SAFETY: row < m; each weight row is nb contiguous Q4_1 blocks.
+            // SAFETY: row < m; each weight row is nb contiguous blocks.
             let wrow = unsafe { (w.data as *const u8).add(row * w.nb[1]) };
             let mut c0 = 0;
             while c0 < n {
                 let cols = (n - c0).min(4);
-                let at = |j: usize| Column {
-                    q: q[(c0 + j) * nb * Q8_1_BLOCK..].as_ptr(),
-                    scale: &scale[(c0 + j) * nb..(c0 + j + 1) * nb],
-                    sum: &sum[(c0 + j) * nb..(c0 + j + 1) * nb],
-                };
                 // SAFETY: wrow has nb blocks; each Column covers nb blocks; features checked.
                 unsafe {
-                    match cols {
-                        1 => r[..1].copy_from_slice(&row_dot::<1>(wrow, nb, [at(0)])),
-                        2 => r[..2].copy_from_slice(&row_dot::<2>(wrow, nb, [at(0), at(1)])),
-                        3 => r[..3].copy_from_slice(&row_dot::<3>(wrow, nb, [at(0), at(1), at(2)])),
-                        _ => {
-                            r.copy_from_slice(&row_dot::<4>(wrow, nb, [at(0), at(1), at(2), at(3)]))
+                    match kind {
+                        Kind::Q4_1 => {
+                            dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
+                        }
+                        Kind::Q5_0 => {
+                            dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
+                        }
+                        Kind::Q8_0 => {
+                            dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
                         }
                     }
                 }
@@ -169,11 +238,29 @@ mod x86 {
         }
     }
 
-    /// One quantized activation column.
-    struct Column<'a> {
-        q: *const u8,
-        scale: &'a [f32],
-        sum: &'a [f32],
+    /// Row `wrow` times columns `c0 .. c0 + cols` (1 to 4) into `r`.
+    ///
+    /// # Safety
+    /// As [`row_dot`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_cols<'a, const KIND: u8>(
+        wrow: *const u8,
+        nb: usize,
+        c0: usize,
+        cols: usize,
+        column: &impl Fn(usize) -> Column<'a>,
+        r: &mut [f32; 4],
+    ) {
+        let c = |j: usize| column(c0 + j);
+        // SAFETY: the caller's contract.
+        unsafe {
+            match cols {
+                1 => r[..1].copy_from_slice(&row_dot::<1, KIND>(wrow, nb, [c(0)])),
+                2 => r[..2].copy_from_slice(&row_dot::<2, KIND>(wrow, nb, [c(0), c(1)])),
+                3 => r[..3].copy_from_slice(&row_dot::<3, KIND>(wrow, nb, [c(0), c(1), c(2)])),
+                _ => r.copy_from_slice(&row_dot::<4, KIND>(wrow, nb, [c(0), c(1), c(2), c(3)])),
+            }
+        }
     }
 
     /// An IEEE half to f32 (exact, as ggml's conversion is).
@@ -185,6 +272,7 @@ mod x86 {
 
     /// ggml's `hsum_float_8`, in its order.
     #[target_feature(enable = "avx2")]
+    #[inline]
     fn hsum(x: __m256) -> f32 {
         let mut r = _mm256_extractf128_ps(x, 1);
         r = _mm_add_ps(r, _mm256_castps256_ps128(x));
@@ -193,42 +281,109 @@ mod x86 {
         _mm_cvtss_f32(r)
     }
 
-    /// Dot products of one Q4_1 weight row with N Q8_1 columns, each as ggml's
-    /// `ggml_vec_dot_q4_1_q8_1` computes it.
+    /// ggml's `bytes_from_nibbles_32`: 16 bytes of nibbles to 32 bytes in 0..=15 (low nibbles
+    /// first).
     ///
     /// # Safety
-    /// `wrow` points at `nb` Q4_1 blocks; each column's `q` at `nb` Q8_1 blocks, with `nb`
-    /// entries in `scale` and `sum`.
+    /// `p` points at 16 readable bytes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: caller's contract; unaligned load.
+        let tmp = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+        _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes)
+    }
+
+    /// ggml's `bytes_from_bits_32`: 32 bits to 32 bytes of 0xFF (bit set) or 0.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn bits(x32: u32) -> __m256i {
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    /// Dot products of one weight row with N quantized columns, each as ggml's one-column dot
+    /// product for the type computes it.
+    ///
+    /// # Safety
+    /// `wrow` points at `nb` weight blocks of `kind`; each column's `q` at `nb` blocks of the
+    /// column type, with `nb` entries in `scale` (and `sum` for Q4_1).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn row_dot<const N: usize>(wrow: *const u8, nb: usize, cols: [Column; N]) -> [f32; N] {
+    unsafe fn row_dot<const N: usize, const KIND: u8>(
+        wrow: *const u8,
+        nb: usize,
+        cols: [Column; N],
+    ) -> [f32; N] {
+        let kind = Kind::from_tag(KIND);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut summs = [0f32; N];
-        let low = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
+        let bb = kind.block_bytes();
+        let (cb, qoff) = match kind {
+            Kind::Q4_1 => (36, 4),
+            Kind::Q5_0 | Kind::Q8_0 => (34, 2),
+        };
         for b in 0..nb {
             // SAFETY: block b of the row (caller's contract); unaligned reads.
-            let (dw, mw, qx) = unsafe {
-                let blk = wrow.add(b * Q4_1_BLOCK);
-                let dw = f16_to_f32((blk as *const u16).read_unaligned());
-                let mw = f16_to_f32((blk.add(2) as *const u16).read_unaligned());
-                let tmp = _mm_loadu_si128(blk.add(4) as *const __m128i);
-                let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-                (dw, mw, _mm256_and_si256(low, bytes))
+            let blk = unsafe { wrow.add(b * bb) };
+            // SAFETY: as above.
+            let dw = f16_to_f32(unsafe { (blk as *const u16).read_unaligned() });
+            // Q4_1: unsigned weights 0..=15 times signed activations, plus m * s. Q8_0 and Q5_0:
+            // signed times signed, through ggml's sign trick (|w| times sign(w) * x).
+            let (mw, wx, wsign) = match kind {
+                Kind::Q4_1 => {
+                    // SAFETY: as above (m at byte 2, nibbles at byte 4).
+                    let mw = f16_to_f32(unsafe { (blk.add(2) as *const u16).read_unaligned() });
+                    (mw, unsafe { nibbles(blk.add(4)) }, None)
+                }
+                Kind::Q5_0 => {
+                    // SAFETY: as above (fifth bits at byte 2, nibbles at byte 6).
+                    let (qh, lo) = unsafe {
+                        (
+                            (blk.add(2) as *const u32).read_unaligned(),
+                            nibbles(blk.add(6)),
+                        )
+                    };
+                    let hi = _mm256_andnot_si256(bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+                    let qx = _mm256_or_si256(lo, hi);
+                    (0.0, _mm256_sign_epi8(qx, qx), Some(qx))
+                }
+                Kind::Q8_0 => {
+                    // SAFETY: as above (32 signed bytes at byte 2).
+                    let qx = unsafe { _mm256_loadu_si256(blk.add(2) as *const __m256i) };
+                    (0.0, _mm256_sign_epi8(qx, qx), Some(qx))
+                }
             };
             for j in 0..N {
                 let c = &cols[j];
-                summs[j] = mw.mul_add(c.sum[b], summs[j]);
                 let dd = _mm256_set1_ps(dw * c.scale[b]);
                 // SAFETY: block b of column j (caller's contract).
-                let qy =
-                    unsafe { _mm256_loadu_si256(c.q.add(b * Q8_1_BLOCK + 4) as *const __m256i) };
-                let xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy)));
+                let qy = unsafe { _mm256_loadu_si256(c.q.add(b * cb + qoff) as *const __m256i) };
+                let qy = match wsign {
+                    Some(qx) => _mm256_sign_epi8(qy, qx),
+                    None => {
+                        summs[j] = mw.mul_add(c.sum[b], summs[j]);
+                        qy
+                    }
+                };
+                let xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(wx, qy)));
                 acc[j] = _mm256_fmadd_ps(dd, xy, acc[j]);
             }
         }
         let mut out = [0f32; N];
         for j in 0..N {
-            out[j] = hsum(acc[j]) + summs[j];
+            out[j] = hsum(acc[j]);
+            if kind == Kind::Q4_1 {
+                out[j] += summs[j];
+            }
         }
         out
     }

@@ -1,5 +1,6 @@
-//! The few-column Q4_1 kernel against ggml's own product: every column bit-identical to ggml's
-//! one-column result, at every width it takes, with rows split over threads.
+//! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights, every column
+//! bit-identical to ggml's one-column result, at every width it takes, with rows split over
+//! threads.
 use axle_ggml::{few_columns, Backend, BufferType, Context, DType, Scheduler, TensorStore};
 
 /// A small deterministic generator (no test should depend on a seed source).
@@ -18,39 +19,48 @@ impl Lcg {
     }
 }
 
-/// Q4_1 blocks with finite f16 scales and minimums of varied magnitude and sign.
-fn q4_1_bytes(blocks: usize, rng: &mut Lcg) -> Vec<u8> {
-    let mut out = Vec::with_capacity(blocks * 20);
+/// A finite f16 of varied magnitude (2^-10 .. 2^-1), optionally of either sign.
+fn half(rng: &mut Lcg, signed: bool) -> [u8; 2] {
+    let exp = 5 + rng.next() % 10;
+    let sign = if signed && rng.next().is_multiple_of(2) {
+        0x8000
+    } else {
+        0
+    };
+    ((sign | (exp << 10) | (rng.next() % 1024)) as u16).to_le_bytes()
+}
+
+/// Random blocks of `dtype`: f16 scale (and Q4_1's f16 minimum of either sign), then random bits.
+fn blocks(dtype: DType, blocks: usize, rng: &mut Lcg) -> Vec<u8> {
+    let (bytes, signed_min) = if dtype == DType::Q4_1 {
+        (16, true)
+    } else if dtype == DType::Q5_0 {
+        (20, false)
+    } else {
+        (32, false)
+    };
+    let mut out = Vec::new();
     for _ in 0..blocks {
-        let half = |rng: &mut Lcg, signed: bool| {
-            let exp = 5 + rng.next() % 10;
-            let sign = if signed && rng.next().is_multiple_of(2) {
-                0x8000
-            } else {
-                0
-            };
-            (sign | (exp << 10) | (rng.next() % 1024)) as u16
-        };
-        let d = half(rng, false);
-        out.extend_from_slice(&d.to_le_bytes());
-        let m = half(rng, true);
-        out.extend_from_slice(&m.to_le_bytes());
-        out.extend((0..16).map(|_| rng.next() as u8));
+        out.extend_from_slice(&half(rng, false));
+        if signed_min {
+            out.extend_from_slice(&half(rng, true));
+        }
+        out.extend((0..bytes).map(|_| rng.next() as u8));
     }
     out
 }
 
-fn check(k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) {
+fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) {
     assert!(
         few_columns::supported(),
         "this test needs AVX2, FMA and F16C"
     );
-    let mut rng = Lcg(k as u64 * 1000 + m as u64);
-    let store = TensorStore::zeroed(BufferType::cpu(), &[("w".into(), DType::Q4_1, vec![k, m])])
+    let mut rng = Lcg(k as u64 * 1000 + m as u64 + u64::from(dtype.raw()));
+    let store = TensorStore::zeroed(BufferType::cpu(), &[("w".into(), dtype, vec![k, m])])
         .expect("weight buffer");
     let w = store.get("w").expect("w");
     w.t()
-        .write_bytes_at(0, &q4_1_bytes((k / 32 * m) as usize, &mut rng))
+        .write_bytes_at(0, &blocks(dtype, (k / 32 * m) as usize, &mut rng))
         .expect("write weights");
     for n in widths {
         let ctx = Context::new(256, 256).expect("context");
@@ -94,7 +104,8 @@ fn check(k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) 
             for (r, (a, b)) in col.iter().zip(&one).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits(),
-                    "k={k} m={m} n={n}: column {c} row {r}: {a} vs ggml's {b}"
+                    "{} k={k} m={m} n={n}: column {c} row {r}: {a} vs ggml's {b}",
+                    dtype.name()
                 );
             }
             assert!(one.iter().any(|v| *v != 0.0), "a real product");
@@ -112,12 +123,16 @@ fn check(k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) 
 
 #[test]
 fn every_column_matches_ggml_bit_for_bit() {
-    // SmolLM2's projection shapes (576 in; 192, 576 and 1536 out) and its FFN down (1536 in),
-    // with an odd row count so the thread split is uneven.
-    check(576, 193, 2..=9, 2);
-    check(1536, 576, 2..=5, 2);
+    // SmolLM2's and Gemma 3's input widths (576, 640) and FFN down widths (1536, 2048), odd row
+    // counts so the thread split is uneven, every width up to 9 and the widest.
     let widest = few_columns::MAX_COLUMNS;
-    check(576, 67, widest..=widest, 3);
+    for dtype in [DType::Q4_1, DType::Q5_0, DType::Q8_0] {
+        check(dtype, 576, 193, 2..=9, 2);
+        check(dtype, 640, 129, 2..=5, 2);
+        check(dtype, 1536, 576, 2..=4, 2);
+        check(dtype, 2048, 67, 4..=4, 2);
+        check(dtype, 576, 67, widest..=widest, 3);
+    }
 }
 
 #[test]
@@ -127,6 +142,7 @@ fn declines_what_it_does_not_cover() {
         &[
             ("q4_1".into(), DType::Q4_1, vec![64, 8]),
             ("f32".into(), DType::F32, vec![64, 8]),
+            ("f16".into(), DType::F16, vec![64, 8]),
         ],
     )
     .expect("buffer");
@@ -142,7 +158,9 @@ fn declines_what_it_does_not_cover() {
     assert!(ctx
         .mul_mat_few(q.t(), x(few_columns::MAX_COLUMNS + 1))
         .is_none());
-    assert!(ctx.mul_mat_few(f.t(), x(4)).is_none(), "not Q4_1");
+    assert!(ctx.mul_mat_few(f.t(), x(4)).is_none(), "f32 weights");
+    let h = store.get("f16").expect("f16");
+    assert!(ctx.mul_mat_few(h.t(), x(4)).is_none(), "f16 weights");
     // Weights with no memory yet (not plain host memory).
     let meta = ctx.tensor(DType::Q4_1, &[64, 8]);
     assert!(ctx.mul_mat_few(meta, x(4)).is_none());
