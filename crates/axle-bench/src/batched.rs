@@ -68,6 +68,9 @@ fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f6
         max_seqs: b.max(1),
         max_batch_tokens: 512.max(b),
         prefix_caching: false,
+        // Batching against batching: libllama decodes one token per sequence per step, so
+        // n-gram speculation (measured on its own by the ngram workloads) stays off here.
+        max_draft: 0,
         ..Default::default()
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
