@@ -5,9 +5,9 @@
 //! history, a chain through trigram / bigram "next token" tables.
 //!
 //! A gate keeps drafting only while it pays. Acceptance is estimated per draft position (the chance
-//! that a draft token is accepted given that the ones before it were: every checked position is one
-//! trial, alpha 0.1), separately for short, medium and long suffix matches, since a suffix that
-//! matched 12 tokens back predicts far better than a chance bigram. The draft length is the one
+//! that a draft token is accepted given that the ones before it were: every checked position is
+//! one trial, EMA with `DraftConfig::alpha`), separately for short, medium and long suffix
+//! matches, since a suffix that matched 12 tokens back predicts far better than a chance bigram. The draft length is the one
 //! that maximises expected accepted tokens per unit of measured verify cost at that estimate (0: no
 //! draft). On top, an overall estimate pauses drafting below a threshold until a long match
 //! appears or a cool-down passes.
@@ -74,7 +74,8 @@ pub struct DraftConfig {
     pub max_len: usize,
     /// EMA smoothing of the acceptance rate.
     pub alpha: f64,
-    /// Drafting pauses while the EMA is below this.
+    /// A verify outcome that leaves the overall estimate below this pauses drafting (until a long
+    /// match appears or the cool-down passes).
     pub min_acceptance: f64,
     /// Tokens to wait before retrying after a pause (unless a long match appears first).
     pub cooldown: usize,
@@ -96,8 +97,9 @@ impl Default for DraftConfig {
 }
 
 impl DraftConfig {
-    /// The draft length with the best expected tokens per unit cost, given per-token acceptance
-    /// probability `p`; 0 when no length beats a plain decode step.
+    /// The draft length with the best expected tokens per unit cost, given per-position acceptance
+    /// probability `p`; a longer draft must beat the best shorter choice (plain decoding first) by
+    /// 2%, so 0 when none does.
     pub fn best_len(&self, p: f64, available: usize) -> usize {
         let mut best = (1.0, 0usize); // plain decode: 1 token per unit cost
         let mut expected = 1.0; // the model's own token is always gained
@@ -156,7 +158,7 @@ impl MatchClass {
     }
 }
 
-/// The latest `CANDIDATES` positions, newest last, in a fixed ring (O(1) insert).
+/// The latest `CANDIDATES` positions in a fixed ring (O(1) insert), iterated newest first.
 #[derive(Debug, Clone, Copy, Default)]
 struct Recent {
     at: [usize; CANDIDATES],
@@ -396,7 +398,8 @@ impl Drafter {
             }
             return Vec::new();
         }
-        // A real draft supersedes any shadow.
+        // A real draft supersedes any shadow; a pending one is dropped unscored (its matches so
+        // far are not folded in).
         self.shadow.clear();
         self.shadow_matched = 0;
         self.draft_class = class;

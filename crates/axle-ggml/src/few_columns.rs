@@ -15,7 +15,10 @@
 //! (lane-wise FMA of `d_w * d_x` times the integer block sum, for Q4_1 a scalar FMA of
 //! `m_w * s_x`, the same horizontal sum). So a row's logits do not depend on how many other rows
 //! share its step: the batch invariance the engine needs is kept, and `tests/few_columns.rs`
-//! checks it against ggml itself.
+//! checks it against ggml itself. Since ggml picks its one-column kernels at compile time (and
+//! the Q4_1 FMA comes from the C compiler contracting `summs += m * s`), [`supported`] also
+//! checks at run time, once, that this build's ggml gives bit-identical results, and turns the
+//! kernel off otherwise.
 //!
 //! Hand-written because no crate provides ggml-compatible quantized kernels; it is wired in as a
 //! ggml custom op, so graphs, threads and memory stay ggml's.
@@ -78,18 +81,32 @@ impl Kind {
     }
 }
 
-/// Whether this CPU runs the kernel (AVX2, FMA and F16C, as ggml's own path requires).
+/// Whether the kernel runs here and agrees with this build's ggml: the CPU has AVX2, FMA and F16C,
+/// ggml was compiled for them (its one-column kernels are chosen at compile time), and a product
+/// of random blocks through both gives bit-identical results for every covered type (checked
+/// once per process). Otherwise products keep ggml's kernels.
 pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static AGREES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AGREES.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let cpu = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            // SAFETY: ggml's compile-time feature queries, no state.
+            let built = unsafe {
+                sys::ggml_cpu_has_avx2() != 0
+                    && sys::ggml_cpu_has_fma() != 0
+                    && sys::ggml_cpu_has_f16c() != 0
+            };
+            // SAFETY: the CPU features were checked just before.
+            cpu && built && unsafe { x86::agrees_with_ggml() }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Whether `w @ x` can go through [`op`]: Q4_1, Q5_0 or Q8_0 weights in plain host memory, 2 to
@@ -152,6 +169,161 @@ mod x86 {
         sum: &'a [f32],
     }
 
+    /// Activation columns quantized by ggml's own quantizer (what its mul_mat does), with each
+    /// block's scale (and, for Q8_1, scaled sum) taken as f32 once.
+    struct Quantized {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+        sum: Vec<f32>,
+        nb: usize,
+        block: usize,
+    }
+
+    impl Quantized {
+        /// # Safety
+        /// `src(c)` points at `nb * QK` readable f32 values for every `c < n`; the CPU has F16C.
+        unsafe fn new(kind: Kind, nb: usize, n: usize, src: impl Fn(usize) -> *const f32) -> Self {
+            let (col_type, block) = kind.columns();
+            // SAFETY: ggml returns static traits for every type id.
+            let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
+            let Some(quantize) = traits.from_float else {
+                unreachable!("ggml's CPU traits quantize to Q8_0 and Q8_1")
+            };
+            let mut q = vec![0u8; n * nb * block];
+            let mut scale = vec![0f32; n * nb];
+            let mut sum = vec![0f32; n * nb];
+            for c in 0..n {
+                // SAFETY: the caller's contract for src(c); q has room for nb blocks here.
+                unsafe {
+                    quantize(
+                        src(c),
+                        q.as_mut_ptr().add(c * nb * block) as *mut _,
+                        (nb * QK) as i64,
+                    )
+                };
+                for b in 0..nb {
+                    let blk = &q[(c * nb + b) * block..];
+                    // SAFETY: F16C (the caller's contract).
+                    unsafe {
+                        scale[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                        if kind == Kind::Q4_1 {
+                            sum[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                        }
+                    }
+                }
+            }
+            Quantized {
+                q,
+                scale,
+                sum,
+                nb,
+                block,
+            }
+        }
+
+        fn column(&self, c: usize) -> Column<'_> {
+            let nb = self.nb;
+            Column {
+                q: self.q[c * nb * self.block..].as_ptr(),
+                scale: &self.scale[c * nb..(c + 1) * nb],
+                sum: &self.sum[c * nb..(c + 1) * nb],
+            }
+        }
+    }
+
+    /// Whether this build's ggml computes exactly what [`row_dot`] does: for each covered type, a
+    /// product of random blocks with 4 random columns through ggml's own one-column dot product
+    /// (from its CPU type traits) and through [`row_dot`], compared bit for bit. This catches a
+    /// ggml built without AVX2/FMA (when `RUSTFLAGS` overrides the workspace's target CPU) or by a
+    /// compiler that does not fuse Q4_1's `summs += m * s` into an FMA.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    pub(super) unsafe fn agrees_with_ggml() -> bool {
+        // SAFETY: idempotent initialisation of ggml's CPU tables (the f16 table its dot
+        // products read).
+        unsafe { sys::ggml_cpu_init() };
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let nb = 8;
+        for kind in [Kind::Q4_1, Kind::Q5_0, Kind::Q8_0] {
+            let bb = kind.block_bytes();
+            let mut w = vec![0u8; nb * bb];
+            for blk in w.chunks_mut(bb) {
+                for (i, byte) in blk.iter_mut().enumerate() {
+                    *byte = next() as u8;
+                    // Finite f16 scale (and Q4_1 minimum): exponent bits 5..=14.
+                    if i == 1 || (kind == Kind::Q4_1 && i == 3) {
+                        *byte = (*byte & 0x83) | (((5 + next() % 10) as u8) << 2);
+                    }
+                }
+            }
+            let xs: Vec<f32> = (0..4 * nb * QK)
+                .map(|_| (next() % 4001) as f32 / 1000.0 - 2.0)
+                .collect();
+            // SAFETY: 4 columns of nb * QK values each; F16C (the caller's contract).
+            let cols = unsafe { Quantized::new(kind, nb, 4, |c| xs[c * nb * QK..].as_ptr()) };
+            // SAFETY: ggml returns static traits for every type id.
+            let traits = unsafe { &*sys::ggml_get_type_traits_cpu(weight_type(kind)) };
+            let Some(vec_dot) = traits.vec_dot else {
+                return false;
+            };
+            // SAFETY: w holds nb blocks; each column nb blocks; the caller's contract.
+            let ours = unsafe { dot_all(kind, w.as_ptr(), nb, &cols) };
+            for (c, v) in ours.iter().enumerate() {
+                let mut theirs = 0f32;
+                // SAFETY: a one-row, one-column product over nb blocks of live buffers.
+                unsafe {
+                    vec_dot(
+                        (nb * QK) as i32,
+                        &mut theirs,
+                        0,
+                        w.as_ptr() as *const _,
+                        0,
+                        cols.column(c).q as *const _,
+                        0,
+                        1,
+                    )
+                };
+                if theirs.to_bits() != v.to_bits() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn weight_type(kind: Kind) -> sys::ggml_type {
+        match kind {
+            Kind::Q4_1 => sys::GGML_TYPE_Q4_1,
+            Kind::Q5_0 => sys::GGML_TYPE_Q5_0,
+            Kind::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
+
+    /// 4 columns through the same path as [`mul_mat`] (`dot_cols`) for a kind known at run time.
+    ///
+    /// # Safety
+    /// As [`row_dot`].
+    unsafe fn dot_all(kind: Kind, wrow: *const u8, nb: usize, cols: &Quantized) -> [f32; 4] {
+        let column = |c: usize| cols.column(c);
+        let mut r = [0f32; 4];
+        // SAFETY: the caller's contract.
+        unsafe {
+            match kind {
+                Kind::Q4_1 => dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
+                Kind::Q5_0 => dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
+                Kind::Q8_0 => dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
+            }
+        }
+        r
+    }
+
     /// # Safety
     /// As [`super::op`]; the CPU has AVX2, FMA and F16C.
     pub(super) unsafe fn mul_mat(dst: *mut sys::ggml_tensor, ith: usize, nth: usize) {
@@ -160,7 +332,6 @@ mod x86 {
         let Some(kind) = Kind::of(DType(w.type_)) else {
             unreachable!("`applies` admitted only covered weight types")
         };
-        let (col_type, col_block) = kind.columns();
         let k = w.ne[0] as usize;
         let m = w.ne[1] as usize;
         let n = x.ne[1] as usize;
@@ -170,43 +341,13 @@ mod x86 {
         if r0 == r1 {
             return;
         }
-        // Quantize the columns with ggml's own quantizer (what its mul_mat does), and take each
-        // block's scale (and scaled sum) as f32 once.
-        // SAFETY: ggml returns static traits for every type id.
-        let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
-        let Some(quantize) = traits.from_float else {
-            unreachable!("ggml's CPU traits quantize to Q8_0 and Q8_1")
+        // SAFETY: column c of x holds k contiguous f32 values (checked by `applies`).
+        let cols = unsafe {
+            Quantized::new(kind, nb, n, |c| {
+                (x.data as *const u8).add(c * x.nb[1]) as *const f32
+            })
         };
-        let mut q = vec![0u8; n * nb * col_block];
-        let mut scale = vec![0f32; n * nb];
-        let mut sum = vec![0f32; n * nb];
-        for c in 0..n {
-            // SAFETY: column c of x holds k f32 values (contiguous, checked by `applies`); q has
-            // room for nb blocks at this offset.
-            unsafe {
-                let src = (x.data as *const u8).add(c * x.nb[1]) as *const f32;
-                quantize(
-                    src,
-                    q.as_mut_ptr().add(c * nb * col_block) as *mut _,
-                    k as i64,
-                );
-            }
-            for b in 0..nb {
-                let blk = &q[(c * nb + b) * col_block..];
-                // SAFETY: F16C is available (checked by `applies`).
-                unsafe {
-                    scale[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                    if kind == Kind::Q4_1 {
-                        sum[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
-                    }
-                }
-            }
-        }
-        let column = |c: usize| Column {
-            q: q[c * nb * col_block..].as_ptr(),
-            scale: &scale[c * nb..(c + 1) * nb],
-            sum: &sum[c * nb..(c + 1) * nb],
-        };
+        let column = |c: usize| cols.column(c);
         let out = d.data as *mut f32;
         let mut r = [0f32; 4];
         for row in r0..r1 {
@@ -317,6 +458,7 @@ mod x86 {
     /// `wrow` points at `nb` weight blocks of `kind`; each column's `q` at `nb` blocks of the
     /// column type, with `nb` entries in `scale` (and `sum` for Q4_1).
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     unsafe fn row_dot<const N: usize, const KIND: u8>(
         wrow: *const u8,
         nb: usize,

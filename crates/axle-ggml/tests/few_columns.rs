@@ -53,7 +53,7 @@ fn blocks(dtype: DType, blocks: usize, rng: &mut Lcg) -> Vec<u8> {
 fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, threads: usize) {
     assert!(
         few_columns::supported(),
-        "this test needs AVX2, FMA and F16C"
+        "the kernel is off: this test needs AVX2, FMA and F16C, a ggml built for them, and ggml's dot products reproduced bit for bit (see few_columns::supported)"
     );
     let mut rng = Lcg(k as u64 * 1000 + m as u64 + u64::from(dtype.raw()));
     let store = TensorStore::zeroed(BufferType::cpu(), &[("w".into(), dtype, vec![k, m])])

@@ -112,9 +112,9 @@ impl<'a> Step<'a> {
     /// The cost: K-quant prefill gives up the tiled kernel (about 10% slower prefill on Gemma 3's
     /// Q4_K_M, whose Q4_K/Q6_K tensors are a third of each layer).
     ///
-    /// Q4_1 weights with 2 to 32 columns (verify steps, small batches) go through
-    /// [`Context::mul_mat_few`], which unpacks each weight block once for all columns where ggml
-    /// redoes the whole dot product per column; its columns are bit-identical to ggml's.
+    /// Q4_1, Q5_0 and Q8_0 weights with 2 to 32 columns (verify steps, small batches) go through
+    /// [`Context::mul_mat_few`], which unpacks each weight block once for up to 4 columns where
+    /// ggml does more work per column; its columns are bit-identical to ggml's.
     pub fn matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
         let [k, n, rest @ ..] = x.ne();
