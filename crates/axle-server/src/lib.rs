@@ -65,11 +65,49 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(reject_oversized))
         .layer(axum::middleware::map_response_with_state(
             state.clone(),
             runtime_headers,
         ))
         .with_state(state)
+}
+
+/// Bodies declared larger than this are refused without reading them at all.
+const DRAIN_MAX: u64 = 64 << 20;
+
+/// Refuses a body whose declared length exceeds `MAX_BODY` with a 413 before any handler runs.
+/// The body is read and dropped first (up to `DRAIN_MAX`): answering while the client is still
+/// sending would close the connection on unread data, and the client would see a reset or a
+/// broken pipe instead of the 413. Bodies without a length are limited by `DefaultBodyLimit`.
+async fn reject_oversized(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use http_body_util::BodyExt;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let Some(len) = declared.filter(|&n| n > MAX_BODY as u64) else {
+        return next.run(req).await;
+    };
+    if len <= DRAIN_MAX {
+        let mut body = req.into_body();
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                break;
+            }
+        }
+    }
+    let mut e = ApiError::bad_request(
+        format!("request body too large (limit {MAX_BODY} bytes)"),
+        None,
+    );
+    e.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
+    e.into_response()
 }
 
 /// Every response says which route served it.
@@ -122,5 +160,51 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    fn echo() -> Router {
+        Router::new()
+            .route(
+                "/",
+                post(|body: String| async move { body.len().to_string() }),
+            )
+            .layer(axum::middleware::from_fn(reject_oversized))
+    }
+
+    fn post_bytes(n: usize) -> Request<Body> {
+        Request::post("/")
+            .header("content-length", n)
+            .body(Body::from(vec![b'a'; n]))
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn oversized_bodies_get_a_413_in_openai_shape() {
+        let r = echo()
+            .oneshot(post_bytes(MAX_BODY + 1))
+            .await
+            .expect("response");
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let body = r.into_body().collect().await.expect("body").to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("too large"), "{v}");
+    }
+
+    #[tokio::test]
+    async fn bodies_within_the_limit_reach_the_handler() {
+        let r = echo().oneshot(post_bytes(1000)).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK);
+        let body = r.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"1000");
     }
 }
