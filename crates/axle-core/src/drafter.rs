@@ -7,10 +7,10 @@
 //! A gate keeps drafting only while it pays. Acceptance is estimated per draft position (the chance
 //! that a draft token is accepted given that the ones before it were: every checked position is
 //! one trial, EMA with `DraftConfig::alpha`), separately for short, medium and long suffix
-//! matches, since a suffix that matched 12 tokens back predicts far better than a chance bigram. The draft length is the one
-//! that maximises expected accepted tokens per unit of measured verify cost at that estimate (0: no
-//! draft). On top, an overall estimate pauses drafting below a threshold until a long match
-//! appears or a cool-down passes.
+//! matches, since a suffix that matched 12 tokens back predicts far better than a chance bigram.
+//! The draft length is the one that maximises expected accepted tokens per unit of measured
+//! verify cost at that estimate (0: no draft). On top, an overall estimate pauses drafting below a
+//! threshold until a long match appears or a cool-down passes.
 //!
 //! While the gate holds drafting back, the drafter keeps a *shadow* draft: what it would have
 //! proposed, checked for free against the tokens the model then really produces. Shadow outcomes

@@ -54,6 +54,16 @@ impl Kind {
         }
     }
 
+    /// ggml's id of the weight type (the inverse of [`Kind::of`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn weight_type(self) -> sys::ggml_type {
+        match self {
+            Kind::Q4_1 => sys::GGML_TYPE_Q4_1,
+            Kind::Q5_0 => sys::GGML_TYPE_Q5_0,
+            Kind::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
+
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const fn from_tag(tag: u8) -> Kind {
         match tag {
@@ -71,12 +81,13 @@ impl Kind {
         }
     }
 
-    /// ggml's type for the quantized columns (its `vec_dot_type`) and its block size.
+    /// ggml's type for the quantized columns (its `vec_dot_type`), its block size, and where the
+    /// 32 quants start in a block (after the f16 scale, and for Q8_1 the f16 scaled sum).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn columns(self) -> (sys::ggml_type, usize) {
+    const fn columns(self) -> (sys::ggml_type, usize, usize) {
         match self {
-            Kind::Q4_1 => (sys::GGML_TYPE_Q8_1, 36),
-            Kind::Q5_0 | Kind::Q8_0 => (sys::GGML_TYPE_Q8_0, 34),
+            Kind::Q4_1 => (sys::GGML_TYPE_Q8_1, 36, 4),
+            Kind::Q5_0 | Kind::Q8_0 => (sys::GGML_TYPE_Q8_0, 34, 2),
         }
     }
 }
@@ -183,7 +194,7 @@ mod x86 {
         /// # Safety
         /// `src(c)` points at `nb * QK` readable f32 values for every `c < n`; the CPU has F16C.
         unsafe fn new(kind: Kind, nb: usize, n: usize, src: impl Fn(usize) -> *const f32) -> Self {
-            let (col_type, block) = kind.columns();
+            let (col_type, block, _) = kind.columns();
             // SAFETY: ggml returns static traits for every type id.
             let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
             let Some(quantize) = traits.from_float else {
@@ -269,12 +280,14 @@ mod x86 {
             // SAFETY: 4 columns of nb * QK values each; F16C (the caller's contract).
             let cols = unsafe { Quantized::new(kind, nb, 4, |c| xs[c * nb * QK..].as_ptr()) };
             // SAFETY: ggml returns static traits for every type id.
-            let traits = unsafe { &*sys::ggml_get_type_traits_cpu(weight_type(kind)) };
+            let traits = unsafe { &*sys::ggml_get_type_traits_cpu(kind.weight_type()) };
             let Some(vec_dot) = traits.vec_dot else {
                 return false;
             };
+            let mut ours = [0f32; 4];
+            let column = |c: usize| cols.column(c);
             // SAFETY: w holds nb blocks; each column nb blocks; the caller's contract.
-            let ours = unsafe { dot_all(kind, w.as_ptr(), nb, &cols) };
+            unsafe { dot(kind, w.as_ptr(), nb, 0, 4, &column, &mut ours) };
             for (c, v) in ours.iter().enumerate() {
                 let mut theirs = 0f32;
                 // SAFETY: a one-row, one-column product over nb blocks of live buffers.
@@ -298,30 +311,28 @@ mod x86 {
         true
     }
 
-    fn weight_type(kind: Kind) -> sys::ggml_type {
-        match kind {
-            Kind::Q4_1 => sys::GGML_TYPE_Q4_1,
-            Kind::Q5_0 => sys::GGML_TYPE_Q5_0,
-            Kind::Q8_0 => sys::GGML_TYPE_Q8_0,
-        }
-    }
-
-    /// 4 columns through the same path as [`mul_mat`] (`dot_cols`) for a kind known at run time.
+    /// Row `wrow` times columns `c0 .. c0 + cols` (1 to 4) into `r`, for a kind known at run
+    /// time: the one dispatch from [`mul_mat`] and the self-check into the kernel.
     ///
     /// # Safety
     /// As [`row_dot`].
-    unsafe fn dot_all(kind: Kind, wrow: *const u8, nb: usize, cols: &Quantized) -> [f32; 4] {
-        let column = |c: usize| cols.column(c);
-        let mut r = [0f32; 4];
+    unsafe fn dot<'a>(
+        kind: Kind,
+        wrow: *const u8,
+        nb: usize,
+        c0: usize,
+        cols: usize,
+        column: &impl Fn(usize) -> Column<'a>,
+        r: &mut [f32; 4],
+    ) {
         // SAFETY: the caller's contract.
         unsafe {
             match kind {
-                Kind::Q4_1 => dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
-                Kind::Q5_0 => dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
-                Kind::Q8_0 => dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, 0, 4, &column, &mut r),
+                Kind::Q4_1 => dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, c0, cols, column, r),
+                Kind::Q5_0 => dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, c0, cols, column, r),
+                Kind::Q8_0 => dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, c0, cols, column, r),
             }
         }
-        r
     }
 
     /// # Safety
@@ -357,19 +368,7 @@ mod x86 {
             while c0 < n {
                 let cols = (n - c0).min(4);
                 // SAFETY: wrow has nb blocks; each Column covers nb blocks; features checked.
-                unsafe {
-                    match kind {
-                        Kind::Q4_1 => {
-                            dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
-                        }
-                        Kind::Q5_0 => {
-                            dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
-                        }
-                        Kind::Q8_0 => {
-                            dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, c0, cols, &column, &mut r)
-                        }
-                    }
-                }
+                unsafe { dot(kind, wrow, nb, c0, cols, &column, &mut r) };
                 for (j, v) in r[..cols].iter().enumerate() {
                     // SAFETY: dst is [m, n] f32, contiguous (made by ggml_custom_4d).
                     unsafe { *out.add((c0 + j) * m + row) = *v };
@@ -469,10 +468,7 @@ mod x86 {
         let mut summs = [0f32; N];
         let ones = _mm256_set1_epi16(1);
         let bb = kind.block_bytes();
-        let (cb, qoff) = match kind {
-            Kind::Q4_1 => (36, 4),
-            Kind::Q5_0 | Kind::Q8_0 => (34, 2),
-        };
+        let (_, cb, qoff) = kind.columns();
         for b in 0..nb {
             // SAFETY: block b of the row (caller's contract); unaligned reads.
             let blk = unsafe { wrow.add(b * bb) };

@@ -31,6 +31,17 @@ impl ApiError {
         }
     }
 
+    /// 413 for a body over [`crate::MAX_BODY`].
+    pub fn too_large() -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::bad_request(
+                format!("request body too large (limit {} bytes)", crate::MAX_BODY),
+                None,
+            )
+        }
+    }
+
     /// 404 for an unknown model.
     pub fn unknown_model(name: &str) -> ApiError {
         ApiError {
@@ -91,12 +102,9 @@ impl IntoResponse for ApiError {
 
 impl From<axum::extract::rejection::JsonRejection> for ApiError {
     fn from(r: axum::extract::rejection::JsonRejection) -> ApiError {
-        let status = r.status();
-        let mut e = ApiError::bad_request(r.body_text(), None);
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            e.status = status;
-            e.message = format!("request body too large (limit {} bytes)", crate::MAX_BODY);
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::too_large();
         }
-        e
+        ApiError::bad_request(r.body_text(), None)
     }
 }

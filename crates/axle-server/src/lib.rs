@@ -102,12 +102,7 @@ async fn reject_oversized(
             }
         }
     }
-    let mut e = ApiError::bad_request(
-        format!("request body too large (limit {MAX_BODY} bytes)"),
-        None,
-    );
-    e.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
-    e.into_response()
+    ApiError::too_large().into_response()
 }
 
 /// Every response says which route served it.
