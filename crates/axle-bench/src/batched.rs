@@ -156,6 +156,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             n_threads: opts.threads,
             n_seq_max: max_b as u32,
             n_batch: (max_b * opts.prompt).max(512) as u32,
+            n_gpu_layers: crate::oracle_gpu_layers(model),
             ..Default::default()
         },
     )?;

@@ -116,6 +116,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         &OracleOptions {
             n_ctx: kv_slots,
             n_threads: opts.threads,
+            n_gpu_layers: crate::oracle_gpu_layers(model),
             ..Default::default()
         },
     )?;

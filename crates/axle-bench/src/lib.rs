@@ -6,12 +6,23 @@
 
 pub mod batched;
 pub mod compare;
+pub mod device_check;
 pub mod llama_server;
 pub mod ngram;
 pub mod prefix;
 pub mod scenario;
 pub mod server;
 pub mod stats;
+
+/// The libllama oracle's `n_gpu_layers` that puts the same layers on the GPU as `model` has:
+/// 0 on the CPU, every layer and the head (999) when the model is wholly offloaded.
+pub fn oracle_gpu_layers(model: &axle_models::Model) -> i32 {
+    match model.offload() {
+        None => 0,
+        Some(o) if o.first_layer == 0 => 999,
+        Some(o) => (model.family().hparams().n_layer as i32 - o.first_layer as i32).max(0),
+    }
+}
 
 /// A progress bar on stderr (hidden when `show` is false).
 pub fn progress_bar(show: bool, len: u64, message: &str) -> indicatif::ProgressBar {

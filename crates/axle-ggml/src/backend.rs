@@ -38,14 +38,125 @@ unsafe impl Send for Device {}
 // SAFETY: as above; all accessors are read-only.
 unsafe impl Sync for Device {}
 
-impl Device {
-    /// Loads dynamically built backends (e.g. `libggml-cuda.so`) from `dir`.
-    pub fn load_backends_from(dir: &std::path::Path) {
+/// Whether `file_name` names a loadable ggml device backend (`libggml-cuda.so`,
+/// `libggml-vulkan.so`, `ggml-cuda.dll`, ...), not ggml's core libraries or a CPU variant (the
+/// CPU backend is linked in).
+fn is_device_backend_file(file_name: &str) -> bool {
+    let stem = file_name.strip_prefix("lib").unwrap_or(file_name);
+    let Some(rest) = stem.strip_prefix("ggml-") else {
+        return false;
+    };
+    let name = rest.split('.').next().unwrap_or("");
+    let shared = [".so", ".dylib", ".dll"]
+        .iter()
+        .any(|ext| file_name.ends_with(ext) || file_name.contains(&format!("{ext}.")));
+    shared && !name.is_empty() && name != "base" && !name.starts_with("cpu")
+}
+
+/// Folders searched for loadable backends: `$AXLE_BACKENDS_DIR` (a `:`-separated list) if set,
+/// else the executable's folder and its `backends/` subfolder.
+pub fn backend_search_dirs() -> Vec<std::path::PathBuf> {
+    if let Some(v) = std::env::var_os("AXLE_BACKENDS_DIR") {
+        return std::env::split_paths(&v).collect();
+    }
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+    else {
+        return Vec::new();
+    };
+    vec![exe_dir.join("backends"), exe_dir]
+}
+
+/// Loads the device backends built as shared libraries (`libggml-cuda.so` from
+/// `scripts/build-cuda-backend.sh`, or Vulkan, ROCm, ...) from [`backend_search_dirs`], once per
+/// process, and returns what was loaded (file, and the error for files ggml refused). The CPU
+/// backend is linked in and always registered; without such files the program stays CPU-only.
+pub fn load_dynamic_backends(
+) -> &'static [(std::path::PathBuf, std::result::Result<String, String>)] {
+    static LOADED: std::sync::OnceLock<
+        Vec<(std::path::PathBuf, std::result::Result<String, String>)>,
+    > = std::sync::OnceLock::new();
+    LOADED.get_or_init(|| {
         crate::quiet_logs();
-        if let Ok(c) = CString::new(dir.as_os_str().to_string_lossy().as_bytes()) {
-            // SAFETY: valid C string; ggml ignores directories without backends.
-            unsafe { sys::ggml_backend_load_all_from_path(c.as_ptr()) }
+        let mut out = Vec::new();
+        for dir in backend_search_dirs() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            let mut files: Vec<_> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(is_device_backend_file)
+                })
+                .collect();
+            files.sort();
+            for path in files {
+                let Ok(c) = CString::new(path.as_os_str().to_string_lossy().as_bytes()) else {
+                    continue;
+                };
+                // SAFETY: a valid C path; ggml dlopens it, checks its backend API version and
+                // registers it, or returns NULL (wrong version, missing symbols or libraries).
+                let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
+                let result = if reg.is_null() {
+                    Err("ggml could not load it (missing CUDA libraries, or built from another ggml)".to_string())
+                } else {
+                    // SAFETY: a registered backend's name is a static string.
+                    Ok(cstr(unsafe { sys::ggml_backend_reg_name(reg) }))
+                };
+                out.push((path, result));
+            }
         }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_device_backend_file;
+
+    #[test]
+    fn device_backend_files() {
+        for yes in [
+            "libggml-cuda.so",
+            "libggml-vulkan.so",
+            "ggml-cuda.dll",
+            "libggml-metal.dylib",
+            "libggml-cuda.so.0",
+        ] {
+            assert!(is_device_backend_file(yes), "{yes}");
+        }
+        for no in [
+            "libggml-base.so",
+            "libggml-cpu-haswell.so",
+            "libggml.so",
+            "libllama.so",
+            "libggml-cuda.a",
+            "ggml-cuda.txt",
+        ] {
+            assert!(!is_device_backend_file(no), "{no}");
+        }
+    }
+}
+
+impl Device {
+    /// The registered device called `name` (ggml's name, any case: `cuda0`, `CUDA0`, `cpu`).
+    pub fn find(name: &str) -> Option<Device> {
+        Device::all()
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The first registered GPU (discrete before integrated), if any.
+    pub fn first_gpu() -> Option<Device> {
+        let all = Device::all();
+        all.iter()
+            .find(|d| d.kind() == DeviceKind::Gpu)
+            .or_else(|| all.iter().find(|d| d.kind() == DeviceKind::IntegratedGpu))
+            .copied()
     }
 
     /// All registered devices.
@@ -130,6 +241,18 @@ impl Device {
             }
         }
         out
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        self.0 == other.0
     }
 }
 

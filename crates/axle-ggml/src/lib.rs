@@ -18,7 +18,9 @@ mod store;
 mod sysinfo;
 mod tensor;
 
-pub use backend::{Backend, BufferType, Device, DeviceKind, Scheduler};
+pub use backend::{
+    backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind, Scheduler,
+};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gguf::{GgufFile, MetaValue, TensorInfo};

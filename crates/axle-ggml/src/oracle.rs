@@ -46,6 +46,11 @@ pub struct OracleOptions {
     pub vocab_only: bool,
     /// Logical batch size.
     pub n_batch: u32,
+    /// Layers offloaded to the registered GPUs (0: CPU only; more than the model has: every
+    /// layer and the output head).
+    pub n_gpu_layers: i32,
+    /// Flash attention (on, as Axle runs; off to see how libllama disagrees with itself).
+    pub flash_attn: bool,
 }
 
 impl Default for OracleOptions {
@@ -56,12 +61,15 @@ impl Default for OracleOptions {
             n_seq_max: 1,
             vocab_only: false,
             n_batch: 512,
+            n_gpu_layers: 0,
+            flash_attn: true,
         }
     }
 }
 
 impl LlamaOracle {
-    /// Loads `path` with flash attention on, F16 KV and a persistent thread pool (as Axle runs).
+    /// Loads `path` with F16 KV, a persistent thread pool and, by default, flash attention on
+    /// and every layer on the CPU (as Axle runs there).
     pub fn load(path: &Path, opts: &OracleOptions) -> Result<LlamaOracle> {
         crate::quiet_logs();
         let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
@@ -70,7 +78,7 @@ impl LlamaOracle {
         unsafe {
             sys::llama_backend_init();
             let mut mp = sys::llama_model_default_params();
-            mp.n_gpu_layers = 0;
+            mp.n_gpu_layers = opts.n_gpu_layers;
             mp.vocab_only = opts.vocab_only;
             let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
             if model.is_null() {
@@ -94,7 +102,11 @@ impl LlamaOracle {
             cp.n_seq_max = opts.n_seq_max;
             cp.n_threads = opts.n_threads as i32;
             cp.n_threads_batch = opts.n_threads as i32;
-            cp.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            cp.flash_attn_type = if opts.flash_attn {
+                sys::LLAMA_FLASH_ATTN_TYPE_ENABLED
+            } else {
+                sys::LLAMA_FLASH_ATTN_TYPE_DISABLED
+            };
             cp.kv_unified = true;
             cp.no_perf = true;
             let ctx = sys::llama_init_from_model(model, cp);

@@ -71,9 +71,29 @@ pub enum WeightPlacement {
         /// Whether to use the repacking buffer types.
         repack: bool,
     },
-    /// All weights copied to one device buffer type (a GPU).
-    Device(BufferType),
+    /// Offload to a device (a GPU): the weights of layers `first_layer..` copied to `buft`, and,
+    /// when every layer is there (`first_layer == 0`), the output norm and head too. The rest stays
+    /// in host memory, used in place: earlier layers (run on the CPU through the backend
+    /// scheduler) and the token embedding, of which a step reads a few rows (as llama.cpp keeps
+    /// its input layer on the CPU). A model whose head is its token embedding (tied) gets a device
+    /// copy of it as `output.weight`.
+    Device {
+        /// The device's buffer type.
+        buft: BufferType,
+        /// First layer whose weights go to the device.
+        first_layer: u32,
+    },
 }
+
+/// The layer a GGUF tensor belongs to (`blk.N.*`), if any.
+fn layer_of(name: &str) -> Option<u32> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// The token embedding, kept in host memory by [`WeightPlacement::Device`].
+const TOKEN_EMBD: &str = "token_embd.weight";
+/// The output head a tied model lacks.
+const OUTPUT: &str = "output.weight";
 
 impl TensorStore {
     /// A tensor by name.
@@ -113,11 +133,15 @@ impl TensorStore {
 
     /// Loads all tensors of a GGUF file. `matmul_weight(name)` tells which tensors are only used as
     /// the weight of a mul_mat (candidates for repacking); `backend` answers support queries.
+    ///
+    /// `progress(done, total)` is called with the bytes copied so far as weights go to non-mmap
+    /// memory (a device, or a repacked layout).
     pub fn load_weights(
         file: &GgufFile,
         placement: WeightPlacement,
         backend: &Backend,
         matmul_weight: impl Fn(&str) -> bool,
+        progress: &mut dyn FnMut(u64, u64),
     ) -> Result<TensorStore> {
         let infos = file.tensors();
         let ctx = Context::new(infos.len() + 1, 0)?;
@@ -139,7 +163,13 @@ impl TensorStore {
             }
             by_name.insert(info.name.clone(), t.raw());
             let target = match placement {
-                WeightPlacement::Device(b) => Some(b),
+                WeightPlacement::Device { buft, first_layer } => {
+                    let on_device = match layer_of(&info.name) {
+                        Some(il) => il >= first_layer,
+                        None => info.name != TOKEN_EMBD && first_layer == 0,
+                    };
+                    on_device.then_some(buft)
+                }
                 WeightPlacement::Host { .. } => {
                     let repackable = info.shape.len() == 2 && matmul_weight(&info.name);
                     extras.iter().copied().find(|&b| {
@@ -149,6 +179,26 @@ impl TensorStore {
             };
             groups.entry(target).or_default().push((i, t.raw()));
         }
+        // A tied head on the device: a device copy of the token embedding, bound as the head.
+        if let WeightPlacement::Device {
+            buft,
+            first_layer: 0,
+        } = placement
+        {
+            if !by_name.contains_key(OUTPUT) {
+                if let Some(i) = infos.iter().position(|t| t.name == TOKEN_EMBD) {
+                    let t = ctx.tensor(infos[i].dtype, &infos[i].shape).named(OUTPUT);
+                    by_name.insert(OUTPUT.to_string(), t.raw());
+                    groups.entry(Some(buft)).or_default().push((i, t.raw()));
+                }
+            }
+        }
+        let total: u64 = groups
+            .iter()
+            .filter(|(target, _)| target.is_some())
+            .flat_map(|(_, ts)| ts.iter().map(|&(i, _)| infos[i].nbytes))
+            .sum();
+        let mut done = 0u64;
         let mut buffers = Vec::new();
         let mut mmap = None;
         for (target, tensors) in groups {
@@ -202,6 +252,8 @@ impl TensorStore {
                         unsafe {
                             sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len())
                         };
+                        done += data.len() as u64;
+                        progress(done, total);
                     }
                     buffers.push(buf);
                 }

@@ -257,9 +257,10 @@ impl<'a> Step<'a> {
                     g.view(mask, &[self.n_kv, rows], &[mn[1]], first as usize * mn[1]),
                 )
             };
-            // A one-row op over 512 or more slots would take the split-KV kernel: attend with the
-            // row twice instead (the one-pass kernel, as in every wider op) and keep the first.
-            let twice = invariant && rows == 1 && self.n_kv >= FA_SPLIT_KV_SLOTS;
+            // A one-row op over 512 or more slots would take the CPU's split-KV kernel: attend with
+            // the row twice instead (the one-pass kernel, as in every wider op) and keep the first.
+            let twice =
+                invariant && rows == 1 && self.n_kv >= FA_SPLIT_KV_SLOTS && kc.is_plain_host();
             let (qg, mg) = if twice {
                 (g.concat(qg, qg, 2), g.concat(mg, mg, 1))
             } else {

@@ -6,7 +6,7 @@ use axle_ggml::{BufferType, DType, StoredTensor, TensorStore};
 
 /// The KV tensors of all layers.
 pub struct KvCache {
-    _store: TensorStore,
+    _stores: Vec<TensorStore>,
     /// K per layer: [n_embd_k_gqa, kv_size].
     pub k: Vec<StoredTensor>,
     /// V per layer: [n_embd_v_gqa, kv_size].
@@ -16,26 +16,44 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Allocates `size` zeroed slots for layers with the given (k, v) widths.
+    /// Allocates `size` zeroed slots for layers with the given (k, v) widths, each layer's in the
+    /// memory of its buffer type (`bufts[il]`: the device that runs the layer).
     pub fn new(
-        buft: BufferType,
+        bufts: &[BufferType],
         dims: &[(i64, i64)],
         size: u32,
     ) -> Result<KvCache, axle_ggml::Error> {
-        let mut specs = Vec::with_capacity(dims.len() * 2);
-        for (il, &(k, v)) in dims.iter().enumerate() {
+        assert_eq!(bufts.len(), dims.len(), "one buffer type per layer");
+        let mut stores: Vec<(BufferType, Vec<(String, DType, Vec<i64>)>)> = Vec::new();
+        for (il, (&(k, v), &buft)) in dims.iter().zip(bufts).enumerate() {
+            let specs = match stores.iter_mut().find(|(b, _)| *b == buft) {
+                Some((_, specs)) => specs,
+                None => {
+                    stores.push((buft, Vec::new()));
+                    &mut stores.last_mut().expect("just pushed").1
+                }
+            };
             specs.push((format!("cache_k_l{il}"), DType::F16, vec![k, size as i64]));
             specs.push((format!("cache_v_l{il}"), DType::F16, vec![v, size as i64]));
         }
-        let store = TensorStore::zeroed(buft, &specs)?;
+        let stores = stores
+            .iter()
+            .map(|(buft, specs)| TensorStore::zeroed(*buft, specs))
+            .collect::<Result<Vec<_>, _>>()?;
+        let find = |name: &str| {
+            stores
+                .iter()
+                .find_map(|s| s.get(name))
+                .ok_or_else(|| axle_ggml::Error::MissingTensor(name.to_string()))
+        };
         let mut k = Vec::new();
         let mut v = Vec::new();
         for il in 0..dims.len() {
-            k.push(store.require(&format!("cache_k_l{il}"))?);
-            v.push(store.require(&format!("cache_v_l{il}"))?);
+            k.push(find(&format!("cache_k_l{il}"))?);
+            v.push(find(&format!("cache_v_l{il}"))?);
         }
         Ok(KvCache {
-            _store: store,
+            _stores: stores,
             k,
             v,
             size,

@@ -17,7 +17,7 @@ pub mod tokenizer;
 
 pub use blocks::Kernels;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
-pub use model::{default_threads, Model, ModelOptions};
+pub use model::{default_threads, DeviceChoice, Model, ModelOptions, Offload};
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput};
 pub use sequence::Sequence;
 pub use tokenizer::{StreamDecoder, TokenId, Tokenizer};
@@ -56,4 +56,14 @@ pub enum ModelError {
     /// A malformed step.
     #[error("bad batch: {0}")]
     Batch(String),
+    /// The asked-for device is not registered.
+    #[error("no device `{asked}` (devices here: {available}; GPU backends load from {searched})")]
+    NoDevice {
+        /// What was asked for.
+        asked: String,
+        /// The registered devices.
+        available: String,
+        /// Where backends were looked for.
+        searched: String,
+    },
 }

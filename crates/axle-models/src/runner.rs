@@ -128,12 +128,29 @@ impl Runner {
                 opts.kv_slots, opts.block_size
             )));
         }
-        let kv = KvCache::new(
-            BufferType::cpu(),
-            &model.family().hparams().kv_dims(),
-            opts.kv_slots,
-        )?;
-        let sched = Scheduler::new(vec![Backend::cpu(model.threads())?], MAX_NODES)?;
+        // Each layer's KV lives with the device that runs the layer; the scheduler gets the
+        // accelerator first and the CPU last (it runs what the accelerator cannot, and the layers
+        // left on the host).
+        let dims = model.family().hparams().kv_dims();
+        let mut backends = Vec::new();
+        let bufts: Vec<BufferType> = match model.offload() {
+            Some(o) => {
+                backends.push(Backend::on(o.device)?);
+                (0..dims.len() as u32)
+                    .map(|il| {
+                        if il >= o.first_layer {
+                            o.device.buffer_type()
+                        } else {
+                            BufferType::cpu()
+                        }
+                    })
+                    .collect()
+            }
+            None => vec![BufferType::cpu(); dims.len()],
+        };
+        backends.push(Backend::cpu(model.threads())?);
+        let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
+        let sched = Scheduler::new(backends, MAX_NODES)?;
         Ok(Runner {
             model,
             kv,

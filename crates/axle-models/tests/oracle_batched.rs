@@ -16,8 +16,8 @@ fn batched_logits_equal_libllama_batched_logits() {
         Model::load(
             &path,
             &ModelOptions {
-                threads: 2,
                 repack: true,
+                ..ModelOptions::cpu(2)
             },
         )
         .unwrap(),

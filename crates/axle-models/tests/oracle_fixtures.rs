@@ -35,8 +35,8 @@ fn sliding_window_matches_truncated_full_attention() {
         Model::load(
             &path,
             &ModelOptions {
-                threads: 2,
                 repack: true,
+                ..ModelOptions::cpu(2)
             },
         )
         .unwrap(),

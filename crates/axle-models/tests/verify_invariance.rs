@@ -20,8 +20,16 @@ const TEXT: &str = "The history of computing is a story of abstraction layered u
 
 /// The model `name` (2 threads, weights repacked or not) and a runner with `kv_slots` slots.
 fn load(name: &str, repack: bool, kv_slots: u32) -> (Arc<Model>, Runner) {
-    let model =
-        Arc::new(Model::load(common::model(name), &ModelOptions { threads: 2, repack }).unwrap());
+    let model = Arc::new(
+        Model::load(
+            common::model(name),
+            &ModelOptions {
+                repack,
+                ..ModelOptions::cpu(2)
+            },
+        )
+        .unwrap(),
+    );
     let runner = Runner::new(
         model.clone(),
         RunnerOptions {

@@ -229,6 +229,10 @@ pub struct RuntimeReport {
     pub architecture: Option<String>,
     /// Axle's version.
     pub axle_version: String,
+    /// Where a native model runs (`CPU`, `CUDA0 (NVIDIA H100 80GB HBM3)`); absent on delegated
+    /// routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 impl RuntimeReport {
@@ -269,6 +273,7 @@ impl RuntimeReport {
                 _ => None,
             },
             axle_version: env!("CARGO_PKG_VERSION").into(),
+            device: None,
         }
     }
 
@@ -287,7 +292,13 @@ impl RuntimeReport {
             backend: BackendKind::Native,
             reason: format!("GGUF architecture `{arch}` is implemented natively"),
         };
-        RuntimeReport::new(&input, &resolution, Some(model.path()), sha256, None)
+        RuntimeReport::new(&input, &resolution, Some(model.path()), sha256, None).on_device(model)
+    }
+
+    /// The report with the device a native model runs on.
+    pub fn on_device(mut self, model: &axle_models::Model) -> RuntimeReport {
+        self.device = Some(model.device_summary());
+        self
     }
 
     /// One line for logs: `native (native) sha256:...` or `llama_cpp (delegated) at URL`.

@@ -20,7 +20,7 @@ pub use backend::{BackendKind, Policy, RuntimeReport, SupportTier};
 pub use delegate::{DelegateError, DelegatedInput, DelegatedRequest, Upstream};
 
 pub use axle_core::{FinishReason, PositionStats, RequestId, SamplingParams, TokenLogprob};
-pub use axle_models::{ChatMessage, Model, ModelOptions};
+pub use axle_models::{ChatMessage, DeviceChoice, Model, ModelOptions};
 
 /// Errors of the SDK.
 #[derive(Debug, thiserror::Error)]

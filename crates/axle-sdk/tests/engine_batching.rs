@@ -20,8 +20,8 @@ fn model() -> Arc<Model> {
         Model::load(
             &p,
             &ModelOptions {
-                threads: 2,
                 repack: true,
+                ..ModelOptions::cpu(2)
             },
         )
         .expect("load"),

@@ -17,16 +17,7 @@ use std::sync::Arc;
 
 fn model(name: &str) -> Arc<Model> {
     let p = axle_models::cache::cached_model(name).unwrap_or_else(|e| panic!("{e}"));
-    Arc::new(
-        Model::load(
-            &p,
-            &ModelOptions {
-                threads: 2,
-                ..Default::default()
-            },
-        )
-        .expect("load"),
-    )
+    Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
 }
 
 fn prompts() -> Vec<String> {
@@ -240,8 +231,8 @@ fn seeded_sampling_with_speculation_matches_plain_sampling() {
         Model::load(
             &p,
             &ModelOptions {
-                threads: 2,
                 repack: true,
+                ..ModelOptions::cpu(2)
             },
         )
         .unwrap(),

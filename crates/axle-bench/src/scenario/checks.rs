@@ -80,6 +80,7 @@ pub fn correctness(
             &OracleOptions {
                 n_ctx: 2048,
                 n_threads: m.model.threads,
+                n_gpu_layers: crate::oracle_gpu_layers(model),
                 ..Default::default()
             },
         )?;

@@ -55,6 +55,18 @@ pub struct ModelSpec {
     /// with plain decoding).
     #[serde(default)]
     pub repack: bool,
+    /// Device: `auto` (the default: the first GPU when a GPU backend is loaded, else the CPU),
+    /// `cpu`, or a device name (`cuda0`). libllama, where a workload runs it, gets the same layers
+    /// on the same device.
+    #[serde(default = "auto_device")]
+    pub device: String,
+    /// Layers on the GPU, counted from the last (absent: all).
+    #[serde(default)]
+    pub gpu_layers: Option<u32>,
+}
+
+fn auto_device() -> String {
+    "auto".into()
 }
 
 /// The expected runtime report.

@@ -64,6 +64,8 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
         &ModelOptions {
             threads: m.model.threads,
             repack: m.model.repack,
+            device: m.model.device.parse().unwrap_or_default(),
+            gpu_layers: m.model.gpu_layers,
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));

@@ -203,6 +203,7 @@ fn generate(
             &OracleOptions {
                 n_ctx: ctx as u32,
                 n_threads: threads,
+                n_gpu_layers: crate::oracle_gpu_layers(model),
                 ..Default::default()
             },
         )?)

@@ -121,8 +121,8 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
         Model::load(
             &path,
             &ModelOptions {
-                threads: 2,
                 repack: true,
+                ..ModelOptions::cpu(2)
             },
         )
         .expect("load"),

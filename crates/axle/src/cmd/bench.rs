@@ -28,6 +28,79 @@ pub enum BenchCommand {
     Check(CheckArgs),
     /// Readiness: CPU features, ggml backends and devices, the oracle, models and their hashes.
     Doctor,
+    /// Correctness on a device: logits and greedy output against libllama on the same device,
+    /// and speculation on == off (alone and batched). Exit 1 when speculation changes output.
+    DeviceCheck(DeviceCheckArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DeviceCheckArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Greedy tokens per prompt.
+    #[arg(long, default_value_t = 32)]
+    continuation: usize,
+    /// Prompts: the n-gram workloads' prompts and a few general ones (20 in all).
+    #[arg(long, default_value = "benchmarks/workloads/ngram.json")]
+    workloads: PathBuf,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
+}
+
+fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
+    let model = std::sync::Arc::new(super::load_model(&a.model, a.threads, false, &a.device)?);
+    let text = std::fs::read_to_string(&a.workloads)
+        .with_context(|| format!("cannot read {}", a.workloads.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", a.workloads.display()))?;
+    let mut prompts: Vec<String> = v["workloads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|w| w["prompts"].as_array().into_iter().flatten())
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect();
+    for p in [
+        "The capital of France is",
+        "def add(a, b):\n    return",
+        "1, 2, 3, 4, 5, 6,",
+        "The quick brown fox",
+        "Water boils at",
+        "A B C D E F G",
+        "Dear diary, today",
+        "for i in range(10):\n",
+    ] {
+        prompts.push(p.into());
+    }
+    prompts.truncate(20);
+    let report = axle_bench::device_check::run(
+        &model,
+        &prompts,
+        &axle_bench::device_check::DeviceCheckOptions {
+            continuation: a.continuation,
+            threads: a.threads,
+        },
+        true,
+    )?;
+    print!("{}", axle_bench::device_check::render(&report));
+    if let Some(out) = &a.output {
+        std::fs::write(out, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    let n = report.prompts.len();
+    anyhow::ensure!(
+        report.speculation_alone_identical == n && report.speculation_batched_identical == n,
+        "speculation changed greedy output on this device"
+    );
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -93,6 +166,9 @@ pub struct ServerArgs {
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 #[derive(clap::Args)]
@@ -133,6 +209,9 @@ pub struct NgramArgs {
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 #[derive(clap::Args)]
@@ -158,6 +237,9 @@ pub struct BatchedArgs {
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 #[derive(clap::Args)]
@@ -177,6 +259,9 @@ pub struct PrefixArgs {
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 #[derive(clap::Args)]
@@ -199,6 +284,9 @@ pub struct CompareArgs {
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -213,7 +301,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 decode: a.decode,
             }),
             &a.output_root,
-            QuickExtras::default(),
+            QuickExtras {
+                device: Some(a.device),
+                ..Default::default()
+            },
         ),
         BenchCommand::Batched(a) => quick(
             "batched",
@@ -226,7 +317,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
             }),
             &a.output_root,
-            QuickExtras::default(),
+            QuickExtras {
+                device: Some(a.device),
+                ..Default::default()
+            },
         ),
         BenchCommand::Ngram(a) => {
             if !(1..=8).contains(&a.draft_len) {
@@ -256,6 +350,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 QuickExtras {
                     llama_server: a.llama_server,
                     repack: a.repack,
+                    device: Some(a.device),
                 },
             )
         }
@@ -266,7 +361,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             a.reps,
             Workload::Server(ServerSpec { tokens: a.tokens }),
             &a.output_root,
-            QuickExtras::default(),
+            QuickExtras {
+                device: Some(a.device),
+                ..Default::default()
+            },
         ),
         BenchCommand::Prefix(a) => quick(
             "prefix",
@@ -277,7 +375,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 prefix_tokens: a.prefix,
             }),
             &a.output_root,
-            QuickExtras::default(),
+            QuickExtras {
+                device: Some(a.device),
+                ..Default::default()
+            },
         ),
         BenchCommand::Scenario(a) => {
             let (artifact, written) = scenario::run(
@@ -336,6 +437,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Doctor => super::doctor::bench_readiness(),
+        BenchCommand::DeviceCheck(a) => device_check(a),
     }
 }
 
@@ -347,6 +449,8 @@ struct QuickExtras {
     llama_server: Option<PathBuf>,
     /// Repack weights for ggml's GEMM kernels.
     repack: bool,
+    /// Device choice.
+    device: Option<super::DeviceArgs>,
 }
 
 fn quick(
@@ -374,6 +478,11 @@ fn quick(
             path: model.display().to_string(),
             threads,
             repack: extras.repack,
+            device: extras
+                .device
+                .as_ref()
+                .map_or_else(|| "auto".into(), |d| d.device.to_string()),
+            gpu_layers: extras.device.as_ref().and_then(|d| d.gpu_layers),
         },
         route: None,
         workload,

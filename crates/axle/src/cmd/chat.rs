@@ -33,10 +33,13 @@ pub struct Args {
     /// n-gram verify steps would then not reproduce plain decoding bit for bit.
     #[arg(long)]
     repack: bool,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let model = Arc::new(super::load_model(&a.model, a.threads, a.repack)?);
+    let model = Arc::new(super::load_model(&a.model, a.threads, a.repack, &a.device)?);
     model.chat_template()?; // fail now, not at the first message, if there is no template
     let session = Session::new(
         model,

@@ -30,6 +30,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     );
     println!("ggml: {}", system_info().trim());
+    print_backends();
     for d in Device::all() {
         let (free, total) = d.memory();
         println!(
@@ -69,6 +70,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where GPU backends were looked for, and what loaded (or why not).
+fn print_backends() {
+    let loaded = axle_ggml::load_dynamic_backends();
+    let dirs: Vec<String> = axle_ggml::backend_search_dirs()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    println!("backend libraries searched in: {}", dirs.join(", "));
+    if loaded.is_empty() {
+        println!("  none found: CPU only (scripts/build-cuda-backend.sh builds libggml-cuda.so)");
+    }
+    for (path, result) in loaded {
+        match result {
+            Ok(name) => println!("  loaded {} ({name})", path.display()),
+            Err(e) => println!("  NOT loaded {}: {e}", path.display()),
+        }
+    }
+}
+
 /// SHA-256 of the Gemma 3 270M file the fetch script assembles.
 const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 
@@ -103,9 +123,10 @@ pub fn bench_readiness() -> anyhow::Result<()> {
         ),
         "",
     );
+    axle_ggml::load_dynamic_backends();
     let devices: Vec<String> = Device::all()
         .iter()
-        .map(|d| format!("{} ({:?})", d.name(), d.kind()))
+        .map(|d| format!("{} ({:?}, {} MiB)", d.name(), d.kind(), d.memory().1 >> 20))
         .collect();
     report(
         !devices.is_empty(),

@@ -8,7 +8,7 @@ pub mod serve;
 pub mod tokenize;
 
 use anyhow::Context;
-use axle_models::{Model, ModelOptions};
+use axle_models::{DeviceChoice, Model, ModelOptions};
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,10 +22,55 @@ pub fn with_spinner<T>(message: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Loads a model with a spinner on stderr; `repack` picks ggml's repacked weight layouts.
-pub fn load_model(path: &Path, threads: usize, repack: bool) -> anyhow::Result<Model> {
-    with_spinner(&format!("loading {}", path.display()), || {
-        Model::load(path, &ModelOptions { threads, repack })
-    })
-    .with_context(|| format!("cannot load model {}", path.display()))
+/// Where a native model runs: shared by every command that loads one.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Device: `auto` (the first GPU when a GPU backend is loaded, else the CPU), `cpu`, or a
+    /// device name from `axle doctor` (`cuda0`, `cuda1`, `vulkan0`, `metal`, ...). GPU backends are
+    /// shared libraries (`libggml-cuda.so`) loaded from $AXLE_BACKENDS_DIR, or from the folder of
+    /// the axle binary and its `backends/` subfolder.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// Layers on the GPU, counted from the last (default: all, with the output head); the first
+    /// ones stay on the CPU, for models larger than the card.
+    #[arg(long)]
+    pub gpu_layers: Option<u32>,
+}
+
+/// Loads a model: a spinner on stderr while the file is opened, a progress bar while weights
+/// are copied to a device; `repack` picks ggml's repacked CPU weight layouts.
+pub fn load_model(
+    path: &Path,
+    threads: usize,
+    repack: bool,
+    device: &DeviceArgs,
+) -> anyhow::Result<Model> {
+    let opts = ModelOptions {
+        threads,
+        repack,
+        device: device.device.clone(),
+        gpu_layers: device.gpu_layers,
+    };
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(format!("loading {}", path.display()));
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut styled = false;
+    let model = Model::load_with_progress(path, &opts, &mut |done, total| {
+        if !styled {
+            styled = true;
+            bar.set_length(total);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+        }
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let model = model.with_context(|| format!("cannot load model {}", path.display()))?;
+    if model.offload().is_some() {
+        eprintln!("device: {}", model.device_summary());
+    }
+    Ok(model)
 }

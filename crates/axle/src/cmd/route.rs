@@ -60,6 +60,9 @@ pub struct RouteArgs {
     /// n-gram verify steps would then not reproduce plain decoding bit for bit.
     #[arg(long)]
     pub repack: bool,
+    /// Device choice.
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// A resolved route.
@@ -103,12 +106,13 @@ impl RouteArgs {
                     .model
                     .as_deref()
                     .context("the native backend needs --model PATH")?;
-                let model = super::load_model(path, threads, self.repack)?;
+                let model = super::load_model(path, threads, self.repack, &self.device)?;
                 let sha = super::with_spinner(&format!("hashing {}", path.display()), || {
                     backend::file_sha256(path)
                 })
                 .with_context(|| format!("cannot hash {}", path.display()))?;
-                let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None);
+                let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
+                    .on_device(&model);
                 Ok((Route::Native(Box::new(model)), report))
             }
             kind => {

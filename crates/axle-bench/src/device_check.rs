@@ -1,0 +1,322 @@
+//! Correctness on a device (a GPU), as a command whose report is checked in, since CI has no GPU:
+//! Axle's logits and greedy continuations against libllama on the same device and the same
+//! backend (flash attention on, as Axle runs), with libllama against itself (flash attention off)
+//! as the yardstick of how far two correct kernel choices drift apart; then the engine's greedy
+//! output with n-gram speculation on against off, each prompt alone and all of them batched.
+use crate::BenchError;
+use axle_core::TokenId;
+use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::{Kernels, Model, Runner, RunnerOptions, Sequence};
+use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Options of a device check.
+#[derive(Debug, Clone)]
+pub struct DeviceCheckOptions {
+    /// Greedy tokens generated per prompt.
+    pub continuation: usize,
+    /// CPU threads (for what stays on the CPU, and libllama's).
+    pub threads: usize,
+}
+
+/// One prompt's comparison.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PromptCheck {
+    /// Prompt tokens.
+    pub tokens: usize,
+    /// max |Axle - libllama (flash attention on)| over the last position's logits.
+    pub max_abs_diff: f32,
+    /// The same between libllama with flash attention on and off.
+    pub llama_self_max_abs_diff: f32,
+    /// Relative L2 distance of Axle's last logits from libllama's.
+    pub rel_l2: f64,
+    /// Whether Axle's top-1 token equals libllama's.
+    pub top1_same: bool,
+    /// Whether Axle's greedy continuation equals libllama's (flash attention on).
+    pub greedy_same: bool,
+    /// Whether libllama's greedy continuations with flash attention on and off agree.
+    pub llama_self_greedy_same: bool,
+    /// Tokens before Axle's continuation first differs from libllama's.
+    pub agree_prefix: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceCheckReport {
+    /// Where Axle ran.
+    pub device: String,
+    /// Per prompt.
+    pub prompts: Vec<PromptCheck>,
+    /// Greedy continuations identical to libllama's.
+    pub greedy_identical: usize,
+    /// libllama's own flash-attention-on/off agreement (the bar for `greedy_identical`).
+    pub llama_self_identical: usize,
+    /// Worst max |dlogit| against libllama.
+    pub worst_max_abs_diff: f32,
+    /// Worst of libllama against itself.
+    pub worst_llama_self_max_abs_diff: f32,
+    /// Prompts whose speculative output equals plain output, alone.
+    pub speculation_alone_identical: usize,
+    /// Prompts whose speculative output equals plain output with every prompt in one engine.
+    pub speculation_batched_identical: usize,
+    /// Prompts whose batched plain output equals their plain output alone.
+    pub batched_plain_identical: usize,
+    /// Draft tokens proposed and accepted in the speculative runs.
+    pub drafted: usize,
+    /// Accepted draft tokens.
+    pub accepted: usize,
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += ((x - y) as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn greedy_axle(
+    runner: &mut Runner,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<f32>, Vec<u32>), BenchError> {
+    let mut seq = Sequence::new(runner);
+    let first = seq.feed(runner, prompt)?;
+    let mut out = Vec::new();
+    let mut logits = first.clone();
+    for _ in 0..n {
+        let t = argmax(&logits) as u32;
+        out.push(t);
+        logits = seq.feed(runner, &[t])?;
+    }
+    Ok((first, out))
+}
+
+fn greedy_llama(
+    o: &mut LlamaOracle,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<f32>, Vec<u32>), BenchError> {
+    o.clear();
+    let toks: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let first = o.prefill(&toks, 0)?;
+    let mut out = Vec::new();
+    let mut logits = first.clone();
+    for i in 0..n {
+        let t = argmax(&logits) as u32;
+        out.push(t);
+        logits = o
+            .decode(&[(t as i32, (prompt.len() + i) as i32, 0, true)])?
+            .remove(0);
+    }
+    Ok((first, out))
+}
+
+/// Greedy outputs of `prompts` through one engine (all admitted at once), with the drafted and
+/// accepted counts.
+fn engine_run(
+    model: &Arc<Model>,
+    cfg: &EngineConfig,
+    prompts: &[Vec<u32>],
+    opts: &RequestOptions,
+) -> Result<(Vec<Vec<TokenId>>, usize, usize), BenchError> {
+    let mut e = EngineCore::new(model.clone(), cfg)?;
+    let ids = prompts
+        .iter()
+        .map(|p| e.add(p.clone(), opts.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut toks: HashMap<u64, Vec<TokenId>> = HashMap::new();
+    let (mut drafted, mut accepted) = (0, 0);
+    while e.has_work() {
+        for o in e.step() {
+            match o {
+                Output::Token { id, token, .. } => toks.entry(id).or_default().push(token),
+                Output::Finished {
+                    drafted: d,
+                    accepted: a,
+                    ..
+                } => {
+                    drafted += d;
+                    accepted += a;
+                }
+            }
+        }
+    }
+    let out = ids
+        .iter()
+        .map(|id| toks.remove(id).unwrap_or_default())
+        .collect();
+    Ok((out, drafted, accepted))
+}
+
+/// Runs the check on `model` (already loaded on its device) with `prompts`.
+pub fn run(
+    model: &Arc<Model>,
+    prompts: &[String],
+    opts: &DeviceCheckOptions,
+    progress: bool,
+) -> Result<DeviceCheckReport, BenchError> {
+    let path = model.path().to_path_buf();
+    let toks: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| model.tokenizer.encode(p, true, false))
+        .collect();
+    let longest = toks.iter().map(Vec::len).max().unwrap_or(0);
+    let n_ctx = ((longest + opts.continuation + 16).div_ceil(256) * 256) as u32;
+    let oracle = |flash_attn| {
+        LlamaOracle::load(
+            &path,
+            &OracleOptions {
+                n_ctx,
+                n_threads: opts.threads,
+                n_gpu_layers: crate::oracle_gpu_layers(model),
+                flash_attn,
+                ..Default::default()
+            },
+        )
+    };
+    let mut fa_on = oracle(true)?;
+    let mut fa_off = oracle(false)?;
+    let mut runner = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kernels: Kernels::LikeLlamaCpp,
+            kv_slots: n_ctx,
+            ..Default::default()
+        },
+    )?;
+    let bar = crate::progress_bar(progress, toks.len() as u64 * 2, "device check");
+    let mut checks = Vec::new();
+    for p in &toks {
+        let (a_first, a_cont) = greedy_axle(&mut runner, p, opts.continuation)?;
+        let (l_first, l_cont) = greedy_llama(&mut fa_on, p, opts.continuation)?;
+        let (s_first, s_cont) = greedy_llama(&mut fa_off, p, opts.continuation)?;
+        checks.push(PromptCheck {
+            tokens: p.len(),
+            max_abs_diff: max_abs_diff(&a_first, &l_first),
+            llama_self_max_abs_diff: max_abs_diff(&s_first, &l_first),
+            rel_l2: rel_l2(&a_first, &l_first),
+            top1_same: argmax(&a_first) == argmax(&l_first),
+            greedy_same: a_cont == l_cont,
+            llama_self_greedy_same: s_cont == l_cont,
+            agree_prefix: a_cont
+                .iter()
+                .zip(&l_cont)
+                .take_while(|(a, b)| a == b)
+                .count(),
+        });
+        bar.inc(1);
+    }
+    drop((fa_on, fa_off, runner));
+
+    // Speculation: the engine's own kernels, greedy, 48 tokens, as the CPU test does.
+    let cfg = |max_draft| EngineConfig {
+        kv_slots: (toks.len() * (longest + 64)).div_ceil(16) as u32 * 16,
+        max_batch_tokens: 32,
+        max_seqs: toks.len().max(1),
+        prefix_caching: false,
+        max_draft,
+        verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
+        ..Default::default()
+    };
+    let req = RequestOptions {
+        max_tokens: 48,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut plain = Vec::new();
+    let mut alone_same = 0;
+    let (mut drafted, mut accepted) = (0, 0);
+    for p in &toks {
+        let (a, _, _) = engine_run(model, &cfg(0), std::slice::from_ref(p), &req)?;
+        let (b, d, acc) = engine_run(model, &cfg(4), std::slice::from_ref(p), &req)?;
+        alone_same += usize::from(a == b);
+        drafted += d;
+        accepted += acc;
+        plain.push(a.into_iter().next().unwrap_or_default());
+        bar.inc(1);
+    }
+    let (batched_plain, _, _) = engine_run(model, &cfg(0), &toks, &req)?;
+    let (batched_spec, d, acc) = engine_run(model, &cfg(4), &toks, &req)?;
+    bar.finish_and_clear();
+    drafted += d;
+    accepted += acc;
+    let same = |v: &[Vec<TokenId>]| v.iter().zip(&plain).filter(|(a, b)| a == b).count();
+    Ok(DeviceCheckReport {
+        device: model.device_summary(),
+        greedy_identical: checks.iter().filter(|c| c.greedy_same).count(),
+        llama_self_identical: checks.iter().filter(|c| c.llama_self_greedy_same).count(),
+        worst_max_abs_diff: checks.iter().map(|c| c.max_abs_diff).fold(0.0, f32::max),
+        worst_llama_self_max_abs_diff: checks
+            .iter()
+            .map(|c| c.llama_self_max_abs_diff)
+            .fold(0.0, f32::max),
+        prompts: checks,
+        speculation_alone_identical: alone_same,
+        speculation_batched_identical: same(&batched_spec),
+        batched_plain_identical: same(&batched_plain),
+        drafted,
+        accepted,
+    })
+}
+
+/// The report as text.
+pub fn render(r: &DeviceCheckReport) -> String {
+    let mut s = format!("device: {}\n", r.device);
+    s += &format!(
+        "{:>6} {:>11} {:>11} {:>9} {:>5} {:>7} {:>7} {:>6}\n",
+        "tokens", "max|dlogit|", "llama-self", "rel-L2", "top1", "greedy", "llama", "agree"
+    );
+    for c in &r.prompts {
+        s += &format!(
+            "{:>6} {:>11.5} {:>11.5} {:>9.2e} {:>5} {:>7} {:>7} {:>6}\n",
+            c.tokens,
+            c.max_abs_diff,
+            c.llama_self_max_abs_diff,
+            c.rel_l2,
+            c.top1_same,
+            c.greedy_same,
+            c.llama_self_greedy_same,
+            c.agree_prefix
+        );
+    }
+    let n = r.prompts.len();
+    s += &format!(
+        "greedy identical to libllama (same device, flash attention on): {}/{n}; libllama flash \
+         attention on vs off: {}/{n}\nworst max|dlogit|: Axle vs libllama {:.5}, libllama vs itself {:.5}\n",
+        r.greedy_identical,
+        r.llama_self_identical,
+        r.worst_max_abs_diff,
+        r.worst_llama_self_max_abs_diff
+    );
+    s += &format!(
+        "speculation on == off: alone {}/{n}, batched {}/{n}; batched plain == alone plain {}/{n}; \
+         drafted {} accepted {}\n",
+        r.speculation_alone_identical,
+        r.speculation_batched_identical,
+        r.batched_plain_identical,
+        r.drafted,
+        r.accepted
+    );
+    s
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Steps run on a lent GPU machine that has nvcc but no Rust and no package registry (see README,
+# "GPU"). What it needs travels in .device/ (made here by `scripts/gpu-pack.sh`): the axle binary,
+# the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
+# $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
+#
+#   scripts/gpu-machine.sh start      unpack, build the CUDA backend and llama.cpp's benches in the
+#                                     background, write the random-weight 8B files in the background
+#   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
+#   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
+#   scripts/gpu-machine.sh models     assemble and sha256-check the real models
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+w="${AXLE_GPU_WORK:-/root/axle-gpu}"
+mkdir -p "$w/models" "$w/logs" "$w/bin"
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  start)
+    gunzip -c "$root/.device/axle.gz" >"$w/bin/axle" && chmod +x "$w/bin/axle"
+    python3 -m pip install -q --no-index --no-deps --target "$w/site" "$root"/.device/gguf-*.whl
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    setsid nohup bash -c "'$root/scripts/build-cuda-backend.sh' --src '$root/.device/llama-src.tgz' \
+      --out '$w/bin/backends' --arch 90-real --tools >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
+      >/dev/null 2>&1 &
+    vocab="$root/fixtures/$(ls "$root/fixtures" | grep -m1 'llama.*\.gguf$')"
+    setsid nohup bash -c "for t in q4_0 q4_k_m; do PYTHONPATH='$w/site' python3 '$root/scripts/make-bench-model.py' \
+      --shape llama3-8b --type \$t --vocab-from '$vocab' --out '$w/models/llama3-8b-\$t.gguf' || exit 1; done \
+      >'$w/logs/models.log' 2>&1; echo \$? >'$w/logs/models.rc'" >/dev/null 2>&1 &
+    echo "started: build and 8B files in the background"
+    ;;
+  chunks)
+    for f in "$root"/.devcall/chunk-*; do
+      [ -e "$f" ] || continue
+      name="$(basename "$f")"           # chunk-NN-MODEL
+      model="${name#chunk-??-}"
+      cat "$f" >>"$w/models/$model.part"
+      echo "appended $name"
+    done
+    ls -la "$w/models"
+    ;;
+  wait)
+    limit="${1:-540}"
+    for ((i = 0; i < limit; i += 10)); do
+      [ -e "$w/logs/build.rc" ] && [ -e "$w/logs/models.rc" ] && break
+      sleep 10
+    done
+    echo "build rc: $(cat "$w/logs/build.rc" 2>/dev/null || echo running)"
+    tail -n 3 "$w/logs/build.log" 2>/dev/null
+    echo "models rc: $(cat "$w/logs/models.rc" 2>/dev/null || echo running)"
+    tail -n 3 "$w/logs/models.log" 2>/dev/null
+    ls -la "$w/bin/backends" "$w/models" 2>/dev/null
+    ;;
+  models)
+    cd "$w/models"
+    for p in *.part; do
+      [ -e "$p" ] || continue
+      mv "$p" "${p%.part}.gguf"
+    done
+    sha256sum -c "$root/.device/models.sha256"
+    ;;
+  *)
+    echo "usage: $0 start|chunks|wait [S]|models" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes a random-weight GGUF of a real model's shape, for speed measurements (speed does not
+need real weights; quality does). Used on the GPU machine, where a real 8B file cannot travel.
+
+The quantized blocks are random bytes with their scale fields set to small finite values, so
+every weight is finite and of a plausible size; norms are ones. The vocabulary is a real byte-level
+BPE one (SmolLM2's, read from its GGUF) padded with reserved control tokens up to the shape's
+vocabulary size, so both libllama and Axle load it like a downloaded file.
+
+    python3 scripts/make-bench-model.py --shape llama3-8b --type q4_0 \
+        --vocab-from SmolLM2-135M-Instruct.Q4_1.gguf --out llama3-8b-q4_0.gguf
+
+Types follow llama.cpp's quantization mixes: `q4_0` (Q4_0 matrices, Q6_K output head) and
+`q4_k_m` (Q4_K, with Q6_K for the head and for attn_v / ffn_down of the layers llama.cpp gives more
+bits).
+"""
+import argparse
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+SHAPES = {
+    # Llama 3 8B: hidden 4096, 32 layers, 32 query / 8 KV heads of 128, FFN 14336, vocab 128256.
+    "llama3-8b": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336,
+                      n_vocab=128256, rope_base=500000.0, n_ctx=8192),
+    # A tiny one, to check the writer itself.
+    "tiny": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512,
+                 n_vocab=50000, rope_base=10000.0, n_ctx=2048),
+    # Llama 3.2 1B: for quick checks of the pipeline.
+    "llama3-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192,
+                      n_vocab=128256, rope_base=500000.0, n_ctx=8192),
+}
+
+# (bytes per block, elements per block, [(f16 field offset, value)]) of each quantized type: the
+# f16 scale fields get a small value so that weights come out around +-0.02.
+BLOCKS = {
+    Q.Q4_0: (18, 32, [(0, 0.005)]),
+    Q.Q4_K: (144, 256, [(0, 2e-5), (2, 2e-5)]),
+    Q.Q6_K: (210, 256, [(208, 5e-6)]),
+}
+
+
+def random_blocks(rng, qtype, shape):
+    """Random quantized data of `shape` (ggml order: row length first) as raw bytes."""
+    size, per, fields = BLOCKS[qtype]
+    n_el = int(np.prod(shape))
+    assert shape[0] % per == 0, (shape, qtype)
+    n_blocks = n_el // per
+    data = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for off, value in fields:
+        data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    # numpy order is the reverse of ggml's: rows of bytes.
+    return data.reshape(shape[1] if len(shape) > 1 else 1, -1)
+
+
+def load_fixture_helpers():
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("make_fixtures", os.path.join(here, "make-fixtures.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    ap.add_argument("--type", choices=["q4_0", "q4_k_m"], default="q4_0")
+    ap.add_argument("--vocab-from", required=True, help="a GGUF whose byte-level BPE vocabulary is reused")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args()
+    cfg = SHAPES[a.shape]
+    fx = load_fixture_helpers()
+    vocab = fx.read_vocab(a.vocab_from)
+    t, sub, tokens = vocab["tokenizer.ggml.tokens"]
+    _, tsub, types = vocab["tokenizer.ggml.token_type"]
+    n_vocab = cfg["n_vocab"]
+    if len(tokens) > n_vocab:
+        sys.exit(f"the vocabulary has {len(tokens)} tokens, more than the shape's {n_vocab}")
+    pad = n_vocab - len(tokens)
+    vocab["tokenizer.ggml.tokens"] = (t, sub, tokens + [f"<|reserved_{i}|>" for i in range(pad)])
+    vocab["tokenizer.ggml.token_type"] = (t, tsub, list(types) + [3] * pad)
+    vocab.pop("tokenizer.chat_template", None)
+
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out, "llama")
+    w.add_name(f"random {a.shape} {a.type}")
+    w.add_context_length(cfg["n_ctx"])
+    w.add_embedding_length(cfg["n_embd"])
+    w.add_block_count(cfg["n_layer"])
+    w.add_feed_forward_length(cfg["n_ff"])
+    w.add_head_count(cfg["n_head"])
+    w.add_head_count_kv(cfg["n_head_kv"])
+    w.add_rope_dimension_count(cfg["n_embd"] // cfg["n_head"])
+    w.add_rope_freq_base(cfg["rope_base"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(2 if a.type == "q4_0" else 15)
+    fx.add_vocab(w, vocab)
+
+    e, ff, nl = cfg["n_embd"], cfg["n_ff"], cfg["n_layer"]
+    kv = cfg["n_head_kv"] * (e // cfg["n_head"])
+    base = Q.Q4_0 if a.type == "q4_0" else Q.Q4_K
+
+    def more_bits(il):
+        # llama.cpp's use_more_bits: the first and last eighth, and every third layer between.
+        return il < nl // 8 or il >= 7 * nl // 8 or (il - nl // 8) % 3 == 2
+
+    def matrix(name, qtype, shape):
+        data = random_blocks(rng, qtype, shape)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+
+    def ones(name, n):
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    matrix("token_embd.weight", base, [e, n_vocab])
+    for il in range(nl):
+        p = f"blk.{il}."
+        ones(p + "attn_norm.weight", e)
+        matrix(p + "attn_q.weight", base, [e, e])
+        matrix(p + "attn_k.weight", base, [e, kv])
+        hi = a.type == "q4_k_m" and more_bits(il)
+        matrix(p + "attn_v.weight", Q.Q6_K if hi else base, [e, kv])
+        matrix(p + "attn_output.weight", base, [e, e])
+        ones(p + "ffn_norm.weight", e)
+        matrix(p + "ffn_gate.weight", base, [e, ff])
+        matrix(p + "ffn_up.weight", base, [e, ff])
+        matrix(p + "ffn_down.weight", Q.Q6_K if hi else base, [ff, e])
+    ones("output_norm.weight", e)
+    matrix("output.weight", Q.Q6_K, [e, n_vocab])
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    print(f"wrote {a.out}: {os.path.getsize(a.out) / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
