@@ -62,7 +62,7 @@ command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 # GGML_BACKEND_DL: the backend is a loadable module exporting ggml_backend_init. $ORIGIN: it
 # finds the libggml-base.so beside it wherever the folder is copied.
 cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_CUDA=ON -DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON \
+  -DGGML_CUDA=ON -DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \

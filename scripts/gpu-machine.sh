@@ -4,8 +4,8 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start      unpack, build the CUDA backend and llama.cpp's benches in the
-#                                     background, write the random-weight 8B files in the background
+#   scripts/gpu-machine.sh start      unpack, build the CUDA backend in the background, write the
+#                                     random-weight 8B files in the background
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
 #   scripts/gpu-machine.sh models     assemble and sha256-check the real models
@@ -17,17 +17,24 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   start)
+    rm -f "$w/logs/"*.rc "$w/models/llama3-8b-"*
+    cp "$root/.device/llama-src.tgz" "$root/.device/models.sha256" "$w/"
     gunzip -c "$root/.device/axle.gz" >"$w/bin/axle" && chmod +x "$w/bin/axle"
     python3 -m pip install -q --no-index --no-deps --target "$w/site" "$root"/.device/gguf-*.whl
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-    setsid nohup bash -c "'$root/scripts/build-cuda-backend.sh' --src '$root/.device/llama-src.tgz' \
-      --out '$w/bin/backends' --arch 90-real --tools >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
+    setsid nohup bash -c "'$root/scripts/build-cuda-backend.sh' --src '$w/llama-src.tgz' \
+      --out '$w/bin/backends' --arch 90-real >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
       >/dev/null 2>&1 &
     vocab="$root/fixtures/$(ls "$root/fixtures" | grep -m1 'llama.*\.gguf$')"
-    setsid nohup bash -c "for t in q4_0 q4_k_m; do PYTHONPATH='$w/site' python3 '$root/scripts/make-bench-model.py' \
-      --shape llama3-8b --type \$t --vocab-from '$vocab' --out '$w/models/llama3-8b-\$t.gguf' || exit 1; done \
-      >'$w/logs/models.log' 2>&1; echo \$? >'$w/logs/models.rc'" >/dev/null 2>&1 &
+    setsid nohup bash "$root/scripts/gpu-machine.sh" gen8b "$vocab" >/dev/null 2>&1 &
     echo "started: build and 8B files in the background"
+    ;;
+  gen8b)
+    for t in q4_0 q4_k_m; do
+      PYTHONPATH="$w/site" python3 "$root/scripts/make-bench-model.py" --shape llama3-8b --type "$t" \
+        --vocab-from "$1" --out "$w/models/llama3-8b-$t.gguf" || { echo 1 >"$w/logs/models.rc"; exit 1; }
+    done >"$w/logs/models.log" 2>&1
+    echo 0 >"$w/logs/models.rc"
     ;;
   chunks)
     for f in "$root"/.devcall/chunk-*; do
@@ -57,7 +64,7 @@ case "$cmd" in
       [ -e "$p" ] || continue
       mv "$p" "${p%.part}.gguf"
     done
-    sha256sum -c "$root/.device/models.sha256"
+    sha256sum -c "$w/models.sha256"
     ;;
   *)
     echo "usage: $0 start|chunks|wait [S]|models" >&2

@@ -87,8 +87,9 @@ impl Default for RunnerOptions {
     }
 }
 
-/// Graph nodes reserved per step; generous for the families we build (about 30 per layer).
-const MAX_NODES: usize = 4096;
+/// Graph nodes reserved per step: about 30 per layer, plus a few per attention group and layer
+/// (one attention op per group of sequences): a 32-layer model decoding 64 sequences needs ~10k.
+const MAX_NODES: usize = 32768;
 /// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
 const KV_PAD: u32 = 256;
 
