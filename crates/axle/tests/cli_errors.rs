@@ -174,3 +174,17 @@ fn generate_and_tokenize_work() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"Hello\""));
 }
+
+/// A device that is not registered is one clear error naming it, the devices there are and where
+/// GPU backends were looked for; nothing is silently run on the CPU instead.
+#[test]
+fn unknown_device() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let err = fails(&[
+        "generate", "--model", m, "--prompt", "Hi", "--device", "cuda7",
+    ]);
+    assert!(err.contains("no device `cuda7`"), "{err}");
+    assert!(err.contains("devices here: cpu"), "{err}");
+    assert!(err.contains("GPU backends load from"), "{err}");
+}
