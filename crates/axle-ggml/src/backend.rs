@@ -68,15 +68,15 @@ pub fn backend_search_dirs() -> Vec<std::path::PathBuf> {
     vec![exe_dir.join("backends"), exe_dir]
 }
 
+/// A backend library file and what loading it gave: the backend's name, or why ggml refused it.
+pub type LoadedBackend = (std::path::PathBuf, std::result::Result<String, String>);
+
 /// Loads the device backends built as shared libraries (`libggml-cuda.so` from
 /// `scripts/build-cuda-backend.sh`, or Vulkan, ROCm, ...) from [`backend_search_dirs`], once per
 /// process, and returns what was loaded (file, and the error for files ggml refused). The CPU
 /// backend is linked in and always registered; without such files the program stays CPU-only.
-pub fn load_dynamic_backends(
-) -> &'static [(std::path::PathBuf, std::result::Result<String, String>)] {
-    static LOADED: std::sync::OnceLock<
-        Vec<(std::path::PathBuf, std::result::Result<String, String>)>,
-    > = std::sync::OnceLock::new();
+pub fn load_dynamic_backends() -> &'static [LoadedBackend] {
+    static LOADED: std::sync::OnceLock<Vec<LoadedBackend>> = std::sync::OnceLock::new();
     LOADED.get_or_init(|| {
         crate::quiet_logs();
         let mut out = Vec::new();

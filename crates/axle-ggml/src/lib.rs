@@ -19,7 +19,8 @@ mod sysinfo;
 mod tensor;
 
 pub use backend::{
-    backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind, Scheduler,
+    backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind,
+    LoadedBackend, Scheduler,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -4,6 +4,9 @@
 //! sequences: visibility is the attention mask's job.
 use axle_ggml::{BufferType, DType, StoredTensor, TensorStore};
 
+/// A tensor to allocate: name, type, shape.
+type TensorSpec = (String, DType, Vec<i64>);
+
 /// The KV tensors of all layers.
 pub struct KvCache {
     _stores: Vec<TensorStore>,
@@ -24,7 +27,7 @@ impl KvCache {
         size: u32,
     ) -> Result<KvCache, axle_ggml::Error> {
         assert_eq!(bufts.len(), dims.len(), "one buffer type per layer");
-        let mut stores: Vec<(BufferType, Vec<(String, DType, Vec<i64>)>)> = Vec::new();
+        let mut stores: Vec<(BufferType, Vec<TensorSpec>)> = Vec::new();
         for (il, (&(k, v), &buft)) in dims.iter().zip(bufts).enumerate() {
             let specs = match stores.iter_mut().find(|(b, _)| *b == buft) {
                 Some((_, specs)) => specs,
