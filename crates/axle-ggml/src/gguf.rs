@@ -74,6 +74,18 @@ pub struct TensorInfo {
     pub nbytes: u64,
 }
 
+impl TensorInfo {
+    /// The layer the tensor belongs to (`blk.N.*`), if any.
+    pub fn layer(&self) -> Option<u32> {
+        self.name
+            .strip_prefix("blk.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
 /// An opened GGUF file: metadata, tensor table and the mmap of the whole file.
 pub struct GgufFile {
     path: PathBuf,

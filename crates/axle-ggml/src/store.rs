@@ -85,11 +85,6 @@ pub enum WeightPlacement {
     },
 }
 
-/// The layer a GGUF tensor belongs to (`blk.N.*`), if any.
-fn layer_of(name: &str) -> Option<u32> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
-}
-
 /// The token embedding, kept in host memory by [`WeightPlacement::Device`].
 const TOKEN_EMBD: &str = "token_embd.weight";
 /// The output head a tied model lacks.
@@ -164,7 +159,7 @@ impl TensorStore {
             by_name.insert(info.name.clone(), t.raw());
             let target = match placement {
                 WeightPlacement::Device { buft, first_layer } => {
-                    let on_device = match layer_of(&info.name) {
+                    let on_device = match info.layer() {
                         Some(il) => il >= first_layer,
                         None => info.name != TOKEN_EMBD && first_layer == 0,
                     };

@@ -158,14 +158,7 @@ impl Model {
         let n_layer = file
             .tensors()
             .iter()
-            .filter_map(|t| {
-                t.name
-                    .strip_prefix("blk.")?
-                    .split('.')
-                    .next()?
-                    .parse::<u32>()
-                    .ok()
-            })
+            .filter_map(|t| t.layer())
             .max()
             .map_or(0, |l| l + 1);
         let offload = match opts.device.resolve()? {
