@@ -66,6 +66,12 @@ impl DType {
         )
     }
 
+    /// Whether the type is a quantized block format.
+    pub fn is_quantized(self) -> bool {
+        // SAFETY: pure function of a valid type id.
+        unsafe { sys::ggml_is_quantized(self.0) }
+    }
+
     /// Bytes taken by a row of `n` elements of this type.
     pub fn row_size(self, n: i64) -> usize {
         // SAFETY: pure function of its arguments.

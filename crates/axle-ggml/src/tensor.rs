@@ -157,6 +157,16 @@ impl<'a> Tensor<'a> {
         unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
     }
 
+    /// Whether the data lies in an accelerator's memory (a buffer that is not host memory).
+    pub fn is_on_device(&self) -> bool {
+        let t = self.get();
+        if t.buffer.is_null() {
+            return false;
+        }
+        // SAFETY: a non-null buffer of a live tensor.
+        !unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
+    }
+
     /// Whether backend memory has been assigned.
     pub fn is_allocated(&self) -> bool {
         !self.get().buffer.is_null()

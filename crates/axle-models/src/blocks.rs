@@ -1,8 +1,9 @@
 //! Graph pieces shared by the architecture files: the per-step inputs ([`Step`]), weighted RMS
 //! norm, attention through the KV slots, and gated feed-forward. Models call these with small
 //! structs; they never see block tables or slot arithmetic.
+use crate::device_step::{DeviceStep, GROUP_COLS};
 use crate::kv::KvCache;
-use axle_ggml::{Context, GluOp, Graph, StoredTensor, Tensor};
+use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
 pub struct Step<'a> {
@@ -39,6 +40,10 @@ pub struct Step<'a> {
     pub attn_groups: Vec<(i64, i64)>,
     /// Kernel choice.
     pub kernels: Kernels,
+    /// With batch-invariant kernels and KV on an accelerator: how products and attention are
+    /// split so that each row's arithmetic depends on its own sequence only (see
+    /// [`crate::device_step`]). The masks are then laid out per attention op.
+    pub device: Option<DeviceStep>,
 }
 
 /// How a step picks ggml's CPU kernels.
@@ -119,6 +124,11 @@ impl<'a> Step<'a> {
         let g = self.ctx;
         let [k, n, rest @ ..] = x.ne();
         let w_t = w.t();
+        if let Some(d) = &self.device {
+            if rest == [1, 1] && w_t.is_on_device() && w_t.dtype().is_quantized() {
+                return self.matmul_device(w_t, x, d);
+            }
+        }
         if self.kernels == Kernels::BatchInvariant {
             if let Some(y) = g.mul_mat_few(w_t, x) {
                 return y;
@@ -148,6 +158,64 @@ impl<'a> Step<'a> {
         }
         let tail = g.view(x, &[k, left], &[nb1], (full * MATMUL_SLICE) as usize * nb1);
         g.concat(y, g.mul_mat(w_t, tail), 1)
+    }
+
+    /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
+    /// the step's small columns (decode and verify rows, and every column of a product after the
+    /// output rows were picked) in groups of [`GROUP_COLS`], each prefill chunk as one product.
+    fn matmul_device(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
+        let g = self.ctx;
+        let [k, n, ..] = x.ne();
+        let nb1 = x.nb()[1];
+        let cols = |first: i64, cols: i64| {
+            if (first, cols) == (0, n) {
+                x
+            } else {
+                g.view(x, &[k, cols], &[nb1], first as usize * nb1)
+            }
+        };
+        if n != self.n_tokens || d.runs.iter().all(|r| r.small) {
+            return self.mul_mat_grouped(w, x);
+        }
+        let pieces = d
+            .runs
+            .iter()
+            .map(|r| {
+                let xs = cols(r.first, r.cols);
+                if r.small {
+                    self.mul_mat_grouped(w, xs)
+                } else {
+                    g.mul_mat(w, xs)
+                }
+            })
+            .collect();
+        concat_all(g, pieces, 1)
+    }
+
+    /// `w @ x` in products of at most [`GROUP_COLS`] columns: one op over groups of exactly that
+    /// many (a 3-D batch) and one for the rest.
+    fn mul_mat_grouped(&self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+        let g = self.ctx;
+        let [k, n, ..] = x.ne();
+        if n <= GROUP_COLS {
+            return g.mul_mat(w, x);
+        }
+        let nb1 = x.nb()[1];
+        let full = n / GROUP_COLS;
+        let main = g.view(
+            x,
+            &[k, GROUP_COLS, full],
+            &[nb1, nb1 * GROUP_COLS as usize],
+            0,
+        );
+        let m = w.ne()[1];
+        let y = g.reshape(g.mul_mat(w, main), &[m, full * GROUP_COLS]);
+        let left = n - full * GROUP_COLS;
+        if left == 0 {
+            return y;
+        }
+        let tail = g.view(x, &[k, left], &[nb1], (full * GROUP_COLS) as usize * nb1);
+        g.concat(y, g.mul_mat(w, tail), 1)
     }
 
     /// `w @ x` plus an optional bias.
@@ -191,6 +259,9 @@ impl<'a> Step<'a> {
         let v_written = g.set_rows(vc, v_rows, self.slots);
         self.graph.expand(k_written);
         self.graph.expand(v_written);
+        if let Some(d) = &self.device {
+            return self.attention_device(d, q, k_written, v_written, spec);
+        }
         let (kview, vview) = match self.kv_ids {
             None => {
                 let row_k = kc.dtype().row_size(spec.head_dim_k);
@@ -286,4 +357,88 @@ impl<'a> Step<'a> {
         }
         out.unwrap_or_else(|| unreachable!("a step has at least one attention group"))
     }
+
+    /// Attention with the device layout: one op per [`crate::device_step::AttnOp`], each over
+    /// its sequence's own slots (read from the cache, or from the slots gathered for the step)
+    /// with its own block of the mask.
+    fn attention_device(
+        &self,
+        d: &DeviceStep,
+        q: Tensor<'a>,
+        k_written: Tensor<'a>,
+        v_written: Tensor<'a>,
+        spec: &AttnSpec,
+    ) -> Tensor<'a> {
+        let g = self.ctx;
+        let il_mask = if spec.sliding {
+            self.mask_swa.unwrap_or(self.mask)
+        } else {
+            self.mask
+        };
+        // The KV source: the cache itself, or the step's gathered slots in F16 (get_rows yields
+        // F32; the cast back is exact).
+        let source = |written: Tensor<'a>| match self.kv_ids {
+            Some(ids) => g.cast(g.get_rows(written, ids), written.dtype()),
+            None => written,
+        };
+        let (ks, vs) = (source(k_written), source(v_written));
+        let rows_of = |src: Tensor<'a>, dim: i64, off: i64, len: i64| {
+            let nb1 = src.nb()[1];
+            let head = src.dtype().row_size(dim);
+            let view = g.view(
+                src,
+                &[dim, spec.n_head_kv, len],
+                &[head, nb1],
+                off as usize * nb1,
+            );
+            g.permute(view, [0, 2, 1, 3])
+        };
+        let qn = q.nb();
+        let width = spec.head_dim_v * spec.n_head;
+        let mut outs = Vec::with_capacity(d.attn.len());
+        for op in &d.attn {
+            let qg = g.view(
+                q,
+                &[spec.head_dim_k, spec.n_head, op.rows],
+                &[qn[1], qn[2]],
+                op.first as usize * qn[2],
+            );
+            let mg = g.view(
+                il_mask,
+                &[op.kv_len, op.rows],
+                &[op.kv_len as usize * DType::F16.row_size(1)],
+                op.mask_off as usize * DType::F16.row_size(1),
+            );
+            let o = g.flash_attn(
+                g.permute(qg, [0, 2, 1, 3]),
+                rows_of(ks, spec.head_dim_k, op.kv_off, op.kv_len),
+                rows_of(vs, spec.head_dim_v, op.kv_off, op.kv_len),
+                mg,
+                spec.scale,
+                spec.softcap,
+            );
+            outs.push(g.reshape(o, &[width, op.rows]));
+        }
+        concat_all(g, outs, 1)
+    }
+}
+
+/// Concatenates tensors along `dim`, pairwise (a balanced tree: each element is copied about
+/// log2(pieces) times rather than once per piece after it).
+fn concat_all<'a>(g: &'a Context, mut pieces: Vec<Tensor<'a>>, dim: i32) -> Tensor<'a> {
+    assert!(!pieces.is_empty(), "nothing to concatenate");
+    while pieces.len() > 1 {
+        let mut next = Vec::with_capacity(pieces.len().div_ceil(2));
+        let mut it = pieces.into_iter();
+        while let Some(a) = it.next() {
+            next.push(match it.next() {
+                Some(b) => g.concat(a, b, dim),
+                None => a,
+            });
+        }
+        pieces = next;
+    }
+    pieces
+        .pop()
+        .unwrap_or_else(|| unreachable!("one piece left"))
 }

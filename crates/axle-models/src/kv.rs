@@ -63,6 +63,11 @@ impl KvCache {
         })
     }
 
+    /// Whether some layer's KV lives in device (not host) memory.
+    pub fn on_device(&self) -> bool {
+        self.k.iter().any(|t| t.t().is_on_device())
+    }
+
     /// Bytes used by the cache.
     pub fn nbytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(|t| t.t().nbytes()).sum()

@@ -9,6 +9,7 @@ pub mod arch;
 pub mod blocks;
 pub mod cache;
 pub mod chat;
+pub mod device_step;
 pub mod kv;
 pub mod model;
 pub mod runner;

@@ -4,6 +4,7 @@
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
 use crate::blocks::{Kernels, Step};
+use crate::device_step::{self, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::ModelError;
@@ -21,6 +22,26 @@ pub enum LogitRows {
     Last,
     /// Every token's (verifying draft tokens).
     All,
+}
+
+impl LogitRows {
+    /// Whether token `ti` of `n` wants its logits.
+    fn wants(self, ti: usize, n: usize) -> bool {
+        match self {
+            LogitRows::None => false,
+            LogitRows::Last => ti + 1 == n,
+            LogitRows::All => true,
+        }
+    }
+}
+
+fn check_token(t: TokenId, n_vocab: i64) -> Result<(), ModelError> {
+    if t as i64 >= n_vocab {
+        return Err(ModelError::Batch(format!(
+            "token id {t} is outside the vocabulary ({n_vocab})"
+        )));
+    }
+    Ok(())
 }
 
 /// One sequence's share of a step.
@@ -74,6 +95,10 @@ pub struct RunnerOptions {
     pub max_batch_tokens: usize,
     /// Kernel choice: batch-invariant (the default), or libllama's for oracle comparisons.
     pub kernels: Kernels,
+    /// Use the device layout of steps (see [`crate::device_step`]) with host KV too, so that
+    /// machines without an accelerator can test it. With batch-invariant kernels it is used
+    /// whenever some layer's KV lives on an accelerator, whatever this says.
+    pub force_device_layout: bool,
 }
 
 impl Default for RunnerOptions {
@@ -83,6 +108,7 @@ impl Default for RunnerOptions {
             block_size: 16,
             max_batch_tokens: 512,
             kernels: Kernels::default(),
+            force_device_layout: false,
         }
     }
 }
@@ -115,6 +141,8 @@ struct HostInputs {
     kv_ids: Vec<i32>,
     out_ids: Vec<i32>,
     rows: Vec<(usize, usize)>,
+    /// The step's device layout (see [`device_step`]), when it has one.
+    device: Option<DeviceStep>,
 }
 
 impl Runner {
@@ -160,6 +188,13 @@ impl Runner {
             host: HostInputs::default(),
             cached: None,
         })
+    }
+
+    /// Whether steps use the device layout of [`device_step`]: batch-invariant kernels with KV
+    /// on an accelerator, where ggml's kernels choose their arithmetic by the op's shape.
+    fn device_layout(&self) -> bool {
+        self.opts.kernels == Kernels::BatchInvariant
+            && (self.opts.force_device_layout || self.kv.on_device())
     }
 
     /// The model.
@@ -225,7 +260,48 @@ impl Runner {
                     .collect::<Result<_, _>>()?,
             );
         }
+        if self.device_layout() {
+            let d = device_step::layout(
+                &seqs
+                    .iter()
+                    .zip(&visible)
+                    .map(|(s, v)| SeqSlots {
+                        start_pos: s.start_pos,
+                        n_tokens: s.tokens.len(),
+                        all_logits: s.logits == LogitRows::All,
+                        slots: v,
+                    })
+                    .collect::<Vec<_>>(),
+                self.opts.kv_slots,
+                window,
+            );
+            h.mask = d.mask;
+            h.mask_swa = d.mask_swa;
+            h.kv_ids = d.kv_ids;
+            h.device = Some(d.step);
+        } else {
+            h.device = None;
+        }
         let ascending = visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]));
+        if h.device.is_some() {
+            // The device layout made the masks and the gathered slots; only the rows remain.
+            for (si, s) in seqs.iter().enumerate() {
+                for (ti, &t) in s.tokens.iter().enumerate() {
+                    check_token(t, n_vocab)?;
+                    let p = s.start_pos + ti as u32;
+                    h.tokens.push(t as i32);
+                    h.pos.push(p as i32);
+                    h.slots.push(visible[si][p as usize] as i64);
+                    if s.logits.wants(ti, s.tokens.len()) {
+                        h.out_ids.push(h.tokens.len() as i32 - 1);
+                        h.rows.push((si, ti));
+                    }
+                }
+            }
+            let n_kv = h.kv_ids.len() as u32;
+            self.host = h;
+            return Ok((n_tokens as i64, n_kv));
+        }
         h.kv_ids.clear();
         // Column of the mask where each sequence's position 0 lies, and the stride per position
         // (direct: the slot itself; gathered: consecutive columns).
@@ -257,11 +333,7 @@ impl Runner {
         let mut row = 0usize;
         for (si, s) in seqs.iter().enumerate() {
             for (ti, &t) in s.tokens.iter().enumerate() {
-                if t as i64 >= n_vocab {
-                    return Err(ModelError::Batch(format!(
-                        "token id {t} is outside the vocabulary ({n_vocab})"
-                    )));
-                }
+                check_token(t, n_vocab)?;
                 let p = s.start_pos + ti as u32;
                 h.tokens.push(t as i32);
                 h.pos.push(p as i32);
@@ -280,12 +352,7 @@ impl Runner {
                         }
                     }
                 }
-                let want = match s.logits {
-                    LogitRows::None => false,
-                    LogitRows::Last => ti + 1 == s.tokens.len(),
-                    LogitRows::All => true,
-                };
-                if want {
+                if s.logits.wants(ti, s.tokens.len()) {
                     h.out_ids.push(row as i32);
                     h.rows.push((si, ti));
                 }
@@ -315,7 +382,8 @@ impl Runner {
             gathered: !self.host.kv_ids.is_empty(),
             // Only batch-invariant kernels split attention by group; otherwise the groups would
             // make steps of one shape look different and rebuild the graph for nothing.
-            groups: if self.opts.kernels == Kernels::BatchInvariant {
+            device: self.host.device.clone(),
+            groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
                 attention_groups(seqs)
             } else {
                 Vec::new()
@@ -375,6 +443,11 @@ impl Runner {
         let ctx = Context::new(MAX_NODES, MAX_NODES)?;
         {
             let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
+            // The device layout packs each attention op's mask rows one after another.
+            let mask_shape = match &key.device {
+                Some(d) => vec![d.mask_len],
+                None => vec![n_kv, n],
+            };
             let mut step = Step {
                 ctx: &ctx,
                 graph: ctx.graph(MAX_NODES),
@@ -382,8 +455,8 @@ impl Runner {
                 tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
                 pos: ctx.input(DType::I32, &[n], "inp_pos"),
                 slots: ctx.input(DType::I64, &[n], "inp_slots"),
-                mask: ctx.input(DType::F16, &[n_kv, n], "inp_kq_mask"),
-                mask_swa: has_swa.then(|| ctx.input(DType::F16, &[n_kv, n], "inp_kq_mask_swa")),
+                mask: ctx.input(DType::F16, &mask_shape, "inp_kq_mask"),
+                mask_swa: has_swa.then(|| ctx.input(DType::F16, &mask_shape, "inp_kq_mask_swa")),
                 out_ids: ctx.input(DType::I32, &[key.n_out as i64], "inp_out_ids"),
                 n_kv,
                 kv_ids: key
@@ -391,6 +464,7 @@ impl Runner {
                     .then(|| ctx.input(DType::I32, &[n_kv], "inp_kv_ids")),
                 kv: &self.kv,
                 attn_groups: key.groups.clone(),
+                device: key.device.clone(),
                 kernels: self.opts.kernels,
             };
             let logits = self
@@ -451,6 +525,8 @@ struct GraphKey {
     n_out: usize,
     /// Whether attention reads gathered slots (`inp_kv_ids`) rather than a prefix of the cache.
     gathered: bool,
+    /// The device layout, when steps have one.
+    device: Option<DeviceStep>,
     /// (first row, rows) of each attention op.
     groups: Vec<(i64, i64)>,
 }

@@ -18,8 +18,9 @@ use std::sync::Arc;
 const TEXT: &str = "The history of computing is a story of abstraction layered upon abstraction: \
     from switches to gates, from gates to instructions, from instructions to languages.";
 
-/// The model `name` (2 threads, weights repacked or not) and a runner with `kv_slots` slots.
-fn load(name: &str, repack: bool, kv_slots: u32) -> (Arc<Model>, Runner) {
+/// The model `name` (2 threads, weights repacked or not) and a runner with `kv_slots` slots,
+/// with the device step layout (`axle_models::device_step`) or the host one.
+fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Model>, Runner) {
     let model = Arc::new(
         Model::load(
             common::model(name),
@@ -34,6 +35,7 @@ fn load(name: &str, repack: bool, kv_slots: u32) -> (Arc<Model>, Runner) {
         model.clone(),
         RunnerOptions {
             kv_slots,
+            force_device_layout: device_layout,
             ..Default::default()
         },
     )
@@ -48,8 +50,9 @@ fn max_diff_by_width(
     repack: bool,
     max_w: usize,
     (first_block, stride): (u32, u32),
+    device_layout: bool,
 ) -> Vec<f32> {
-    let (model, mut runner) = load(name, repack, 2048);
+    let (model, mut runner) = load(name, repack, 2048, device_layout);
     let tokens = model.tokenizer.encode(TEXT, true, false);
     let ctx = tokens.len() - max_w;
     let table: Vec<u32> = (0..256 / runner.options().block_size)
@@ -97,7 +100,7 @@ fn verify_steps_reproduce_decode_steps() {
         (common::GEMMA3, false, 9, spread),
         (common::GEMMA3, true, 0, (0, 1)),
     ] {
-        let d = max_diff_by_width(name, repack, 9, blocks);
+        let d = max_diff_by_width(name, repack, 9, blocks, false);
         let shown: Vec<String> = d.iter().map(|x| format!("{x:.2e}")).collect();
         println!(
             "{name} repack={repack} blocks {blocks:?} (first, stride): max |dlogit| by width 1..=9: [{}]",
@@ -139,10 +142,58 @@ fn decode_logits(
 /// kernel (whose chunks follow the slot range); the runner keeps such rows on the one-pass kernel.
 #[test]
 fn block_placement_does_not_change_logits() {
+    block_placement(false);
+}
+
+/// The same with the device step layout (one attention op per decode row over its own slots,
+/// gathered when they are out of order), on the host.
+#[test]
+fn device_layout_block_placement_does_not_change_logits() {
+    block_placement(true);
+}
+
+/// The device step layout that GPUs use, run here on the host: verify steps of every width up to
+/// 9 reproduce decode steps bit for bit (with the sequence's blocks in the first slots, and spread
+/// so that the slots are gathered), and its logits stay close to the host layout's (they differ
+/// only in how attention splits the slots).
+#[test]
+fn device_layout_verify_steps_reproduce_decode_steps() {
+    for (name, blocks) in [
+        (common::SMOLLM2, (0, 1)),
+        (common::SMOLLM2, (10, 10)),
+        (common::GEMMA3, (0, 1)),
+        (common::GEMMA3, (10, 10)),
+    ] {
+        let d = max_diff_by_width(name, false, 9, blocks, true);
+        println!("{name} device layout, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
+        assert!(d.iter().all(|&x| x == 0.0), "{name}: {d:?}");
+    }
+    for name in [common::SMOLLM2, common::GEMMA3] {
+        let (model, mut host) = load(name, false, 1024, false);
+        let (_, mut dev) = load(name, false, 1024, true);
+        let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
+        let table: Vec<u32> = (0..64).collect();
+        let a = decode_logits(&mut host, &tokens, &table, 4);
+        let b = decode_logits(&mut dev, &tokens, &table, 4);
+        let diff = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        println!("{name}: device layout vs host layout, max |dlogit| {diff:.2e}");
+        assert!(
+            diff < 0.05,
+            "{name}: device layout drifts from the host one: {diff}"
+        );
+    }
+}
+
+fn block_placement(device_layout: bool) {
     for name in [common::SMOLLM2, common::GEMMA3] {
         // Plain weight layout: its matmuls give every row the same numbers at any batch width
         // (see above), so the batched comparison isolates attention.
-        let (model, mut runner) = load(name, false, 1024);
+        let (model, mut runner) = load(name, false, 1024, device_layout);
         let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
         let bs = runner.options().block_size as usize;
         let need = tokens.len().div_ceil(bs) as u32;

@@ -225,6 +225,7 @@ impl EngineCore {
                 // Batch-invariant kernels: batched, preempted and speculative decoding reproduce
                 // plain decoding bit for bit.
                 kernels: Kernels::BatchInvariant,
+                force_device_layout: false,
             },
         )?;
         let draft = if cfg.max_draft > 0 {

@@ -1,0 +1,290 @@
+//! How a step on an accelerator keeps each row's arithmetic independent of the step's shape.
+//!
+//! ggml's CUDA kernels pick their arithmetic by the shape of the op, not of the row:
+//! - Quantized products of 1-8 columns take the mat-vec kernel (MMVQ), the rest the tiled one
+//!   (MMQ, with K split across blocks by grid size). MMVQ sums a row with 4 warps at 1-4 columns
+//!   and with 2 warps at 5-8, so a column's result depends on how many columns share the op.
+//!   At 1-4 columns (and only there) every column's result is the same bit for bit (on NVIDIA's
+//!   generic parameter table: Volta-Turing and GB10 differ at one column).
+//! - Flash attention takes its vector kernel for one query row over F16 KV (Ada and newer) and a
+//!   tensor-core kernel otherwise, and splits the KV range into parallel blocks by occupancy, which
+//!   depends on the number of query rows, heads and KV slots in the op.
+//!
+//! So on a device, a step's products run its "small" columns (sequences decoding or verifying
+//! drafts) in groups of [`GROUP_COLS`] through MMVQ, whatever sequence each column belongs to, and
+//! gives each prefill chunk its own product, as wide as the chunk; attention runs one op per query
+//! row of small sequences and one per prefill chunk, each over that sequence's own slots (starting
+//! at its position 0) padded to a length that depends only on the row's position. A row's numbers
+//! then depend on its sequence alone, and decode, verify and batched steps agree bit for bit.
+//! Prefill chunks keep their wide kernels: their numbers depend on how the prompt was chunked.
+
+/// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
+pub const GROUP_COLS: i64 = 4;
+
+/// A sequence with at most this many tokens in a step (or asking for every row's logits) is
+/// "small": its columns go through MMVQ groups and its rows get attention ops of their own.
+pub const SMALL_TOKENS: usize = 8;
+
+/// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
+pub const KV_ALIGN: u32 = 256;
+
+/// A run of consecutive columns of the step's activations and how it is multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColumnRun {
+    /// First column.
+    pub first: i64,
+    /// Columns.
+    pub cols: i64,
+    /// Small columns (MMVQ groups) rather than one prefill chunk (one product of its own).
+    pub small: bool,
+}
+
+/// One attention op: query rows `first..first + rows` over `kv_len` slots of the KV source
+/// starting at `kv_off`, with a mask of `kv_len * rows` elements at `mask_off` of the mask input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnOp {
+    /// First query row of the step.
+    pub first: i64,
+    /// Query rows.
+    pub rows: i64,
+    /// First slot of the KV source (the cache, or the gathered slots).
+    pub kv_off: i64,
+    /// Slots attended (a multiple of [`KV_ALIGN`]).
+    pub kv_len: i64,
+    /// Offset of this op's mask in the mask input, in elements.
+    pub mask_off: i64,
+}
+
+/// The device layout of one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceStep {
+    /// Column runs of the step's tokens, in order.
+    pub runs: Vec<ColumnRun>,
+    /// Attention ops, in row order.
+    pub attn: Vec<AttnOp>,
+    /// Elements of the mask input.
+    pub mask_len: i64,
+    /// Slots gathered into a KV of the step's own (`None`: ops read the cache directly).
+    pub gathered: Option<i64>,
+}
+
+/// One sequence of a step, as the layout sees it.
+#[derive(Debug, Clone)]
+pub struct SeqSlots<'s> {
+    /// Position of the first token of the step.
+    pub start_pos: u32,
+    /// Tokens in the step.
+    pub n_tokens: usize,
+    /// Whether every row's logits are wanted (a verify step).
+    pub all_logits: bool,
+    /// Slot of each position `0..start_pos + n_tokens`.
+    pub slots: &'s [u32],
+}
+
+/// The layout of a step and its inputs: mask values (F16 bits) and gathered slot ids.
+#[derive(Debug, Clone)]
+pub struct DeviceInputs {
+    /// The layout (the graph's shape).
+    pub step: DeviceStep,
+    /// Mask of full-attention layers.
+    pub mask: Vec<u16>,
+    /// Mask of sliding-window layers (empty without a window).
+    pub mask_swa: Vec<u16>,
+    /// Slots to gather (empty when ops read the cache directly).
+    pub kv_ids: Vec<i32>,
+}
+
+fn align(n: u32) -> u32 {
+    n.div_ceil(KV_ALIGN) * KV_ALIGN
+}
+
+/// Lays out a step over `kv_slots` cache slots. `window`: the sliding window, if the model has
+/// sliding-window layers. Each sequence must list the slots of all its positions up to the end of
+/// the step.
+pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> DeviceInputs {
+    // Read the cache directly when every sequence's slots are consecutive and its padded range
+    // fits; otherwise gather each sequence's slots into a segment of its own.
+    let direct = seqs.iter().all(|s| {
+        let end = s.start_pos + s.n_tokens as u32;
+        let first = s.slots.first().copied().unwrap_or(0);
+        s.slots
+            .iter()
+            .enumerate()
+            .all(|(q, &slot)| slot == first + q as u32)
+            && first as u64 + align(end) as u64 <= kv_slots as u64
+    });
+    let mut kv_ids: Vec<i32> = Vec::new();
+    let mut bases = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        if direct {
+            bases.push(s.slots.first().copied().unwrap_or(0) as i64);
+        } else {
+            let end = s.start_pos + s.n_tokens as u32;
+            bases.push(kv_ids.len() as i64);
+            let seg = kv_ids.len() + align(end) as usize;
+            kv_ids.extend(s.slots.iter().map(|&x| x as i32));
+            // Padding slots are masked; any valid slot does.
+            kv_ids.resize(seg, 0);
+        }
+    }
+    let neg = half::f16::NEG_INFINITY.to_bits();
+    let mut runs: Vec<ColumnRun> = Vec::new();
+    let mut attn = Vec::new();
+    let mut mask = Vec::new();
+    let mut mask_swa = Vec::new();
+    let mut row = 0i64;
+    for (s, &base) in seqs.iter().zip(&bases) {
+        let n = s.n_tokens as i64;
+        let small = s.n_tokens <= SMALL_TOKENS || s.all_logits;
+        match runs.last_mut() {
+            Some(r) if small && r.small => r.cols += n,
+            _ => runs.push(ColumnRun {
+                first: row,
+                cols: n,
+                small,
+            }),
+        }
+        // Small sequences: one op per row, over the slots up to the row's own position.
+        // A prefill chunk: one op over the slots up to its last position.
+        let ops: Vec<(i64, i64, u32)> = if small {
+            (0..n)
+                .map(|t| (row + t, 1, align(s.start_pos + t as u32 + 1)))
+                .collect()
+        } else {
+            vec![(row, n, align(s.start_pos + s.n_tokens as u32))]
+        };
+        for (first, rows, len) in ops {
+            attn.push(AttnOp {
+                first,
+                rows,
+                kv_off: base,
+                kv_len: len as i64,
+                mask_off: mask.len() as i64,
+            });
+            for r in 0..rows {
+                let p = s.start_pos + (first - row + r) as u32;
+                for q in 0..len {
+                    let visible = q <= p;
+                    mask.push(if visible { 0 } else { neg });
+                    if let Some(w) = window {
+                        mask_swa.push(if visible && p - q < w { 0 } else { neg });
+                    }
+                }
+            }
+        }
+        row += n;
+    }
+    DeviceInputs {
+        step: DeviceStep {
+            runs,
+            attn,
+            mask_len: mask.len() as i64,
+            gathered: (!direct).then_some(kv_ids.len() as i64),
+        },
+        mask,
+        mask_swa,
+        kv_ids,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(start_pos: u32, n_tokens: usize, all: bool, slots: &[u32]) -> SeqSlots<'_> {
+        SeqSlots {
+            start_pos,
+            n_tokens,
+            all_logits: all,
+            slots,
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_op_in_decode_verify_and_batched_steps() {
+        let slots: Vec<u32> = (32..32 + 300).collect();
+        // Decode of position 299 alone.
+        let decode = layout(&[seq(299, 1, false, &slots[..300])], 4096, None);
+        // Verify of positions 297..300 (3 drafts), and the same verify beside another sequence.
+        let verify = layout(&[seq(297, 3, true, &slots[..300])], 4096, None);
+        let other: Vec<u32> = (1000..1010).collect();
+        let batched = layout(
+            &[seq(9, 1, false, &other), seq(297, 3, true, &slots[..300])],
+            4096,
+            None,
+        );
+        let op_of = |d: &DeviceInputs, row: i64| {
+            let op = *d.step.attn.iter().find(|o| o.first == row).unwrap();
+            let m = &d.mask[op.mask_off as usize..(op.mask_off + op.kv_len) as usize];
+            (op.kv_off, op.kv_len, m.to_vec())
+        };
+        assert_eq!(op_of(&decode, 0), op_of(&verify, 2));
+        assert_eq!(op_of(&verify, 2), op_of(&batched, 3));
+        assert_eq!(op_of(&decode, 0).1, 512);
+        assert_eq!(decode.step.gathered, None);
+        // All small: one column run.
+        assert_eq!(
+            batched.step.runs,
+            vec![ColumnRun {
+                first: 0,
+                cols: 4,
+                small: true
+            }]
+        );
+    }
+
+    #[test]
+    fn prefill_chunks_get_their_own_product_and_op() {
+        let a: Vec<u32> = (0..100).collect();
+        let b: Vec<u32> = (256..266).collect();
+        let d = layout(
+            &[
+                seq(0, 100, false, &a),
+                seq(9, 1, false, &b),
+                seq(8, 2, true, &b[..10]),
+            ],
+            4096,
+            Some(4),
+        );
+        assert_eq!(
+            d.step.runs,
+            vec![
+                ColumnRun {
+                    first: 0,
+                    cols: 100,
+                    small: false
+                },
+                ColumnRun {
+                    first: 100,
+                    cols: 3,
+                    small: true
+                }
+            ]
+        );
+        assert_eq!(d.step.attn.len(), 4);
+        assert_eq!((d.step.attn[0].rows, d.step.attn[0].kv_len), (100, 256));
+        // Sliding window of 4: row 99 sees positions 96..=99.
+        let m = &d.mask_swa[99 * 256..100 * 256];
+        let seen: Vec<usize> = (0..256).filter(|&q| m[q] == 0).collect();
+        assert_eq!(seen, vec![96, 97, 98, 99]);
+        assert_eq!(d.mask.len(), d.mask_swa.len());
+        assert_eq!(d.step.mask_len as usize, d.mask.len());
+    }
+
+    #[test]
+    fn scattered_blocks_are_gathered_in_logical_order() {
+        // Positions 0..20 in two blocks of 16, the second before the first.
+        let slots: Vec<u32> = (64..80).chain(16..20).collect();
+        let d = layout(&[seq(19, 1, false, &slots)], 4096, None);
+        assert_eq!(d.step.gathered, Some(256));
+        assert_eq!(
+            &d.kv_ids[..20],
+            &slots.iter().map(|&x| x as i32).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(d.step.attn[0].kv_off, 0);
+        // A sequence whose padded range would run past the cache is gathered too.
+        let tail: Vec<u32> = (4000..4010).collect();
+        let d = layout(&[seq(9, 1, false, &tail)], 4096, None);
+        assert_eq!(d.step.gathered, Some(256));
+    }
+}
