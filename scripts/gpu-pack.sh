@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without Rust needs into .device/ (git-ignored): the release axle binary
+# ($AXLE_BIN, default target/release/axle; build a portable one for a machine whose CPU differs)
 # (gzip), the vendored llama.cpp source, the gguf wheel and the real models' sha256 sums; and the
 # real models cut into chunks of CHUNK_MB (default 40) megabytes in .chunks/, numbered in order.
 # Each device call carries one chunk in .devcall/ (`scripts/gpu-machine.sh chunks` appends it
@@ -9,7 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/.device"
 models="$("$root/scripts/fetch-models.sh")"
 rm -rf "$out" "$root/.chunks" && mkdir -p "$out" "$root/.chunks"
-gzip -c "$root/target/release/axle" >"$out/axle.gz"
+gzip -c "${AXLE_BIN:-$root/target/release/axle}" >"$out/axle.gz"
 "$root/scripts/build-cuda-backend.sh" --pack "$out/llama-src.tgz"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$out" gguf==0.19.0
 (cd "$models" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf) >"$out/models.sha256"

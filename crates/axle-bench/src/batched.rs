@@ -4,7 +4,7 @@
 use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::Model;
+use axle_models::{Kernels, Model};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub struct BatchedOptions {
     pub steps: usize,
     /// Repetitions (median reported).
     pub reps: usize,
+    /// Also run the engine with ggml's shape-dependent kernels (`Kernels::LikeLlamaCpp`): what
+    /// batch invariance costs.
+    pub fast_kernels: bool,
 }
 
 /// One row.
@@ -43,6 +46,8 @@ pub struct BatchedRow {
     pub llama_median: f64,
     /// axle / libllama.
     pub ratio: f64,
+    /// Axle with shape-dependent kernels, per repetition (empty unless asked for).
+    pub axle_fast: Vec<f64>,
 }
 
 /// The result.
@@ -61,7 +66,12 @@ impl BatchedReport {}
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
 const WARM: usize = 4;
 
-fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
+fn axle_run(
+    model: &Arc<Model>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    kernels: Kernels,
+) -> Result<f64, BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
         kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
@@ -71,6 +81,7 @@ fn axle_run(model: &Arc<Model>, prompts: &[Vec<u32>], steps: usize) -> Result<f6
         // Batching against batching: libllama decodes one token per sequence per step, so
         // n-gram speculation (measured on its own by the ngram workloads) stays off here.
         max_draft: 0,
+        kernels,
         ..Default::default()
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
@@ -166,17 +177,26 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         let prompts: Vec<Vec<u32>> = (0..b)
             .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
             .collect();
-        let (mut a, mut l) = (Vec::new(), Vec::new());
+        let (mut a, mut l, mut f) = (Vec::new(), Vec::new(), Vec::new());
+        let invariant = Kernels::BatchInvariant;
         for rep in 0..opts.reps {
             bar.set_message(format!("{b} sequences, rep {}", rep + 1));
             if rep % 2 == 0 {
-                a.push(axle_run(model, &prompts, opts.steps)?);
+                a.push(axle_run(model, &prompts, opts.steps, invariant)?);
                 bar.inc(1);
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
             } else {
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
                 bar.inc(1);
-                a.push(axle_run(model, &prompts, opts.steps)?);
+                a.push(axle_run(model, &prompts, opts.steps, invariant)?);
+            }
+            if opts.fast_kernels {
+                f.push(axle_run(
+                    model,
+                    &prompts,
+                    opts.steps,
+                    Kernels::LikeLlamaCpp,
+                )?);
             }
             bar.inc(1);
         }
@@ -188,6 +208,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             axle_median: am,
             llama_median: lm,
             ratio: am / lm,
+            axle_fast: f,
         });
     }
     bar.finish_and_clear();

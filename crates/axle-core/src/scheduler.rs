@@ -417,7 +417,30 @@ impl Scheduler {
         }
     }
 
-    /// Plans the next step.
+    /// Tokens per prefill chunk: prefills are cut at positions that are multiples of this, so
+    /// that how a prompt is chunked depends on the prompt alone (and on where its cached prefix
+    /// ends), never on what else shares the steps: on accelerators, whose kernels round a chunk's
+    /// rows differently at different widths, a prompt then computes the same numbers batched as
+    /// alone. The budget keeps room for every running sequence's decode token, so that a chunk
+    /// always fits in a step once it is the next in line.
+    pub fn prefill_chunk(&self) -> usize {
+        let (b, s) = (self.cfg.max_batch_tokens, self.cfg.max_seqs);
+        if b > s {
+            b - s
+        } else {
+            (b / 2).max(1)
+        }
+    }
+
+    /// Tokens of the next prefill chunk of a request with `computed` of `known` tokens computed.
+    fn chunk_len(&self, computed: usize, known: usize) -> usize {
+        let c = self.prefill_chunk();
+        (known - computed).min(c - computed % c)
+    }
+
+    /// Plans the next step: running decodes first (one token each), then the next chunk of each
+    /// running prefill that fits, then waiting requests in arrival order while their first chunk
+    /// fits, and last, with the budget left, n-gram drafts for the decodes.
     pub fn schedule(&mut self) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_batch_tokens;
@@ -427,6 +450,7 @@ impl Scheduler {
             let r = &self.requests[id];
             (r.tokens.len() - r.computed > 1, r.arrival)
         });
+        let mut decodes = Vec::new();
         for id in order {
             if plan.seqs.len() >= self.cfg.max_seqs || budget == 0 {
                 break;
@@ -435,22 +459,20 @@ impl Scheduler {
                 continue; // preempted while planning this step
             }
             let (computed, known) = (self.requests[&id].computed, self.requests[&id].tokens.len());
-            let n = (known - computed).min(budget);
-            let draft = if n == 1 && known - computed == 1 {
-                self.draft_for(id, budget - 1)
-            } else {
-                Vec::new()
-            };
-            if !self.ensure_blocks(id, computed + n + draft.len(), &mut plan, true) {
+            let n = self.chunk_len(computed, known);
+            if n > budget {
+                continue; // this chunk waits for a step with room for all of it
+            }
+            if !self.ensure_blocks(id, computed + n, &mut plan, true) {
                 self.preempt(id);
                 plan.preempted.push(id);
                 continue;
             }
-            budget -= n + draft.len();
-            let mut p = self.planned(id, n);
-            p.n_draft = draft.len();
-            p.tokens.extend(draft);
-            plan.seqs.push(p);
+            budget -= n;
+            if n == 1 && known - computed == 1 {
+                decodes.push(id);
+            }
+            plan.seqs.push(self.planned(id, n));
         }
         // Waiting requests, first come first served; stop at the first that does not fit.
         while let Some(&id) = self.waiting.front() {
@@ -461,8 +483,8 @@ impl Scheduler {
                 self.reuse_prefix(id);
             }
             let (computed, known) = (self.requests[&id].computed, self.requests[&id].tokens.len());
-            let n = (known - computed).min(budget);
-            if !self.ensure_blocks(id, computed + n, &mut plan, false) {
+            let n = self.chunk_len(computed, known);
+            if n > budget || !self.ensure_blocks(id, computed + n, &mut plan, false) {
                 let r = self.requests.get_mut(&id).expect("known");
                 for b in r.blocks.drain(..) {
                     self.pool.release(b);
@@ -476,6 +498,29 @@ impl Scheduler {
             self.running.push(id);
             budget -= n;
             plan.seqs.push(self.planned(id, n));
+        }
+        // Drafts, with what the budget has left (a draft that finds no free block is dropped).
+        for id in decodes {
+            if budget == 0 {
+                break;
+            }
+            // Preemption may have dropped it from the plan since.
+            let Some(i) = plan.seqs.iter().position(|p| p.id == id) else {
+                continue;
+            };
+            let draft = self.draft_for(id, budget);
+            if draft.is_empty() {
+                continue;
+            }
+            let computed = self.requests[&id].computed;
+            if !self.ensure_blocks(id, computed + 1 + draft.len(), &mut plan, false) {
+                continue;
+            }
+            budget -= draft.len();
+            let p = &mut plan.seqs[i];
+            p.n_draft = draft.len();
+            p.tokens.extend(draft);
+            p.block_table = self.requests[&id].blocks.clone();
         }
         plan
     }

@@ -131,6 +131,16 @@ fn simulate(
     cfg: SchedulerConfig,
     cancels: bool,
 ) -> Vec<(Vec<u32>, FinishReason)> {
+    simulate_observed(arrivals, cfg, cancels, |_, _| {})
+}
+
+/// [`simulate`], showing each step's plan and the request id of each arrival to `observe`.
+fn simulate_observed(
+    arrivals: &[Arrival],
+    cfg: SchedulerConfig,
+    cancels: bool,
+    mut observe: impl FnMut(&StepPlan, &[Option<RequestId>]),
+) -> Vec<(Vec<u32>, FinishReason)> {
     let mut s = Scheduler::new(cfg);
     let mut model = FakeModel { kv: HashMap::new() };
     let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
@@ -156,6 +166,7 @@ fn simulate(
             .unwrap_or_else(|e| panic!("after schedule at step {step}: {e}"));
         assert!(plan.n_tokens() <= s.config().max_batch_tokens);
         assert!(plan.seqs.len() <= s.config().max_seqs);
+        observe(&plan, &ids);
         let out = model.run(&plan);
         s.apply(&plan, |i, j| out[i][j].as_deref());
         s.check()
@@ -227,6 +238,45 @@ proptest! {
                 prop_assert_eq!(got, want, "request {} ({:?})", i, a);
                 prop_assert_eq!(reason, want_reason);
             }
+        }
+    }
+}
+
+/// The prefill chunks (first position, tokens) of each arrival, in order.
+fn prefill_chunks(arrivals: &[Arrival], cfg: SchedulerConfig) -> Vec<Vec<(u32, usize)>> {
+    let mut chunks = vec![Vec::new(); arrivals.len()];
+    simulate_observed(arrivals, cfg, false, |plan, ids| {
+        for p in &plan.seqs {
+            let i = ids.iter().position(|&x| x == Some(p.id)).expect("known");
+            if (p.start_pos as usize) < arrivals[i].prompt.len() {
+                chunks[i].push((p.start_pos, p.tokens.len() - p.n_draft));
+            }
+        }
+    });
+    chunks
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// How a prompt is cut into prefill chunks depends on the prompt alone, not on the requests
+    /// sharing its steps (with ample memory and no prefix cache): the condition for a prompt to
+    /// compute the same numbers batched as alone on kernels that round by the chunk's width.
+    #[test]
+    fn prefill_chunks_do_not_depend_on_neighbours(
+        arrivals in prop::collection::vec(arrival(), 1..7),
+        budget in 3usize..24,
+        max_seqs in 1usize..5,
+        draft_len in 0usize..6,
+    ) {
+        let mut c = cfg(512, false, budget, max_seqs);
+        if draft_len > 0 {
+            c = with_drafts(c, draft_len);
+        }
+        let together = prefill_chunks(&arrivals, c.clone());
+        for (i, a) in arrivals.iter().enumerate() {
+            let alone = prefill_chunks(std::slice::from_ref(a), c.clone());
+            prop_assert_eq!(&together[i], &alone[0], "request {}", i);
         }
     }
 }

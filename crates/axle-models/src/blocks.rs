@@ -253,14 +253,30 @@ impl<'a> Step<'a> {
         let g = self.ctx;
         let n = self.n_tokens;
         let (kc, vc) = (self.kv.k[il].t(), self.kv.v[il].t());
-        let k_rows = g.reshape(k, &[spec.head_dim_k * spec.n_head_kv, n]);
-        let v_rows = g.reshape(v, &[spec.head_dim_v * spec.n_head_kv, n]);
+        // Views rather than reshapes (the same rows): ggml's CUDA backend fuses rope -> view ->
+        // set_rows (and a preceding RMS norm) into one kernel that writes the rotated keys
+        // straight into their slots, as llama.cpp's graphs have it.
+        let rows = |t: Tensor<'a>, d: i64| {
+            if t.nb()[2] == t.nb()[1] * spec.n_head_kv as usize {
+                g.view(t, &[d * spec.n_head_kv, n], &[t.nb()[2]], 0)
+            } else {
+                g.reshape(t, &[d * spec.n_head_kv, n])
+            }
+        };
+        let k_rows = rows(k, spec.head_dim_k);
+        let v_rows = rows(v, spec.head_dim_v);
         let k_written = g.set_rows(kc, k_rows, self.slots);
         let v_written = g.set_rows(vc, v_rows, self.slots);
         self.graph.expand(k_written);
         self.graph.expand(v_written);
         if let Some(d) = &self.device {
-            return self.attention_device(d, q, k_written, v_written, spec);
+            // Ops read the cache itself (written above, earlier in the graph), as the host path
+            // does; gathered slots are read from the writes, so that the gather follows them.
+            let (ks, vs) = match self.kv_ids {
+                None => (kc, vc),
+                Some(_) => (k_written, v_written),
+            };
+            return self.attention_device(d, q, ks, vs, spec);
         }
         let (kview, vview) = match self.kv_ids {
             None => {
@@ -365,8 +381,8 @@ impl<'a> Step<'a> {
         &self,
         d: &DeviceStep,
         q: Tensor<'a>,
-        k_written: Tensor<'a>,
-        v_written: Tensor<'a>,
+        k_src: Tensor<'a>,
+        v_src: Tensor<'a>,
         spec: &AttnSpec,
     ) -> Tensor<'a> {
         let g = self.ctx;
@@ -381,7 +397,7 @@ impl<'a> Step<'a> {
             Some(ids) => g.cast(g.get_rows(written, ids), written.dtype()),
             None => written,
         };
-        let (ks, vs) = (source(k_written), source(v_written));
+        let (ks, vs) = (source(k_src), source(v_src));
         let rows_of = |src: Tensor<'a>, dim: i64, off: i64, len: i64| {
             let nb1 = src.nb()[1];
             let head = src.dtype().row_size(dim);
@@ -397,18 +413,27 @@ impl<'a> Step<'a> {
         let width = spec.head_dim_v * spec.n_head;
         let mut outs = Vec::with_capacity(d.attn.len());
         for op in &d.attn {
-            let qg = g.view(
-                q,
-                &[spec.head_dim_k, spec.n_head, op.rows],
-                &[qn[1], qn[2]],
-                op.first as usize * qn[2],
-            );
-            let mg = g.view(
-                il_mask,
-                &[op.kv_len, op.rows],
-                &[op.kv_len as usize * DType::F16.row_size(1)],
-                op.mask_off as usize * DType::F16.row_size(1),
-            );
+            let qg = if (op.first, op.rows) == (0, self.n_tokens) {
+                q
+            } else {
+                g.view(
+                    q,
+                    &[spec.head_dim_k, spec.n_head, op.rows],
+                    &[qn[1], qn[2]],
+                    op.first as usize * qn[2],
+                )
+            };
+            // One op: the mask input has the op's shape already (see `DeviceStep::mask_shape`).
+            let mg = if d.attn.len() == 1 {
+                il_mask
+            } else {
+                g.view(
+                    il_mask,
+                    &[op.kv_len, op.rows],
+                    &[op.kv_len as usize * DType::F16.row_size(1)],
+                    op.mask_off as usize * DType::F16.row_size(1),
+                )
+            };
             let o = g.flash_attn(
                 g.permute(qg, [0, 2, 1, 3]),
                 rows_of(ks, spec.head_dim_k, op.kv_off, op.kv_len),

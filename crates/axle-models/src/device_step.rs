@@ -68,6 +68,17 @@ pub struct DeviceStep {
     pub gathered: Option<i64>,
 }
 
+impl DeviceStep {
+    /// Shape of the mask input: the op's own when the step has one op, else every op's block
+    /// one after another.
+    pub fn mask_shape(&self) -> Vec<i64> {
+        match self.attn.as_slice() {
+            [op] => vec![op.kv_len, op.rows],
+            _ => vec![self.mask_len],
+        }
+    }
+}
+
 /// One sequence of a step, as the layout sees it.
 #[derive(Debug, Clone)]
 pub struct SeqSlots<'s> {

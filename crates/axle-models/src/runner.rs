@@ -126,9 +126,16 @@ pub struct Runner {
     sched: Scheduler,
     opts: RunnerOptions,
     host: HostInputs,
-    /// The last graph built, with the shape it was built for.
-    cached: Option<(GraphKey, Context)>,
+    /// Graphs built, with the shapes they were built for, most recently used last.
+    cached: Vec<(GraphKey, Context)>,
+    /// The cached graph the scheduler's memory is assigned to (an index into `cached`).
+    allocated: Option<usize>,
 }
+
+/// Graphs kept per runner. Steps alternate between a few shapes (decode, verify widths, a
+/// prefill chunk); keeping their graphs avoids rebuilding them, and since ggml's CUDA backend keeps
+/// a captured CUDA graph per ggml graph, switching back replays that instead of capturing anew.
+const GRAPH_CACHE: usize = 8;
 
 #[derive(Default)]
 struct HostInputs {
@@ -186,7 +193,8 @@ impl Runner {
             sched,
             opts,
             host: HostInputs::default(),
-            cached: None,
+            cached: Vec::new(),
+            allocated: None,
         })
     }
 
@@ -389,19 +397,41 @@ impl Runner {
                 Vec::new()
             },
         };
-        let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
-        if !reuse {
-            self.cached = None;
-            let ctx = self.build(&key)?;
+        let i = match self.cached.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                if self.cached.len() == GRAPH_CACHE {
+                    self.cached.remove(0);
+                    self.allocated = None;
+                }
+                let ctx = self.build(&key)?;
+                self.cached.push((key, ctx));
+                self.cached.len() - 1
+            }
+        };
+        // Most recently used last.
+        let last = self.cached.len() - 1;
+        if i != last {
+            let entry = self.cached.remove(i);
+            self.cached.push(entry);
+            self.allocated = match self.allocated {
+                Some(a) if a == i => Some(last),
+                Some(a) if a > i => Some(a - 1),
+                other => other,
+            };
+        }
+        let ctx = &self.cached[last].1;
+        if self.allocated != Some(last) {
+            // Another graph held the scheduler's memory: assign it to this one (the same
+            // addresses as when this graph last ran, so a captured CUDA graph still fits).
             let mut graph = ctx
                 .existing_graph()
                 .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
+            self.allocated = None;
+            ctx.reset_allocation();
             self.sched.alloc(&mut graph)?;
-            self.cached = Some((key, ctx));
+            self.allocated = Some(last);
         }
-        let Some((_, ctx)) = &self.cached else {
-            unreachable!("graph cached above")
-        };
         let input = |name: &str| {
             ctx.find(name)
                 .ok_or_else(|| ModelError::Batch(format!("graph input {name} missing")))
@@ -445,7 +475,7 @@ impl Runner {
             let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
             // The device layout packs each attention op's mask rows one after another.
             let mask_shape = match &key.device {
-                Some(d) => vec![d.mask_len],
+                Some(d) => d.mask_shape(),
                 None => vec![n_kv, n],
             };
             let mut step = Step {

@@ -34,6 +34,12 @@ pub struct EngineConfig {
     /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
     /// at start-up on this machine and model.
     pub verify_cost: Option<Vec<f64>>,
+    /// Kernel choice. Batch-invariant (the default): a request's output does not depend on what
+    /// shares its steps, and n-gram speculation reproduces plain decoding. `LikeLlamaCpp` gives
+    /// each step ggml's fastest kernels for its shape, as libllama does: more throughput for
+    /// large batches on accelerators, where invariance costs extra passes over the weights, but
+    /// outputs may differ at close calls with the batch (and speculation is no longer exact).
+    pub kernels: Kernels,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +53,7 @@ impl Default for EngineConfig {
             context_len: 4096,
             max_draft: 4,
             verify_cost: None,
+            kernels: Kernels::BatchInvariant,
         }
     }
 }
@@ -222,9 +229,7 @@ impl EngineCore {
                 kv_slots,
                 block_size: cfg.block_size,
                 max_batch_tokens: cfg.max_batch_tokens,
-                // Batch-invariant kernels: batched, preempted and speculative decoding reproduce
-                // plain decoding bit for bit.
-                kernels: Kernels::BatchInvariant,
+                kernels: cfg.kernels,
                 force_device_layout: false,
             },
         )?;

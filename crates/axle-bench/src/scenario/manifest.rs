@@ -177,6 +177,10 @@ pub struct BatchedSpec {
     pub prompt_tokens: usize,
     /// Decode steps timed.
     pub steps: usize,
+    /// Also time the engine with ggml's shape-dependent kernels (what batch invariance costs;
+    /// reported as `shape_kernels_tok_s` and `shape_kernels_ratio` against libllama).
+    #[serde(default)]
+    pub fast_kernels: bool,
 }
 
 /// `prefix`.

@@ -3,7 +3,7 @@
 //! so there is one way to measure and one format for the results.
 use super::manifest::{GenerateSpec, Manifest, Workload};
 use super::Row;
-use crate::stats::synthetic_tokens;
+use crate::stats::{median, synthetic_tokens};
 use crate::{batched, compare, ngram, prefix, server, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::Model;
@@ -60,17 +60,25 @@ pub fn run(
                     prompt: b.prompt_tokens,
                     steps: b.steps,
                     reps,
+                    fast_kernels: b.fast_kernels,
                 },
             )?;
             r.rows
                 .into_iter()
                 .map(|row| {
-                    Row::new(
+                    let llama = median(&row.llama);
+                    let fast = (!row.axle_fast.is_empty()).then(|| median(&row.axle_fast));
+                    let mut r = Row::new(
                         format!("seqs={}", row.sequences),
                         "aggregate_decode_tok_s",
                         row.axle,
                         Some(("libllama", row.llama)),
-                    )
+                    );
+                    if let Some(fast) = fast {
+                        r.extra.insert("shape_kernels_tok_s".into(), fast);
+                        r.extra.insert("shape_kernels_ratio".into(), fast / llama);
+                    }
+                    r
                 })
                 .collect()
         }

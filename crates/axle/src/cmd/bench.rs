@@ -234,6 +234,9 @@ pub struct BatchedArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Also time the engine with ggml's shape-dependent kernels (what batch invariance costs).
+    #[arg(long)]
+    fast_kernels: bool,
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
@@ -315,6 +318,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 concurrency: a.concurrency,
                 prompt_tokens: a.prompt,
                 steps: a.steps,
+                fast_kernels: a.fast_kernels,
             }),
             &a.output_root,
             QuickExtras {
