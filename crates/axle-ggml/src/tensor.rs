@@ -312,25 +312,6 @@ impl Context {
         self.tensor(dtype, shape).named(name).as_input()
     }
 
-    /// Forgets the memory a graph scheduler assigned to this context's tensors, so that the next
-    /// `Scheduler::alloc` of its graph assigns all of it afresh, as for a graph just built. A
-    /// graph allocated after another one must go through this: ggml's allocator only places
-    /// tensors that have no memory yet, and the other graph's allocation may have moved or grown
-    /// the compute buffer that these tensors still point into. Only for contexts whose tensors all
-    /// get their memory from a scheduler (graph contexts made with `Context::new`, which allocates
-    /// none itself).
-    pub fn reset_allocation(&self) {
-        for t in self.tensors() {
-            // SAFETY: t is a live tensor of this no-alloc context; none of them owns memory (the
-            // scheduler's buffers do, and views point into other tensors), so clearing the
-            // pointers frees nothing and loses nothing that the next allocation does not set.
-            unsafe {
-                (*t.raw()).buffer = std::ptr::null_mut();
-                (*t.raw()).data = std::ptr::null_mut();
-            }
-        }
-    }
-
     /// All tensors of this context, in creation order.
     pub fn tensors(&self) -> Vec<Tensor<'_>> {
         let mut out = Vec::new();

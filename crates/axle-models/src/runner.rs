@@ -126,16 +126,12 @@ pub struct Runner {
     sched: Scheduler,
     opts: RunnerOptions,
     host: HostInputs,
-    /// Graphs built, with the shapes they were built for, most recently used last.
-    cached: Vec<(GraphKey, Context)>,
-    /// The cached graph the scheduler's memory is assigned to (an index into `cached`).
-    allocated: Option<usize>,
+    /// The last graph built, with the shape it was built for. Only the last one: ggml's graph
+    /// scheduler rewires the nodes of a graph it splits across backends (their inputs point at
+    /// copies it owns and frees at the next split), so a graph cannot run again once another
+    /// graph has been scheduled (tried: CUDA steps then read freed memory).
+    cached: Option<(GraphKey, Context)>,
 }
-
-/// Graphs kept per runner. Steps alternate between a few shapes (decode, verify widths, a
-/// prefill chunk); keeping their graphs avoids rebuilding them, and since ggml's CUDA backend keeps
-/// a captured CUDA graph per ggml graph, switching back replays that instead of capturing anew.
-const GRAPH_CACHE: usize = 8;
 
 #[derive(Default)]
 struct HostInputs {
@@ -193,8 +189,7 @@ impl Runner {
             sched,
             opts,
             host: HostInputs::default(),
-            cached: Vec::new(),
-            allocated: None,
+            cached: None,
         })
     }
 
@@ -397,41 +392,19 @@ impl Runner {
                 Vec::new()
             },
         };
-        let i = match self.cached.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                if self.cached.len() == GRAPH_CACHE {
-                    self.cached.remove(0);
-                    self.allocated = None;
-                }
-                let ctx = self.build(&key)?;
-                self.cached.push((key, ctx));
-                self.cached.len() - 1
-            }
-        };
-        // Most recently used last.
-        let last = self.cached.len() - 1;
-        if i != last {
-            let entry = self.cached.remove(i);
-            self.cached.push(entry);
-            self.allocated = match self.allocated {
-                Some(a) if a == i => Some(last),
-                Some(a) if a > i => Some(a - 1),
-                other => other,
-            };
-        }
-        let ctx = &self.cached[last].1;
-        if self.allocated != Some(last) {
-            // Another graph held the scheduler's memory: assign it to this one (the same
-            // addresses as when this graph last ran, so a captured CUDA graph still fits).
+        let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
+        if !reuse {
+            self.cached = None;
+            let ctx = self.build(&key)?;
             let mut graph = ctx
                 .existing_graph()
                 .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
-            self.allocated = None;
-            ctx.reset_allocation();
             self.sched.alloc(&mut graph)?;
-            self.allocated = Some(last);
+            self.cached = Some((key, ctx));
         }
+        let Some((_, ctx)) = &self.cached else {
+            unreachable!("graph cached above")
+        };
         let input = |name: &str| {
             ctx.find(name)
                 .ok_or_else(|| ModelError::Batch(format!("graph input {name} missing")))
