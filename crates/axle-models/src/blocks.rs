@@ -51,8 +51,9 @@ pub struct Step<'a> {
 pub enum Kernels {
     /// Every row gets the numbers it would get in a step of its own, whatever else shares the
     /// step: K-quant products in slices of 4 columns (see [`Step::matmul`]), one attention op per
-    /// attention group, and no one-row attention op over 512 or more slots. The engine's choice:
-    /// batched, preempted and speculative decoding then reproduce plain decoding bit for bit.
+    /// attention group, and no one-row attention op over 512 or more slots; with KV on an
+    /// accelerator, the step layout of [`crate::device_step`]. The engine's default: batched and
+    /// speculative decoding then reproduce plain decoding bit for bit.
     #[default]
     BatchInvariant,
     /// The ops libllama builds (one attention op for the whole step, products at full width), so
@@ -122,7 +123,7 @@ impl<'a> Step<'a> {
     /// ggml does more work per column; its columns are bit-identical to ggml's.
     pub fn matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
-        let [k, n, rest @ ..] = x.ne();
+        let [_, n, rest @ ..] = x.ne();
         let w_t = w.t();
         if let Some(d) = &self.device {
             if rest == [1, 1] && w_t.is_on_device() && w_t.dtype().is_quantized() {
@@ -142,22 +143,7 @@ impl<'a> Step<'a> {
         {
             return g.mul_mat(w_t, x);
         }
-        let nb1 = x.nb()[1];
-        let full = n / MATMUL_SLICE;
-        let main = g.view(
-            x,
-            &[k, MATMUL_SLICE, full],
-            &[nb1, nb1 * MATMUL_SLICE as usize],
-            0,
-        );
-        let m = w_t.ne()[1];
-        let y = g.reshape(g.mul_mat(w_t, main), &[m, full * MATMUL_SLICE]);
-        let left = n - full * MATMUL_SLICE;
-        if left == 0 {
-            return y;
-        }
-        let tail = g.view(x, &[k, left], &[nb1], (full * MATMUL_SLICE) as usize * nb1);
-        g.concat(y, g.mul_mat(w_t, tail), 1)
+        self.mul_mat_grouped(w_t, x, MATMUL_SLICE)
     }
 
     /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
@@ -175,7 +161,7 @@ impl<'a> Step<'a> {
             }
         };
         if n != self.n_tokens || d.runs.iter().all(|r| r.small) {
-            return self.mul_mat_grouped(w, x);
+            return self.mul_mat_grouped(w, x, GROUP_COLS);
         }
         let pieces = d
             .runs
@@ -183,7 +169,7 @@ impl<'a> Step<'a> {
             .map(|r| {
                 let xs = cols(r.first, r.cols);
                 if r.small {
-                    self.mul_mat_grouped(w, xs)
+                    self.mul_mat_grouped(w, xs, GROUP_COLS)
                 } else {
                     g.mul_mat(w, xs)
                 }
@@ -192,29 +178,24 @@ impl<'a> Step<'a> {
         concat_all(g, pieces, 1)
     }
 
-    /// `w @ x` in products of at most [`GROUP_COLS`] columns: one op over groups of exactly that
-    /// many (a 3-D batch) and one for the rest.
-    fn mul_mat_grouped(&self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+    /// `w @ x` in products of at most `group` columns: one op over groups of exactly that many
+    /// (a 3-D batch) and one for the rest.
+    fn mul_mat_grouped(&self, w: Tensor<'a>, x: Tensor<'a>, group: i64) -> Tensor<'a> {
         let g = self.ctx;
         let [k, n, ..] = x.ne();
-        if n <= GROUP_COLS {
+        if n <= group {
             return g.mul_mat(w, x);
         }
         let nb1 = x.nb()[1];
-        let full = n / GROUP_COLS;
-        let main = g.view(
-            x,
-            &[k, GROUP_COLS, full],
-            &[nb1, nb1 * GROUP_COLS as usize],
-            0,
-        );
+        let full = n / group;
+        let main = g.view(x, &[k, group, full], &[nb1, nb1 * group as usize], 0);
         let m = w.ne()[1];
-        let y = g.reshape(g.mul_mat(w, main), &[m, full * GROUP_COLS]);
-        let left = n - full * GROUP_COLS;
+        let y = g.reshape(g.mul_mat(w, main), &[m, full * group]);
+        let left = n - full * group;
         if left == 0 {
             return y;
         }
-        let tail = g.view(x, &[k, left], &[nb1], (full * GROUP_COLS) as usize * nb1);
+        let tail = g.view(x, &[k, left], &[nb1], (full * group) as usize * nb1);
         g.concat(y, g.mul_mat(w, tail), 1)
     }
 

@@ -36,6 +36,8 @@ pub struct Args {
     /// Device choice.
     #[command(flatten)]
     device: super::DeviceArgs,
+    #[command(flatten)]
+    kernels: super::KernelArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -47,6 +49,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             kv_slots: a.ctx as u32,
             context_len: a.ctx,
             max_seqs: 1,
+            kernels: a.kernels.kernels(),
             ..Default::default()
         },
     )?;

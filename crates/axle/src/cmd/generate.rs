@@ -13,6 +13,8 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     route: RouteArgs,
+    #[command(flatten)]
+    kernels: super::KernelArgs,
     /// Plain prompt (continued as is).
     #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
     prompt: Option<String>,
@@ -109,6 +111,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if a.parallel != 1 {
                 bail!("--parallel is served by the native backend only");
             }
+            if a.kernels.kernels != super::KernelChoice::Exact {
+                bail!("--kernels applies to the native backend only");
+            }
             return rt.block_on(delegated(&up, prompt, &a));
         }
     };
@@ -118,6 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         context_len: ctx,
         max_seqs: a.parallel.max(1),
         max_draft: if a.ngram == Ngram::On { a.draft_len } else { 0 },
+        kernels: a.kernels.kernels(),
         ..Default::default()
     };
     let session = Session::new(model.clone(), cfg)?;

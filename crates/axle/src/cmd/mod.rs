@@ -37,6 +37,37 @@ pub struct DeviceArgs {
     pub gpu_layers: Option<u32>,
 }
 
+/// The engine's kernel choice, for the commands that run the engine (generate, serve, chat).
+#[derive(clap::Args, Debug, Clone)]
+pub struct KernelArgs {
+    /// Kernel choice: `exact` (a request's output does not depend on what shares its steps, and
+    /// n-gram speculation reproduces plain decoding) or `fast` (ggml's kernels for each step's
+    /// shape, as llama.cpp runs: more tokens/s for many concurrent sequences on a GPU, where
+    /// exactness costs extra passes over the weights and one attention op per decoding row;
+    /// outputs may then change with the batch at close calls).
+    #[arg(long, value_enum, default_value_t = KernelChoice::Exact)]
+    pub kernels: KernelChoice,
+}
+
+/// `--kernels`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelChoice {
+    /// Batch-invariant kernels.
+    Exact,
+    /// Shape-dependent kernels.
+    Fast,
+}
+
+impl KernelArgs {
+    /// The engine's kernel choice.
+    pub fn kernels(&self) -> axle_models::Kernels {
+        match self.kernels {
+            KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
+            KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
+        }
+    }
+}
+
 /// Loads a model: a spinner on stderr while the file is opened, a progress bar while weights
 /// are copied to a device; `repack` picks ggml's repacked CPU weight layouts.
 pub fn load_model(

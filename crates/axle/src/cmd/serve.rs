@@ -11,6 +11,8 @@ use std::sync::Arc;
 pub struct Args {
     #[command(flatten)]
     route: RouteArgs,
+    #[command(flatten)]
+    kernels: super::KernelArgs,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -64,11 +66,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     .max(a.draft_len + 1)
                     .max(a.max_batch_size),
                 max_draft: a.draft_len.min(8),
+                kernels: a.kernels.kernels(),
                 ..Default::default()
             };
             Backend::Native(Arc::new(Session::new(Arc::new(*model), cfg)?))
         }
-        Route::Delegated(up) => Backend::Delegated(Arc::new(up)),
+        Route::Delegated(up) => {
+            if a.kernels.kernels != super::KernelChoice::Exact {
+                anyhow::bail!("--kernels applies to the native backend only");
+            }
+            Backend::Delegated(Arc::new(up))
+        }
     };
     eprintln!("route: {}", report.summary());
     let state = AppState {
