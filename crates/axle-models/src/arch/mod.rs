@@ -73,10 +73,21 @@ impl Hparams {
         let n_head_kv = f
             .int_opt(&key("attention.head_count_kv"))?
             .unwrap_or(n_head);
-        if n_embd <= 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 || n_layer == 0 {
-            return Err(ModelError::Invalid(format!(
-                "inconsistent attention shape: n_embd {n_embd}, heads {n_head}, kv heads {n_head_kv}, layers {n_layer}"
-            )));
+        for (k, v) in [
+            ("embedding_length", n_embd),
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+            ("block_count", n_layer as i64),
+        ] {
+            if v <= 0 {
+                return Err(bad(&key(k), &format!("= {v} must be positive")));
+            }
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(bad(
+                &key("attention.head_count_kv"),
+                &format!("= {n_head_kv} does not divide the {n_head} query heads"),
+            ));
         }
         let head_dim_k = f
             .int_opt(&key("attention.key_length"))?
@@ -90,7 +101,7 @@ impl Hparams {
                 .array_opt("tokenizer.ggml.tokens")?
                 .map_or(0, |a| a.len() as i64),
         };
-        let n_ctx_train = f.int_opt(&key("context_length"))?.unwrap_or(2048) as u32;
+        let n_ctx_train = f.int_opt(&key("context_length"))?.unwrap_or(2048) as i32;
         let n_rot = f
             .int_opt(&key("rope.dimension_count"))?
             .unwrap_or(head_dim_k) as i32;
@@ -134,7 +145,7 @@ impl Hparams {
         let rms_eps = f
             .float_opt(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5) as f32;
-        Ok(Hparams {
+        let hp = Hparams {
             arch: arch.into(),
             n_vocab,
             n_embd,
@@ -145,10 +156,95 @@ impl Hparams {
             head_dim_v,
             n_ff: int("feed_forward_length")?,
             rms_eps,
-            n_ctx_train,
+            n_ctx_train: f
+                .int_opt(&key("context_length"))?
+                .map_or(Ok(2048), u32::try_from)
+                .map_err(|_| bad(&key("context_length"), "is not a context length"))?,
             rope,
-        })
+        };
+        hp.check(f)?;
+        Ok(hp)
     }
+
+    /// Checks every number that sizes memory or work against sane bounds and against the
+    /// tensors that must agree with it, before anything is allocated: a corrupt file is one clear
+    /// error naming the key, not an allocation of terabytes, a ggml assert or a kernel that never
+    /// ends (a rotary dimension count of 0 spins ggml's rope forever).
+    fn check(&self, f: &GgufFile) -> Result<(), ModelError> {
+        let key = |k: &str| format!("{}.{k}", self.arch);
+        let within = |k: &str, v: i64, max: i64| {
+            if (1..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(bad(&key(k), &format!("= {v} is outside 1..={max}")))
+            }
+        };
+        within("block_count", self.n_layer as i64, MAX_LAYERS)?;
+        within("embedding_length", self.n_embd, MAX_WIDTH)?;
+        within("feed_forward_length", self.n_ff, MAX_WIDTH * 8)?;
+        within("attention.head_count", self.n_head, MAX_HEADS)?;
+        within("attention.key_length", self.head_dim_k, MAX_HEAD_DIM)?;
+        within("attention.value_length", self.head_dim_v, MAX_HEAD_DIM)?;
+        within("vocab_size", self.n_vocab, MAX_VOCAB)?;
+        within("context_length", self.n_ctx_train as i64, MAX_CONTEXT)?;
+        let n_rot = self.rope.n_dims as i64;
+        if n_rot <= 0 || n_rot % 2 != 0 || n_rot > self.head_dim_k {
+            return Err(bad(
+                &key("rope.dimension_count"),
+                &format!(
+                    "= {n_rot} must be even and in 2..={} (the key length)",
+                    self.head_dim_k
+                ),
+            ));
+        }
+        let positive = |k: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(bad(
+                    &key(k),
+                    &format!("= {v} must be a positive finite number"),
+                ))
+            }
+        };
+        positive("attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        positive("rope.freq_base", self.rope.freq_base)?;
+        positive(
+            "rope.scaling.factor (or rope.scale_linear)",
+            self.rope.freq_scale,
+        )?;
+        // The layers the file declares must be the layers its tensors hold.
+        let in_tensors = f
+            .tensors()
+            .iter()
+            .filter_map(|t| t.layer())
+            .max()
+            .map_or(0, |l| l + 1);
+        if in_tensors as usize != self.n_layer {
+            return Err(bad(
+                &key("block_count"),
+                &format!(
+                    "= {} but the file's tensors hold {in_tensors} layers",
+                    self.n_layer
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bounds of the metadata checks: far above any model published (Llama 3.1 405B: 126 layers,
+/// width 16,384, 128 heads; vocabularies to ~260k; contexts to 10M), far below what would make an
+/// allocation absurd.
+const MAX_LAYERS: i64 = 1024;
+const MAX_WIDTH: i64 = 1 << 17;
+const MAX_HEADS: i64 = 4096;
+const MAX_HEAD_DIM: i64 = 4096;
+const MAX_VOCAB: i64 = 1 << 24;
+const MAX_CONTEXT: i64 = 1 << 27;
+
+fn bad(key: &str, what: &str) -> ModelError {
+    ModelError::Invalid(format!("metadata {key} {what}"))
 }
 
 /// Looks weights up by GGUF name and checks their shapes: the one place model files bind tensors.
@@ -165,6 +261,14 @@ impl<'s> Weights<'s> {
     /// A required tensor with the given shape (ggml order).
     pub fn req(&self, name: &str, shape: &[i64]) -> Result<StoredTensor, ModelError> {
         let t = self.store.require(name)?;
+        // Norm weights, biases and rope factors: ggml's element-wise ops take them as F32 only
+        // (another type aborts inside ggml), and GGUF converters always write them so.
+        if shape.len() == 1 && t.t().dtype() != axle_ggml::DType::F32 {
+            return Err(ModelError::Invalid(format!(
+                "tensor {name} is {:?}; one-dimensional weights must be f32",
+                t.t().dtype()
+            )));
+        }
         let ne = t.t().ne();
         let found: Vec<i64> = ne[..shape.len()].to_vec();
         if found != shape || ne[shape.len()..].iter().any(|&d| d != 1) {

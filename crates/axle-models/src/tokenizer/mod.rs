@@ -103,12 +103,18 @@ fn str_array(file: &GgufFile, key: &str) -> Result<Vec<String>, TokenizerError> 
         .collect()
 }
 
-fn token_id(file: &GgufFile, key: &str, n: usize) -> Option<TokenId> {
-    file.int_opt(key)
-        .ok()
-        .flatten()
-        .filter(|&v| v >= 0 && (v as usize) < n)
-        .map(|v| v as TokenId)
+/// A special token id from the metadata: absent is `None`; an id outside the vocabulary of `n`
+/// tokens is an error naming the key (a file that says so is corrupt, and ignoring the id would
+/// silently change where generation stops).
+fn token_id(file: &GgufFile, key: &str, n: usize) -> Result<Option<TokenId>, TokenizerError> {
+    match file.int_opt(key) {
+        Ok(None) => Ok(None),
+        Ok(Some(v)) if v >= 0 && (v as usize) < n => Ok(Some(v as TokenId)),
+        Ok(Some(v)) => Err(TokenizerError::Vocab(format!(
+            "{key} = {v} is outside the vocabulary of {n} tokens"
+        ))),
+        Err(e) => Err(TokenizerError::Vocab(format!("{key}: {e}"))),
+    }
 }
 
 /// Texts of tokens that end a generation turn in common chat formats, beyond the declared EOS.
@@ -251,8 +257,8 @@ impl Tokenizer {
             })
             .collect();
         specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].len()));
-        let bos = token_id(file, "tokenizer.ggml.bos_token_id", n);
-        let eos = token_id(file, "tokenizer.ggml.eos_token_id", n);
+        let bos = token_id(file, "tokenizer.ggml.bos_token_id", n)?;
+        let eos = token_id(file, "tokenizer.ggml.eos_token_id", n)?;
         let default_add_bos = algorithm == Algorithm::Spm;
         let add_bos = file
             .bool_opt("tokenizer.ggml.add_bos_token")
@@ -270,7 +276,7 @@ impl Tokenizer {
             .unwrap_or(algorithm == Algorithm::Spm);
         eog.extend(eos);
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            eog.extend(token_id(file, key, n));
+            eog.extend(token_id(file, key, n)?);
         }
         eog.sort_unstable();
         eog.dedup();
