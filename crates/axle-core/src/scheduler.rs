@@ -504,7 +504,11 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            // Preemption may have dropped it from the plan since.
+            // Preemption may have dropped it from the plan since (and re-admission may have
+            // planned it again, as a prefill): draft only for the decode planned above.
+            if plan.preempted.contains(&id) {
+                continue;
+            }
             let Some(i) = plan.seqs.iter().position(|p| p.id == id) else {
                 continue;
             };
@@ -513,7 +517,13 @@ impl Scheduler {
                 continue;
             }
             let computed = self.requests[&id].computed;
+            let had = self.requests[&id].blocks.len();
             if !self.ensure_blocks(id, computed + 1 + draft.len(), &mut plan, false) {
+                // Give back what the failed attempt took.
+                let r = self.requests.get_mut(&id).expect("known");
+                for b in r.blocks.drain(had..) {
+                    self.pool.release(b);
+                }
                 continue;
             }
             budget -= draft.len();

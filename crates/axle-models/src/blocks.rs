@@ -238,7 +238,8 @@ impl<'a> Step<'a> {
         // set_rows (and a preceding RMS norm) into one kernel that writes the rotated keys
         // straight into their slots, as llama.cpp's graphs have it.
         let rows = |t: Tensor<'a>, d: i64| {
-            if t.nb()[2] == t.nb()[1] * spec.n_head_kv as usize {
+            let nb = t.nb();
+            if nb[1] == t.dtype().row_size(d) && nb[2] == nb[1] * spec.n_head_kv as usize {
                 g.view(t, &[d * spec.n_head_kv, n], &[t.nb()[2]], 0)
             } else {
                 g.reshape(t, &[d * spec.n_head_kv, n])

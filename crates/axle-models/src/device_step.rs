@@ -21,9 +21,12 @@
 /// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
 pub const GROUP_COLS: i64 = 4;
 
-/// A sequence with at most this many tokens in a step (or asking for every row's logits) is
-/// "small": its columns go through MMVQ groups and its rows get attention ops of their own.
-pub const SMALL_TOKENS: usize = 8;
+/// A sequence with at most this many tokens in a step (a decode, a verify step of up to 8
+/// drafts, a short prefill chunk) is "small": its columns go through MMVQ groups and its rows get
+/// attention ops of their own. Longer ones (prefill chunks, or a long run of tokens asking for
+/// every row's logits) get one product and one attention op: the classification depends on the
+/// sequence alone, so a row is treated the same way whatever shares its step.
+pub const SMALL_TOKENS: usize = 9;
 
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
 pub const KV_ALIGN: u32 = 256;
@@ -86,8 +89,6 @@ pub struct SeqSlots<'s> {
     pub start_pos: u32,
     /// Tokens in the step.
     pub n_tokens: usize,
-    /// Whether every row's logits are wanted (a verify step).
-    pub all_logits: bool,
     /// Slot of each position `0..start_pos + n_tokens`.
     pub slots: &'s [u32],
 }
@@ -146,7 +147,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
     let mut row = 0i64;
     for (s, &base) in seqs.iter().zip(&bases) {
         let n = s.n_tokens as i64;
-        let small = s.n_tokens <= SMALL_TOKENS || s.all_logits;
+        let small = s.n_tokens <= SMALL_TOKENS;
         match runs.last_mut() {
             Some(r) if small && r.small => r.cols += n,
             _ => runs.push(ColumnRun {
@@ -202,11 +203,10 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
 mod tests {
     use super::*;
 
-    fn seq(start_pos: u32, n_tokens: usize, all: bool, slots: &[u32]) -> SeqSlots<'_> {
+    fn seq(start_pos: u32, n_tokens: usize, _verify: bool, slots: &[u32]) -> SeqSlots<'_> {
         SeqSlots {
             start_pos,
             n_tokens,
-            all_logits: all,
             slots,
         }
     }

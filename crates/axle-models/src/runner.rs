@@ -116,6 +116,11 @@ impl Default for RunnerOptions {
 /// Graph nodes reserved per step: about 30 per layer, plus a few per attention group and layer
 /// (one attention op per group of sequences): a 32-layer model decoding 64 sequences needs ~10k.
 const MAX_NODES: usize = 32768;
+/// Graph nodes of one attention op of the device layout (views of q, k, v and the mask, the
+/// attention, a reshape, its share of the concatenation), with a margin.
+const NODES_PER_ROW_OP: usize = 12;
+/// Graph nodes of a layer besides its attention ops (products in groups, norms, rope, KV writes).
+const NODES_PER_LAYER: usize = 160;
 /// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
 const KV_PAD: u32 = 256;
 
@@ -124,6 +129,8 @@ pub struct Runner {
     model: Arc<Model>,
     kv: KvCache,
     sched: Scheduler,
+    /// Graph nodes reserved per step (see `MAX_NODES`).
+    max_nodes: usize,
     opts: RunnerOptions,
     host: HostInputs,
     /// The last graph built, with the shape it was built for. Only the last one: ggml's graph
@@ -182,11 +189,22 @@ impl Runner {
         };
         backends.push(Backend::cpu(model.threads())?);
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
-        let sched = Scheduler::new(backends, MAX_NODES)?;
+        // The device layout gives every decoding row its own attention op in every layer: size
+        // the graphs for a step whose every token is such a row.
+        let device_layout =
+            opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv.on_device());
+        let max_nodes = if device_layout {
+            (dims.len() * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER) + 4096)
+                .max(MAX_NODES)
+        } else {
+            MAX_NODES
+        };
+        let sched = Scheduler::new(backends, max_nodes)?;
         Ok(Runner {
             model,
             kv,
             sched,
+            max_nodes,
             opts,
             host: HostInputs::default(),
             cached: None,
@@ -271,7 +289,6 @@ impl Runner {
                     .map(|(s, v)| SeqSlots {
                         start_pos: s.start_pos,
                         n_tokens: s.tokens.len(),
-                        all_logits: s.logits == LogitRows::All,
                         slots: v,
                     })
                     .collect::<Vec<_>>(),
@@ -443,7 +460,7 @@ impl Runner {
     /// Builds the graph of a step shape in a fresh context.
     fn build(&self, key: &GraphKey) -> Result<Context, ModelError> {
         let has_swa = self.model.family().sliding_window().is_some();
-        let ctx = Context::new(MAX_NODES, MAX_NODES)?;
+        let ctx = Context::new(self.max_nodes, self.max_nodes)?;
         {
             let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
             // The device layout packs each attention op's mask rows one after another.
@@ -453,7 +470,7 @@ impl Runner {
             };
             let mut step = Step {
                 ctx: &ctx,
-                graph: ctx.graph(MAX_NODES),
+                graph: ctx.graph(self.max_nodes),
                 n_tokens: n,
                 tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
                 pos: ctx.input(DType::I32, &[n], "inp_pos"),
