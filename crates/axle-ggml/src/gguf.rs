@@ -188,6 +188,15 @@ impl GgufFile {
         &self.tensors
     }
 
+    /// Layers the tensors hold: one more than the highest `blk.N` index (0 without any).
+    pub fn layers_in_tensors(&self) -> u32 {
+        self.tensors
+            .iter()
+            .filter_map(TensorInfo::layer)
+            .max()
+            .map_or(0, |l| l + 1)
+    }
+
     /// A tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)

@@ -155,12 +155,7 @@ impl Model {
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;
         // Layers counted from the tensors themselves (`blk.N.*`), before any family reads them.
-        let n_layer = file
-            .tensors()
-            .iter()
-            .filter_map(|t| t.layer())
-            .max()
-            .map_or(0, |l| l + 1);
+        let n_layer = file.layers_in_tensors();
         let offload = match opts.device.resolve()? {
             Some(device) if opts.gpu_layers != Some(0) => Some(Offload {
                 device,

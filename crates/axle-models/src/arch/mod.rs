@@ -214,12 +214,7 @@ impl Hparams {
             self.rope.freq_scale,
         )?;
         // The layers the file declares must be the layers its tensors hold.
-        let in_tensors = f
-            .tensors()
-            .iter()
-            .filter_map(|t| t.layer())
-            .max()
-            .map_or(0, |l| l + 1);
+        let in_tensors = f.layers_in_tensors();
         if in_tensors as usize != self.n_layer {
             return Err(bad(
                 &key("block_count"),
