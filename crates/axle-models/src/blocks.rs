@@ -294,11 +294,7 @@ impl<'a> Step<'a> {
         };
         let kview = g.permute(kview, [0, 2, 1, 3]);
         let vview = g.permute(vview, [0, 2, 1, 3]);
-        let mask = if spec.sliding {
-            self.mask_swa.unwrap_or(self.mask)
-        } else {
-            self.mask
-        };
+        let mask = self.layer_mask(spec);
         // One op per attention group (see `attn_groups`), so that ggml picks each sequence's
         // kernel by its own rows, not by the whole batch's.
         let whole = [(0, n)];
@@ -356,6 +352,16 @@ impl<'a> Step<'a> {
         out.unwrap_or_else(|| unreachable!("a step has at least one attention group"))
     }
 
+    /// The mask a layer attends with: the sliding-window one for sliding layers (when the model
+    /// has one), the full one otherwise.
+    fn layer_mask(&self, spec: &AttnSpec) -> Tensor<'a> {
+        if spec.sliding {
+            self.mask_swa.unwrap_or(self.mask)
+        } else {
+            self.mask
+        }
+    }
+
     /// Attention with the device layout: one op per [`crate::device_step::AttnOp`], each over
     /// its sequence's own slots (read from the cache, or from the slots gathered for the step)
     /// with its own block of the mask.
@@ -368,11 +374,7 @@ impl<'a> Step<'a> {
         spec: &AttnSpec,
     ) -> Tensor<'a> {
         let g = self.ctx;
-        let il_mask = if spec.sliding {
-            self.mask_swa.unwrap_or(self.mask)
-        } else {
-            self.mask
-        };
+        let il_mask = self.layer_mask(spec);
         // The KV source: the cache itself, or the step's gathered slots in F16 (get_rows yields
         // F32; the cast back is exact).
         let source = |written: Tensor<'a>| match self.kv_ids {

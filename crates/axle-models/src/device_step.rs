@@ -203,7 +203,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
 mod tests {
     use super::*;
 
-    fn seq(start_pos: u32, n_tokens: usize, _verify: bool, slots: &[u32]) -> SeqSlots<'_> {
+    fn seq(start_pos: u32, n_tokens: usize, slots: &[u32]) -> SeqSlots<'_> {
         SeqSlots {
             start_pos,
             n_tokens,
@@ -215,15 +215,11 @@ mod tests {
     fn a_row_gets_the_same_op_in_decode_verify_and_batched_steps() {
         let slots: Vec<u32> = (32..32 + 300).collect();
         // Decode of position 299 alone.
-        let decode = layout(&[seq(299, 1, false, &slots[..300])], 4096, None);
+        let decode = layout(&[seq(299, 1, &slots[..300])], 4096, None);
         // Verify of positions 297..300 (3 drafts), and the same verify beside another sequence.
-        let verify = layout(&[seq(297, 3, true, &slots[..300])], 4096, None);
+        let verify = layout(&[seq(297, 3, &slots[..300])], 4096, None);
         let other: Vec<u32> = (1000..1010).collect();
-        let batched = layout(
-            &[seq(9, 1, false, &other), seq(297, 3, true, &slots[..300])],
-            4096,
-            None,
-        );
+        let batched = layout(&[seq(9, 1, &other), seq(297, 3, &slots[..300])], 4096, None);
         let op_of = |d: &DeviceInputs, row: i64| {
             let op = *d.step.attn.iter().find(|o| o.first == row).unwrap();
             let m = &d.mask[op.mask_off as usize..(op.mask_off + op.kv_len) as usize];
@@ -249,11 +245,7 @@ mod tests {
         let a: Vec<u32> = (0..100).collect();
         let b: Vec<u32> = (256..266).collect();
         let d = layout(
-            &[
-                seq(0, 100, false, &a),
-                seq(9, 1, false, &b),
-                seq(8, 2, true, &b[..10]),
-            ],
+            &[seq(0, 100, &a), seq(9, 1, &b), seq(8, 2, &b[..10])],
             4096,
             Some(4),
         );
@@ -286,7 +278,7 @@ mod tests {
     fn scattered_blocks_are_gathered_in_logical_order() {
         // Positions 0..20 in two blocks of 16, the second before the first.
         let slots: Vec<u32> = (64..80).chain(16..20).collect();
-        let d = layout(&[seq(19, 1, false, &slots)], 4096, None);
+        let d = layout(&[seq(19, 1, &slots)], 4096, None);
         assert_eq!(d.step.gathered, Some(256));
         assert_eq!(
             &d.kv_ids[..20],
@@ -295,7 +287,7 @@ mod tests {
         assert_eq!(d.step.attn[0].kv_off, 0);
         // A sequence whose padded range would run past the cache is gathered too.
         let tail: Vec<u32> = (4000..4010).collect();
-        let d = layout(&[seq(9, 1, false, &tail)], 4096, None);
+        let d = layout(&[seq(9, 1, &tail)], 4096, None);
         assert_eq!(d.step.gathered, Some(256));
     }
 }

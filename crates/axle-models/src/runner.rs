@@ -302,26 +302,27 @@ impl Runner {
         } else {
             h.device = None;
         }
-        let ascending = visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]));
-        if h.device.is_some() {
-            // The device layout made the masks and the gathered slots; only the rows remain.
-            for (si, s) in seqs.iter().enumerate() {
-                for (ti, &t) in s.tokens.iter().enumerate() {
-                    check_token(t, n_vocab)?;
-                    let p = s.start_pos + ti as u32;
-                    h.tokens.push(t as i32);
-                    h.pos.push(p as i32);
-                    h.slots.push(visible[si][p as usize] as i64);
-                    if s.logits.wants(ti, s.tokens.len()) {
-                        h.out_ids.push(h.tokens.len() as i32 - 1);
-                        h.rows.push((si, ti));
-                    }
+        // The step's rows: token, position, slot, and which rows return logits.
+        for (si, s) in seqs.iter().enumerate() {
+            for (ti, &t) in s.tokens.iter().enumerate() {
+                check_token(t, n_vocab)?;
+                let p = s.start_pos + ti as u32;
+                h.tokens.push(t as i32);
+                h.pos.push(p as i32);
+                h.slots.push(visible[si][p as usize] as i64);
+                if s.logits.wants(ti, s.tokens.len()) {
+                    h.out_ids.push(h.tokens.len() as i32 - 1);
+                    h.rows.push((si, ti));
                 }
             }
+        }
+        if h.device.is_some() {
+            // The device layout made the masks and the gathered slots.
             let n_kv = h.kv_ids.len() as u32;
             self.host = h;
             return Ok((n_tokens as i64, n_kv));
         }
+        let ascending = visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]));
         h.kv_ids.clear();
         // Column of the mask where each sequence's position 0 lies, and the stride per position
         // (direct: the slot itself; gathered: consecutive columns).
@@ -352,12 +353,8 @@ impl Runner {
         }
         let mut row = 0usize;
         for (si, s) in seqs.iter().enumerate() {
-            for (ti, &t) in s.tokens.iter().enumerate() {
-                check_token(t, n_vocab)?;
+            for ti in 0..s.tokens.len() {
                 let p = s.start_pos + ti as u32;
-                h.tokens.push(t as i32);
-                h.pos.push(p as i32);
-                h.slots.push(visible[si][p as usize] as i64);
                 let base = row * n_kv as usize;
                 for q in 0..=p {
                     let col = if ascending {
@@ -371,10 +368,6 @@ impl Runner {
                             h.mask_swa[base + col] = 0;
                         }
                     }
-                }
-                if s.logits.wants(ti, s.tokens.len()) {
-                    h.out_ids.push(row as i32);
-                    h.rows.push((si, ti));
                 }
                 row += 1;
             }
