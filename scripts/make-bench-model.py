@@ -35,28 +35,6 @@ SHAPES = {
                       n_vocab=128256, rope_base=500000.0, n_ctx=8192),
 }
 
-# (bytes per block, elements per block, [(f16 field offset, value)]) of each quantized type: the
-# f16 scale fields get a small value so that weights come out around +-0.02.
-BLOCKS = {
-    Q.Q4_0: (18, 32, [(0, 0.005)]),
-    Q.Q4_K: (144, 256, [(0, 2e-5), (2, 2e-5)]),
-    Q.Q6_K: (210, 256, [(208, 5e-6)]),
-}
-
-
-def random_blocks(rng, qtype, shape):
-    """Random quantized data of `shape` (ggml order: row length first) as raw bytes."""
-    size, per, fields = BLOCKS[qtype]
-    n_el = int(np.prod(shape))
-    assert shape[0] % per == 0, (shape, qtype)
-    n_blocks = n_el // per
-    data = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    for off, value in fields:
-        data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
-    # numpy order is the reverse of ggml's: rows of bytes.
-    return data.reshape(shape[1] if len(shape) > 1 else 1, -1)
-
-
 def load_fixture_helpers():
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("make_fixtures", os.path.join(here, "make-fixtures.py"))
@@ -111,7 +89,7 @@ def main():
         return il < nl // 8 or il >= 7 * nl // 8 or (il - nl // 8) % 3 == 2
 
     def matrix(name, qtype, shape):
-        data = random_blocks(rng, qtype, shape)
+        data = fx.random_blocks(rng, qtype, shape)
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
 
     def ones(name, n):

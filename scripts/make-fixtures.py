@@ -57,7 +57,32 @@ def add_vocab(w, vocab):
             w.add_uint32(k, int(v))
 
 
-def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=None):
+# (bytes per block, elements per block, [(f16 field offset, value)]) of the quantized types written
+# as random bytes (gguf-py cannot quantize K-quants): the f16 scale fields get a small value so
+# that weights come out around +-0.02.
+BLOCKS = {
+    Q.Q4_0: (18, 32, [(0, 0.005)]),
+    Q.Q4_K: (144, 256, [(0, 2e-5), (2, 2e-5)]),
+    Q.Q6_K: (210, 256, [(208, 5e-6)]),
+}
+
+
+def random_blocks(rng, qtype, shape):
+    """Random quantized data of `shape` (ggml order: row length first) as raw bytes, in numpy
+    order (the reverse of ggml's) with rows of bytes last."""
+    size, per, fields = BLOCKS[qtype]
+    n_el = int(np.prod(shape))
+    assert shape[0] % per == 0, (shape, qtype)
+    data = rng.integers(0, 256, size=(n_el // per, size), dtype=np.uint8)
+    for off, value in fields:
+        data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    return data.reshape(*reversed(shape[1:]), -1) if len(shape) > 1 else data.reshape(1, -1)
+
+
+def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=None, moe=None,
+          embd_type=Q.Q8_0, untied=False):
+    """A Llama-shaped fixture. `moe`: dict(n_expert, n_used, n_ff_exp, shared_ff (or None),
+    qtype (of the expert weights)) makes every FFN a mixture of experts."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     e, nh, nkv, hd, ff, nl = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["n_ff"], cfg["n_layer"]
@@ -76,19 +101,46 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     for k, v in (extra or {}).items():
         w.add_uint32(k, v)
+    if moe:
+        w.add_expert_count(moe["n_expert"])
+        w.add_expert_used_count(moe["n_used"])
+        w.add_expert_feed_forward_length(moe["n_ff_exp"])
+        if moe.get("shared_ff"):
+            w.add_expert_shared_feed_forward_length(moe["shared_ff"])
     add_vocab(w, vocab)
 
-    def mat(name, rows, cols, scale=None):
+    def mat(name, rows, cols, scale=None, qtype=Q.Q8_0):
         # ggml shape [cols(ne0), rows(ne1)]: numpy array (rows, cols)
         s = scale if scale is not None else 1.0 / np.sqrt(cols)
         data = (rng.standard_normal((rows, cols)) * s).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
     def vec(name, n, center=1.0, scale=0.1):
         w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
 
-    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    def experts(p, e, m):
+        x, eff = m["n_expert"], m["n_ff_exp"]
+        # The router in F32, as converters write it; larger scale so that routing is decisive.
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+        for name, shape in (("gate", [e, eff, x]), ("up", [e, eff, x]), ("down", [eff, e, x])):
+            if m["qtype"] in BLOCKS:
+                data = random_blocks(rng, m["qtype"], shape)
+                w.add_tensor(p + f"ffn_{name}_exps.weight", data, raw_shape=data.shape, raw_dtype=m["qtype"])
+            else:
+                data = (rng.standard_normal(tuple(reversed(shape))) / np.sqrt(shape[0])).astype(np.float32)
+                w.add_tensor(p + f"ffn_{name}_exps.weight", gguf.quants.quantize(data, m["qtype"]),
+                             raw_dtype=m["qtype"])
+        if m.get("shared_ff"):
+            sff = m["shared_ff"]
+            mat(p + "ffn_gate_shexp.weight", sff, e)
+            mat(p + "ffn_up_shexp.weight", sff, e)
+            mat(p + "ffn_down_shexp.weight", e, sff)
+            vec(p + "ffn_gate_inp_shexp.weight", e, 0.0, 0.5)
+
+    mat("token_embd.weight", n_vocab, e, scale=1.0, qtype=embd_type)
     vec("output_norm.weight", e)
+    if untied:
+        mat("output.weight", n_vocab, e)
     for i in range(nl):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
@@ -104,9 +156,12 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         vec(p + "ffn_norm.weight", e)
-        mat(p + "ffn_gate.weight", ff, e)
-        mat(p + "ffn_up.weight", ff, e)
-        mat(p + "ffn_down.weight", e, ff)
+        if moe:
+            experts(p, e, moe)
+        else:
+            mat(p + "ffn_gate.weight", ff, e)
+            mat(p + "ffn_up.weight", ff, e)
+            mat(p + "ffn_down.weight", e, ff)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -131,6 +186,16 @@ def main():
     # logits over a long prompt equal a full-attention run over just the last `window` tokens.
     write(os.path.join(a.out, "mistral-swa-tiny.gguf"), "llama", dict(base, n_layer=1), vocab, 4,
           extra={"llama.attention.sliding_window": 16})
+    # Mixtures of experts. Qwen3-MoE: 8 experts, top-2, renormalised, K-quant experts (Q4_K, as in
+    # the Q4_K_M files people download: ggml's tiled kernel applies to them from 8 rows per
+    # expert, which batch invariance has to avoid), hidden 256 (a Q4_K row is 256 values).
+    write(os.path.join(a.out, "qwen3moe-tiny.gguf"), "qwen3moe",
+          dict(base, n_embd=256, head_dim=64, n_ff=512, rope_base=1e6), vocab, 5, qk_norm=True,
+          moe=dict(n_expert=8, n_used=2, n_ff_exp=256, qtype=Q.Q4_K), embd_type=Q.Q4_0)
+    # Qwen2-MoE: 6 experts, top-2, unnormalised, Q8_0, a gated shared expert.
+    # (libllama requires its own output matrix.)
+    write(os.path.join(a.out, "qwen2moe-tiny.gguf"), "qwen2moe", base, vocab, 6, qkv_bias=True,
+          moe=dict(n_expert=6, n_used=2, n_ff_exp=64, shared_ff=96, qtype=Q.Q8_0), untied=True)
 
 
 if __name__ == "__main__":

@@ -363,19 +363,27 @@ impl Backend {
     }
 
     /// Whether `buft`'s memory can feed a mul_mat of a weight shaped like `weight` on this
-    /// device (how the CPU decides which weights a repacking buffer type can take).
+    /// device, or a mul_mat_id of a 3-D (expert) weight (how the CPU decides which weights a
+    /// repacking buffer type can take).
     pub fn supports_matmul_weight(
         &self,
         buft: BufferType,
         weight: crate::DType,
         shape: &[i64],
     ) -> bool {
-        let Ok(ctx) = crate::Context::new(3, 0) else {
+        let Ok(ctx) = crate::Context::new(4, 0) else {
             return false;
         };
         let w = ctx.tensor(weight, shape);
-        let x = ctx.tensor(crate::DType::F32, &[shape[0], 512]);
-        let op = ctx.mul_mat(w, x);
+        let op = match *shape {
+            // Expert weights [k, m, n_expert]: the indirect product, two experts per column.
+            [k, _, _] => {
+                let x = ctx.tensor(crate::DType::F32, &[k, 1, 512]);
+                let ids = ctx.tensor(crate::DType::I32, &[2, 512]);
+                ctx.mul_mat_id(w, x, ids)
+            }
+            _ => ctx.mul_mat(w, ctx.tensor(crate::DType::F32, &[shape[0], 512])),
+        };
         // SAFETY: a zero-size buffer of `buft` is a dummy that only carries the type; it is attached
         // to a metadata-only tensor for the query and freed right after.
         unsafe {

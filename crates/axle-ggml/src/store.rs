@@ -166,7 +166,7 @@ impl TensorStore {
                     on_device.then_some(buft)
                 }
                 WeightPlacement::Host { .. } => {
-                    let repackable = info.shape.len() == 2 && matmul_weight(&info.name);
+                    let repackable = matches!(info.shape.len(), 2 | 3) && matmul_weight(&info.name);
                     extras.iter().copied().find(|&b| {
                         repackable && backend.supports_matmul_weight(b, info.dtype, &info.shape)
                     })
@@ -174,12 +174,25 @@ impl TensorStore {
             };
             groups.entry(target).or_default().push((i, t.raw()));
         }
-        // A tied head on the device: a device copy of the token embedding, bound as the head.
-        if let WeightPlacement::Device {
-            buft,
-            first_layer: 0,
-        } = placement
-        {
+        // A tied head on the device: a device copy of the token embedding, bound as the head. On
+        // the host with repacking, a repacked copy where the CPU has a layout for its type (as
+        // libllama loads a tied head: the embedding itself only feeds get_rows).
+        let head_copy = match placement {
+            WeightPlacement::Device {
+                buft,
+                first_layer: 0,
+            } => Some(buft),
+            WeightPlacement::Host { repack: true } => {
+                infos.iter().find(|t| t.name == TOKEN_EMBD).and_then(|t| {
+                    extras
+                        .iter()
+                        .copied()
+                        .find(|&b| backend.supports_matmul_weight(b, t.dtype, &t.shape))
+                })
+            }
+            _ => None,
+        };
+        if let Some(buft) = head_copy {
             if !by_name.contains_key(OUTPUT) {
                 if let Some(i) = infos.iter().position(|t| t.name == TOKEN_EMBD) {
                     let t = ctx.tensor(infos[i].dtype, &infos[i].shape).named(OUTPUT);

@@ -382,6 +382,48 @@ impl Context {
         // SAFETY: as above.
         Tensor::from_raw(unsafe { sys::ggml_tanh(self.raw(), a.raw()) })
     }
+    /// Elementwise quotient with broadcasting of `b`.
+    pub fn div<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_div(self.raw(), a.raw(), b.raw()) })
+    }
+    /// SiLU (x * sigmoid(x)), elementwise.
+    pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_silu(self.raw(), a.raw()) })
+    }
+    /// Logistic sigmoid, elementwise.
+    pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_sigmoid(self.raw(), a.raw()) })
+    }
+    /// Softmax over dim 0 of each row.
+    pub fn soft_max<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_soft_max(self.raw(), a.raw()) })
+    }
+    /// Sum of each row (dim 0) -> [1, ...].
+    pub fn sum_rows<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_sum_rows(self.raw(), a.raw()) })
+    }
+    /// Clamps every element into [min, max].
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_clamp(self.raw(), a.raw(), min, max) })
+    }
+    /// I32 indices of the `k` largest elements of each row, largest first (argsort + view).
+    pub fn argsort_top_k<'a>(&'a self, a: Tensor<'a>, k: i64) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts k <= the row length.
+        Tensor::from_raw(unsafe { sys::ggml_argsort_top_k(self.raw(), a.raw(), k as i32) })
+    }
+    /// Indirect product (mixture of experts): `as_` [k, m, n_as] holds one matrix per expert,
+    /// `b` [k, n_b, n_tokens], `ids` I32 [n_used, n_tokens] the experts of each token; returns
+    /// [m, n_used, n_tokens], column (i, t) = as_[ids[i, t]] @ b[i % n_b, t].
+    pub fn mul_mat_id<'a>(&'a self, as_: Tensor<'a>, b: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree.
+        Tensor::from_raw(unsafe { sys::ggml_mul_mat_id(self.raw(), as_.raw(), b.raw(), ids.raw()) })
+    }
     /// RMS norm over dim 0 (no weight).
     pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
         // SAFETY: as above.

@@ -434,7 +434,7 @@ impl<'a> Step<'a> {
 
 /// Concatenates tensors along `dim`, pairwise (a balanced tree: each element is copied about
 /// log2(pieces) times rather than once per piece after it).
-fn concat_all<'a>(g: &'a Context, mut pieces: Vec<Tensor<'a>>, dim: i32) -> Tensor<'a> {
+pub(crate) fn concat_all<'a>(g: &'a Context, mut pieces: Vec<Tensor<'a>>, dim: i32) -> Tensor<'a> {
     assert!(!pieces.is_empty(), "nothing to concatenate");
     while pieces.len() > 1 {
         let mut next = Vec::with_capacity(pieces.len().div_ceil(2));

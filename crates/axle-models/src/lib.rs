@@ -12,6 +12,7 @@ pub mod chat;
 pub mod device_step;
 pub mod kv;
 pub mod model;
+pub mod moe;
 pub mod runner;
 pub mod sequence;
 pub mod tokenizer;
@@ -43,6 +44,9 @@ pub enum ModelError {
         /// What Axle implements.
         supported: String,
     },
+    /// A variant of a supported architecture that Axle does not implement (named in the message).
+    #[error("unsupported model variant: {0}")]
+    Unsupported(String),
     /// Inconsistent hyperparameters.
     #[error("invalid model: {0}")]
     Invalid(String),

@@ -16,6 +16,18 @@ fn qwen3_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("qwen3-tiny.gguf"), &prompts(), 5);
 }
 
+/// Mixture of experts with K-quant (Q4_K) experts, softmax top-2 of 8, renormalised weights.
+#[test]
+fn qwen3moe_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("qwen3moe-tiny.gguf"), &prompts(), 5);
+}
+
+/// Mixture of experts with a gated shared expert, unnormalised top-2 of 6, QKV biases.
+#[test]
+fn qwen2moe_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("qwen2moe-tiny.gguf"), &prompts(), 5);
+}
+
 #[test]
 fn llama_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);

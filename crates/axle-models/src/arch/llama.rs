@@ -5,6 +5,7 @@
 //! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
 use super::{Family, Hparams, Weights};
 use crate::blocks::{AttnSpec, FfnWeights, Step};
+use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor, TensorStore};
 
@@ -29,10 +30,19 @@ struct Layer {
     k_norm: Option<StoredTensor>,
     /// [n_embd]
     ffn_norm: StoredTensor,
+    ffn: Ffn,
+}
+
+/// A layer's feed-forward block.
+enum Ffn {
     /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
-    ffn_gate: StoredTensor,
-    ffn_up: StoredTensor,
-    ffn_down: StoredTensor,
+    Dense {
+        gate: StoredTensor,
+        up: StoredTensor,
+        down: StoredTensor,
+    },
+    /// Routed experts (and a shared one), with the model's routing.
+    Moe(MoeLayer, MoeConfig),
 }
 
 /// The Llama model.
@@ -61,6 +71,21 @@ pub struct Variant {
     pub rope_mode: i32,
     /// Per-head RMSNorm of Q and K before RoPE (required when set).
     pub qk_norm: bool,
+    /// Every layer's FFN is a mixture of experts (the MoE variants), or dense.
+    pub moe: Option<MoeVariant>,
+}
+
+/// What a Llama-shaped MoE family fixes that its metadata does not say.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeVariant {
+    /// Router score function.
+    pub gating: Gating,
+    /// Whether routing weights are renormalised when the file does not say
+    /// (`{arch}.expert_weights_norm`).
+    pub norm_default: bool,
+    /// Each layer has a shared expert (`ffn_*_shexp`), of width
+    /// `{arch}.expert_shared_feed_forward_length` or else the dense FFN width.
+    pub shared_expert: bool,
 }
 
 /// Reads the config and binds the weights.
@@ -72,6 +97,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "llama",
             rope_mode: 0,
             qk_norm: false,
+            moe: None,
         },
     )
 }
@@ -87,11 +113,12 @@ pub fn load_variant(
         .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
         .filter(|&w| w > 0)
         .map(|w| w as u32);
-    Ok(Box::new(Llama::new(hp, store, variant, window)?))
+    Ok(Box::new(Llama::new(f, hp, store, variant, window)?))
 }
 
 impl Llama {
     fn new(
+        f: &GgufFile,
         hp: Hparams,
         store: &TensorStore,
         variant: Variant,
@@ -101,6 +128,20 @@ impl Llama {
         let (e, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
         let (q_dim, kv_dim) = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k);
         let vv_dim = hp.n_head_kv * hp.head_dim_v;
+        let moe = match variant.moe {
+            None => None,
+            Some(m) => Some(MoeConfig::from_gguf(
+                f,
+                variant.arch,
+                ff,
+                m.gating,
+                m.norm_default,
+            )?),
+        };
+        let shared_ff = match (variant.moe, &moe) {
+            (Some(m), Some(c)) if m.shared_expert => Some(c.n_ff_shared.unwrap_or(ff)),
+            _ => None,
+        };
         let tok_embd = w.req("token_embd.weight", &[e, v])?;
         let output = w
             .opt("output.weight", &[e, v])?
@@ -128,9 +169,14 @@ impl Llama {
                     None
                 },
                 ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
-                ffn_gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
-                ffn_up: w.req(&n("ffn_up.weight"), &[e, ff])?,
-                ffn_down: w.req(&n("ffn_down.weight"), &[ff, e])?,
+                ffn: match &moe {
+                    Some(cfg) => Ffn::Moe(MoeLayer::bind(&w, i, e, cfg, shared_ff)?, *cfg),
+                    None => Ffn::Dense {
+                        gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
+                        up: w.req(&n("ffn_up.weight"), &[e, ff])?,
+                        down: w.req(&n("ffn_down.weight"), &[ff, e])?,
+                    },
+                },
             });
         }
         let attn = AttnSpec {
@@ -211,15 +257,12 @@ impl Family for Llama {
             let h = s
                 .rms_norm(x_attn, &l.ffn_norm, hp.rms_eps)
                 .named(&format!("ffn_norm-{il}"));
-            let f = s.ffn(
-                h,
-                FfnWeights {
-                    gate: &l.ffn_gate,
-                    up: &l.ffn_up,
-                    down: &l.ffn_down,
-                },
-                GluOp::SwiGlu,
-            );
+            let f = match &l.ffn {
+                Ffn::Moe(m, cfg) => s.moe(h, m, cfg),
+                Ffn::Dense { gate, up, down } => {
+                    s.ffn(h, FfnWeights { gate, up, down }, GluOp::SwiGlu)
+                }
+            };
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);

@@ -4,7 +4,9 @@
 pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
+pub mod qwen2moe;
 pub mod qwen3;
+pub mod qwen3moe;
 
 use crate::blocks::Step;
 use crate::ModelError;
@@ -294,6 +296,8 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("gemma3", gemma3::load),
     ("qwen2", qwen2::load),
     ("qwen3", qwen3::load),
+    ("qwen2moe", qwen2moe::load),
+    ("qwen3moe", qwen3moe::load),
 ];
 
 /// Names of the supported architectures.

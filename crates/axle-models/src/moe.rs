@@ -1,0 +1,269 @@
+//! Sparse mixture-of-experts feed-forward, shared by every MoE family: a router picks the top-k
+//! experts of each token (softmax or sigmoid scores, optionally a selection bias and group limits,
+//! optionally renormalised and scaled weights), the chosen experts run as 3-D weights through
+//! `mul_mat_id`, their outputs are summed with the routing weights, and an optional shared expert
+//! (optionally gated per token) is added. The op sequence is libllama's, so that logits match it.
+//!
+//! Batch invariance: a token's experts depend on its own router scores only, and every op of the
+//! routing works per row. On the CPU the expert products are invariant too: ggml computes each
+//! (token, expert) column with the one-row dot product, or, for an expert that 8 or more rows of
+//! the step picked, with its tiled K-quant kernel, which (unlike the tiled kernel of the dense
+//! product, see [`Step::matmul`]) quantizes the activations as the dot product does and gives the
+//! same bits; `tests/verify_invariance.rs` checks steps of up to 63 rows against one-row steps on
+//! Q4_K experts. Repacked expert weights use a one-row kernel per column. On an accelerator, the
+//! products run in slices of the device layout's group width ([`Step::mul_mat_id`]).
+use crate::arch::Weights;
+use crate::blocks::{FfnWeights, Kernels, Step};
+use crate::ModelError;
+use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor};
+
+/// How router logits become expert scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over the experts (Qwen MoE, Mixtral, Gemma 4).
+    Softmax,
+    /// Independent sigmoid per expert (DeepSeek V3, GLM-4.5+).
+    Sigmoid,
+}
+
+/// The routing and expert shape of a MoE layer, read from GGUF metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub n_expert: i64,
+    /// Experts each token uses (top-k).
+    pub n_used: i64,
+    /// Inner width of one expert.
+    pub n_ff_exp: i64,
+    /// Inner width of the shared expert, when the family has one.
+    pub n_ff_shared: Option<i64>,
+    /// Score function.
+    pub gating: Gating,
+    /// Whether the chosen experts' weights are renormalised to sum to 1.
+    pub norm_weights: bool,
+    /// Factor on the routing weights (0 or 1: none).
+    pub weights_scale: f32,
+    /// Activation of the experts' gated units.
+    pub act: GluOp,
+}
+
+/// Bound of the metadata check: far above any published model (DeepSeek V3: 256 experts;
+/// Qwen3-Next: 512).
+const MAX_EXPERTS: i64 = 4096;
+
+impl MoeConfig {
+    /// Reads `{arch}.expert_count`, `expert_used_count`, `expert_feed_forward_length` (default:
+    /// the dense FFN width over the experts used, as libllama has it),
+    /// `expert_shared_feed_forward_length`, `expert_weights_scale` and `expert_weights_norm`
+    /// (default `norm_default`, the family's). Every size is checked before anything is bound.
+    pub fn from_gguf(
+        f: &GgufFile,
+        arch: &str,
+        n_ff: i64,
+        gating: Gating,
+        norm_default: bool,
+    ) -> Result<MoeConfig, ModelError> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let bad =
+            |k: &str, what: String| ModelError::Invalid(format!("metadata {} {what}", key(k)));
+        let n_expert = f.int(&key("expert_count"))?;
+        let n_used = f.int(&key("expert_used_count"))?;
+        if !(1..=MAX_EXPERTS).contains(&n_expert) {
+            return Err(bad(
+                "expert_count",
+                format!("= {n_expert} is outside 1..={MAX_EXPERTS}"),
+            ));
+        }
+        if !(1..=n_expert).contains(&n_used) {
+            return Err(bad(
+                "expert_used_count",
+                format!("= {n_used} must be in 1..={n_expert} (the expert count)"),
+            ));
+        }
+        let n_ff_exp = f
+            .int_opt(&key("expert_feed_forward_length"))?
+            .unwrap_or(n_ff / n_used);
+        if !(1..=1 << 20).contains(&n_ff_exp) {
+            return Err(bad(
+                "expert_feed_forward_length",
+                format!("= {n_ff_exp} is outside 1..={}", 1 << 20),
+            ));
+        }
+        let n_ff_shared = f.int_opt(&key("expert_shared_feed_forward_length"))?;
+        if let Some(s) = n_ff_shared {
+            if !(1..=1 << 20).contains(&s) {
+                return Err(bad(
+                    "expert_shared_feed_forward_length",
+                    format!("= {s} is outside 1..={}", 1 << 20),
+                ));
+            }
+        }
+        let weights_scale = f.float_opt(&key("expert_weights_scale"))?.unwrap_or(0.0) as f32;
+        if !weights_scale.is_finite() || weights_scale < 0.0 {
+            return Err(bad(
+                "expert_weights_scale",
+                format!("= {weights_scale} must be a finite number >= 0"),
+            ));
+        }
+        let norm_weights = f
+            .bool_opt(&key("expert_weights_norm"))?
+            .unwrap_or(norm_default);
+        let groups = f.int_opt(&key("expert_group_count"))?.unwrap_or(1);
+        if groups > 1 {
+            return Err(ModelError::Unsupported(format!(
+                "{} = {groups}: grouped expert selection is not implemented",
+                key("expert_group_count")
+            )));
+        }
+        Ok(MoeConfig {
+            n_expert,
+            n_used,
+            n_ff_exp,
+            n_ff_shared,
+            gating,
+            norm_weights,
+            weights_scale,
+            act: GluOp::SwiGlu,
+        })
+    }
+}
+
+/// A shared expert: a dense gated FFN every token runs, optionally scaled by a per-token sigmoid
+/// gate.
+pub struct SharedExpert {
+    /// [n_embd, n_ff_shared] / [n_embd, n_ff_shared] / [n_ff_shared, n_embd]
+    gate: StoredTensor,
+    up: StoredTensor,
+    down: StoredTensor,
+    /// [n_embd]: the gate's input weights (Qwen2-MoE, Qwen3.5-MoE), if gated.
+    gate_inp: Option<StoredTensor>,
+}
+
+/// One layer's MoE weights.
+pub struct MoeLayer {
+    /// [n_embd, n_expert]
+    router: StoredTensor,
+    /// [n_embd, n_ff_exp, n_expert] / [n_embd, n_ff_exp, n_expert] / [n_ff_exp, n_embd, n_expert]
+    gate_exps: StoredTensor,
+    up_exps: StoredTensor,
+    down_exps: StoredTensor,
+    shared: Option<SharedExpert>,
+}
+
+impl MoeLayer {
+    /// Binds layer `il`'s router and experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`) and, when
+    /// `shared` is set, its shared expert (`ffn_{gate,up,down}_shexp`, gate `ffn_gate_inp_shexp`
+    /// if the file has one).
+    pub fn bind(
+        w: &Weights,
+        il: usize,
+        n_embd: i64,
+        cfg: &MoeConfig,
+        shared: Option<i64>,
+    ) -> Result<MoeLayer, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (e, ff, x) = (n_embd, cfg.n_ff_exp, cfg.n_expert);
+        let shared = match shared {
+            None => None,
+            Some(sff) => Some(SharedExpert {
+                gate: w.req(&n("ffn_gate_shexp.weight"), &[e, sff])?,
+                up: w.req(&n("ffn_up_shexp.weight"), &[e, sff])?,
+                down: w.req(&n("ffn_down_shexp.weight"), &[sff, e])?,
+                gate_inp: w.opt(&n("ffn_gate_inp_shexp.weight"), &[e])?,
+            }),
+        };
+        Ok(MoeLayer {
+            router: w.req(&n("ffn_gate_inp.weight"), &[e, x])?,
+            gate_exps: w.req(&n("ffn_gate_exps.weight"), &[e, ff, x])?,
+            up_exps: w.req(&n("ffn_up_exps.weight"), &[e, ff, x])?,
+            down_exps: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
+            shared,
+        })
+    }
+}
+
+impl<'a> Step<'a> {
+    /// The MoE feed-forward of `x` [n_embd, n]: routed experts plus the shared expert, if any.
+    pub fn moe(&self, x: Tensor<'a>, l: &'a MoeLayer, cfg: &MoeConfig) -> Tensor<'a> {
+        let g = self.ctx;
+        let [n_embd, n, ..] = x.ne();
+        let logits = self.matmul(&l.router, x);
+        let probs = match cfg.gating {
+            Gating::Softmax => g.soft_max(logits),
+            Gating::Sigmoid => g.sigmoid(logits),
+        };
+        let selected = g.argsort_top_k(probs, cfg.n_used);
+        let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
+        if cfg.norm_weights {
+            let w2 = g.reshape(weights, &[cfg.n_used, n]);
+            // Clamped away from 0 (the smallest normal F16) as libllama does.
+            let sum = g.clamp(g.sum_rows(w2), 6.103_515_6e-5, f32::INFINITY);
+            weights = g.reshape(g.div(w2, sum), &[1, cfg.n_used, n]);
+        }
+        if cfg.weights_scale != 0.0 && cfg.weights_scale != 1.0 {
+            weights = g.scale(weights, cfg.weights_scale);
+        }
+        let cur = g.reshape(x, &[n_embd, 1, n]);
+        let up = self.mul_mat_id(&l.up_exps, cur, selected);
+        let gate = self.mul_mat_id(&l.gate_exps, cur, selected);
+        let act = g.glu(gate, up, cfg.act);
+        let experts = g.mul(self.mul_mat_id(&l.down_exps, act, selected), weights);
+        let nb = experts.nb();
+        let mut out = g.view(experts, &[n_embd, n], &[nb[2]], 0);
+        for i in 1..cfg.n_used {
+            out = g.add(
+                out,
+                g.view(experts, &[n_embd, n], &[nb[2]], i as usize * nb[1]),
+            );
+        }
+        let Some(sh) = &l.shared else {
+            return out;
+        };
+        let mut shared = self.ffn(
+            x,
+            FfnWeights {
+                gate: &sh.gate,
+                up: &sh.up,
+                down: &sh.down,
+            },
+            GluOp::SwiGlu,
+        );
+        if let Some(gi) = &sh.gate_inp {
+            // sigmoid(z) written as silu(z) / z, libllama's expression (the same numbers).
+            let z = self.matmul(gi, x);
+            shared = g.mul(shared, g.div(g.silu(z), z));
+        }
+        g.add(out, shared)
+    }
+
+    /// `mul_mat_id(w, x, ids)` (x [k, n_b, n], ids [n_used, n]). With the device layout (batch
+    /// invariance on an accelerator), in slices of [`crate::device_step::GROUP_COLS`] tokens, so
+    /// that the kernel is the one of a small step whatever the step's width (not yet measured on
+    /// a GPU).
+    fn mul_mat_id(&self, w: &'a StoredTensor, x: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        let g = self.ctx;
+        let w_t = w.t();
+        let n = x.ne()[2];
+        let slice = crate::device_step::GROUP_COLS;
+        let sliced = self.kernels == Kernels::BatchInvariant
+            && self.device.is_some()
+            && w_t.is_on_device()
+            && n > slice;
+        if !sliced {
+            return g.mul_mat_id(w_t, x, ids);
+        }
+        let (xn, idn) = (x.nb(), ids.nb());
+        let [k, n_b, ..] = x.ne();
+        let n_used = ids.ne()[0];
+        let mut pieces = Vec::with_capacity(((n + slice - 1) / slice) as usize);
+        let mut first = 0;
+        while first < n {
+            let t = slice.min(n - first);
+            let xs = g.view(x, &[k, n_b, t], &[xn[1], xn[2]], first as usize * xn[2]);
+            let is = g.view(ids, &[n_used, t], &[idn[1]], first as usize * idn[1]);
+            pieces.push(g.mul_mat_id(w_t, xs, is));
+            first += t;
+        }
+        crate::blocks::concat_all(g, pieces, 2)
+    }
+}
