@@ -8,6 +8,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 cargo build --release --bin axle
 axle=./target/release/axle
+# The MoE manifests run on a random-weight file of a real MoE shape (none can be fetched here).
+models="${AXLE_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/models}"
+venv="${AXLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/venv}"
+if [ ! -f "$models/qwen3moe-1b-q4_k_m.gguf" ]; then
+  "$venv/bin/python" scripts/make-bench-model.py --shape qwen3moe-1b --type q4_k_m \
+    --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$models/qwen3moe-1b-q4_k_m.gguf"
+fi
 $axle bench doctor
 status=0
 for m in benchmarks/manifests/*.toml; do

@@ -33,6 +33,12 @@ SHAPES = {
     # Llama 3.2 1B: for quick checks of the pipeline.
     "llama3-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192,
                       n_vocab=128256, rope_base=500000.0, n_ctx=8192),
+    # Qwen3-30B-A3B scaled to about 1.1 GB at Q4_K_M: its structure (qwen3moe: QK norm, 128-wide
+    # heads, 4 KV heads, top-8 softmax routing, renormalised) with hidden 1024, 24 layers and 48
+    # experts of 512; about 0.45B parameters active per token. For CPU MoE speed measurements.
+    "qwen3moe-1b": dict(arch="qwen3moe", n_embd=1024, n_layer=24, n_head=16, n_head_kv=4,
+                        head_dim=128, n_ff=3072, n_vocab=151936, rope_base=1000000.0, n_ctx=8192,
+                        moe=dict(n_expert=48, n_used=8, n_ff_exp=512)),
 }
 
 def load_fixture_helpers():
@@ -65,7 +71,10 @@ def main():
     vocab.pop("tokenizer.chat_template", None)
 
     rng = np.random.default_rng(a.seed)
-    w = gguf.GGUFWriter(a.out, "llama")
+    arch = cfg.get("arch", "llama")
+    moe = cfg.get("moe")
+    hd = cfg.get("head_dim", cfg["n_embd"] // cfg["n_head"])
+    w = gguf.GGUFWriter(a.out, arch)
     w.add_name(f"random {a.shape} {a.type}")
     w.add_context_length(cfg["n_ctx"])
     w.add_embedding_length(cfg["n_embd"])
@@ -73,7 +82,13 @@ def main():
     w.add_feed_forward_length(cfg["n_ff"])
     w.add_head_count(cfg["n_head"])
     w.add_head_count_kv(cfg["n_head_kv"])
-    w.add_rope_dimension_count(cfg["n_embd"] // cfg["n_head"])
+    w.add_rope_dimension_count(hd)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    if moe:
+        w.add_expert_count(moe["n_expert"])
+        w.add_expert_used_count(moe["n_used"])
+        w.add_expert_feed_forward_length(moe["n_ff_exp"])
     w.add_rope_freq_base(cfg["rope_base"])
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
@@ -81,7 +96,8 @@ def main():
     fx.add_vocab(w, vocab)
 
     e, ff, nl = cfg["n_embd"], cfg["n_ff"], cfg["n_layer"]
-    kv = cfg["n_head_kv"] * (e // cfg["n_head"])
+    q_dim = cfg["n_head"] * hd
+    kv = cfg["n_head_kv"] * hd
     base = Q.Q4_0 if a.type == "q4_0" else Q.Q4_K
 
     def more_bits(il):
@@ -99,15 +115,26 @@ def main():
     for il in range(nl):
         p = f"blk.{il}."
         ones(p + "attn_norm.weight", e)
-        matrix(p + "attn_q.weight", base, [e, e])
+        matrix(p + "attn_q.weight", base, [e, q_dim])
         matrix(p + "attn_k.weight", base, [e, kv])
         hi = a.type == "q4_k_m" and more_bits(il)
         matrix(p + "attn_v.weight", Q.Q6_K if hi else base, [e, kv])
-        matrix(p + "attn_output.weight", base, [e, e])
+        matrix(p + "attn_output.weight", base, [q_dim, e])
+        if arch == "qwen3moe":
+            ones(p + "attn_q_norm.weight", hd)
+            ones(p + "attn_k_norm.weight", hd)
         ones(p + "ffn_norm.weight", e)
-        matrix(p + "ffn_gate.weight", base, [e, ff])
-        matrix(p + "ffn_up.weight", base, [e, ff])
-        matrix(p + "ffn_down.weight", Q.Q6_K if hi else base, [ff, e])
+        if moe:
+            x, eff = moe["n_expert"], moe["n_ff_exp"]
+            # The router in F32 (as converters write it), random so that tokens spread over experts.
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.05).astype(np.float32))
+            matrix(p + "ffn_gate_exps.weight", base, [e, eff, x])
+            matrix(p + "ffn_up_exps.weight", base, [e, eff, x])
+            matrix(p + "ffn_down_exps.weight", Q.Q6_K if hi else base, [eff, e, x])
+        else:
+            matrix(p + "ffn_gate.weight", base, [e, ff])
+            matrix(p + "ffn_up.weight", base, [e, ff])
+            matrix(p + "ffn_down.weight", Q.Q6_K if hi else base, [ff, e])
     ones("output_norm.weight", e)
     matrix("output.weight", Q.Q6_K, [e, n_vocab])
 
