@@ -140,7 +140,7 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     mat("token_embd.weight", n_vocab, e, scale=1.0, qtype=embd_type)
     vec("output_norm.weight", e)
     if untied:
-        mat("output.weight", n_vocab, e)
+        mat("output.weight", n_vocab, e, qtype=embd_type)
     for i in range(nl):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
@@ -169,6 +169,114 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
 
 
+def write_gemma4(path, vocab, seed, moe=False):
+    """A Gemma 4 fixture with the real configs' structure at a tiny size. Dense (E2B/E4B-like):
+    6 layers, local/global pattern L L L G L G, local heads of 32 and global heads of 64 (rotated
+    through `rope_freqs`, half of them with factor 1 and half left unrotated: proportional RoPE),
+    K = V on the global layers (no attn_v), the last 2 layers reusing earlier layers' KV, per-layer
+    embeddings of 32, FFN widths per layer (double width on the last two), a 16-token window,
+    per-layer output scales, final logit softcapping, an untied head. MoE (26B-A4B-like): 4 layers L L L G, no
+    KV sharing or per-layer embeddings, a dense GELU FFN beside 6 experts (top-2, merged gate/up
+    weights, per-expert output scales) routed from the scaled residual."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    arch = "gemma4"
+    e, nh, nkv, hd_full, hd_swa, n_pl = 64, 4, 2, 64, 32, 32
+    pattern = [True, True, True, False] if moe else [True, True, True, False, True, False]
+    nl = len(pattern)
+    ffs = [128] * nl if moe else [128, 128, 128, 128, 256, 256]
+    shared = 0 if moe else 2
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"axle-fixture-{arch}{'-moe' if moe else ''}")
+    w.add_context_length(4096)
+    w.add_embedding_length(e)
+    w.add_block_count(nl)
+    w.add_array(f"{arch}.feed_forward_length", ffs)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_uint32(f"{arch}.attention.key_length_swa", hd_swa)
+    w.add_uint32(f"{arch}.attention.value_length_swa", hd_swa)
+    w.add_uint32(f"{arch}.rope.dimension_count", hd_full)
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", hd_swa)
+    w.add_rope_freq_base(1e6)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_uint32(f"{arch}.attention.sliding_window", 16)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
+    w.add_uint32(f"{arch}.attention.shared_kv_layers", shared)
+    w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0 if moe else n_pl)
+    w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    if moe:
+        w.add_expert_count(6)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(64)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_vocab(w, vocab)
+
+    def mat(name, rows, cols, scale=None):
+        s = scale if scale is not None else 1.0 / np.sqrt(cols)
+        data = (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+
+    def vec(name, n, center=1.0, scale=0.1):
+        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    mat("output.weight", n_vocab, e)
+    vec("output_norm.weight", e)
+    # Proportional RoPE of the global layers: the first half of the frequencies rotate, the rest
+    # get a huge factor (no rotation), as the converter writes it.
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * (hd_full // 4) + [1e30] * (hd_full // 4),
+                                                dtype=np.float32))
+    if not moe:
+        mat("per_layer_token_embd.weight", n_vocab, n_pl * nl, scale=1.0)
+        mat("per_layer_model_proj.weight", n_pl * nl, e)
+        vec("per_layer_proj_norm.weight", n_pl)
+    for i, swa in enumerate(pattern):
+        p = f"blk.{i}."
+        hd = hd_swa if swa else hd_full
+        has_kv = i < nl - shared
+        vec(p + "attn_norm.weight", e)
+        mat(p + "attn_q.weight", nh * hd, e)
+        if has_kv:
+            mat(p + "attn_k.weight", nkv * hd, e)
+            if swa:
+                mat(p + "attn_v.weight", nkv * hd, e)
+            vec(p + "attn_k_norm.weight", hd)
+        vec(p + "attn_q_norm.weight", hd)
+        mat(p + "attn_output.weight", e, nh * hd)
+        vec(p + "post_attention_norm.weight", e)
+        vec(p + "ffn_norm.weight", e)
+        mat(p + "ffn_gate.weight", ffs[i], e)
+        mat(p + "ffn_up.weight", ffs[i], e)
+        mat(p + "ffn_down.weight", e, ffs[i])
+        vec(p + "post_ffw_norm.weight", e)
+        w.add_tensor(p + "layer_output_scale.weight", np.array([0.8 + 0.1 * i], dtype=np.float32))
+        if moe:
+            x, eff = 6, 64
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+            vec(p + "ffn_gate_inp.scale", e)
+            vec(p + "pre_ffw_norm_2.weight", e)
+            vec(p + "post_ffw_norm_1.weight", e)
+            vec(p + "post_ffw_norm_2.weight", e)
+            gu = (rng.standard_normal((x, 2 * eff, e)) / np.sqrt(e)).astype(np.float32)
+            w.add_tensor(p + "ffn_gate_up_exps.weight", gguf.quants.quantize(gu, Q.Q8_0), raw_dtype=Q.Q8_0)
+            dn = (rng.standard_normal((x, e, eff)) / np.sqrt(eff)).astype(np.float32)
+            w.add_tensor(p + "ffn_down_exps.weight", gguf.quants.quantize(dn, Q.Q8_0), raw_dtype=Q.Q8_0)
+            vec(p + "ffn_down_exps.scale", x)
+        else:
+            mat(p + "inp_gate.weight", n_pl, e)
+            mat(p + "proj.weight", e, n_pl)
+            vec(p + "post_norm.weight", e)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     default = os.path.join(os.environ.get("AXLE_MODEL_DIR", os.path.expanduser("~/.cache/axle/models")),
@@ -186,16 +294,19 @@ def main():
     # logits over a long prompt equal a full-attention run over just the last `window` tokens.
     write(os.path.join(a.out, "mistral-swa-tiny.gguf"), "llama", dict(base, n_layer=1), vocab, 4,
           extra={"llama.attention.sliding_window": 16})
-    # Mixtures of experts. Qwen3-MoE: 8 experts, top-2, renormalised, K-quant experts (Q4_K, as in
+    # Mixtures of experts (and Gemma 4 below) with their own output matrix: a random tied head
+    # makes a random model repeat one token, which tests little. Qwen3-MoE: 8 experts, top-2, renormalised, K-quant experts (Q4_K, as in
     # the Q4_K_M files people download: ggml's tiled kernel applies to them from 8 rows per
     # expert, which batch invariance has to avoid), hidden 256 (a Q4_K row is 256 values).
     write(os.path.join(a.out, "qwen3moe-tiny.gguf"), "qwen3moe",
           dict(base, n_embd=256, head_dim=64, n_ff=512, rope_base=1e6), vocab, 5, qk_norm=True,
-          moe=dict(n_expert=8, n_used=2, n_ff_exp=256, qtype=Q.Q4_K), embd_type=Q.Q4_0)
+          moe=dict(n_expert=8, n_used=2, n_ff_exp=256, qtype=Q.Q4_K), embd_type=Q.Q4_0, untied=True)
     # Qwen2-MoE: 6 experts, top-2, unnormalised, Q8_0, a gated shared expert.
     # (libllama requires its own output matrix.)
     write(os.path.join(a.out, "qwen2moe-tiny.gguf"), "qwen2moe", base, vocab, 6, qkv_bias=True,
           moe=dict(n_expert=6, n_used=2, n_ff_exp=64, shared_ff=96, qtype=Q.Q8_0), untied=True)
+    write_gemma4(os.path.join(a.out, "gemma4-tiny.gguf"), vocab, 7)
+    write_gemma4(os.path.join(a.out, "gemma4moe-tiny.gguf"), vocab, 8, moe=True)
 
 
 if __name__ == "__main__":

@@ -392,6 +392,18 @@ impl Context {
         // SAFETY: as above.
         Tensor::from_raw(unsafe { sys::ggml_silu(self.raw(), a.raw()) })
     }
+    /// GELU (tanh approximation), elementwise.
+    pub fn gelu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_gelu(self.raw(), a.raw()) })
+    }
+    /// `a` repeated (broadcast by tiling) to the shape `ne`.
+    pub fn repeat_4d<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts each dimension of `ne` is a multiple of `a`'s.
+        Tensor::from_raw(unsafe {
+            sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3])
+        })
+    }
     /// Logistic sigmoid, elementwise.
     pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.

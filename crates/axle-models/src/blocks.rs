@@ -35,6 +35,9 @@ pub struct Step<'a> {
     pub kv_ids: Option<Tensor<'a>>,
     /// The KV storage.
     pub kv: &'a KvCache,
+    /// (cache layer, K write, V write) of each cache layer written so far this step: layers that
+    /// share an earlier layer's KV ([`Step::attend`]) read it through these.
+    pub kv_written: Vec<(usize, Tensor<'a>, Tensor<'a>)>,
     /// (first row, rows) of each attention op: rows are split so that every sequence gets the
     /// same attention kernel whatever else is in the batch.
     pub attn_groups: Vec<(i64, i64)>,
@@ -199,6 +202,15 @@ impl<'a> Step<'a> {
         g.concat(y, g.mul_mat(w, tail), 1)
     }
 
+    /// `cap * tanh(x / cap)`: logit softcapping (Gemma); `x` itself when `cap` is 0.
+    pub fn softcap(&self, x: Tensor<'a>, cap: f32) -> Tensor<'a> {
+        if cap <= 0.0 {
+            return x;
+        }
+        let g = self.ctx;
+        g.scale(g.tanh(g.scale(x, 1.0 / cap)), cap)
+    }
+
     /// `w @ x` plus an optional bias.
     pub fn linear(
         &self,
@@ -251,6 +263,20 @@ impl<'a> Step<'a> {
         let v_written = g.set_rows(vc, v_rows, self.slots);
         self.graph.expand(k_written);
         self.graph.expand(v_written);
+        self.kv_written.push((il, k_written, v_written));
+        self.attend(il, q, spec)
+    }
+
+    /// Attention of `q` over cache layer `il` as written earlier in this step (by
+    /// [`Step::attention`]): for layers that reuse an earlier layer's keys and values (Gemma 4's
+    /// KV-shared layers). Returns [head_dim_v * n_head, n].
+    pub fn attend(&self, il: usize, q: Tensor<'a>, spec: &AttnSpec) -> Tensor<'a> {
+        let g = self.ctx;
+        let n = self.n_tokens;
+        let (kc, vc) = (self.kv.k[il].t(), self.kv.v[il].t());
+        let Some(&(_, k_written, v_written)) = self.kv_written.iter().find(|w| w.0 == il) else {
+            panic!("cache layer {il} is read before it is written in the step");
+        };
         if let Some(d) = &self.device {
             // Ops read the cache itself (written above, earlier in the graph), as the host path
             // does; gathered slots are read from the writes, so that the gather follows them.

@@ -139,21 +139,37 @@ pub struct SharedExpert {
     gate_inp: Option<StoredTensor>,
 }
 
+/// The gate and up projections of the experts: two 3-D tensors, or one with both (gate rows
+/// first), as newer converters write them.
+enum GateUp {
+    /// [n_embd, n_ff_exp, n_expert] each.
+    Separate {
+        gate: StoredTensor,
+        up: StoredTensor,
+    },
+    /// [n_embd, 2 * n_ff_exp, n_expert].
+    Merged(StoredTensor),
+}
+
 /// One layer's MoE weights.
 pub struct MoeLayer {
     /// [n_embd, n_expert]
     router: StoredTensor,
-    /// [n_embd, n_ff_exp, n_expert] / [n_embd, n_ff_exp, n_expert] / [n_ff_exp, n_embd, n_expert]
-    gate_exps: StoredTensor,
-    up_exps: StoredTensor,
-    down_exps: StoredTensor,
+    gate_up: GateUp,
+    /// [n_ff_exp, n_embd, n_expert]
+    down: StoredTensor,
+    /// [n_expert] each: per-expert output scales of the products, when the file has them.
+    gate_scale: Option<StoredTensor>,
+    up_scale: Option<StoredTensor>,
+    down_scale: Option<StoredTensor>,
     shared: Option<SharedExpert>,
 }
 
 impl MoeLayer {
-    /// Binds layer `il`'s router and experts (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`) and, when
-    /// `shared` is set, its shared expert (`ffn_{gate,up,down}_shexp`, gate `ffn_gate_inp_shexp`
-    /// if the file has one).
+    /// Binds layer `il`'s router (`ffn_gate_inp`) and experts (`ffn_gate_exps` and
+    /// `ffn_up_exps`, or `ffn_gate_up_exps`; `ffn_down_exps`; optional per-expert `.scale`s)
+    /// and, when `shared` is set, its shared expert (`ffn_{gate,up,down}_shexp`, gate
+    /// `ffn_gate_inp_shexp` if the file has one).
     pub fn bind(
         w: &Weights,
         il: usize,
@@ -172,50 +188,38 @@ impl MoeLayer {
                 gate_inp: w.opt(&n("ffn_gate_inp_shexp.weight"), &[e])?,
             }),
         };
+        let gate_up = match w.opt(&n("ffn_gate_up_exps.weight"), &[e, 2 * ff, x])? {
+            Some(t) => GateUp::Merged(t),
+            None => GateUp::Separate {
+                gate: w.req(&n("ffn_gate_exps.weight"), &[e, ff, x])?,
+                up: w.req(&n("ffn_up_exps.weight"), &[e, ff, x])?,
+            },
+        };
         Ok(MoeLayer {
             router: w.req(&n("ffn_gate_inp.weight"), &[e, x])?,
-            gate_exps: w.req(&n("ffn_gate_exps.weight"), &[e, ff, x])?,
-            up_exps: w.req(&n("ffn_up_exps.weight"), &[e, ff, x])?,
-            down_exps: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
+            gate_up,
+            down: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
+            gate_scale: w.opt(&n("ffn_gate_exps.scale"), &[x])?,
+            up_scale: w.opt(&n("ffn_up_exps.scale"), &[x])?,
+            down_scale: w.opt(&n("ffn_down_exps.scale"), &[x])?,
             shared,
         })
+    }
+
+    /// The router's weights [n_embd, n_expert], for families that compute the router logits
+    /// themselves (see [`Step::moe_routed`]).
+    pub fn router(&self) -> &StoredTensor {
+        &self.router
     }
 }
 
 impl<'a> Step<'a> {
-    /// The MoE feed-forward of `x` [n_embd, n]: routed experts plus the shared expert, if any.
+    /// The MoE feed-forward of `x` [n_embd, n]: routed experts (router logits from `x`) plus
+    /// the shared expert, if any.
     pub fn moe(&self, x: Tensor<'a>, l: &'a MoeLayer, cfg: &MoeConfig) -> Tensor<'a> {
         let g = self.ctx;
-        let [n_embd, n, ..] = x.ne();
         let logits = self.matmul(&l.router, x);
-        let probs = match cfg.gating {
-            Gating::Softmax => g.soft_max(logits),
-            Gating::Sigmoid => g.sigmoid(logits),
-        };
-        let selected = g.argsort_top_k(probs, cfg.n_used);
-        let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
-        if cfg.norm_weights {
-            let w2 = g.reshape(weights, &[cfg.n_used, n]);
-            // Clamped away from 0 (the smallest normal F16) as libllama does.
-            let sum = g.clamp(g.sum_rows(w2), 6.103_515_6e-5, f32::INFINITY);
-            weights = g.reshape(g.div(w2, sum), &[1, cfg.n_used, n]);
-        }
-        if cfg.weights_scale != 0.0 && cfg.weights_scale != 1.0 {
-            weights = g.scale(weights, cfg.weights_scale);
-        }
-        let cur = g.reshape(x, &[n_embd, 1, n]);
-        let up = self.mul_mat_id(&l.up_exps, cur, selected);
-        let gate = self.mul_mat_id(&l.gate_exps, cur, selected);
-        let act = g.glu(gate, up, cfg.act);
-        let experts = g.mul(self.mul_mat_id(&l.down_exps, act, selected), weights);
-        let nb = experts.nb();
-        let mut out = g.view(experts, &[n_embd, n], &[nb[2]], 0);
-        for i in 1..cfg.n_used {
-            out = g.add(
-                out,
-                g.view(experts, &[n_embd, n], &[nb[2]], i as usize * nb[1]),
-            );
-        }
+        let out = self.moe_routed(x, logits, l, cfg);
         let Some(sh) = &l.shared else {
             return out;
         };
@@ -234,6 +238,70 @@ impl<'a> Step<'a> {
             shared = g.mul(shared, g.div(g.silu(z), z));
         }
         g.add(out, shared)
+    }
+
+    /// The routed experts of `x` [n_embd, n] given the router logits [n_expert, n].
+    pub fn moe_routed(
+        &self,
+        x: Tensor<'a>,
+        logits: Tensor<'a>,
+        l: &'a MoeLayer,
+        cfg: &MoeConfig,
+    ) -> Tensor<'a> {
+        let g = self.ctx;
+        let [n_embd, n, ..] = x.ne();
+        let probs = match cfg.gating {
+            Gating::Softmax => g.soft_max(logits),
+            Gating::Sigmoid => g.sigmoid(logits),
+        };
+        let selected = g.argsort_top_k(probs, cfg.n_used);
+        let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
+        if cfg.norm_weights {
+            let w2 = g.reshape(weights, &[cfg.n_used, n]);
+            // Clamped away from 0 (the smallest normal F16) as libllama does.
+            let sum = g.clamp(g.sum_rows(w2), 6.103_515_6e-5, f32::INFINITY);
+            weights = g.reshape(g.div(w2, sum), &[1, cfg.n_used, n]);
+        }
+        if cfg.weights_scale != 0.0 && cfg.weights_scale != 1.0 {
+            weights = g.scale(weights, cfg.weights_scale);
+        }
+        let cur = g.reshape(x, &[n_embd, 1, n]);
+        let product = |w: &'a StoredTensor, x: Tensor<'a>, scale: Option<&'a StoredTensor>| {
+            let y = self.mul_mat_id(w, x, selected);
+            match scale {
+                None => y,
+                Some(s) => {
+                    // The selected experts' scales, one per (expert slot, token).
+                    let s = g.reshape(s.t(), &[1, cfg.n_expert, 1]);
+                    let s = g.repeat_4d(s, [1, cfg.n_expert, n, 1]);
+                    g.mul(y, g.get_rows(s, selected))
+                }
+            }
+        };
+        let (gate, up) = match &l.gate_up {
+            GateUp::Separate { gate, up } => (
+                product(gate, cur, l.gate_scale.as_ref()),
+                product(up, cur, l.up_scale.as_ref()),
+            ),
+            GateUp::Merged(gu) => {
+                let both = product(gu, cur, l.up_scale.as_ref());
+                let nb = both.nb();
+                let ff = cfg.n_ff_exp;
+                let half = |off: usize| g.view(both, &[ff, cfg.n_used, n], &[nb[1], nb[2]], off);
+                (half(0), half(ff as usize * nb[0]))
+            }
+        };
+        let act = g.glu(gate, up, cfg.act);
+        let experts = g.mul(product(&l.down, act, l.down_scale.as_ref()), weights);
+        let nb = experts.nb();
+        let mut out = g.view(experts, &[n_embd, n], &[nb[2]], 0);
+        for i in 1..cfg.n_used {
+            out = g.add(
+                out,
+                g.view(experts, &[n_embd, n], &[nb[2]], i as usize * nb[1]),
+            );
+        }
+        out
     }
 
     /// `mul_mat_id(w, x, ids)` (x [k, n_b, n], ids [n_used, n]). With the device layout (batch

@@ -170,7 +170,7 @@ impl Runner {
         // Each layer's KV lives with the device that runs the layer; the scheduler gets the
         // accelerator first and the CPU last (it runs what the accelerator cannot, and the layers
         // left on the host).
-        let dims = model.family().hparams().kv_dims();
+        let dims = model.family().kv_dims();
         let mut backends = Vec::new();
         let bufts: Vec<BufferType> = match model.offload() {
             Some(o) => {
@@ -194,7 +194,9 @@ impl Runner {
         let device_layout =
             opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv.on_device());
         let max_nodes = if device_layout {
-            (dims.len() * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER) + 4096)
+            (model.family().hparams().n_layer
+                * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER)
+                + 4096)
                 .max(MAX_NODES)
         } else {
             MAX_NODES
@@ -476,6 +478,7 @@ impl Runner {
                     .gathered
                     .then(|| ctx.input(DType::I32, &[n_kv], "inp_kv_ids")),
                 kv: &self.kv,
+                kv_written: Vec::new(),
                 attn_groups: key.groups.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,

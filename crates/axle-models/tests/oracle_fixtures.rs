@@ -28,6 +28,23 @@ fn qwen2moe_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("qwen2moe-tiny.gguf"), &prompts(), 5);
 }
 
+/// Gemma 4, dense with per-layer embeddings, KV-shared layers, K = V global layers, local and
+/// global heads of different sizes, proportional RoPE; 10 prompts, two past the 16-token window.
+#[test]
+fn gemma4_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("gemma4-tiny.gguf"), &common::prompts(), 10);
+}
+
+/// Gemma 4 with a dense FFN beside routed experts (merged gate/up, per-expert scales).
+#[test]
+fn gemma4moe_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("gemma4moe-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}
+
 #[test]
 fn llama_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);

@@ -120,6 +120,7 @@ fn verify_steps_reproduce_decode_steps() {
     }
 }
 
+/// The families of fixtures only (MoE, Gemma 4 with KV-shared layers and per-layer embeddings).
 /// Mixture of experts with K-quant experts, not repacked: a verify step of up to 63 rows (every
 /// expert picked by about 16 of them, past the 8 from which ggml's tiled kernel takes over for an
 /// expert) gives each row the logits of its one-token decode step (see `axle_models::moe`). From
@@ -127,8 +128,13 @@ fn verify_steps_reproduce_decode_steps() {
 /// engine attends with at most `max_draft + 1` rows per decoding sequence, so only prefill chunks
 /// get there, and they are cut where the prompt alone decides.
 #[test]
-fn moe_verify_steps_reproduce_decode_steps() {
-    for name in ["qwen3moe-tiny.gguf", "qwen2moe-tiny.gguf"] {
+fn fixture_verify_steps_reproduce_decode_steps() {
+    for name in [
+        "qwen3moe-tiny.gguf",
+        "qwen2moe-tiny.gguf",
+        "gemma4moe-tiny.gguf",
+        "gemma4-tiny.gguf",
+    ] {
         let d = max_diff_by_width(name, false, 63, (0, 1), false);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
         println!("{name}: max |dlogit| over widths 1..=63: {worst:.2e}");

@@ -168,7 +168,18 @@ fn same_or_report(
     false
 }
 
-fn greedy_exactness(name: &str) {
+/// What a run must show about drafting besides exactness.
+#[derive(Clone, Copy, PartialEq)]
+enum Drafts {
+    /// Drafts both accepted and rejected (real models: real text repeats itself).
+    AcceptedAndRejected,
+    /// Whatever comes: random-weight fixtures write text that rarely repeats, so drafts are few
+    /// (the multi-row verify steps are checked at the logit level in
+    /// `axle-models/tests/verify_invariance.rs`); this still checks batched = alone.
+    AsTheyCome,
+}
+
+fn greedy_exactness(name: &str, drafts: Drafts) {
     let m = model(name);
     let prompts: Vec<Vec<u32>> = prompts()
         .iter()
@@ -195,11 +206,17 @@ fn greedy_exactness(name: &str) {
         accepted += fast.accepted;
         plain_alone.push(plain.tokens[0].clone());
     }
-    println!("{name} alone: {alone_same}/{n} identical; drafted {drafted}, accepted {accepted}");
-    assert!(
-        accepted > 0 && accepted < drafted,
-        "drafts should be both accepted and rejected"
+    let distinct: std::collections::HashSet<u32> = plain_alone.iter().flatten().copied().collect();
+    println!(
+        "{name} alone: {alone_same}/{n} identical; drafted {drafted}, accepted {accepted}; {} distinct tokens in the plain outputs",
+        distinct.len()
     );
+    if drafts == Drafts::AcceptedAndRejected {
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "drafts should be both accepted and rejected"
+        );
+    }
     let fast = run(&m, &cfg(4), &prompts, &opts);
     let mut batched_same = 0;
     for i in 0..n {
@@ -212,7 +229,9 @@ fn greedy_exactness(name: &str) {
         ) as usize;
     }
     println!("{name} batched: {batched_same}/{n} identical to plain single runs; drafted {}, accepted {}", fast.drafted, fast.accepted);
-    assert!(fast.drafted > 0);
+    if drafts == Drafts::AcceptedAndRejected {
+        assert!(fast.drafted > 0);
+    }
     assert_eq!(
         alone_same, n,
         "{name}: speculation changed single-run outputs"
@@ -225,25 +244,40 @@ fn greedy_exactness(name: &str) {
 
 #[test]
 fn greedy_speculation_is_exact_smollm2() {
-    greedy_exactness("SmolLM2-135M-Instruct.Q4_1.gguf");
+    greedy_exactness(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        Drafts::AcceptedAndRejected,
+    );
 }
 
 #[test]
 fn greedy_speculation_is_exact_gemma3() {
-    greedy_exactness("gemma-3-270m-q4_k_m.gguf");
+    greedy_exactness("gemma-3-270m-q4_k_m.gguf", Drafts::AcceptedAndRejected);
 }
 
 /// Mixture of experts with K-quant experts (not repacked: the expert products run in slices so
 /// that no expert sees the 8 rows from which ggml's tiled kernel takes over).
 #[test]
 fn greedy_speculation_is_exact_qwen3moe_fixture() {
-    greedy_exactness("qwen3moe-tiny.gguf");
+    greedy_exactness("qwen3moe-tiny.gguf", Drafts::AsTheyCome);
 }
 
 /// Mixture of experts with a gated shared expert.
 #[test]
 fn greedy_speculation_is_exact_qwen2moe_fixture() {
-    greedy_exactness("qwen2moe-tiny.gguf");
+    greedy_exactness("qwen2moe-tiny.gguf", Drafts::AsTheyCome);
+}
+
+/// Gemma 4 with KV-shared layers and per-layer embeddings.
+#[test]
+fn greedy_speculation_is_exact_gemma4_fixture() {
+    greedy_exactness("gemma4-tiny.gguf", Drafts::AsTheyCome);
+}
+
+/// Gemma 4 with routed experts beside the dense FFN.
+#[test]
+fn greedy_speculation_is_exact_gemma4moe_fixture() {
+    greedy_exactness("gemma4moe-tiny.gguf", Drafts::AsTheyCome);
 }
 
 #[test]

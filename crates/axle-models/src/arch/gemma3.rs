@@ -2,10 +2,10 @@
 //! (pre/post attention, pre/post FFN; the GGUF stores Gemma's (1 + w) weights already folded),
 //! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
 //! their own RoPE bases, optional final logit softcapping, tied output matrix.
-use super::{Family, Hparams, Weights};
+use super::{sliding_layers, Family, Hparams, Weights};
 use crate::blocks::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
-use axle_ggml::{GgufFile, GluOp, MetaValue, RopeParams, StoredTensor, Tensor, TensorStore};
+use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
 
 /// One decoder layer.
 struct Layer {
@@ -48,24 +48,6 @@ pub struct Gemma3 {
     layers: Vec<Layer>,
 }
 
-/// Which layers use the sliding window: an explicit per-layer array, or every layer except each
-/// `pattern`-th (default 6: five local layers, then one global).
-fn sliding_layers(f: &GgufFile, n_layer: usize) -> Result<Vec<bool>, ModelError> {
-    let key = "gemma3.attention.sliding_window_pattern";
-    if let Some(arr) = f.array_opt(key).ok().flatten() {
-        if arr.len() == n_layer {
-            return Ok(arr
-                .iter()
-                .map(|v| matches!(v, MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
-                .collect());
-        }
-    }
-    let pattern = f.int_opt(key).ok().flatten().unwrap_or(6).max(0) as usize;
-    Ok((0..n_layer)
-        .map(|il| pattern == 0 || il % pattern < pattern - 1)
-        .collect())
-}
-
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
     let hp = Hparams::from_gguf(f, "gemma3", 2)?;
@@ -74,7 +56,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         .filter(|&w| w > 0)
         .map(|w| w as u32);
     let sliding = match window {
-        Some(_) => sliding_layers(f, hp.n_layer)?,
+        Some(_) => sliding_layers(f, "gemma3", hp.n_layer)?,
         None => vec![false; hp.n_layer],
     };
     let rope_swa = RopeParams {
@@ -180,13 +162,7 @@ impl Family for Gemma3 {
                 .named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
-        let mut logits = s.matmul(&self.output, x);
-        if self.final_softcap > 0.0 {
-            logits = g.scale(
-                g.tanh(g.scale(logits, 1.0 / self.final_softcap)),
-                self.final_softcap,
-            );
-        }
-        logits
+        let logits = s.matmul(&self.output, x);
+        s.softcap(logits, self.final_softcap)
     }
 }

@@ -2,6 +2,7 @@
 //! `general.architecture` to the family that implements it. Adding a family means one new file and
 //! one line in [`REGISTRY`].
 pub mod gemma3;
+pub mod gemma4;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen2moe;
@@ -10,7 +11,7 @@ pub mod qwen3moe;
 
 use crate::blocks::Step;
 use crate::ModelError;
-use axle_ggml::{GgufFile, RopeParams, StoredTensor, Tensor, TensorStore};
+use axle_ggml::{GgufFile, MetaValue, RopeParams, StoredTensor, Tensor, TensorStore};
 
 /// What every family exposes to the runner.
 pub trait Family: Send + Sync {
@@ -21,6 +22,12 @@ pub trait Family: Send + Sync {
     /// Sliding window of the model's local-attention layers, if any.
     fn sliding_window(&self) -> Option<u32> {
         None
+    }
+    /// (K, V) widths of each cache layer: one per layer by default; fewer where later layers
+    /// reuse earlier layers' keys and values, and widths that differ where local and global
+    /// layers have different head sizes. The KV pool's memory per slot is their sum.
+    fn kv_dims(&self) -> Vec<(i64, i64)> {
+        self.hparams().kv_dims()
     }
 }
 
@@ -70,11 +77,15 @@ impl Hparams {
         let key = |k: &str| format!("{arch}.{k}");
         let int = |k: &str| f.int(&key(k)).map_err(ModelError::from);
         let n_embd = int("embedding_length")?;
-        let n_head = int("attention.head_count")?;
         let n_layer = int("block_count")? as usize;
-        let n_head_kv = f
-            .int_opt(&key("attention.head_count_kv"))?
-            .unwrap_or(n_head);
+        // Head counts and FFN widths may be per-layer arrays (Gemma 4): the largest sizes here,
+        // the family reads the per-layer values.
+        let largest = |k: &str| -> Result<Option<i64>, ModelError> {
+            Ok(per_layer(f, &key(k), n_layer)?.map(|v| v.into_iter().max().unwrap_or(0)))
+        };
+        let n_head = largest("attention.head_count")?
+            .ok_or_else(|| bad(&key("attention.head_count"), "is missing"))?;
+        let n_head_kv = largest("attention.head_count_kv")?.unwrap_or(n_head);
         for (k, v) in [
             ("embedding_length", n_embd),
             ("attention.head_count", n_head),
@@ -156,7 +167,8 @@ impl Hparams {
             n_head_kv,
             head_dim_k,
             head_dim_v,
-            n_ff: int("feed_forward_length")?,
+            n_ff: largest("feed_forward_length")?
+                .ok_or_else(|| bad(&key("feed_forward_length"), "is missing"))?,
             rms_eps,
             n_ctx_train: f
                 .int_opt(&key("context_length"))?
@@ -240,7 +252,52 @@ const MAX_HEAD_DIM: i64 = 4096;
 const MAX_VOCAB: i64 = 1 << 24;
 const MAX_CONTEXT: i64 = 1 << 27;
 
-fn bad(key: &str, what: &str) -> ModelError {
+/// Which layers use the sliding window: the per-layer array `{arch}.attention.sliding_window_pattern`
+/// (booleans or integers), or, when it is one integer `p` (default 6), every layer except each
+/// `p`-th (five local layers, then one global).
+pub fn sliding_layers(f: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    let key = format!("{arch}.attention.sliding_window_pattern");
+    if let Some(arr) = f.array_opt(&key).ok().flatten() {
+        if arr.len() != n_layer {
+            return Err(bad(
+                &key,
+                &format!("has {} values for {n_layer} layers", arr.len()),
+            ));
+        }
+        return Ok(arr
+            .iter()
+            .map(|v| matches!(v, MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
+            .collect());
+    }
+    let pattern = f.int_opt(&key).ok().flatten().unwrap_or(6).max(0) as usize;
+    Ok((0..n_layer)
+        .map(|il| pattern == 0 || il % pattern < pattern - 1)
+        .collect())
+}
+
+/// A per-layer integer: an array of one value per layer, or one value for every layer; `None`
+/// when the key is absent.
+pub fn per_layer(f: &GgufFile, key: &str, n_layer: usize) -> Result<Option<Vec<i64>>, ModelError> {
+    if let Some(arr) = f.array_opt(key).ok().flatten() {
+        if arr.len() != n_layer {
+            return Err(bad(
+                key,
+                &format!("has {} values for {n_layer} layers", arr.len()),
+            ));
+        }
+        return arr
+            .iter()
+            .map(|v| {
+                v.as_i64()
+                    .ok_or_else(|| bad(key, "holds a value that is not an integer"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some);
+    }
+    Ok(f.int_opt(key)?.map(|v| vec![v; n_layer]))
+}
+
+pub(crate) fn bad(key: &str, what: &str) -> ModelError {
     ModelError::Invalid(format!("metadata {key} {what}"))
 }
 
@@ -294,6 +351,7 @@ pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelEr
 pub const REGISTRY: &[(&str, Loader)] = &[
     ("llama", llama::load),
     ("gemma3", gemma3::load),
+    ("gemma4", gemma4::load),
     ("qwen2", qwen2::load),
     ("qwen3", qwen3::load),
     ("qwen2moe", qwen2moe::load),
