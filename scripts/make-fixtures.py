@@ -79,6 +79,30 @@ def random_blocks(rng, qtype, shape):
     return data.reshape(*reversed(shape[1:]), -1) if len(shape) > 1 else data.reshape(1, -1)
 
 
+def writer(path, arch, name, e, nl, ff, nh, nkv):
+    """A GGUF writer with the metadata every fixture has."""
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_context_length(4096)
+    w.add_embedding_length(e)
+    w.add_block_count(nl)
+    if isinstance(ff, list):
+        w.add_array(f"{arch}.feed_forward_length", ff)
+    else:
+        w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    return w
+
+
+def finish(w, path):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
 def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=None, moe=None,
           embd_type=Q.Q8_0, untied=False):
     """A Llama-shaped fixture. `moe`: dict(n_expert, n_used, n_ff_exp, shared_ff (or None),
@@ -86,14 +110,7 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     e, nh, nkv, hd, ff, nl = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["n_ff"], cfg["n_layer"]
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"axle-fixture-{arch}")
-    w.add_context_length(4096)
-    w.add_embedding_length(e)
-    w.add_block_count(nl)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(cfg.get("rope_base", 10000.0))
@@ -162,11 +179,7 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
             mat(p + "ffn_gate.weight", ff, e)
             mat(p + "ffn_up.weight", ff, e)
             mat(p + "ffn_down.weight", e, ff)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    finish(w, path)
 
 
 def write_gemma4(path, vocab, seed, moe=False):
@@ -186,14 +199,7 @@ def write_gemma4(path, vocab, seed, moe=False):
     nl = len(pattern)
     ffs = [128] * nl if moe else [128, 128, 128, 128, 256, 256]
     shared = 0 if moe else 2
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"axle-fixture-{arch}{'-moe' if moe else ''}")
-    w.add_context_length(4096)
-    w.add_embedding_length(e)
-    w.add_block_count(nl)
-    w.add_array(f"{arch}.feed_forward_length", ffs)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
+    w = writer(path, arch, f"axle-fixture-{arch}{'-moe' if moe else ''}", e, nl, ffs, nh, nkv)
     w.add_key_length(hd_full)
     w.add_value_length(hd_full)
     w.add_uint32(f"{arch}.attention.key_length_swa", hd_swa)
@@ -270,11 +276,82 @@ def write_gemma4(path, vocab, seed, moe=False):
             mat(p + "inp_gate.weight", n_pl, e)
             mat(p + "proj.weight", e, n_pl)
             vec(p + "post_norm.weight", e)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    finish(w, path)
+
+
+def write_deepseek2(path, vocab, seed):
+    """A DeepSeek-V3 / GLM-4.7-Flash-style fixture (`deepseek2`): multi-head latent attention
+    with a low-rank query (rank 32), a 32-wide KV latent plus 16 rotated dims (one cache row of 48
+    per token), heads of 48 (32 unrotated + 16) for keys and 32 for values, split per-head
+    up-projections (attn_k_b / attn_v_b); one leading dense layer, then MoE layers with 8 experts,
+    top-2, sigmoid routing with a selection bias, renormalised and scaled weights, one shared
+    expert."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    arch = "deepseek2"
+    e, nh, nl, ff = 64, 4, 3, 128
+    q_lora, kv_lora, rope, nope, hv = 32, 32, 16, 32, 32
+    x, eff = 8, 64
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, 1)
+    w.add_key_length(kv_lora + rope)
+    w.add_value_length(kv_lora)
+    w.add_uint32(f"{arch}.attention.key_length_mla", nope + rope)
+    w.add_uint32(f"{arch}.attention.value_length_mla", hv)
+    w.add_uint32(f"{arch}.attention.q_lora_rank", q_lora)
+    w.add_uint32(f"{arch}.attention.kv_lora_rank", kv_lora)
+    w.add_uint32(f"{arch}.rope.dimension_count", rope)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_uint32(f"{arch}.leading_dense_block_count", 1)
+    w.add_expert_count(x)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(eff)
+    w.add_uint32(f"{arch}.expert_shared_count", 1)
+    w.add_float32(f"{arch}.expert_weights_scale", 2.5)
+    w.add_bool(f"{arch}.expert_weights_norm", True)
+    w.add_uint32(f"{arch}.expert_gating_func", 2)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_vocab(w, vocab)
+
+    def q8(name, shape_np, scale):
+        data = (rng.standard_normal(shape_np) * scale).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+
+    def mat(name, rows, cols, scale=None):
+        q8(name, (rows, cols), scale if scale is not None else 1.0 / np.sqrt(cols))
+
+    def vec(name, n, center=1.0, scale=0.1):
+        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    mat("output.weight", n_vocab, e)
+    vec("output_norm.weight", e)
+    for i in range(nl):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", e)
+        mat(p + "attn_q_a.weight", q_lora, e)
+        vec(p + "attn_q_a_norm.weight", q_lora)
+        mat(p + "attn_q_b.weight", nh * (nope + rope), q_lora)
+        mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, e)
+        vec(p + "attn_kv_a_norm.weight", kv_lora)
+        q8(p + "attn_k_b.weight", (nh, kv_lora, nope), 1.0 / np.sqrt(nope))
+        q8(p + "attn_v_b.weight", (nh, hv, kv_lora), 1.0 / np.sqrt(kv_lora))
+        mat(p + "attn_output.weight", e, nh * hv)
+        vec(p + "ffn_norm.weight", e)
+        if i == 0:
+            mat(p + "ffn_gate.weight", ff, e)
+            mat(p + "ffn_up.weight", ff, e)
+            mat(p + "ffn_down.weight", e, ff)
+            continue
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+        vec(p + "exp_probs_b.bias", x, 0.0, 0.3)
+        q8(p + "ffn_gate_exps.weight", (x, eff, e), 1.0 / np.sqrt(e))
+        q8(p + "ffn_up_exps.weight", (x, eff, e), 1.0 / np.sqrt(e))
+        q8(p + "ffn_down_exps.weight", (x, e, eff), 1.0 / np.sqrt(eff))
+        mat(p + "ffn_gate_shexp.weight", eff, e)
+        mat(p + "ffn_up_shexp.weight", eff, e)
+        mat(p + "ffn_down_shexp.weight", e, eff)
+    finish(w, path)
 
 
 def main():
@@ -307,6 +384,7 @@ def main():
           moe=dict(n_expert=6, n_used=2, n_ff_exp=64, shared_ff=96, qtype=Q.Q8_0), untied=True)
     write_gemma4(os.path.join(a.out, "gemma4-tiny.gguf"), vocab, 7)
     write_gemma4(os.path.join(a.out, "gemma4moe-tiny.gguf"), vocab, 8, moe=True)
+    write_deepseek2(os.path.join(a.out, "deepseek2-tiny.gguf"), vocab, 9)
 
 
 if __name__ == "__main__":

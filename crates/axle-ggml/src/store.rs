@@ -166,7 +166,12 @@ impl TensorStore {
                     on_device.then_some(buft)
                 }
                 WeightPlacement::Host { .. } => {
-                    let repackable = matches!(info.shape.len(), 2 | 3) && matmul_weight(&info.name);
+                    // 2-D product weights and 3-D expert weights (mul_mat_id); other 3-D weights
+                    // (MLA's per-head absorption matrices) feed plain batched products, which
+                    // repacked memory does not serve.
+                    let experts = info.shape.len() == 3 && info.name.contains("_exps.");
+                    let repackable =
+                        (info.shape.len() == 2 || experts) && matmul_weight(&info.name);
                     extras.iter().copied().find(|&b| {
                         repackable && backend.supports_matmul_weight(b, info.dtype, &info.shape)
                     })

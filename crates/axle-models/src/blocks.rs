@@ -245,7 +245,10 @@ impl<'a> Step<'a> {
     ) -> Tensor<'a> {
         let g = self.ctx;
         let n = self.n_tokens;
-        let (kc, vc) = (self.kv.k[il].t(), self.kv.v[il].t());
+        let kc = self.kv.k[il].t();
+        let Some(vc) = self.kv.v[il].as_ref().map(|t| t.t()) else {
+            panic!("cache layer {il} has no V: attend with Step::attention_latent");
+        };
         // Views rather than reshapes (the same rows): ggml's CUDA backend fuses rope -> view ->
         // set_rows (and a preceding RMS norm) into one kernel that writes the rotated keys
         // straight into their slots, as llama.cpp's graphs have it.
@@ -267,13 +270,35 @@ impl<'a> Step<'a> {
         self.attend(il, q, spec)
     }
 
+    /// Multi-head latent attention (DeepSeek V2/V3, GLM-4.7-Flash): stores this step's rows of
+    /// layer `il`'s K-only cache, k [head_dim_k, 1, n] (the compressed latent, then the rotated
+    /// part), and attends with V read from the first `head_dim_v` values of each K row (the
+    /// latent itself): one row per token in the pool, not one per head. Returns
+    /// [head_dim_v * n_head, n].
+    pub fn attention_latent(
+        &mut self,
+        il: usize,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        spec: &AttnSpec,
+    ) -> Tensor<'a> {
+        let g = self.ctx;
+        let k_rows = g.reshape(k, &[spec.head_dim_k, self.n_tokens]);
+        let k_written = g.set_rows(self.kv.k[il].t(), k_rows, self.slots);
+        self.graph.expand(k_written);
+        self.kv_written.push((il, k_written, k_written));
+        self.attend(il, q, spec)
+    }
+
     /// Attention of `q` over cache layer `il` as written earlier in this step (by
-    /// [`Step::attention`]): for layers that reuse an earlier layer's keys and values (Gemma 4's
-    /// KV-shared layers). Returns [head_dim_v * n_head, n].
+    /// [`Step::attention`] or [`Step::attention_latent`]): for layers that reuse an earlier
+    /// layer's keys and values (Gemma 4's KV-shared layers). Returns [head_dim_v * n_head, n].
     pub fn attend(&self, il: usize, q: Tensor<'a>, spec: &AttnSpec) -> Tensor<'a> {
         let g = self.ctx;
         let n = self.n_tokens;
-        let (kc, vc) = (self.kv.k[il].t(), self.kv.v[il].t());
+        let kc = self.kv.k[il].t();
+        // A K-only (latent) cache: V is the start of each K row.
+        let vc = self.kv.v[il].as_ref().map_or(kc, |t| t.t());
         let Some(&(_, k_written, v_written)) = self.kv_written.iter().find(|w| w.0 == il) else {
             panic!("cache layer {il} is read before it is written in the step");
         };
@@ -308,9 +333,16 @@ impl<'a> Step<'a> {
             Some(ids) => {
                 // get_rows yields F32; back to the cache's F16 (exact) so that the attention
                 // kernel is the same one the direct path uses.
+                // A view, not a reshape: V may be the start of each gathered K row.
                 let gather = |cache: Tensor<'a>, d: i64| {
                     let rows = g.cast(g.get_rows(cache, ids), cache.dtype());
-                    g.reshape(rows, &[d, spec.n_head_kv, self.n_kv])
+                    let head = rows.dtype().row_size(d);
+                    g.view(
+                        rows,
+                        &[d, spec.n_head_kv, self.n_kv],
+                        &[head, rows.nb()[1]],
+                        0,
+                    )
                 };
                 (
                     gather(k_written, spec.head_dim_k),

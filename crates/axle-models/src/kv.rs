@@ -12,15 +12,17 @@ pub struct KvCache {
     _stores: Vec<TensorStore>,
     /// K per layer: [n_embd_k_gqa, kv_size].
     pub k: Vec<StoredTensor>,
-    /// V per layer: [n_embd_v_gqa, kv_size].
-    pub v: Vec<StoredTensor>,
+    /// V per layer: [n_embd_v_gqa, kv_size]; none for a K-only (latent) layer, whose V is the
+    /// start of each K row.
+    pub v: Vec<Option<StoredTensor>>,
     /// Number of slots.
     pub size: u32,
 }
 
 impl KvCache {
-    /// Allocates `size` zeroed slots for layers with the given (k, v) widths, each layer's in the
-    /// memory of its buffer type (`bufts[il]`: the device that runs the layer).
+    /// Allocates `size` zeroed slots for layers with the given (k, v) widths (v = 0: a K-only
+    /// layer), each layer's in the memory of its buffer type (`bufts[il]`: the device that runs
+    /// the layer).
     pub fn new(
         bufts: &[BufferType],
         dims: &[(i64, i64)],
@@ -37,7 +39,9 @@ impl KvCache {
                 }
             };
             specs.push((format!("cache_k_l{il}"), DType::F16, vec![k, size as i64]));
-            specs.push((format!("cache_v_l{il}"), DType::F16, vec![v, size as i64]));
+            if v > 0 {
+                specs.push((format!("cache_v_l{il}"), DType::F16, vec![v, size as i64]));
+            }
         }
         let stores = stores
             .iter()
@@ -51,9 +55,12 @@ impl KvCache {
         };
         let mut k = Vec::new();
         let mut v = Vec::new();
-        for il in 0..dims.len() {
+        for (il, &(_, v_width)) in dims.iter().enumerate() {
             k.push(find(&format!("cache_k_l{il}"))?);
-            v.push(find(&format!("cache_v_l{il}"))?);
+            v.push(match v_width {
+                0 => None,
+                _ => Some(find(&format!("cache_v_l{il}"))?),
+            });
         }
         Ok(KvCache {
             _stores: stores,
@@ -70,6 +77,10 @@ impl KvCache {
 
     /// Bytes used by the cache.
     pub fn nbytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|t| t.t().nbytes()).sum()
+        self.k
+            .iter()
+            .chain(self.v.iter().flatten())
+            .map(|t| t.t().nbytes())
+            .sum()
     }
 }

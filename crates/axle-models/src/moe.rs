@@ -155,6 +155,9 @@ enum GateUp {
 pub struct MoeLayer {
     /// [n_embd, n_expert]
     router: StoredTensor,
+    /// [n_expert]: added to the scores for choosing experts only (DeepSeek V3, GLM-4.5+), not
+    /// to the weights of the chosen ones.
+    selection_bias: Option<StoredTensor>,
     gate_up: GateUp,
     /// [n_ff_exp, n_embd, n_expert]
     down: StoredTensor,
@@ -167,7 +170,8 @@ pub struct MoeLayer {
 
 impl MoeLayer {
     /// Binds layer `il`'s router (`ffn_gate_inp`) and experts (`ffn_gate_exps` and
-    /// `ffn_up_exps`, or `ffn_gate_up_exps`; `ffn_down_exps`; optional per-expert `.scale`s)
+    /// `ffn_up_exps`, or `ffn_gate_up_exps`; `ffn_down_exps`; optional per-expert `.scale`s;
+    /// an optional selection bias `exp_probs_b.bias`)
     /// and, when `shared` is set, its shared expert (`ffn_{gate,up,down}_shexp`, gate
     /// `ffn_gate_inp_shexp` if the file has one).
     pub fn bind(
@@ -197,6 +201,7 @@ impl MoeLayer {
         };
         Ok(MoeLayer {
             router: w.req(&n("ffn_gate_inp.weight"), &[e, x])?,
+            selection_bias: w.opt(&n("exp_probs_b.bias"), &[x])?,
             gate_up,
             down: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
             gate_scale: w.opt(&n("ffn_gate_exps.scale"), &[x])?,
@@ -254,7 +259,11 @@ impl<'a> Step<'a> {
             Gating::Softmax => g.soft_max(logits),
             Gating::Sigmoid => g.sigmoid(logits),
         };
-        let selected = g.argsort_top_k(probs, cfg.n_used);
+        let selection = match &l.selection_bias {
+            Some(b) => g.add(probs, b.t()),
+            None => probs,
+        };
+        let selected = g.argsort_top_k(selection, cfg.n_used);
         let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
         if cfg.norm_weights {
             let w2 = g.reshape(weights, &[cfg.n_used, n]);

@@ -45,6 +45,17 @@ fn gemma4moe_fixture_matches_libllama() {
     );
 }
 
+/// Multi-head latent attention (K-only latent cache) with sigmoid-routed experts, a selection
+/// bias and a shared expert (DeepSeek V3 / GLM-4.7-Flash structure).
+#[test]
+fn deepseek2_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("deepseek2-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}
+
 #[test]
 fn llama_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);

@@ -134,6 +134,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "qwen2moe-tiny.gguf",
         "gemma4moe-tiny.gguf",
         "gemma4-tiny.gguf",
+        "deepseek2-tiny.gguf",
     ] {
         let d = max_diff_by_width(name, false, 63, (0, 1), false);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
@@ -141,6 +142,14 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         assert!(
             d.iter().all(|&x| x == 0.0),
             "{name}: verify steps differ from decode steps: {d:?}"
+        );
+        // The GPU step layout (forced on the host), blocks spread: the per-row attention ops,
+        // gathered slots, latent (K-only) and shared caches, grouped expert products.
+        let d = max_diff_by_width(name, false, 9, (10, 10), true);
+        println!("{name} device layout, spread blocks: max |dlogit| by width 1..=9: {d:?}");
+        assert!(
+            d.iter().all(|&x| x == 0.0),
+            "{name}: device layout verify steps differ from decode steps: {d:?}"
         );
     }
 }

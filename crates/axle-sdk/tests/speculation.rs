@@ -280,6 +280,12 @@ fn greedy_speculation_is_exact_gemma4moe_fixture() {
     greedy_exactness("gemma4moe-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// Multi-head latent attention over a K-only cache, sigmoid-routed experts.
+#[test]
+fn greedy_speculation_is_exact_deepseek2_fixture() {
+    greedy_exactness("deepseek2-tiny.gguf", Drafts::AsTheyCome);
+}
+
 #[test]
 fn seeded_sampling_with_speculation_matches_plain_sampling() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama-tiny.gguf");

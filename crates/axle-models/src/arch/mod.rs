@@ -1,6 +1,7 @@
 //! Architecture families, one file each, and the registry that maps a GGUF
 //! `general.architecture` to the family that implements it. Adding a family means one new file and
 //! one line in [`REGISTRY`].
+pub mod deepseek2;
 pub mod gemma3;
 pub mod gemma4;
 pub mod llama;
@@ -356,6 +357,7 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("qwen2moe", qwen2moe::load),
     ("qwen3moe", qwen3moe::load),
+    ("deepseek2", deepseek2::load),
 ];
 
 /// Names of the supported architectures.
