@@ -182,6 +182,23 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     finish(w, path)
 
 
+class Tensors:
+    """Seeded random tensors into a writer: Q8_0 matrices and F32 vectors."""
+
+    def __init__(self, w, rng):
+        self.w, self.rng = w, rng
+
+    def q8(self, name, shape_np, scale):
+        data = (self.rng.standard_normal(shape_np) * scale).astype(np.float32)
+        self.w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+
+    def mat(self, name, rows, cols, scale=None):
+        self.q8(name, (rows, cols), scale if scale is not None else 1.0 / np.sqrt(cols))
+
+    def vec(self, name, n, center=1.0, scale=0.1):
+        self.w.add_tensor(name, (center + self.rng.standard_normal(n) * scale).astype(np.float32))
+
+
 def write_gemma4(path, vocab, seed, moe=False):
     """A Gemma 4 fixture with the real configs' structure at a tiny size. Dense (E2B/E4B-like):
     6 layers, local/global pattern L L L G L G, local heads of 32 and global heads of 64 (rotated
@@ -221,13 +238,8 @@ def write_gemma4(path, vocab, seed, moe=False):
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     add_vocab(w, vocab)
 
-    def mat(name, rows, cols, scale=None):
-        s = scale if scale is not None else 1.0 / np.sqrt(cols)
-        data = (rng.standard_normal((rows, cols)) * s).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
-
-    def vec(name, n, center=1.0, scale=0.1):
-        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+    t = Tensors(w, rng)
+    mat, vec = t.mat, t.vec
 
     mat("token_embd.weight", n_vocab, e, scale=1.0)
     mat("output.weight", n_vocab, e)
@@ -313,15 +325,8 @@ def write_deepseek2(path, vocab, seed):
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     add_vocab(w, vocab)
 
-    def q8(name, shape_np, scale):
-        data = (rng.standard_normal(shape_np) * scale).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
-
-    def mat(name, rows, cols, scale=None):
-        q8(name, (rows, cols), scale if scale is not None else 1.0 / np.sqrt(cols))
-
-    def vec(name, n, center=1.0, scale=0.1):
-        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+    t = Tensors(w, rng)
+    q8, mat, vec = t.q8, t.mat, t.vec
 
     mat("token_embd.weight", n_vocab, e, scale=1.0)
     mat("output.weight", n_vocab, e)
@@ -351,6 +356,86 @@ def write_deepseek2(path, vocab, seed):
         mat(p + "ffn_gate_shexp.weight", eff, e)
         mat(p + "ffn_up_shexp.weight", eff, e)
         mat(p + "ffn_down_shexp.weight", e, eff)
+    finish(w, path)
+
+
+def write_qwen35(path, vocab, seed, moe=False, tied=False):
+    """A Qwen3.5 fixture (`qwen35`, or `qwen35moe` with routed experts and a gated shared
+    expert): 4 layers, three gated delta net layers (2 key heads and 4 value heads of 16, a 4-tap
+    convolution) then one gated full-attention layer (4 query / 2 KV heads of 32, 16 rotated dims
+    in interleaved M-RoPE sections 3/3/2/0), an untied head. `tied`: the embedding as the head,
+    which makes the random model repeat itself, so that n-gram drafts get both accepted and
+    rejected in engine tests."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    arch = "qwen35moe" if moe else "qwen35"
+    e, nh, nkv, hd, ff, nl = 64, 4, 2, 32, 128, 4
+    d_conv, hk, n_kh, n_vh = 4, 16, 2, 4
+    key_dim, value_dim = hk * n_kh, hk * n_vh
+    conv_dim = 2 * key_dim + value_dim
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_uint32(f"{arch}.rope.dimension_count", 16)
+    w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
+    w.add_uint32(f"{arch}.ssm.inner_size", value_dim)
+    w.add_uint32(f"{arch}.ssm.state_size", hk)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", n_vh)
+    w.add_uint32(f"{arch}.ssm.group_count", n_kh)
+    w.add_uint32(f"{arch}.full_attention_interval", 4)
+    if moe:
+        w.add_expert_count(6)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(64)
+        w.add_expert_shared_feed_forward_length(96)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_vocab(w, vocab)
+
+    t = Tensors(w, rng)
+    mat, vec = t.mat, t.vec
+
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    if not tied:
+        mat("output.weight", n_vocab, e)
+    vec("output_norm.weight", e)
+    for i in range(nl):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", e)
+        vec(p + "post_attention_norm.weight", e)
+        if (i + 1) % 4 != 0:
+            mat(p + "attn_qkv.weight", conv_dim, e)
+            mat(p + "attn_gate.weight", value_dim, e)
+            w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((conv_dim, d_conv)) * 0.5).astype(np.float32))
+            vec(p + "ssm_dt.bias", n_vh, 0.0, 0.5)
+            w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_vh) * 0.5)).astype(np.float32))
+            mat(p + "ssm_beta.weight", n_vh, e)
+            mat(p + "ssm_alpha.weight", n_vh, e)
+            vec(p + "ssm_norm.weight", hk)
+            mat(p + "ssm_out.weight", e, value_dim)
+        else:
+            mat(p + "attn_q.weight", 2 * hd * nh, e)
+            mat(p + "attn_k.weight", hd * nkv, e)
+            mat(p + "attn_v.weight", hd * nkv, e)
+            mat(p + "attn_output.weight", e, hd * nh)
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
+        if moe:
+            x, eff = 6, 64
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+            for name, shape in (("gate", (x, eff, e)), ("up", (x, eff, e)), ("down", (x, e, eff))):
+                data = (rng.standard_normal(shape) / np.sqrt(shape[2])).astype(np.float32)
+                w.add_tensor(p + f"ffn_{name}_exps.weight", gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+            mat(p + "ffn_gate_shexp.weight", 96, e)
+            mat(p + "ffn_up_shexp.weight", 96, e)
+            mat(p + "ffn_down_shexp.weight", e, 96)
+            vec(p + "ffn_gate_inp_shexp.weight", e, 0.0, 0.5)
+        else:
+            mat(p + "ffn_gate.weight", ff, e)
+            mat(p + "ffn_up.weight", ff, e)
+            mat(p + "ffn_down.weight", e, ff)
     finish(w, path)
 
 
@@ -385,6 +470,9 @@ def main():
     write_gemma4(os.path.join(a.out, "gemma4-tiny.gguf"), vocab, 7)
     write_gemma4(os.path.join(a.out, "gemma4moe-tiny.gguf"), vocab, 8, moe=True)
     write_deepseek2(os.path.join(a.out, "deepseek2-tiny.gguf"), vocab, 9)
+    write_qwen35(os.path.join(a.out, "qwen35-tiny.gguf"), vocab, 10)
+    write_qwen35(os.path.join(a.out, "qwen35moe-tiny.gguf"), vocab, 11, moe=True)
+    write_qwen35(os.path.join(a.out, "qwen35-tied-tiny.gguf"), vocab, 12, tied=True)
 
 
 if __name__ == "__main__":

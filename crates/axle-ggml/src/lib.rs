@@ -28,4 +28,4 @@ pub use gguf::{GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
 pub use store::{StoredTensor, TensorStore, WeightPlacement};
 pub use sysinfo::{cpu_features, system_info, CpuFeature};
-pub use tensor::{Context, GluOp, Graph, RopeParams, Tensor};
+pub use tensor::{Context, GluOp, Graph, RopeParams, Tensor, MROPE_SECTIONS, ROPE_TYPE_IMROPE};

@@ -48,6 +48,12 @@ pub enum GluOp {
     GeGlu,
 }
 
+/// Position sections of multi-section RoPE ([`Context::rope_multi`]).
+pub const MROPE_SECTIONS: usize = 4;
+
+/// RoPE mode of interleaved multi-section RoPE (Qwen3-VL, Qwen3.5).
+pub const ROPE_TYPE_IMROPE: i32 = 40;
+
 /// Rotary embedding parameters, as `ggml_rope_ext` takes them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeParams {
@@ -404,6 +410,52 @@ impl Context {
             sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3])
         })
     }
+    /// softplus(x) = log(1 + exp(x)), elementwise.
+    pub fn softplus<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_softplus(self.raw(), a.raw()) })
+    }
+    /// Swaps dimensions 0 and 1 (a view).
+    pub fn transpose<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_transpose(self.raw(), a.raw()) })
+    }
+    /// Depthwise causal convolution: `sx` [d_conv - 1 + n, channels, n_seqs] (the window's
+    /// previous inputs, then the new ones, time first), kernel `c` [d_conv, channels];
+    /// returns [channels, n, n_seqs].
+    pub fn ssm_conv<'a>(&'a self, sx: Tensor<'a>, c: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree.
+        Tensor::from_raw(unsafe { sys::ggml_ssm_conv(self.raw(), sx.raw(), c.raw()) })
+    }
+    /// Gated delta rule (linear attention) over a sequence's tokens, one token after another:
+    /// q, k [S, H_k, n, n_seqs], v [S, H_v, n, n_seqs], gate and beta [1, H_v, n, n_seqs], initial
+    /// state [S, S, H_v, n_seqs]. Returns the outputs [S, H_v, n, n_seqs] followed by the last
+    /// min(n, `snapshots`) states, most recent first, in one flat F32 tensor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        gate: Tensor<'a>,
+        beta: Tensor<'a>,
+        state: Tensor<'a>,
+        snapshots: i64,
+    ) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree.
+        Tensor::from_raw(unsafe {
+            sys::ggml_gated_delta_net(
+                self.raw(),
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                gate.raw(),
+                beta.raw(),
+                state.raw(),
+                snapshots,
+            )
+        })
+    }
     /// Logistic sigmoid, elementwise.
     pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.
@@ -547,6 +599,36 @@ impl Context {
                 pos.raw(),
                 f,
                 p.n_dims,
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+    /// Multi-section rotary embedding (M-RoPE; `p.mode` says which kind): `pos` holds
+    /// [`MROPE_SECTIONS`] positions per token, section-major; `sections` splits the rotated pairs.
+    pub fn rope_multi<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        sections: [i32; MROPE_SECTIONS],
+        p: &RopeParams,
+    ) -> Tensor<'a> {
+        let mut sections = sections;
+        // SAFETY: as above; ggml reads the four section sizes.
+        Tensor::from_raw(unsafe {
+            sys::ggml_rope_multi(
+                self.raw(),
+                a.raw(),
+                pos.raw(),
+                std::ptr::null_mut(),
+                p.n_dims,
+                sections.as_mut_ptr(),
                 p.mode,
                 p.n_ctx_orig,
                 p.freq_base,

@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start_pos: 0,
             block_table: table.clone(),
             logits: LogitRows::Last,
+            state: Default::default(),
         }])?;
         println!("prefill {ctx}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     }
@@ -39,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             LogitRows::All
         },
+        state: Default::default(),
     };
     for k in only.map_or(0..=8, |k| k..=k) {
         r.step(&[inp(k)])?;

@@ -43,6 +43,8 @@ pub struct Step<'a> {
     pub attn_groups: Vec<(i64, i64)>,
     /// Kernel choice.
     pub kernels: Kernels,
+    /// The recurrent state of the step's sequences (models with linear-attention layers).
+    pub state: Option<crate::recurrent::StateStep<'a>>,
     /// With batch-invariant kernels and KV on an accelerator: how products and attention are
     /// split so that each row's arithmetic depends on its own sequence only (see
     /// [`crate::device_step`]). The masks are then laid out per attention op.

@@ -139,6 +139,38 @@ pub struct SharedExpert {
     gate_inp: Option<StoredTensor>,
 }
 
+/// A layer's feed-forward block: a dense SwiGLU FFN, or experts with the model's routing.
+pub enum FeedForward {
+    /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
+    Dense {
+        /// Gate projection.
+        gate: StoredTensor,
+        /// Up projection.
+        up: StoredTensor,
+        /// Down projection.
+        down: StoredTensor,
+    },
+    /// Routed experts (and shared ones).
+    Moe(MoeLayer, MoeConfig),
+}
+
+impl FeedForward {
+    /// Binds layer `il`'s dense FFN (`ffn_gate`, `ffn_up`, `ffn_down`).
+    pub fn dense(
+        w: &Weights,
+        il: usize,
+        n_embd: i64,
+        n_ff: i64,
+    ) -> Result<FeedForward, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        Ok(FeedForward::Dense {
+            gate: w.req(&n("ffn_gate.weight"), &[n_embd, n_ff])?,
+            up: w.req(&n("ffn_up.weight"), &[n_embd, n_ff])?,
+            down: w.req(&n("ffn_down.weight"), &[n_ff, n_embd])?,
+        })
+    }
+}
+
 /// The gate and up projections of the experts: two 3-D tensors, or one with both (gate rows
 /// first), as newer converters write them.
 enum GateUp {
@@ -219,6 +251,16 @@ impl MoeLayer {
 }
 
 impl<'a> Step<'a> {
+    /// A SwiGLU feed-forward block of `x` [n_embd, n], dense or MoE.
+    pub fn feed_forward(&self, x: Tensor<'a>, f: &'a FeedForward) -> Tensor<'a> {
+        match f {
+            FeedForward::Dense { gate, up, down } => {
+                self.ffn(x, FfnWeights { gate, up, down }, GluOp::SwiGlu)
+            }
+            FeedForward::Moe(m, cfg) => self.moe(x, m, cfg),
+        }
+    }
+
     /// The MoE feed-forward of `x` [n_embd, n]: routed experts (router logits from `x`) plus
     /// the shared expert, if any.
     pub fn moe(&self, x: Tensor<'a>, l: &'a MoeLayer, cfg: &MoeConfig) -> Tensor<'a> {

@@ -7,6 +7,7 @@ use crate::blocks::{Kernels, Step};
 use crate::device_step::{self, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
 use crate::model::Model;
+use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::ModelError;
 use axle_core::TokenId;
 use axle_ggml::{Backend, BufferType, Context, DType, Scheduler};
@@ -56,6 +57,8 @@ pub struct SeqInput {
     pub block_table: Vec<u32>,
     /// Which logits to return.
     pub logits: LogitRows,
+    /// Recurrent state rows (models with linear-attention layers; ignored otherwise).
+    pub state: StateSlots,
 }
 
 /// Logits returned by a step, one row per requested position, in input order.
@@ -99,6 +102,10 @@ pub struct RunnerOptions {
     /// machines without an accelerator can test it. With batch-invariant kernels it is used
     /// whenever some layer's KV lives on an accelerator, whatever this says.
     pub force_device_layout: bool,
+    /// Recurrent models: sequences that can hold state at once (state groups).
+    pub state_groups: u32,
+    /// Recurrent models: states kept per sequence (1 + the longest draft, for rollback).
+    pub state_snapshots: u32,
 }
 
 impl Default for RunnerOptions {
@@ -109,6 +116,8 @@ impl Default for RunnerOptions {
             max_batch_tokens: 512,
             kernels: Kernels::default(),
             force_device_layout: false,
+            state_groups: 1,
+            state_snapshots: 1,
         }
     }
 }
@@ -128,6 +137,8 @@ const KV_PAD: u32 = 256;
 pub struct Runner {
     model: Arc<Model>,
     kv: KvCache,
+    /// Recurrent state pools (models with linear-attention layers).
+    state: Option<RecurrentCache>,
     sched: Scheduler,
     /// Graph nodes reserved per step (see `MAX_NODES`).
     max_nodes: usize,
@@ -153,6 +164,10 @@ struct HostInputs {
     rows: Vec<(usize, usize)>,
     /// The step's device layout (see [`device_step`]), when it has one.
     device: Option<DeviceStep>,
+    /// Recurrent models: each sequence's rows and the pool rows to read and write.
+    state_seqs: Vec<StateSeq>,
+    state_read: Vec<i32>,
+    state_write: Vec<i64>,
 }
 
 impl Runner {
@@ -189,22 +204,49 @@ impl Runner {
         };
         backends.push(Backend::cpu(model.threads())?);
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
+        let state_dims = model.family().state_dims();
+        let state = if state_dims.is_empty() {
+            None
+        } else {
+            if opts.state_groups == 0 || opts.state_snapshots == 0 {
+                return Err(ModelError::Invalid(
+                    "a recurrent model needs at least one state group and snapshot".into(),
+                ));
+            }
+            let layer_buft = |il: usize| match model.offload() {
+                Some(o) if il as u32 >= o.first_layer => o.device.buffer_type(),
+                _ => BufferType::cpu(),
+            };
+            let bufts: Vec<BufferType> = state_dims.iter().map(|d| layer_buft(d.0)).collect();
+            let widths: Vec<(i64, i64)> = state_dims.iter().map(|d| (d.1, d.2)).collect();
+            Some(RecurrentCache::new(
+                &bufts,
+                &widths,
+                opts.state_groups,
+                opts.state_snapshots,
+            )?)
+        };
         // The device layout gives every decoding row its own attention op in every layer: size
         // the graphs for a step whose every token is such a row.
         let device_layout =
             opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv.on_device());
-        let max_nodes = if device_layout {
-            (model.family().hparams().n_layer
-                * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER)
-                + 4096)
+        let n_layer = model.family().hparams().n_layer;
+        let mut max_nodes = if device_layout {
+            (n_layer * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER) + 4096)
                 .max(MAX_NODES)
         } else {
             MAX_NODES
         };
+        if state.is_some() {
+            // Recurrent layers run per sequence: about 40 nodes each, plus one per kept state.
+            let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
+            max_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
+        }
         let sched = Scheduler::new(backends, max_nodes)?;
         Ok(Runner {
             model,
             kv,
+            state,
             sched,
             max_nodes,
             opts,
@@ -318,6 +360,49 @@ impl Runner {
                 }
             }
         }
+        h.state_seqs.clear();
+        h.state_read.clear();
+        h.state_write.clear();
+        if let Some(cache) = &self.state {
+            let mut first = 0i64;
+            for (si, s) in seqs.iter().enumerate() {
+                let st = s.state;
+                if st.group >= cache.groups || st.from >= cache.snapshots || st.keep == 0 {
+                    return Err(ModelError::Batch(format!(
+                        "sequence {si}: state group {} / row {} / keep {} outside {} groups of {}",
+                        st.group, st.from, st.keep, cache.groups, cache.snapshots
+                    )));
+                }
+                let n = s.tokens.len() as i64;
+                let keep = (st.keep.min(cache.snapshots) as i64).min(n);
+                h.state_read.push(if s.start_pos == 0 {
+                    0
+                } else {
+                    cache.row(st.group, st.from) as i32
+                });
+                h.state_seqs.push(StateSeq {
+                    first,
+                    n,
+                    keep,
+                    write_off: h.state_write.len() as i64,
+                });
+                h.state_write
+                    .extend((0..keep as u32).map(|k| cache.row(st.group, k) as i64));
+                first += n;
+            }
+        }
+        let ppt = self.model.family().positions_per_token();
+        if ppt > 1 {
+            // Multi-section RoPE: section-major, text positions [p, p, p, 0].
+            let n = h.pos.len();
+            let base = h.pos.clone();
+            h.pos.resize(n * ppt, 0);
+            for sec in 1..ppt {
+                for (i, &p) in base.iter().enumerate() {
+                    h.pos[sec * n + i] = if sec < 3 { p } else { 0 };
+                }
+            }
+        }
         if h.device.is_some() {
             // The device layout made the masks and the gathered slots.
             let n_kv = h.kv_ids.len() as u32;
@@ -403,6 +488,7 @@ impl Runner {
             } else {
                 Vec::new()
             },
+            state: self.host.state_seqs.clone(),
         };
         let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
         if !reuse {
@@ -437,6 +523,12 @@ impl Runner {
         if let Some(t) = ctx.find("inp_out_ids").filter(|t| t.is_allocated()) {
             t.write(&h.out_ids)?;
         }
+        if let Some(t) = ctx.find("inp_state_read").filter(|t| t.is_allocated()) {
+            t.write(&h.state_read)?;
+        }
+        if let Some(t) = ctx.find("inp_state_write").filter(|t| t.is_allocated()) {
+            t.write(&h.state_write)?;
+        }
         let mut graph = ctx
             .existing_graph()
             .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
@@ -468,7 +560,11 @@ impl Runner {
                 graph: ctx.graph(self.max_nodes),
                 n_tokens: n,
                 tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
-                pos: ctx.input(DType::I32, &[n], "inp_pos"),
+                pos: ctx.input(
+                    DType::I32,
+                    &[n * self.model.family().positions_per_token() as i64],
+                    "inp_pos",
+                ),
                 slots: ctx.input(DType::I64, &[n], "inp_slots"),
                 mask: ctx.input(DType::F16, &mask_shape, "inp_kq_mask"),
                 mask_swa: has_swa.then(|| ctx.input(DType::F16, &mask_shape, "inp_kq_mask_swa")),
@@ -479,6 +575,16 @@ impl Runner {
                     .then(|| ctx.input(DType::I32, &[n_kv], "inp_kv_ids")),
                 kv: &self.kv,
                 kv_written: Vec::new(),
+                state: self.state.as_ref().map(|cache| StateStep {
+                    cache,
+                    seqs: key.state.clone(),
+                    read: ctx.input(DType::I32, &[key.state.len() as i64], "inp_state_read"),
+                    write: ctx.input(
+                        DType::I64,
+                        &[key.state.iter().map(|s| s.keep).sum::<i64>()],
+                        "inp_state_write",
+                    ),
+                }),
                 attn_groups: key.groups.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
@@ -545,4 +651,6 @@ struct GraphKey {
     device: Option<DeviceStep>,
     /// (first row, rows) of each attention op.
     groups: Vec<(i64, i64)>,
+    /// Recurrent models: each sequence's rows and kept states.
+    state: Vec<StateSeq>,
 }

@@ -1,5 +1,6 @@
 //! One sequence on a contiguous KV range (slot = position): the simplest client of the runner, used
 //! by single-prompt generation and the oracle tests. The paged, multi-sequence path is the engine's.
+use crate::recurrent::StateSlots;
 use crate::runner::{LogitRows, Runner, SeqInput};
 use crate::ModelError;
 use axle_core::TokenId;
@@ -8,6 +9,9 @@ use axle_core::TokenId;
 pub struct Sequence {
     tokens: Vec<TokenId>,
     table: Vec<u32>,
+    /// Recurrent models: which kept state the next step starts from (tokens dropped by
+    /// [`Sequence::truncate`] since the last step).
+    state_from: u32,
 }
 
 impl Sequence {
@@ -16,6 +20,7 @@ impl Sequence {
         Sequence {
             tokens: Vec::new(),
             table: (0..runner.n_blocks()).collect(),
+            state_from: 0,
         }
     }
 
@@ -24,8 +29,12 @@ impl Sequence {
         &self.tokens
     }
 
-    /// Forgets everything after `len` tokens (the KV slots are simply overwritten later).
+    /// Forgets everything after `len` tokens (the KV slots are simply overwritten later). A
+    /// recurrent model can go back only within the states its last step kept.
     pub fn truncate(&mut self, len: usize) {
+        if len < self.tokens.len() {
+            self.state_from += (self.tokens.len() - len) as u32;
+        }
         self.tokens.truncate(len);
     }
 
@@ -58,6 +67,10 @@ impl Sequence {
                 } else {
                     LogitRows::None
                 },
+                state: StateSlots {
+                    from: std::mem::take(&mut self.state_from),
+                    ..StateSlots::default()
+                },
             };
             let out = runner.step(std::slice::from_ref(&input))?;
             self.tokens.extend_from_slice(c);
@@ -86,6 +99,11 @@ impl Sequence {
             start_pos: self.tokens.len() as u32,
             block_table: self.table.clone(),
             logits: LogitRows::All,
+            state: StateSlots {
+                from: std::mem::take(&mut self.state_from),
+                keep: tokens.len() as u32,
+                ..StateSlots::default()
+            },
         };
         let out = runner.step(std::slice::from_ref(&input))?;
         self.tokens.extend_from_slice(tokens);

@@ -56,6 +56,23 @@ fn deepseek2_fixture_matches_libllama() {
     );
 }
 
+/// Hybrid linear attention: gated delta net layers with their recurrent state, and a gated
+/// full-attention layer with M-RoPE; 10 prompts, the longest in several prefill chunks.
+#[test]
+fn qwen35_fixture_matches_libllama() {
+    common::run_oracle_suite_path(&common::fixture("qwen35-tiny.gguf"), &common::prompts(), 10);
+}
+
+/// The same with routed experts and a gated shared expert.
+#[test]
+fn qwen35moe_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("qwen35moe-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}
+
 #[test]
 fn llama_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);

@@ -70,6 +70,7 @@ fn max_diff_by_width(
         start_pos: from as u32,
         block_table: table.clone(),
         logits,
+        state: Default::default(),
     };
     runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
     // Reference: one token per step.
@@ -168,6 +169,7 @@ fn decode_logits(
         start_pos: from as u32,
         block_table: table.to_vec(),
         logits: LogitRows::Last,
+        state: Default::default(),
     };
     runner.step(&[input(0, ctx)]).unwrap();
     (ctx..tokens.len())
@@ -263,6 +265,7 @@ fn block_placement(device_layout: bool) {
             start_pos: from as u32,
             block_table: table.to_vec(),
             logits,
+            state: Default::default(),
         };
         runner
             .step(&[seq(&ascending, 0, ctx, LogitRows::None)])

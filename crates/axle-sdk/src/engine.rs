@@ -5,10 +5,10 @@ use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
     DraftConfig, Event, FinishReason, PositionStats, RequestId, RequestSpec, SamplingParams,
-    Scheduler, SchedulerConfig, TokenLogprob, MAX_DRAFT,
+    Scheduler, SchedulerConfig, StepPlan, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::{
-    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StreamDecoder, TokenId,
+    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StreamDecoder, TokenId,
 };
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -138,6 +138,43 @@ pub struct EngineCore {
     runner: Runner,
     sched: Scheduler,
     text: HashMap<RequestId, TextState>,
+    /// Recurrent models: the state group of each sequence holding state.
+    states: Option<StateGroups>,
+}
+
+/// Which running sequence holds which group of recurrent state rows, and where its next step
+/// starts (see `axle_models::recurrent`). A sequence gets a group when it starts at position 0
+/// (new, or recomputing after preemption: its KV is gone, so its state is recomputed with it) and
+/// gives it back when it finishes or is preempted.
+struct StateGroups {
+    free: Vec<u32>,
+    held: HashMap<RequestId, (u32, u32)>,
+}
+
+impl StateGroups {
+    fn new(groups: u32) -> StateGroups {
+        StateGroups {
+            free: (0..groups).rev().collect(),
+            held: HashMap::new(),
+        }
+    }
+
+    fn release(&mut self, id: RequestId) {
+        if let Some((g, _)) = self.held.remove(&id) {
+            self.free.push(g);
+        }
+    }
+
+    /// The rows of a planned sequence: a group (taken at position 0) and the row to start from.
+    fn slots(&mut self, id: RequestId, start_pos: u32, keep: u32) -> Option<StateSlots> {
+        if start_pos == 0 {
+            self.release(id);
+            let g = self.free.pop()?;
+            self.held.insert(id, (g, 0));
+        }
+        let &(group, from) = self.held.get(&id)?;
+        Some(StateSlots { group, from, keep })
+    }
 }
 
 /// Measures what a step verifying k draft tokens (k + 1 tokens of one sequence) costs relative to
@@ -170,6 +207,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
             start_pos: start as u32,
             block_table: table.clone(),
             logits: LogitRows::Last,
+            state: StateSlots::default(),
         };
         runner.step(std::slice::from_ref(&fill))?;
     }
@@ -181,6 +219,10 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
             LogitRows::Last
         } else {
             LogitRows::All
+        },
+        state: StateSlots {
+            keep: k as u32 + 1,
+            ..StateSlots::default()
         },
     };
     for k in 0..=max_len {
@@ -223,6 +265,11 @@ impl EngineCore {
     /// An engine over a loaded model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
+        // Recurrent models: one state group per sequence that can run, and as many kept states
+        // as a verify step has tokens. A cached prefix would restore KV blocks but not the
+        // recurrent state at that point, so prefix caching is off for them.
+        let recurrent = !model.family().state_dims().is_empty();
+        let max_draft = cfg.max_draft.min(MAX_DRAFT);
         let mut runner = Runner::new(
             model.clone(),
             RunnerOptions {
@@ -231,6 +278,8 @@ impl EngineCore {
                 max_batch_tokens: cfg.max_batch_tokens,
                 kernels: cfg.kernels,
                 force_device_layout: false,
+                state_groups: cfg.max_seqs as u32,
+                state_snapshots: max_draft as u32 + 1,
             },
         )?;
         let draft = if cfg.max_draft > 0 {
@@ -252,7 +301,7 @@ impl EngineCore {
             n_blocks: kv_slots / cfg.block_size,
             block_size: cfg.block_size,
             context_limit: cfg.context_len,
-            prefix_caching: cfg.prefix_caching,
+            prefix_caching: cfg.prefix_caching && !recurrent,
             model_id: model_id(&model),
             draft,
         });
@@ -261,6 +310,7 @@ impl EngineCore {
             runner,
             sched,
             text: HashMap::new(),
+            states: recurrent.then(|| StateGroups::new(cfg.max_seqs as u32)),
         })
     }
 
@@ -310,6 +360,9 @@ impl EngineCore {
     /// Cancels a request (frees its KV at once). Returns whether it was still running.
     pub fn cancel(&mut self, id: RequestId) -> bool {
         self.text.remove(&id);
+        if let Some(st) = &mut self.states {
+            st.release(id);
+        }
         let was = self.sched.finish(id, FinishReason::Cancelled);
         self.sched.forget(id);
         was
@@ -321,6 +374,9 @@ impl EngineCore {
     }
 
     fn finished(&mut self, id: RequestId, reason: FinishReason, mut text: String) -> Output {
+        if let Some(st) = &mut self.states {
+            st.release(id);
+        }
         if let Some(mut t) = self.text.remove(&id) {
             if !matches!(reason, FinishReason::StopString) {
                 let rest = t.decoder.finish();
@@ -350,17 +406,42 @@ impl EngineCore {
         self.sched.config().draft.as_ref()
     }
 
+    /// Finishes every request of a step with an error.
+    fn fail_all(&mut self, plan: &StepPlan, msg: String) -> Vec<Output> {
+        let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.id).collect();
+        ids.into_iter()
+            .map(|id| {
+                self.sched.finish(id, FinishReason::Error(msg.clone()));
+                self.finished(id, FinishReason::Error(msg.clone()), String::new())
+            })
+            .collect()
+    }
+
     /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;
     /// the engine itself keeps going.
     pub fn step(&mut self) -> Vec<Output> {
         let plan = self.sched.schedule();
+        if let Some(st) = &mut self.states {
+            for &id in &plan.preempted {
+                st.release(id);
+            }
+        }
         if plan.is_empty() {
             return Vec::new();
         }
-        let inputs: Vec<SeqInput> = plan
-            .seqs
-            .iter()
-            .map(|s| SeqInput {
+        let mut inputs: Vec<SeqInput> = Vec::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            let state = match &mut self.states {
+                None => StateSlots::default(),
+                Some(st) => match st.slots(s.id, s.start_pos, s.n_draft as u32 + 1) {
+                    Some(slots) => slots,
+                    None => {
+                        // More sequences than state groups: the scheduler runs at most max_seqs.
+                        return self.fail_all(&plan, "no recurrent state group free".into());
+                    }
+                },
+            };
+            inputs.push(SeqInput {
                 tokens: s.tokens.clone(),
                 start_pos: s.start_pos,
                 block_table: s.block_table.clone(),
@@ -369,23 +450,27 @@ impl EngineCore {
                     (true, 0) => LogitRows::Last,
                     (true, _) => LogitRows::All,
                 },
-            })
-            .collect();
+                state,
+            });
+        }
         let out = match self.runner.step(&inputs) {
             Ok(o) => o,
-            Err(e) => {
-                let msg = e.to_string();
-                let ids: Vec<RequestId> = plan.seqs.iter().map(|s| s.id).collect();
-                return ids
-                    .into_iter()
-                    .map(|id| {
-                        self.sched.finish(id, FinishReason::Error(msg.clone()));
-                        self.finished(id, FinishReason::Error(msg.clone()), String::new())
-                    })
-                    .collect();
-            }
+            Err(e) => return self.fail_all(&plan, e.to_string()),
         };
         let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find(i, j));
+        if let Some(st) = &mut self.states {
+            // Where each sequence's next step starts: after a verify step of d drafts with a
+            // accepted, the state d - a tokens back from the step's end.
+            for s in &plan.seqs {
+                let accepted = events
+                    .iter()
+                    .find(|e| e.id == s.id)
+                    .map_or(0, |e| e.tokens.len().saturating_sub(1));
+                if let Some(h) = st.held.get_mut(&s.id) {
+                    h.1 = (s.n_draft - accepted.min(s.n_draft)) as u32;
+                }
+            }
+        }
         let mut outputs = Vec::with_capacity(events.len());
         for ev in events {
             let mut stopped = false;

@@ -128,7 +128,22 @@ fn batched_outputs_equal_single_runs_with_and_without_prefix_cache() {
 
 #[test]
 fn exhausted_kv_preempts_and_completes_correctly() {
-    let m = model();
+    preemption_keeps_outputs(model());
+}
+
+/// A hybrid model (recurrent state per sequence): a preempted sequence gives its state group back
+/// and recomputes its state with its KV when it runs again.
+#[test]
+fn exhausted_kv_preempts_and_completes_correctly_with_recurrent_state() {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/qwen35-tiny.gguf");
+    assert!(p.is_file(), "fixture {} is missing", p.display());
+    preemption_keeps_outputs(Arc::new(
+        Model::load(&p, &ModelOptions::cpu(2)).expect("load"),
+    ));
+}
+
+fn preemption_keeps_outputs(m: Arc<Model>) {
     let prompts = encoded(&m);
     let alone_cfg = EngineConfig {
         kv_slots: 1024,

@@ -286,6 +286,26 @@ fn greedy_speculation_is_exact_deepseek2_fixture() {
     greedy_exactness("deepseek2-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// Hybrid linear attention: a verify step keeps the recurrent state after each of its tokens,
+/// and the next step starts from the one the accepted tokens end at.
+#[test]
+fn greedy_speculation_is_exact_qwen35_fixture() {
+    greedy_exactness("qwen35-tiny.gguf", Drafts::AsTheyCome);
+}
+
+/// Hybrid linear attention with a tied head (the random model repeats itself): drafts accepted
+/// and rejected, so the engine moves each sequence's recurrent state back after rejections.
+#[test]
+fn greedy_speculation_is_exact_qwen35_tied_fixture() {
+    greedy_exactness("qwen35-tied-tiny.gguf", Drafts::AcceptedAndRejected);
+}
+
+/// Hybrid linear attention with routed experts.
+#[test]
+fn greedy_speculation_is_exact_qwen35moe_fixture() {
+    greedy_exactness("qwen35moe-tiny.gguf", Drafts::AsTheyCome);
+}
+
 #[test]
 fn seeded_sampling_with_speculation_matches_plain_sampling() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama-tiny.gguf");

@@ -17,10 +17,10 @@
 //! YaRN-scaled RoPE (its attention-scale correction is not implemented), grouped expert
 //! selection.
 use super::{bad, Family, Hparams, Weights};
-use crate::blocks::{AttnSpec, FfnWeights, Step};
-use crate::moe::{Gating, MoeConfig, MoeLayer};
+use crate::blocks::{AttnSpec, Step};
+use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
-use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor, TensorStore};
+use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
 /// How a layer computes its queries.
 enum Query {
@@ -32,16 +32,6 @@ enum Query {
     },
     /// [n_embd, n_head * head_k]
     Full(StoredTensor),
-}
-
-/// A layer's feed-forward block.
-enum Ffn {
-    Dense {
-        gate: StoredTensor,
-        up: StoredTensor,
-        down: StoredTensor,
-    },
-    Moe(MoeLayer),
 }
 
 /// One decoder layer.
@@ -59,7 +49,7 @@ struct Layer {
     /// [n_head * head_v, n_embd]
     wo: StoredTensor,
     ffn_norm: StoredTensor,
-    ffn: Ffn,
+    ffn: FeedForward,
 }
 
 /// The model.
@@ -70,7 +60,6 @@ pub struct DeepSeek2 {
     head_v: i64,
     kv_lora: i64,
     n_rot: i64,
-    moe: MoeConfig,
     tok_embd: StoredTensor,
     output_norm: StoredTensor,
     output: StoredTensor,
@@ -187,13 +176,9 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             Query::Full(w.req(&n("attn_q.weight"), &[e, nh * head_k])?)
         };
         let ffn = if il < n_dense {
-            Ffn::Dense {
-                gate: w.req(&n("ffn_gate.weight"), &[e, hp.n_ff])?,
-                up: w.req(&n("ffn_up.weight"), &[e, hp.n_ff])?,
-                down: w.req(&n("ffn_down.weight"), &[hp.n_ff, e])?,
-            }
+            FeedForward::dense(&w, il, e, hp.n_ff)?
         } else {
-            Ffn::Moe(MoeLayer::bind(&w, il, e, &moe, shared_ff)?)
+            FeedForward::Moe(MoeLayer::bind(&w, il, e, &moe, shared_ff)?, moe)
         };
         layers.push(Layer {
             attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
@@ -216,7 +201,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         head_v,
         kv_lora,
         n_rot,
-        moe,
         hp,
     }))
 }
@@ -296,12 +280,7 @@ impl Family for DeepSeek2 {
             }
             let ffn_inp = g.add(o, residual);
             let h = s.rms_norm(ffn_inp, &l.ffn_norm, eps);
-            let f = match &l.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    s.ffn(h, FfnWeights { gate, up, down }, GluOp::SwiGlu)
-                }
-                Ffn::Moe(m) => s.moe(h, m, &self.moe),
-            };
+            let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, ffn_inp).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, eps);

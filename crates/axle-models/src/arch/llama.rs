@@ -4,10 +4,10 @@
 //! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families are this graph with
 //! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
 use super::{Family, Hparams, Weights};
-use crate::blocks::{AttnSpec, FfnWeights, Step};
-use crate::moe::{Gating, MoeConfig, MoeLayer};
+use crate::blocks::{AttnSpec, Step};
+use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
-use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor, TensorStore};
+use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
 /// One decoder layer.
 struct Layer {
@@ -30,19 +30,7 @@ struct Layer {
     k_norm: Option<StoredTensor>,
     /// [n_embd]
     ffn_norm: StoredTensor,
-    ffn: Ffn,
-}
-
-/// A layer's feed-forward block.
-enum Ffn {
-    /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
-    Dense {
-        gate: StoredTensor,
-        up: StoredTensor,
-        down: StoredTensor,
-    },
-    /// Routed experts (and a shared one), with the model's routing.
-    Moe(MoeLayer, MoeConfig),
+    ffn: FeedForward,
 }
 
 /// The Llama model.
@@ -170,12 +158,8 @@ impl Llama {
                 },
                 ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
                 ffn: match &moe {
-                    Some(cfg) => Ffn::Moe(MoeLayer::bind(&w, i, e, cfg, shared_ff)?, *cfg),
-                    None => Ffn::Dense {
-                        gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
-                        up: w.req(&n("ffn_up.weight"), &[e, ff])?,
-                        down: w.req(&n("ffn_down.weight"), &[ff, e])?,
-                    },
+                    Some(cfg) => FeedForward::Moe(MoeLayer::bind(&w, i, e, cfg, shared_ff)?, *cfg),
+                    None => FeedForward::dense(&w, i, e, ff)?,
                 },
             });
         }
@@ -257,12 +241,7 @@ impl Family for Llama {
             let h = s
                 .rms_norm(x_attn, &l.ffn_norm, hp.rms_eps)
                 .named(&format!("ffn_norm-{il}"));
-            let f = match &l.ffn {
-                Ffn::Moe(m, cfg) => s.moe(h, m, cfg),
-                Ffn::Dense { gate, up, down } => {
-                    s.ffn(h, FfnWeights { gate, up, down }, GluOp::SwiGlu)
-                }
-            };
+            let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);

@@ -8,6 +8,7 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;
+pub mod qwen35;
 pub mod qwen3moe;
 
 use crate::blocks::Step;
@@ -29,6 +30,16 @@ pub trait Family: Send + Sync {
     /// layers have different head sizes. The KV pool's memory per slot is their sum.
     fn kv_dims(&self) -> Vec<(i64, i64)> {
         self.hparams().kv_dims()
+    }
+    /// (layer, convolution window width, state width) of each recurrent (linear-attention)
+    /// layer, in the order the family indexes the state pools; empty for attention-only models.
+    fn state_dims(&self) -> Vec<(usize, i64, i64)> {
+        Vec::new()
+    }
+    /// Positions per token in [`Step::pos`]: 1, or [`axle_ggml::MROPE_SECTIONS`] for
+    /// multi-section RoPE, section-major (text tokens: p, p, p, 0).
+    fn positions_per_token(&self) -> usize {
+        1
     }
 }
 
@@ -358,6 +369,8 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("qwen2moe", qwen2moe::load),
     ("qwen3moe", qwen3moe::load),
     ("deepseek2", deepseek2::load),
+    ("qwen35", qwen35::load),
+    ("qwen35moe", qwen35::load_moe),
 ];
 
 /// Names of the supported architectures.

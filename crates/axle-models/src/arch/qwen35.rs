@@ -1,0 +1,440 @@
+//! Qwen3.5 / Qwen3.6 (`qwen35` and `qwen35moe` GGUF architectures): hybrid linear attention.
+//!
+//! Most layers (three of every four by default; `full_attention_interval`, or the per-layer
+//! `attention.recurrent_layers`) are gated delta net layers: one projection gives the queries,
+//! keys and values, which pass a short causal convolution (`ssm.conv_kernel` taps, carried across
+//! steps in a window state) and then the gated delta rule, a recurrent state of
+//! `head_v x head_v` per value head updated token by token; the output is RMS-normed, gated by
+//! SiLU of a second projection and projected back. The other layers are full attention with a
+//! per-head sigmoid output gate (queries and gates from one projection), QK norm and
+//! interleaved multi-section RoPE. The MoE variant replaces the FFN with routed experts and a
+//! gated shared expert.
+//!
+//! The recurrent state lives in the runner's state pools (see [`crate::recurrent`]); each
+//! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
+//! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
+//! so that logits match it.
+use super::{bad, Family, Hparams, Weights};
+use crate::blocks::{AttnSpec, Step};
+use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
+use crate::ModelError;
+use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore, MROPE_SECTIONS, ROPE_TYPE_IMROPE};
+
+/// Shape of the gated delta net layers.
+#[derive(Debug, Clone, Copy)]
+struct DeltaShape {
+    d_conv: i64,
+    /// Key heads and their size.
+    n_k_heads: i64,
+    head_k: i64,
+    /// Value heads and their size (the state is head_v x head_v per value head).
+    n_v_heads: i64,
+    head_v: i64,
+}
+
+impl DeltaShape {
+    fn key_dim(&self) -> i64 {
+        self.head_k * self.n_k_heads
+    }
+    fn value_dim(&self) -> i64 {
+        self.head_v * self.n_v_heads
+    }
+    fn conv_dim(&self) -> i64 {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// A gated delta net layer's weights.
+struct DeltaLayer {
+    /// [n_embd, conv_dim]: queries, keys, values.
+    wqkv: StoredTensor,
+    /// [n_embd, value_dim]: the output gate's input.
+    wgate: StoredTensor,
+    /// [d_conv, conv_dim]
+    conv: StoredTensor,
+    /// [n_v_heads] each: decay bias and scale.
+    dt_bias: StoredTensor,
+    a: StoredTensor,
+    /// [n_embd, n_v_heads] each.
+    beta: StoredTensor,
+    alpha: StoredTensor,
+    /// [head_v]
+    norm: StoredTensor,
+    /// [value_dim, n_embd]
+    out: StoredTensor,
+    /// Index of the layer's state pools.
+    state: usize,
+}
+
+/// A gated full-attention layer's weights.
+struct AttnLayer {
+    /// [n_embd, 2 * head * n_head]: per head, the query then its output gate.
+    wq: StoredTensor,
+    wk: StoredTensor,
+    wv: StoredTensor,
+    wo: StoredTensor,
+    q_norm: StoredTensor,
+    k_norm: StoredTensor,
+    /// Cache layer.
+    cache: usize,
+}
+
+enum Mixer {
+    Delta(DeltaLayer),
+    Attn(AttnLayer),
+}
+
+struct Layer {
+    attn_norm: StoredTensor,
+    post_norm: StoredTensor,
+    mixer: Mixer,
+    ffn: FeedForward,
+}
+
+/// The model.
+pub struct Qwen35 {
+    hp: Hparams,
+    delta: DeltaShape,
+    sections: [i32; MROPE_SECTIONS],
+    tok_embd: StoredTensor,
+    output_norm: StoredTensor,
+    output: StoredTensor,
+    layers: Vec<Layer>,
+}
+
+/// Loads `qwen35` (dense FFN).
+pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
+    load_arch(f, store, "qwen35", false)
+}
+
+/// Loads `qwen35moe` (routed experts and a gated shared expert).
+pub fn load_moe(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
+    load_arch(f, store, "qwen35moe", true)
+}
+
+fn load_arch(
+    f: &GgufFile,
+    store: &TensorStore,
+    arch: &str,
+    moe: bool,
+) -> Result<Box<dyn Family>, ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let hp = Hparams::from_gguf(f, arch, ROPE_TYPE_IMROPE)?;
+    let nl = hp.n_layer;
+    let sections = {
+        let k = key("rope.dimension_sections");
+        let arr = f.array_opt(&k)?.ok_or_else(|| bad(&k, "is missing"))?;
+        let mut out = [0i32; MROPE_SECTIONS];
+        for (i, v) in arr.iter().take(MROPE_SECTIONS).enumerate() {
+            out[i] = v
+                .as_i64()
+                .filter(|x| (0..=4096).contains(x))
+                .ok_or_else(|| bad(&k, "holds a value that is not a section size"))?
+                as i32;
+        }
+        out
+    };
+    let int = |k: &str, max: i64| -> Result<i64, ModelError> {
+        let v = f.int(&key(k))?;
+        if (1..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(bad(&key(k), &format!("= {v} is outside 1..={max}")))
+        }
+    };
+    let d_conv = int("ssm.conv_kernel", 64)?;
+    let d_inner = int("ssm.inner_size", 1 << 16)?;
+    let head_k = int("ssm.state_size", 4096)?;
+    let n_v_heads = int("ssm.time_step_rank", 4096)?;
+    let n_k_heads = int("ssm.group_count", 4096)?;
+    if d_inner % n_v_heads != 0 || n_v_heads % n_k_heads != 0 || d_inner / n_v_heads != head_k {
+        return Err(bad(
+            &key("ssm.inner_size"),
+            &format!(
+                "= {d_inner} with {n_v_heads} value heads, {n_k_heads} key heads of {head_k}: \
+                 value heads must be as wide as key heads and a multiple of them in number"
+            ),
+        ));
+    }
+    let delta = DeltaShape {
+        d_conv,
+        n_k_heads,
+        head_k,
+        n_v_heads,
+        head_v: d_inner / n_v_heads,
+    };
+    let recurrent: Vec<bool> = match f
+        .array_opt(&key("attention.recurrent_layers"))
+        .ok()
+        .flatten()
+    {
+        Some(arr) if arr.len() == nl => arr
+            .iter()
+            .map(|v| matches!(v, axle_ggml::MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
+            .collect(),
+        Some(arr) => {
+            return Err(bad(
+                &key("attention.recurrent_layers"),
+                &format!("has {} values for {nl} layers", arr.len()),
+            ))
+        }
+        None => {
+            let every = f
+                .int_opt(&key("full_attention_interval"))?
+                .unwrap_or(4)
+                .max(1) as usize;
+            (0..nl).map(|il| (il + 1) % every != 0).collect()
+        }
+    };
+    let moe_cfg = if moe {
+        Some(MoeConfig::from_gguf(
+            f,
+            arch,
+            hp.n_ff,
+            Gating::Softmax,
+            true,
+        )?)
+    } else {
+        None
+    };
+    let w = Weights::new(store);
+    let (e, v) = (hp.n_embd, hp.n_vocab);
+    let (hd, nh, nkv) = (hp.head_dim_k, hp.n_head, hp.n_head_kv);
+    let tok_embd = w.req("token_embd.weight", &[e, v])?;
+    let output = w
+        .opt("output.weight", &[e, v])?
+        .unwrap_or_else(|| tok_embd.clone());
+    let (mut n_cache, mut n_state) = (0, 0);
+    let mut layers = Vec::with_capacity(nl);
+    for (il, &recr) in recurrent.iter().enumerate() {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let mixer = if recr {
+            let d = &delta;
+            let l = DeltaLayer {
+                wqkv: w.req(&n("attn_qkv.weight"), &[e, d.conv_dim()])?,
+                wgate: w.req(&n("attn_gate.weight"), &[e, d.value_dim()])?,
+                conv: w.req(&n("ssm_conv1d.weight"), &[d.d_conv, d.conv_dim()])?,
+                dt_bias: w.req(&n("ssm_dt.bias"), &[d.n_v_heads])?,
+                a: w.req(&n("ssm_a"), &[d.n_v_heads])?,
+                beta: w.req(&n("ssm_beta.weight"), &[e, d.n_v_heads])?,
+                alpha: w.req(&n("ssm_alpha.weight"), &[e, d.n_v_heads])?,
+                norm: w.req(&n("ssm_norm.weight"), &[d.head_v])?,
+                out: w.req(&n("ssm_out.weight"), &[d.value_dim(), e])?,
+                state: n_state,
+            };
+            n_state += 1;
+            Mixer::Delta(l)
+        } else {
+            let l = AttnLayer {
+                wq: w.req(&n("attn_q.weight"), &[e, 2 * hd * nh])?,
+                wk: w.req(&n("attn_k.weight"), &[e, hd * nkv])?,
+                wv: w.req(&n("attn_v.weight"), &[e, hp.head_dim_v * nkv])?,
+                wo: w.req(&n("attn_output.weight"), &[hp.head_dim_v * nh, e])?,
+                q_norm: w.req(&n("attn_q_norm.weight"), &[hd])?,
+                k_norm: w.req(&n("attn_k_norm.weight"), &[hd])?,
+                cache: n_cache,
+            };
+            n_cache += 1;
+            Mixer::Attn(l)
+        };
+        let ffn = match &moe_cfg {
+            Some(cfg) => {
+                let shared = cfg.n_ff_shared.unwrap_or(hp.n_ff);
+                FeedForward::Moe(MoeLayer::bind(&w, il, e, cfg, Some(shared))?, *cfg)
+            }
+            None => FeedForward::dense(&w, il, e, hp.n_ff)?,
+        };
+        layers.push(Layer {
+            attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
+            post_norm: w.req(&n("post_attention_norm.weight"), &[e])?,
+            mixer,
+            ffn,
+        });
+    }
+    Ok(Box::new(Qwen35 {
+        output_norm: w.req("output_norm.weight", &[e])?,
+        tok_embd,
+        output,
+        layers,
+        delta,
+        sections,
+        hp,
+    }))
+}
+
+impl Qwen35 {
+    /// The gated delta net mixer of `h` [n_embd, n].
+    fn delta_net<'a>(&'a self, s: &mut Step<'a>, l: &'a DeltaLayer, h: Tensor<'a>) -> Tensor<'a> {
+        let g = s.ctx;
+        let d = self.delta;
+        let n = s.n_tokens;
+        let eps = self.hp.rms_eps;
+        let qkv = s.matmul(&l.wqkv, h);
+        let z = s.matmul(&l.wgate, h);
+        let beta = g.sigmoid(s.matmul(&l.beta, h));
+        let alpha = g.add(s.matmul(&l.alpha, h), l.dt_bias.t());
+        let decay = g.mul(g.softplus(alpha), l.a.t());
+        let l2 = |x: Tensor<'a>| {
+            let width = x.ne()[0] as f32;
+            g.scale(g.rms_norm(x, eps / width), 1.0 / width.sqrt())
+        };
+        let conv_row = (d.d_conv - 1) * d.conv_dim();
+        let state_row = d.head_v * d.head_v * d.n_v_heads;
+        let cache = match &s.state {
+            Some(st) => st.cache,
+            None => panic!("a recurrent layer in a step without recurrent state"),
+        };
+        let (conv_pool, ssm_pool) = (&cache.conv[l.state], &cache.ssm[l.state]);
+        let mut outs = Vec::new();
+        for (i, seq) in s.state_seqs().into_iter().enumerate() {
+            let rows = |t: Tensor<'a>| {
+                let nb1 = t.nb()[1];
+                g.view(t, &[t.ne()[0], seq.n], &[nb1], seq.first as usize * nb1)
+            };
+            // The window: the previous d_conv - 1 inputs, then this step's, time first.
+            let window = g.reshape(s.state_read(conv_pool, i), &[d.d_conv - 1, d.conv_dim(), 1]);
+            let x = g.transpose(rows(qkv));
+            let conv_in = g.concat(window, x, 0);
+            // The windows after each kept token, most recent first.
+            let nb = conv_in.nb();
+            let kept: Vec<Tensor<'a>> = (0..seq.keep)
+                .map(|k| {
+                    let at = (seq.n - k) as usize * nb[0];
+                    let w = g.view(conv_in, &[d.d_conv - 1, d.conv_dim()], &[nb[1]], at);
+                    g.reshape(g.cont(w), &[conv_row, 1])
+                })
+                .collect();
+            s.state_write(conv_pool, i, crate::blocks::concat_all(g, kept, 1));
+            let conv = g.silu(g.ssm_conv(conv_in, l.conv.t()));
+            let cb = conv.nb();
+            let part = |heads: i64, size: i64, off: i64| {
+                g.view(
+                    conv,
+                    &[size, heads, seq.n, 1],
+                    &[conv.dtype().row_size(size), cb[1], cb[1] * seq.n as usize],
+                    conv.dtype().row_size(off),
+                )
+            };
+            let q = l2(part(d.n_k_heads, d.head_k, 0));
+            let k = l2(part(d.n_k_heads, d.head_k, d.key_dim()));
+            let v = part(d.n_v_heads, d.head_v, 2 * d.key_dim());
+            let per_head = |t: Tensor<'a>| g.reshape(g.cont(rows(t)), &[1, d.n_v_heads, seq.n, 1]);
+            let state = g.reshape(
+                s.state_read(ssm_pool, i),
+                &[d.head_v, d.head_v, d.n_v_heads, 1],
+            );
+            let out = g.gated_delta_net(q, k, v, per_head(decay), per_head(beta), state, seq.keep);
+            let attn_elems = d.head_v * d.n_v_heads * seq.n;
+            let o = g.view(
+                out,
+                &[d.value_dim(), seq.n],
+                &[out.dtype().row_size(d.value_dim())],
+                0,
+            );
+            let states = g.view(
+                out,
+                &[state_row, seq.keep],
+                &[out.dtype().row_size(state_row)],
+                out.dtype().row_size(attn_elems),
+            );
+            s.state_write(ssm_pool, i, states);
+            outs.push(o);
+        }
+        let o = crate::blocks::concat_all(g, outs, 1);
+        let o = g.reshape(g.cont(o), &[d.head_v, d.n_v_heads, n]);
+        let z = g.reshape(z, &[d.head_v, d.n_v_heads, n]);
+        let gated = g.mul(s.rms_norm(o, &l.norm, eps), g.silu(z));
+        s.matmul(&l.out, g.reshape(gated, &[d.value_dim(), n]))
+    }
+
+    /// The gated full-attention mixer of `h` [n_embd, n].
+    fn attention<'a>(&'a self, s: &mut Step<'a>, l: &'a AttnLayer, h: Tensor<'a>) -> Tensor<'a> {
+        let g = s.ctx;
+        let hp = &self.hp;
+        let (hd, nh, n) = (hp.head_dim_k, hp.n_head, s.n_tokens);
+        let qg = s.matmul(&l.wq, h);
+        let es = qg.dtype().row_size(1);
+        let half = |off: usize| {
+            g.view(
+                qg,
+                &[hd, nh, n],
+                &[es * 2 * hd as usize, es * 2 * (hd * nh) as usize],
+                off,
+            )
+        };
+        let q = s.rms_norm(half(0), &l.q_norm, hp.rms_eps);
+        let gate = g.reshape(g.cont(half(es * hd as usize)), &[hd * nh, n]);
+        let k = g.reshape(s.matmul(&l.wk, h), &[hd, hp.n_head_kv, n]);
+        let k = s.rms_norm(k, &l.k_norm, hp.rms_eps);
+        let v = g.reshape(s.matmul(&l.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
+        let q = g.rope_multi(q, s.pos, self.sections, &hp.rope);
+        let k = g.rope_multi(k, s.pos, self.sections, &hp.rope);
+        let spec = AttnSpec {
+            n_head: nh,
+            n_head_kv: hp.n_head_kv,
+            head_dim_k: hd,
+            head_dim_v: hp.head_dim_v,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: 0.0,
+            sliding: false,
+        };
+        let att = s.attention(l.cache, q, k, v, &spec);
+        s.matmul(&l.wo, g.mul(att, g.sigmoid(gate)))
+    }
+}
+
+impl Family for Qwen35 {
+    fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    fn kv_dims(&self) -> Vec<(i64, i64)> {
+        let hp = &self.hp;
+        let n = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mixer, Mixer::Attn(_)))
+            .count();
+        vec![(hp.head_dim_k * hp.n_head_kv, hp.head_dim_v * hp.n_head_kv); n]
+    }
+
+    fn state_dims(&self) -> Vec<(usize, i64, i64)> {
+        let d = self.delta;
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| matches!(l.mixer, Mixer::Delta(_)))
+            .map(|(il, _)| {
+                (
+                    il,
+                    (d.d_conv - 1) * d.conv_dim(),
+                    d.head_v * d.head_v * d.n_v_heads,
+                )
+            })
+            .collect()
+    }
+
+    fn positions_per_token(&self) -> usize {
+        MROPE_SECTIONS
+    }
+
+    fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
+        let g = s.ctx;
+        let eps = self.hp.rms_eps;
+        let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
+        for (il, l) in self.layers.iter().enumerate() {
+            let h = s.rms_norm(x, &l.attn_norm, eps);
+            let mixed = match &l.mixer {
+                Mixer::Delta(d) => self.delta_net(s, d, h),
+                Mixer::Attn(a) => self.attention(s, a, h),
+            };
+            let res = g.add(mixed, x);
+            let h = s.rms_norm(res, &l.post_norm, eps);
+            let f = s.feed_forward(h, &l.ffn);
+            x = g.add(f, res).named(&format!("l_out-{il}"));
+        }
+        // libllama runs the last layer on every row and picks the output rows after the norm.
+        let x = g.get_rows(s.rms_norm(x, &self.output_norm, eps), s.out_ids);
+        s.matmul(&self.output, x)
+    }
+}

@@ -1,0 +1,169 @@
+//! Recurrent state of linear-attention layers (Qwen3.5's gated delta net): per layer, a
+//! convolution window and a delta-rule state per sequence. Unlike KV, the state is not a list of
+//! per-token rows: a step reads a sequence's state once and writes it back once.
+//!
+//! Each sequence owns a group of `snapshots` rows per layer. A step that runs `n` tokens of a
+//! sequence writes the states after its last `keep` tokens (row `s` of the group = the state `s`
+//! tokens back from the end; keep = drafts + 1 for a verify step, 1 otherwise), and the next step
+//! reads whichever row the accepted tokens end at. Rejecting drafts therefore costs nothing: no
+//! copy, no recompute, whatever the context length. A step at position 0 starts from the zero
+//! state (row 0 of every pool, never written).
+use crate::blocks::Step;
+use axle_ggml::{BufferType, DType, StoredTensor, Tensor, TensorStore};
+
+/// Which state rows a sequence uses in a step (recurrent models only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSlots {
+    /// The sequence's group of rows (one group per running sequence).
+    pub group: u32,
+    /// Row of the group to start from: the state `from` tokens back from the end of the previous
+    /// step (0 after a plain step; drafts rejected in a verify step move it back). Ignored at
+    /// position 0, which starts from the zero state.
+    pub from: u32,
+    /// States to keep from this step: the last `keep` (clamped to the step's tokens).
+    pub keep: u32,
+}
+
+impl Default for StateSlots {
+    fn default() -> Self {
+        StateSlots {
+            group: 0,
+            from: 0,
+            keep: 1,
+        }
+    }
+}
+
+/// The state pools: per recurrent layer, the convolution windows and the delta-rule states of
+/// every group, F32, one row per (group, snapshot) plus the zero row.
+pub struct RecurrentCache {
+    _stores: Vec<TensorStore>,
+    /// [conv_width, rows] per recurrent layer (in the family's order).
+    pub conv: Vec<StoredTensor>,
+    /// [state_width, rows] per recurrent layer.
+    pub ssm: Vec<StoredTensor>,
+    /// Groups (sequences that can hold state at once).
+    pub groups: u32,
+    /// Rows per group.
+    pub snapshots: u32,
+}
+
+impl RecurrentCache {
+    /// Zeroed pools for layers of the given (conv, state) widths, each in its buffer type.
+    pub fn new(
+        bufts: &[BufferType],
+        dims: &[(i64, i64)],
+        groups: u32,
+        snapshots: u32,
+    ) -> Result<RecurrentCache, axle_ggml::Error> {
+        assert_eq!(
+            bufts.len(),
+            dims.len(),
+            "one buffer type per recurrent layer"
+        );
+        let rows = 1 + groups as i64 * snapshots as i64;
+        let mut stores = Vec::new();
+        let mut conv = Vec::new();
+        let mut ssm = Vec::new();
+        for (i, (&(c, s), &buft)) in dims.iter().zip(bufts).enumerate() {
+            let specs = vec![
+                (format!("state_conv_l{i}"), DType::F32, vec![c, rows]),
+                (format!("state_ssm_l{i}"), DType::F32, vec![s, rows]),
+            ];
+            let store = TensorStore::zeroed(buft, &specs)?;
+            let get = |name: &str| {
+                store
+                    .get(name)
+                    .ok_or_else(|| axle_ggml::Error::MissingTensor(name.to_string()))
+            };
+            conv.push(get(&format!("state_conv_l{i}"))?);
+            ssm.push(get(&format!("state_ssm_l{i}"))?);
+            stores.push(store);
+        }
+        Ok(RecurrentCache {
+            _stores: stores,
+            conv,
+            ssm,
+            groups,
+            snapshots,
+        })
+    }
+
+    /// The pool row of snapshot `s` of `group`.
+    pub fn row(&self, group: u32, s: u32) -> u32 {
+        1 + group * self.snapshots + s
+    }
+
+    /// Bytes used by the pools.
+    pub fn nbytes(&self) -> usize {
+        self.conv
+            .iter()
+            .chain(&self.ssm)
+            .map(|t| t.t().nbytes())
+            .sum()
+    }
+}
+
+/// One sequence's share of a step, for the recurrent layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StateSeq {
+    /// First row of the sequence in the step.
+    pub first: i64,
+    /// Its tokens.
+    pub n: i64,
+    /// States it keeps (at most `n`).
+    pub keep: i64,
+    /// Where its rows start in the step's write indices.
+    pub write_off: i64,
+}
+
+/// The recurrent part of a step: the pools, the sequences and the row indices to read and write.
+pub struct StateStep<'a> {
+    /// The pools.
+    pub cache: &'a RecurrentCache,
+    /// The step's sequences, in order.
+    pub seqs: Vec<StateSeq>,
+    /// I32 [n_seqs]: the pool row each sequence starts from.
+    pub read: Tensor<'a>,
+    /// I64 [sum of keep]: the pool rows each sequence's kept states go to, most recent first.
+    pub write: Tensor<'a>,
+}
+
+impl<'a> Step<'a> {
+    /// The recurrent part of the step. Panics for a model without recurrent layers (a family
+    /// calls this only from its recurrent layers, which the runner gives a state step).
+    fn state_step(&self) -> &StateStep<'a> {
+        match &self.state {
+            Some(s) => s,
+            None => panic!("a recurrent layer in a step without recurrent state"),
+        }
+    }
+
+    /// The step's sequences, for the recurrent layers.
+    pub fn state_seqs(&self) -> Vec<StateSeq> {
+        self.state_step().seqs.clone()
+    }
+
+    /// Sequence `i`'s starting state of pool `pool` (a row [width, 1]).
+    pub fn state_read(&self, pool: &'a StoredTensor, i: usize) -> Tensor<'a> {
+        let st = self.state_step();
+        let g = self.ctx;
+        let nb = st.read.nb();
+        let idx = g.view(st.read, &[1], &[], i * nb[0]);
+        g.get_rows(pool.t(), idx)
+    }
+
+    /// Writes sequence `i`'s kept states (`rows` [width, keep], most recent first) into pool
+    /// `pool`.
+    pub fn state_write(&mut self, pool: &'a StoredTensor, i: usize, rows: Tensor<'a>) {
+        let g = self.ctx;
+        let (seq, write) = {
+            let st = self.state_step();
+            (st.seqs[i], st.write)
+        };
+        let nb = write.nb();
+        let idx = g.view(write, &[seq.keep], &[], seq.write_off as usize * nb[0]);
+        let written = g.set_rows(pool.t(), rows, idx);
+        self.graph.expand(written);
+    }
+}
