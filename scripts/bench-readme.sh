@@ -8,13 +8,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 cargo build --release --bin axle
 axle=./target/release/axle
-# The MoE manifests run on a random-weight file of a real MoE shape (none can be fetched here).
+# The MoE and hybrid manifests run on random-weight files of real shapes (none can be fetched here).
 models="${AXLE_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/models}"
 venv="${AXLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/venv}"
-if [ ! -f "$models/qwen3moe-1b-q4_k_m.gguf" ]; then
-  "$venv/bin/python" scripts/make-bench-model.py --shape qwen3moe-1b --type q4_k_m \
-    --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$models/qwen3moe-1b-q4_k_m.gguf"
-fi
+for shape in qwen3moe-1b qwen35moe-1b; do
+  if [ ! -f "$models/$shape-q4_k_m.gguf" ]; then
+    "$venv/bin/python" scripts/make-bench-model.py --shape "$shape" --type q4_k_m \
+      --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$models/$shape-q4_k_m.gguf"
+  fi
+done
 $axle bench doctor
 status=0
 for m in benchmarks/manifests/*.toml; do

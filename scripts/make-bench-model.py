@@ -39,6 +39,14 @@ SHAPES = {
     "qwen3moe-1b": dict(arch="qwen3moe", n_embd=1024, n_layer=24, n_head=16, n_head_kv=4,
                         head_dim=128, n_ff=3072, n_vocab=151936, rope_base=1000000.0, n_ctx=8192,
                         moe=dict(n_expert=48, n_used=8, n_ff_exp=512)),
+    # Qwen3.5/3.6-35B-A3B scaled to about 1 GB at Q4_K_M: its structure (qwen35moe: three gated
+    # delta net layers of every four, gated attention with M-RoPE, routed experts plus a gated
+    # shared expert) with hidden 1024, 24 layers, 8 key / 16 value heads of 128 in the linear
+    # layers, 8 query / 2 KV heads of 128 in the attention layers, 64 experts of 256, top-8.
+    "qwen35moe-1b": dict(arch="qwen35moe", n_embd=1024, n_layer=24, n_head=8, n_head_kv=2,
+                         head_dim=128, n_ff=2048, n_vocab=151936, rope_base=10000000.0,
+                         n_ctx=8192, moe=dict(n_expert=64, n_used=8, n_ff_exp=256, shared_ff=512),
+                         ssm=dict(d_conv=4, n_k_heads=8, n_v_heads=16, head=128)),
 }
 
 def load_fixture_helpers():
@@ -82,13 +90,24 @@ def main():
     w.add_feed_forward_length(cfg["n_ff"])
     w.add_head_count(cfg["n_head"])
     w.add_head_count_kv(cfg["n_head_kv"])
-    w.add_rope_dimension_count(hd)
+    ssm = cfg.get("ssm")
+    w.add_rope_dimension_count(hd // 2 if ssm else hd)
     w.add_key_length(hd)
     w.add_value_length(hd)
     if moe:
         w.add_expert_count(moe["n_expert"])
         w.add_expert_used_count(moe["n_used"])
         w.add_expert_feed_forward_length(moe["n_ff_exp"])
+        if moe.get("shared_ff"):
+            w.add_expert_shared_feed_forward_length(moe["shared_ff"])
+    if ssm:
+        w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])
+        w.add_uint32(f"{arch}.ssm.conv_kernel", ssm["d_conv"])
+        w.add_uint32(f"{arch}.ssm.inner_size", ssm["n_v_heads"] * ssm["head"])
+        w.add_uint32(f"{arch}.ssm.state_size", ssm["head"])
+        w.add_uint32(f"{arch}.ssm.time_step_rank", ssm["n_v_heads"])
+        w.add_uint32(f"{arch}.ssm.group_count", ssm["n_k_heads"])
+        w.add_uint32(f"{arch}.full_attention_interval", 4)
     w.add_rope_freq_base(cfg["rope_base"])
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
@@ -115,15 +134,35 @@ def main():
     for il in range(nl):
         p = f"blk.{il}."
         ones(p + "attn_norm.weight", e)
-        matrix(p + "attn_q.weight", base, [e, q_dim])
-        matrix(p + "attn_k.weight", base, [e, kv])
         hi = a.type == "q4_k_m" and more_bits(il)
-        matrix(p + "attn_v.weight", Q.Q6_K if hi else base, [e, kv])
-        matrix(p + "attn_output.weight", base, [q_dim, e])
-        if arch == "qwen3moe":
-            ones(p + "attn_q_norm.weight", hd)
-            ones(p + "attn_k_norm.weight", hd)
-        ones(p + "ffn_norm.weight", e)
+        if ssm and (il + 1) % 4 != 0:
+            # A gated delta net layer.
+            key_dim = ssm["n_k_heads"] * ssm["head"]
+            value_dim = ssm["n_v_heads"] * ssm["head"]
+            conv_dim = 2 * key_dim + value_dim
+            matrix(p + "attn_qkv.weight", base, [e, conv_dim])
+            matrix(p + "attn_gate.weight", base, [e, value_dim])
+            w.add_tensor(p + "ssm_conv1d.weight",
+                         (rng.standard_normal((conv_dim, ssm["d_conv"])) * 0.3).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", np.zeros(ssm["n_v_heads"], dtype=np.float32))
+            w.add_tensor(p + "ssm_a", -np.ones(ssm["n_v_heads"], dtype=np.float32))
+            matrix(p + "ssm_beta.weight", base, [e, ssm["n_v_heads"]])
+            matrix(p + "ssm_alpha.weight", base, [e, ssm["n_v_heads"]])
+            ones(p + "ssm_norm.weight", ssm["head"])
+            matrix(p + "ssm_out.weight", base, [value_dim, e])
+        else:
+            # Qwen3.5's attention layers give a query and an output gate per head.
+            matrix(p + "attn_q.weight", base, [e, q_dim * (2 if ssm else 1)])
+            matrix(p + "attn_k.weight", base, [e, kv])
+            matrix(p + "attn_v.weight", Q.Q6_K if hi else base, [e, kv])
+            matrix(p + "attn_output.weight", base, [q_dim, e])
+            if arch in ("qwen3moe", "qwen35moe"):
+                ones(p + "attn_q_norm.weight", hd)
+                ones(p + "attn_k_norm.weight", hd)
+        if ssm:
+            ones(p + "post_attention_norm.weight", e)
+        else:
+            ones(p + "ffn_norm.weight", e)
         if moe:
             x, eff = moe["n_expert"], moe["n_ff_exp"]
             # The router in F32 (as converters write it), random so that tokens spread over experts.
@@ -131,6 +170,13 @@ def main():
             matrix(p + "ffn_gate_exps.weight", base, [e, eff, x])
             matrix(p + "ffn_up_exps.weight", base, [e, eff, x])
             matrix(p + "ffn_down_exps.weight", Q.Q6_K if hi else base, [eff, e, x])
+            if moe.get("shared_ff"):
+                sff = moe["shared_ff"]
+                matrix(p + "ffn_gate_shexp.weight", base, [e, sff])
+                matrix(p + "ffn_up_shexp.weight", base, [e, sff])
+                matrix(p + "ffn_down_shexp.weight", base, [sff, e])
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                             (rng.standard_normal(e) * 0.05).astype(np.float32))
         else:
             matrix(p + "ffn_gate.weight", base, [e, ff])
             matrix(p + "ffn_up.weight", base, [e, ff])

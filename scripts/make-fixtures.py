@@ -409,8 +409,10 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False):
             mat(p + "attn_qkv.weight", conv_dim, e)
             mat(p + "attn_gate.weight", value_dim, e)
             w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((conv_dim, d_conv)) * 0.5).astype(np.float32))
-            vec(p + "ssm_dt.bias", n_vh, 0.0, 0.5)
-            w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_vh) * 0.5)).astype(np.float32))
+            # Slow decays (per token, exp(-softplus(alpha + dt) * exp(A_log)) near 0.99): the state
+            # remembers far back, so that a wrong starting state shows in the logits.
+            vec(p + "ssm_dt.bias", n_vh, -2.0, 0.5)
+            w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_vh) * 0.5 - 4.0)).astype(np.float32))
             mat(p + "ssm_beta.weight", n_vh, e)
             mat(p + "ssm_alpha.weight", n_vh, e)
             vec(p + "ssm_norm.weight", hk)

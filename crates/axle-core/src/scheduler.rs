@@ -9,7 +9,7 @@ use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// A request id (unique per scheduler).
 pub type RequestId = u64;
@@ -72,6 +72,10 @@ pub struct SchedulerConfig {
     pub context_limit: usize,
     /// Reuse cached blocks of identical prefixes.
     pub prefix_caching: bool,
+    /// Reuse a cached prefix only up to a block the caller marked reusable
+    /// ([`Scheduler::set_reusable`]): for models whose state at a position is more than the KV of
+    /// the tokens before it (recurrent layers), which the caller saves at some block boundaries.
+    pub reuse_marked_only: bool,
     /// Model identity mixed into block hashes.
     pub model_id: u64,
     /// N-gram speculation settings (None: off for every request).
@@ -183,6 +187,8 @@ pub struct Scheduler {
     running: Vec<RequestId>,
     next_id: RequestId,
     clock: u64,
+    /// Block hashes a cached prefix may end at (with `reuse_marked_only`).
+    reusable: HashSet<u64>,
 }
 
 impl Scheduler {
@@ -197,7 +203,29 @@ impl Scheduler {
             running: Vec::new(),
             next_id: 1,
             clock: 0,
+            reusable: HashSet::new(),
         }
+    }
+
+    /// Marks (or unmarks) the prefix ending with the block of hash `hash` as one a new request
+    /// may reuse, with `reuse_marked_only`.
+    pub fn set_reusable(&mut self, hash: u64, reusable: bool) {
+        if reusable {
+            self.reusable.insert(hash);
+        } else {
+            self.reusable.remove(&hash);
+        }
+    }
+
+    /// The hash of `id`'s prefix of `n_tokens` tokens, when that is a whole number of blocks
+    /// already registered (the chain hash of the block ending there).
+    pub fn prefix_hash(&self, id: RequestId, n_tokens: usize) -> Option<u64> {
+        let bs = self.cfg.block_size as usize;
+        let r = self.requests.get(&id)?;
+        if n_tokens == 0 || !n_tokens.is_multiple_of(bs) {
+            return None;
+        }
+        r.keys.get(n_tokens / bs - 1).copied()
     }
 
     /// The configuration.
@@ -377,6 +405,20 @@ impl Scheduler {
                     r.keys.push(key.hash);
                 }
                 None => break,
+            }
+        }
+        if self.cfg.reuse_marked_only {
+            // Only up to the last block a state was saved for; the rest goes back.
+            let keep = r
+                .keys
+                .iter()
+                .rposition(|h| self.reusable.contains(h))
+                .map_or(0, |i| i + 1);
+            while r.blocks.len() > keep {
+                if let Some(b) = r.blocks.pop() {
+                    self.pool.release(b);
+                }
+                r.keys.pop();
             }
         }
         r.computed = r.blocks.len() * bs;

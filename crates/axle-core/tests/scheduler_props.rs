@@ -197,6 +197,7 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         block_size: BS,
         context_limit: 28,
         prefix_caching: caching,
+        reuse_marked_only: false,
         model_id: 9,
         draft: None,
     }
@@ -366,6 +367,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             block_size: BS,
             context_limit: 256,
             prefix_caching: false,
+            reuse_marked_only: false,
             model_id: 1,
             draft: None,
         };
@@ -387,38 +389,74 @@ fn speculation_verifies_drafts_and_rolls_back() {
     assert_eq!(in_use, 0);
 }
 
+/// Runs one greedy request of `prompt` to the end; after its first step, marks its prefix of
+/// `mark` blocks reusable. Returns the tokens its first step computed, its output and the prompt
+/// tokens it took from the cache.
+fn run_one(
+    s: &mut Scheduler,
+    model: &mut FakeModel,
+    prompt: &[u32],
+    mark: Option<usize>,
+) -> (usize, Vec<u32>, usize) {
+    let id = s
+        .add(RequestSpec {
+            prompt: prompt.to_vec(),
+            sampling: SamplingParams::greedy(),
+            max_tokens: 2,
+            stop_tokens: vec![],
+            speculate: false,
+        })
+        .unwrap();
+    let first = s.schedule();
+    let computed = first.n_tokens();
+    let out = model.run(&first);
+    s.apply(&first, |i, j| out[i][j].as_deref());
+    if let Some(blocks) = mark {
+        let h = s.prefix_hash(id, blocks * BS as usize).expect("registered");
+        s.set_reusable(h, true);
+    }
+    while s.has_work() {
+        let p = s.schedule();
+        let out = model.run(&p);
+        s.apply(&p, |i, j| out[i][j].as_deref());
+    }
+    (
+        computed,
+        s.generated(id).unwrap().to_vec(),
+        s.stats(id).unwrap().cached_tokens,
+    )
+}
+
+/// With `reuse_marked_only` (recurrent models), a cached prefix is reused only up to the last
+/// block marked reusable, and the output is unchanged.
+#[test]
+fn marked_only_prefix_reuse_stops_at_the_last_marked_block() {
+    let mut c = cfg(32, true, 64, 4);
+    c.reuse_marked_only = true;
+    let mut s = Scheduler::new(c);
+    let mut model = FakeModel { kv: HashMap::new() };
+    let prompt: Vec<u32> = (0..17).map(|i| i % 10).collect();
+    // Nothing marked: nothing reused. Then the prefix of 2 blocks marked: reuse stops there,
+    // although all 4 full blocks are cached.
+    let (a_computed, a_out, a_cached) = run_one(&mut s, &mut model, &prompt, None);
+    let (b_computed, b_out, b_cached) = run_one(&mut s, &mut model, &prompt, Some(2));
+    let (c_computed, c_out, c_cached) = run_one(&mut s, &mut model, &prompt, None);
+    assert_eq!((a_computed, a_cached), (17, 0));
+    assert_eq!((b_computed, b_cached), (17, 0));
+    assert_eq!((c_computed, c_cached), (9, 8));
+    assert_eq!(a_out, b_out);
+    assert_eq!(a_out, c_out);
+    assert_eq!(s.pool().in_use(), 0);
+    s.check().unwrap();
+}
+
 #[test]
 fn prefix_reuse_skips_cached_blocks() {
     let mut s = Scheduler::new(cfg(32, true, 64, 4));
     let mut model = FakeModel { kv: HashMap::new() };
     let prompt: Vec<u32> = (0..17).map(|i| i % 10).collect();
-    let run = |s: &mut Scheduler, model: &mut FakeModel| {
-        let id = s
-            .add(RequestSpec {
-                prompt: prompt.clone(),
-                sampling: SamplingParams::greedy(),
-                max_tokens: 2,
-                stop_tokens: vec![],
-                speculate: false,
-            })
-            .unwrap();
-        let first = s.schedule();
-        let computed = first.n_tokens();
-        let out = model.run(&first);
-        s.apply(&first, |i, j| out[i][j].as_deref());
-        while s.has_work() {
-            let p = s.schedule();
-            let out = model.run(&p);
-            s.apply(&p, |i, j| out[i][j].as_deref());
-        }
-        (
-            computed,
-            s.generated(id).unwrap().to_vec(),
-            s.stats(id).unwrap().cached_tokens,
-        )
-    };
-    let (a_computed, a_out, a_cached) = run(&mut s, &mut model);
-    let (b_computed, b_out, b_cached) = run(&mut s, &mut model);
+    let (a_computed, a_out, a_cached) = run_one(&mut s, &mut model, &prompt, None);
+    let (b_computed, b_out, b_cached) = run_one(&mut s, &mut model, &prompt, None);
     assert_eq!((a_computed, a_cached), (17, 0));
     // 17 tokens = 4 full blocks + 1; all 4 full blocks are reused, only the last token is computed.
     assert_eq!((b_computed, b_cached), (1, 16));

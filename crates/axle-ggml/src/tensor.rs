@@ -218,6 +218,22 @@ impl<'a> Tensor<'a> {
         Ok(())
     }
 
+    /// Copies `out.len()` raw bytes out of the tensor from byte `offset`.
+    pub fn read_bytes_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if !self.is_allocated() || offset + out.len() > self.nbytes() {
+            return Err(Error::DataSize {
+                name: self.name(),
+                tensor: self.nbytes(),
+                given: offset + out.len(),
+            });
+        }
+        // SAFETY: bounds checked above; tensor is allocated.
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
+        };
+        Ok(())
+    }
+
     /// Copies raw bytes into part of the tensor at byte `offset`.
     pub fn write_bytes_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !self.is_allocated() || offset + data.len() > self.nbytes() {

@@ -46,6 +46,8 @@ pub struct RecurrentCache {
     pub groups: u32,
     /// Rows per group.
     pub snapshots: u32,
+    /// Rows after the groups that hold saved states (prefix reuse).
+    pub saved: u32,
 }
 
 impl RecurrentCache {
@@ -55,13 +57,14 @@ impl RecurrentCache {
         dims: &[(i64, i64)],
         groups: u32,
         snapshots: u32,
+        saved: u32,
     ) -> Result<RecurrentCache, axle_ggml::Error> {
         assert_eq!(
             bufts.len(),
             dims.len(),
             "one buffer type per recurrent layer"
         );
-        let rows = 1 + groups as i64 * snapshots as i64;
+        let rows = 1 + groups as i64 * snapshots as i64 + saved as i64;
         let mut stores = Vec::new();
         let mut conv = Vec::new();
         let mut ssm = Vec::new();
@@ -86,7 +89,26 @@ impl RecurrentCache {
             ssm,
             groups,
             snapshots,
+            saved,
         })
+    }
+
+    /// The pool row of saved state `slot`.
+    pub fn saved_row(&self, slot: u32) -> u32 {
+        1 + self.groups * self.snapshots + slot
+    }
+
+    /// Copies row `from` to row `to` in every pool (a saved prefix state in or out).
+    pub fn copy_row(&self, from: u32, to: u32) -> Result<(), axle_ggml::Error> {
+        let mut buf = Vec::new();
+        for pool in self.conv.iter().chain(&self.ssm) {
+            let t = pool.t();
+            let row = t.nb()[1];
+            buf.resize(row, 0u8);
+            t.read_bytes_at(from as usize * row, &mut buf)?;
+            t.write_bytes_at(to as usize * row, &buf)?;
+        }
+        Ok(())
     }
 
     /// The pool row of snapshot `s` of `group`.

@@ -106,6 +106,8 @@ pub struct RunnerOptions {
     pub state_groups: u32,
     /// Recurrent models: states kept per sequence (1 + the longest draft, for rollback).
     pub state_snapshots: u32,
+    /// Recurrent models: saved states for prefix reuse ([`Runner::save_state`]).
+    pub state_saved: u32,
 }
 
 impl Default for RunnerOptions {
@@ -118,6 +120,7 @@ impl Default for RunnerOptions {
             force_device_layout: false,
             state_groups: 1,
             state_snapshots: 1,
+            state_saved: 0,
         }
     }
 }
@@ -224,6 +227,7 @@ impl Runner {
                 &widths,
                 opts.state_groups,
                 opts.state_snapshots,
+                opts.state_saved,
             )?)
         };
         // The device layout gives every decoding row its own attention op in every layer: size
@@ -461,6 +465,33 @@ impl Runner {
         }
         self.host = h;
         Ok((n_tokens as i64, n_kv))
+    }
+
+    /// Recurrent models: copies the state of `group` at the end of its last step (after its
+    /// last kept token) into saved slot `slot`, for a later request that reuses the prefix.
+    pub fn save_state(&mut self, group: u32, slot: u32) -> Result<(), ModelError> {
+        let cache = self.recurrent_slot(group, slot)?;
+        cache.copy_row(cache.row(group, 0), cache.saved_row(slot))?;
+        Ok(())
+    }
+
+    /// Recurrent models: makes saved slot `slot` the starting state of `group`'s next step (read
+    /// it with `from` = 0).
+    pub fn restore_state(&mut self, slot: u32, group: u32) -> Result<(), ModelError> {
+        let cache = self.recurrent_slot(group, slot)?;
+        cache.copy_row(cache.saved_row(slot), cache.row(group, 0))?;
+        Ok(())
+    }
+
+    fn recurrent_slot(&self, group: u32, slot: u32) -> Result<&RecurrentCache, ModelError> {
+        match &self.state {
+            Some(c) if group < c.groups && slot < c.saved => Ok(c),
+            Some(c) => Err(ModelError::Batch(format!(
+                "state group {group} / saved slot {slot} outside {} groups / {} slots",
+                c.groups, c.saved
+            ))),
+            None => Err(ModelError::Batch("the model has no recurrent state".into())),
+        }
     }
 
     /// Runs one step and returns the requested logits.

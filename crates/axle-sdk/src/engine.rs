@@ -34,6 +34,9 @@ pub struct EngineConfig {
     /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
     /// at start-up on this machine and model.
     pub verify_cost: Option<Vec<f64>>,
+    /// Hybrid (recurrent) models with prefix caching: how many recurrent states to keep for reuse,
+    /// one per prefix ending at a prefill-chunk boundary (least recently used ones go first).
+    pub state_cache: u32,
     /// Kernel choice. Batch-invariant (the default): a request's output does not depend on what
     /// shares its steps, and n-gram speculation reproduces plain decoding. `LikeLlamaCpp` gives
     /// each step ggml's fastest kernels for its shape, as libllama does: more throughput for
@@ -53,6 +56,7 @@ impl Default for EngineConfig {
             context_len: 4096,
             max_draft: 4,
             verify_cost: None,
+            state_cache: 16,
             kernels: Kernels::BatchInvariant,
         }
     }
@@ -149,14 +153,28 @@ pub struct EngineCore {
 struct StateGroups {
     free: Vec<u32>,
     held: HashMap<RequestId, (u32, u32)>,
+    /// Saved states by the hash of the prefix they end (prefix reuse), least recently used
+    /// first in `lru`.
+    saved: HashMap<u64, u32>,
+    lru: std::collections::VecDeque<u64>,
+    free_saved: Vec<u32>,
 }
 
 impl StateGroups {
-    fn new(groups: u32) -> StateGroups {
+    fn new(groups: u32, saved: u32) -> StateGroups {
         StateGroups {
             free: (0..groups).rev().collect(),
             held: HashMap::new(),
+            saved: HashMap::new(),
+            lru: std::collections::VecDeque::new(),
+            free_saved: (0..saved).rev().collect(),
         }
+    }
+
+    /// Marks saved state `hash` as just used.
+    fn touch(&mut self, hash: u64) {
+        self.lru.retain(|&h| h != hash);
+        self.lru.push_back(hash);
     }
 
     fn release(&mut self, id: RequestId) {
@@ -165,15 +183,33 @@ impl StateGroups {
         }
     }
 
-    /// The rows of a planned sequence: a group (taken at position 0) and the row to start from.
-    fn slots(&mut self, id: RequestId, start_pos: u32, keep: u32) -> Option<StateSlots> {
-        if start_pos == 0 {
+    /// The rows of a planned sequence: its group and the row to start from. A sequence gets a
+    /// group when it starts: at position 0, or past a reused prefix, whose saved state is then
+    /// copied in (`restore`: the saved slot, to copy before the step).
+    fn slots(
+        &mut self,
+        id: RequestId,
+        start_pos: u32,
+        keep: u32,
+        prefix: Option<u64>,
+    ) -> Result<(StateSlots, Option<u32>), String> {
+        let mut restore = None;
+        if start_pos == 0 || !self.held.contains_key(&id) {
             self.release(id);
-            let g = self.free.pop()?;
+            if start_pos > 0 {
+                let slot = prefix
+                    .and_then(|h| self.saved.get(&h).copied())
+                    .ok_or("a reused prefix without a saved recurrent state")?;
+                if let Some(h) = prefix {
+                    self.touch(h);
+                }
+                restore = Some(slot);
+            }
+            let g = self.free.pop().ok_or("no recurrent state group free")?;
             self.held.insert(id, (g, 0));
         }
-        let &(group, from) = self.held.get(&id)?;
-        Some(StateSlots { group, from, keep })
+        let &(group, from) = self.held.get(&id).ok_or("no recurrent state group")?;
+        Ok((StateSlots { group, from, keep }, restore))
     }
 }
 
@@ -270,6 +306,11 @@ impl EngineCore {
         // recurrent state at that point, so prefix caching is off for them.
         let recurrent = !model.family().state_dims().is_empty();
         let max_draft = cfg.max_draft.min(MAX_DRAFT);
+        let saved_states = if recurrent && cfg.prefix_caching {
+            cfg.state_cache
+        } else {
+            0
+        };
         let mut runner = Runner::new(
             model.clone(),
             RunnerOptions {
@@ -280,6 +321,7 @@ impl EngineCore {
                 force_device_layout: false,
                 state_groups: cfg.max_seqs as u32,
                 state_snapshots: max_draft as u32 + 1,
+                state_saved: saved_states,
             },
         )?;
         let draft = if cfg.max_draft > 0 {
@@ -301,7 +343,8 @@ impl EngineCore {
             n_blocks: kv_slots / cfg.block_size,
             block_size: cfg.block_size,
             context_limit: cfg.context_len,
-            prefix_caching: cfg.prefix_caching && !recurrent,
+            prefix_caching: cfg.prefix_caching && (!recurrent || saved_states > 0),
+            reuse_marked_only: recurrent,
             model_id: model_id(&model),
             draft,
         });
@@ -310,7 +353,7 @@ impl EngineCore {
             runner,
             sched,
             text: HashMap::new(),
-            states: recurrent.then(|| StateGroups::new(cfg.max_seqs as u32)),
+            states: recurrent.then(|| StateGroups::new(cfg.max_seqs as u32, saved_states)),
         })
     }
 
@@ -433,13 +476,23 @@ impl EngineCore {
         for s in &plan.seqs {
             let state = match &mut self.states {
                 None => StateSlots::default(),
-                Some(st) => match st.slots(s.id, s.start_pos, s.n_draft as u32 + 1) {
-                    Some(slots) => slots,
-                    None => {
-                        // More sequences than state groups: the scheduler runs at most max_seqs.
-                        return self.fail_all(&plan, "no recurrent state group free".into());
+                Some(st) => {
+                    let prefix = self.sched.prefix_hash(s.id, s.start_pos as usize);
+                    let restored = st
+                        .slots(s.id, s.start_pos, s.n_draft as u32 + 1, prefix)
+                        .and_then(|(slots, restore)| match restore {
+                            Some(slot) => self
+                                .runner
+                                .restore_state(slot, slots.group)
+                                .map(|()| slots)
+                                .map_err(|e| e.to_string()),
+                            None => Ok(slots),
+                        });
+                    match restored {
+                        Ok(slots) => slots,
+                        Err(msg) => return self.fail_all(&plan, msg),
                     }
-                },
+                }
             };
             inputs.push(SeqInput {
                 tokens: s.tokens.clone(),
@@ -468,6 +521,44 @@ impl EngineCore {
                     .map_or(0, |e| e.tokens.len().saturating_sub(1));
                 if let Some(h) = st.held.get_mut(&s.id) {
                     h.1 = (s.n_draft - accepted.min(s.n_draft)) as u32;
+                }
+            }
+            // Prefix reuse: save the state at the end of each prefill chunk that ends at a block
+            // boundary inside the prompt, and let the scheduler reuse prefixes up to there.
+            for s in plan
+                .seqs
+                .iter()
+                .filter(|s| s.n_draft == 0 && !s.wants_logits)
+            {
+                let end = s.start_pos as usize + s.tokens.len();
+                let (Some(hash), Some(&(group, _))) =
+                    (self.sched.prefix_hash(s.id, end), st.held.get(&s.id))
+                else {
+                    continue;
+                };
+                if st.saved.contains_key(&hash) {
+                    st.touch(hash);
+                    continue;
+                }
+                let slot = match st.free_saved.pop() {
+                    Some(slot) => slot,
+                    None => match st.lru.pop_front() {
+                        Some(old) => {
+                            self.sched.set_reusable(old, false);
+                            match st.saved.remove(&old) {
+                                Some(slot) => slot,
+                                None => continue,
+                            }
+                        }
+                        None => continue,
+                    },
+                };
+                if self.runner.save_state(group, slot).is_ok() {
+                    st.saved.insert(hash, slot);
+                    st.touch(hash);
+                    self.sched.set_reusable(hash, true);
+                } else {
+                    st.free_saved.push(slot);
                 }
             }
         }

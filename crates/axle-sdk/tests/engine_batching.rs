@@ -216,3 +216,74 @@ fn dropped_streams_cancel_and_free_kv() {
     }
     panic!("KV blocks still in use: {:?}", s.stats());
 }
+
+/// Prefix reuse on a hybrid model: the state at the end of each prefill chunk that ends on a
+/// block boundary is saved; a later request sharing the prefix reuses its KV blocks up to the
+/// last such boundary and starts from the saved state. Its output equals a cold run's.
+#[test]
+fn hybrid_prefix_reuse_restores_the_recurrent_state() {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/qwen35-tiny.gguf");
+    assert!(p.is_file(), "fixture {} is missing", p.display());
+    let m = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
+    // Prefill chunks of 36 - 4 = 32 tokens: each ends on a 16-slot block boundary.
+    let cfg = EngineConfig {
+        kv_slots: 2048,
+        prefix_caching: true,
+        max_batch_tokens: 36,
+        max_seqs: 4,
+        max_draft: 0,
+        ..Default::default()
+    };
+    let shared = "The history of computing is a story of abstraction layered upon abstraction: \
+        from switches to gates, from gates to instructions, from instructions to languages. "
+        .repeat(3);
+    let a = m
+        .tokenizer
+        .encode(&format!("{shared}Question one?"), true, false);
+    let b = m.tokenizer.encode(
+        &format!("{shared}And a different second question?"),
+        true,
+        false,
+    );
+    let run = |e: &mut EngineCore, prompt: &[u32]| {
+        let id = e.add(prompt.to_vec(), opts(24)).unwrap();
+        let (mut tokens, mut cached) = (Vec::new(), 0);
+        while e.has_work() {
+            for o in e.step() {
+                match o {
+                    Output::Token { id: i, token, .. } if i == id => tokens.push(token),
+                    Output::Finished {
+                        id: i,
+                        cached_tokens,
+                        ..
+                    } if i == id => cached = cached_tokens,
+                    _ => {}
+                }
+            }
+        }
+        (tokens, cached)
+    };
+    let mut warm = EngineCore::new(m.clone(), &cfg).unwrap();
+    let (_, a_cached) = run(&mut warm, &a);
+    let (b_warm, b_cached) = run(&mut warm, &b);
+    let mut cold = EngineCore::new(m.clone(), &cfg).unwrap();
+    let (b_cold, b_cold_cached) = run(&mut cold, &b);
+    println!(
+        "prompt b: {} tokens, {b_cached} from the cache (shared prefix about {} tokens)",
+        b.len(),
+        m.tokenizer.encode(&shared, true, false).len()
+    );
+    assert_eq!((a_cached, b_cold_cached), (0, 0));
+    assert!(
+        b_cached >= 64,
+        "the shared prefix was not reused ({b_cached} tokens)"
+    );
+    assert_eq!(
+        b_cached % 32,
+        0,
+        "reuse must stop at a saved chunk boundary"
+    );
+    assert_eq!(b_warm, b_cold, "prefix reuse changed the output");
+    assert_eq!(warm.scheduler().pool().in_use(), 0);
+}

@@ -84,17 +84,22 @@ pub fn run(
         }
         Workload::Prefix(p) => {
             let (mut cached, mut uncached) = (Vec::new(), Vec::new());
+            let (mut from_cache, mut identical) = (0, true);
             for _ in 0..reps {
                 let r = prefix::run(model, p.prefix_tokens)?;
                 cached.push(r.second_ttft_s * 1e3);
                 uncached.push(r.first_ttft_s * 1e3);
+                from_cache = r.second_cached_tokens;
+                identical &= r.second_identical_to_cold;
             }
             vec![Row::new(
                 format!("prefix={}", p.prefix_tokens),
                 "ttft_ms",
                 cached,
                 Some(("uncached first request", uncached)),
-            )]
+            )
+            .with("cached_tokens", from_cache as f64)
+            .with("identical_to_cold", if identical { 1.0 } else { 0.0 })]
         }
         Workload::Ngram(n) => {
             let r = ngram::run(
