@@ -45,6 +45,18 @@ pub struct MoeConfig {
     pub weights_scale: f32,
     /// Activation of the experts' gated units.
     pub act: GluOp,
+    /// How a gated shared expert's gate is computed (the families write it differently, and
+    /// the last bits follow the expression).
+    pub shared_gate: SharedGate,
+}
+
+/// The sigmoid of a shared expert's gate, as the family's reference graph computes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedGate {
+    /// `sigmoid(z)` (Qwen3.5-MoE, Qwen3-Next).
+    Sigmoid,
+    /// `silu(z) / z` (Qwen2-MoE).
+    SiluOverInput,
 }
 
 /// Bound of the metadata check: far above any published model (DeepSeek V3: 256 experts;
@@ -124,6 +136,7 @@ impl MoeConfig {
             norm_weights,
             weights_scale,
             act: GluOp::SwiGlu,
+            shared_gate: SharedGate::Sigmoid,
         })
     }
 }
@@ -280,9 +293,12 @@ impl<'a> Step<'a> {
             GluOp::SwiGlu,
         );
         if let Some(gi) = &sh.gate_inp {
-            // sigmoid(z) written as silu(z) / z, libllama's expression (the same numbers).
             let z = self.matmul(gi, x);
-            shared = g.mul(shared, g.div(g.silu(z), z));
+            let gate = match cfg.shared_gate {
+                SharedGate::Sigmoid => g.sigmoid(z),
+                SharedGate::SiluOverInput => g.div(g.silu(z), z),
+            };
+            shared = g.mul(shared, gate);
         }
         g.add(out, shared)
     }

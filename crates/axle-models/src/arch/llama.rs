@@ -5,7 +5,7 @@
 //! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
 use super::{Family, Hparams, Weights};
 use crate::blocks::{AttnSpec, Step};
-use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
+use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
 use crate::ModelError;
 use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
@@ -74,6 +74,8 @@ pub struct MoeVariant {
     /// Each layer has a shared expert (`ffn_*_shexp`), of width
     /// `{arch}.expert_shared_feed_forward_length` or else the dense FFN width.
     pub shared_expert: bool,
+    /// How the shared expert's gate is written.
+    pub shared_gate: SharedGate,
 }
 
 /// Reads the config and binds the weights.
@@ -118,13 +120,10 @@ impl Llama {
         let vv_dim = hp.n_head_kv * hp.head_dim_v;
         let moe = match variant.moe {
             None => None,
-            Some(m) => Some(MoeConfig::from_gguf(
-                f,
-                variant.arch,
-                ff,
-                m.gating,
-                m.norm_default,
-            )?),
+            Some(m) => Some(MoeConfig {
+                shared_gate: m.shared_gate,
+                ..MoeConfig::from_gguf(f, variant.arch, ff, m.gating, m.norm_default)?
+            }),
         };
         let shared_ff = match (variant.moe, &moe) {
             (Some(m), Some(c)) if m.shared_expert => Some(c.n_ff_shared.unwrap_or(ff)),

@@ -89,7 +89,15 @@ impl Hparams {
         let key = |k: &str| format!("{arch}.{k}");
         let int = |k: &str| f.int(&key(k)).map_err(ModelError::from);
         let n_embd = int("embedding_length")?;
-        let n_layer = int("block_count")? as usize;
+        let n_layer = int("block_count")?;
+        // Bounded first: per-layer arrays below are sized by it.
+        if !(1..=MAX_LAYERS).contains(&n_layer) {
+            return Err(bad(
+                &key("block_count"),
+                &format!("= {n_layer} is outside 1..={MAX_LAYERS}"),
+            ));
+        }
+        let n_layer = n_layer as usize;
         // Head counts and FFN widths may be per-layer arrays (Gemma 4): the largest sizes here,
         // the family reads the per-layer values.
         let largest = |k: &str| -> Result<Option<i64>, ModelError> {
@@ -290,6 +298,12 @@ pub fn sliding_layers(f: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bo
 /// A per-layer integer: an array of one value per layer, or one value for every layer; `None`
 /// when the key is absent.
 pub fn per_layer(f: &GgufFile, key: &str, n_layer: usize) -> Result<Option<Vec<i64>>, ModelError> {
+    if n_layer as i64 > MAX_LAYERS {
+        return Err(bad(
+            key,
+            &format!("is read for {n_layer} layers (more than {MAX_LAYERS})"),
+        ));
+    }
     if let Some(arr) = f.array_opt(key).ok().flatten() {
         if arr.len() != n_layer {
             return Err(bad(

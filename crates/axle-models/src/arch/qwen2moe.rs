@@ -3,7 +3,7 @@
 //! unnormalised weights, plus a shared expert scaled per token by a sigmoid gate.
 use super::llama::{load_variant, MoeVariant, Variant};
 use super::Family;
-use crate::moe::Gating;
+use crate::moe::{Gating, SharedGate};
 use crate::ModelError;
 use axle_ggml::{GgufFile, TensorStore};
 
@@ -19,6 +19,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             moe: Some(MoeVariant {
                 gating: Gating::Softmax,
                 norm_default: false,
+                shared_gate: SharedGate::SiluOverInput,
                 shared_expert: true,
             }),
         },

@@ -3,7 +3,7 @@
 //! router, top-k experts whose weights are renormalised to sum to 1, no shared expert.
 use super::llama::{load_variant, MoeVariant, Variant};
 use super::Family;
-use crate::moe::Gating;
+use crate::moe::{Gating, SharedGate};
 use crate::ModelError;
 use axle_ggml::{GgufFile, TensorStore};
 
@@ -19,6 +19,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             moe: Some(MoeVariant {
                 gating: Gating::Softmax,
                 norm_default: true,
+                shared_gate: SharedGate::Sigmoid,
                 shared_expert: false,
             }),
         },

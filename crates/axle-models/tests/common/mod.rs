@@ -146,6 +146,7 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
     )
     .expect("oracle");
     let mut identical = 0;
+    let mut exact = 0;
     let mut worst = 0.0f32;
     println!(
         "{:>6} {:>10} {:>6} {:>9}",
@@ -178,7 +179,8 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
                 gaps[i]
             );
         }
-        println!("{:>6} {:>10.5} {:>6} {:>9}", toks.len(), d, top1, same);
+        println!("{:>6} {:>10.2e} {:>6} {:>9}", toks.len(), d, top1, same);
+        exact += (d == 0.0) as usize;
         assert!(
             top1 || top2_gap(&o_first) < 0.05,
             "top-1 differs on a clear decision"
@@ -186,8 +188,15 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
         assert!(d < 0.35, "last-position logits differ by {d}");
     }
     println!(
-        "identical greedy continuations: {identical}/{}, worst max|dlogit| {worst:.5}",
+        "identical greedy continuations: {identical}/{}, bit-identical logits {exact}/{}, worst max|dlogit| {worst:.2e}",
+        prompts.len(),
         prompts.len()
+    );
+    // Every family is built from libllama's op sequence: logits must match bit for bit.
+    assert_eq!(
+        exact,
+        prompts.len(),
+        "logits not bit-identical on every prompt"
     );
     assert!(
         identical >= min_identical,
