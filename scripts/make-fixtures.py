@@ -291,18 +291,20 @@ def write_gemma4(path, vocab, seed, moe=False):
     finish(w, path)
 
 
-def write_deepseek2(path, vocab, seed):
+def write_deepseek2(path, vocab, seed, v3=False):
     """A DeepSeek-V3 / GLM-4.7-Flash-style fixture (`deepseek2`): multi-head latent attention
     with a low-rank query (rank 32), a 32-wide KV latent plus 16 rotated dims (one cache row of 48
     per token), heads of 48 (32 unrotated + 16) for keys and 32 for values, split per-head
     up-projections (attn_k_b / attn_v_b); one leading dense layer, then MoE layers with 8 experts,
     top-2, sigmoid routing with a selection bias, renormalised and scaled weights, one shared
-    expert."""
+    expert. `v3`: DeepSeek-V3/Kimi-K2 style instead: full-rank queries, YaRN-scaled RoPE (factor
+    4 over 256 positions, log multiplier 0.1) and grouped expert selection (4 groups of 2, 2 used,
+    top-2)."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     arch = "deepseek2"
     e, nh, nl, ff = 64, 4, 3, 128
-    q_lora, kv_lora, rope, nope, hv = 32, 32, 16, 32, 32
+    q_lora, kv_lora, rope, nope, hv = (0 if v3 else 32), 32, 16, 32, 32
     x, eff = 8, 64
     w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, 1)
     w.add_key_length(kv_lora + rope)
@@ -313,6 +315,13 @@ def write_deepseek2(path, vocab, seed):
     w.add_uint32(f"{arch}.attention.kv_lora_rank", kv_lora)
     w.add_uint32(f"{arch}.rope.dimension_count", rope)
     w.add_rope_freq_base(10000.0)
+    if v3:
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", 4.0)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 256)
+        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", 0.1)
+        w.add_uint32(f"{arch}.expert_group_count", 4)
+        w.add_uint32(f"{arch}.expert_group_used_count", 2)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_uint32(f"{arch}.leading_dense_block_count", 1)
     w.add_expert_count(x)
@@ -334,9 +343,12 @@ def write_deepseek2(path, vocab, seed):
     for i in range(nl):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
-        mat(p + "attn_q_a.weight", q_lora, e)
-        vec(p + "attn_q_a_norm.weight", q_lora)
-        mat(p + "attn_q_b.weight", nh * (nope + rope), q_lora)
+        if q_lora:
+            mat(p + "attn_q_a.weight", q_lora, e)
+            vec(p + "attn_q_a_norm.weight", q_lora)
+            mat(p + "attn_q_b.weight", nh * (nope + rope), q_lora)
+        else:
+            mat(p + "attn_q.weight", nh * (nope + rope), e)
         mat(p + "attn_kv_a_mqa.weight", kv_lora + rope, e)
         vec(p + "attn_kv_a_norm.weight", kv_lora)
         q8(p + "attn_k_b.weight", (nh, kv_lora, nope), 1.0 / np.sqrt(nope))
@@ -359,16 +371,18 @@ def write_deepseek2(path, vocab, seed):
     finish(w, path)
 
 
-def write_qwen35(path, vocab, seed, moe=False, tied=False):
+def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     """A Qwen3.5 fixture (`qwen35`, or `qwen35moe` with routed experts and a gated shared
     expert): 4 layers, three gated delta net layers (2 key heads and 4 value heads of 16, a 4-tap
     convolution) then one gated full-attention layer (4 query / 2 KV heads of 32, 16 rotated dims
     in interleaved M-RoPE sections 3/3/2/0), an untied head. `tied`: the embedding as the head,
     which makes the random model repeat itself, so that n-gram drafts get both accepted and
-    rejected in engine tests."""
+    rejected in engine tests. `next_`: Qwen3-Next (`qwen3next`, MoE): NeoX RoPE and one fused
+    beta/decay projection (`ssm_ba`)."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
-    arch = "qwen35moe" if moe else "qwen35"
+    arch = "qwen3next" if next_ else "qwen35moe" if moe else "qwen35"
+    moe = moe or next_
     e, nh, nkv, hd, ff, nl = 64, 4, 2, 32, 128, 4
     d_conv, hk, n_kh, n_vh = 4, 16, 2, 4
     key_dim, value_dim = hk * n_kh, hk * n_vh
@@ -377,7 +391,8 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False):
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_uint32(f"{arch}.rope.dimension_count", 16)
-    w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])
+    if not next_:
+        w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
@@ -413,8 +428,11 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False):
             # remembers far back, so that a wrong starting state shows in the logits.
             vec(p + "ssm_dt.bias", n_vh, -2.0, 0.5)
             w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_vh) * 0.5 - 4.0)).astype(np.float32))
-            mat(p + "ssm_beta.weight", n_vh, e)
-            mat(p + "ssm_alpha.weight", n_vh, e)
+            if next_:
+                mat(p + "ssm_ba.weight", 2 * n_vh, e)
+            else:
+                mat(p + "ssm_beta.weight", n_vh, e)
+                mat(p + "ssm_alpha.weight", n_vh, e)
             vec(p + "ssm_norm.weight", hk)
             mat(p + "ssm_out.weight", e, value_dim)
         else:
@@ -472,9 +490,11 @@ def main():
     write_gemma4(os.path.join(a.out, "gemma4-tiny.gguf"), vocab, 7)
     write_gemma4(os.path.join(a.out, "gemma4moe-tiny.gguf"), vocab, 8, moe=True)
     write_deepseek2(os.path.join(a.out, "deepseek2-tiny.gguf"), vocab, 9)
+    write_deepseek2(os.path.join(a.out, "deepseek2-v3-tiny.gguf"), vocab, 14, v3=True)
     write_qwen35(os.path.join(a.out, "qwen35-tiny.gguf"), vocab, 10)
     write_qwen35(os.path.join(a.out, "qwen35moe-tiny.gguf"), vocab, 11, moe=True)
     write_qwen35(os.path.join(a.out, "qwen35-tied-tiny.gguf"), vocab, 12, tied=True)
+    write_qwen35(os.path.join(a.out, "qwen3next-tiny.gguf"), vocab, 13, next_=True)
 
 
 if __name__ == "__main__":

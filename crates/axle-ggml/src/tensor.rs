@@ -472,6 +472,11 @@ impl Context {
             )
         })
     }
+    /// A tensor of `a`'s shape filled with `value`.
+    pub fn fill<'a>(&'a self, a: Tensor<'a>, value: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_fill(self.raw(), a.raw(), value) })
+    }
     /// Logistic sigmoid, elementwise.
     pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.

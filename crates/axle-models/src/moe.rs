@@ -48,6 +48,9 @@ pub struct MoeConfig {
     /// How a gated shared expert's gate is computed (the families write it differently, and
     /// the last bits follow the expression).
     pub shared_gate: SharedGate,
+    /// Grouped selection (DeepSeek V3): experts in `groups` equal groups, each group scored by
+    /// its two best experts, and the top-k chosen within the best `groups_used` groups.
+    pub groups: Option<(i64, i64)>,
 }
 
 /// The sigmoid of a shared expert's gate, as the family's reference graph computes it.
@@ -120,13 +123,28 @@ impl MoeConfig {
         let norm_weights = f
             .bool_opt(&key("expert_weights_norm"))?
             .unwrap_or(norm_default);
-        let groups = f.int_opt(&key("expert_group_count"))?.unwrap_or(1);
-        if groups > 1 {
-            return Err(ModelError::Unsupported(format!(
-                "{} = {groups}: grouped expert selection is not implemented",
-                key("expert_group_count")
-            )));
-        }
+        let n_groups = f.int_opt(&key("expert_group_count"))?.unwrap_or(1);
+        let groups = if n_groups > 1 {
+            let used = f.int_opt(&key("expert_group_used_count"))?.unwrap_or(0);
+            if n_groups >= n_expert || n_expert % n_groups != 0 || !(1..n_groups).contains(&used) {
+                return Err(bad(
+                    "expert_group_count",
+                    format!(
+                        "= {n_groups} with {used} used: the groups must split the {n_expert} \
+                         experts evenly and fewer than all be used"
+                    ),
+                ));
+            }
+            if n_expert / n_groups < 2 {
+                return Err(bad(
+                    "expert_group_count",
+                    format!("= {n_groups}: a group needs at least 2 experts"),
+                ));
+            }
+            Some((n_groups, used))
+        } else {
+            None
+        };
         Ok(MoeConfig {
             n_expert,
             n_used,
@@ -137,6 +155,7 @@ impl MoeConfig {
             weights_scale,
             act: GluOp::SwiGlu,
             shared_gate: SharedGate::Sigmoid,
+            groups,
         })
     }
 }
@@ -164,7 +183,7 @@ pub enum FeedForward {
         down: StoredTensor,
     },
     /// Routed experts (and shared ones).
-    Moe(MoeLayer, MoeConfig),
+    Moe(Box<MoeLayer>, MoeConfig),
 }
 
 impl FeedForward {
@@ -317,10 +336,23 @@ impl<'a> Step<'a> {
             Gating::Softmax => g.soft_max(logits),
             Gating::Sigmoid => g.sigmoid(logits),
         };
-        let selection = match &l.selection_bias {
+        let mut selection = match &l.selection_bias {
             Some(b) => g.add(probs, b.t()),
             None => probs,
         };
+        if let Some((n_groups, used)) = cfg.groups {
+            // Score each group by the sum of its two best experts, keep the best `used` groups
+            // and mask the others' experts out of the top-k (libllama's op sequence).
+            let per = cfg.n_expert / n_groups;
+            let grouped = g.reshape(selection, &[per, n_groups, n]);
+            let best2 = g.argsort_top_k(grouped, 2);
+            let scores = g.get_rows(g.reshape(grouped, &[1, per, n_groups, n]), best2);
+            let scores = g.sum_rows(g.reshape(scores, &[2, n_groups, n]));
+            let keep = g.argsort_top_k(g.reshape(scores, &[n_groups, n]), used);
+            let kept = g.get_rows(grouped, keep);
+            let masked = g.set_rows(g.fill(grouped, f32::NEG_INFINITY), kept, keep);
+            selection = g.reshape(masked, &[cfg.n_expert, n]);
+        }
         let selected = g.argsort_top_k(selection, cfg.n_used);
         let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
         if cfg.norm_weights {

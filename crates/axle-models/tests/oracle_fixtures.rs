@@ -73,6 +73,27 @@ fn qwen35moe_fixture_matches_libllama() {
     );
 }
 
+/// Qwen3-Next: fused beta/decay projection, key heads repeated per value-head run, NeoX RoPE.
+#[test]
+fn qwen3next_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("qwen3next-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}
+
+/// DeepSeek-V3 style MLA: full-rank queries, YaRN with the MLA softmax-scale correction, grouped
+/// expert selection.
+#[test]
+fn deepseek2_v3_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("deepseek2-v3-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}
+
 #[test]
 fn llama_fixture_matches_libllama() {
     common::run_oracle_suite_path(&common::fixture("llama-tiny.gguf"), &prompts(), 5);

@@ -12,7 +12,11 @@ const TEXT: &str = "The history of computing is a story of abstraction layered u
 
 #[test]
 fn rejected_drafts_roll_the_recurrent_state_back() {
-    for name in ["qwen35-tiny.gguf", "qwen35moe-tiny.gguf"] {
+    for name in [
+        "qwen35-tiny.gguf",
+        "qwen35moe-tiny.gguf",
+        "qwen3next-tiny.gguf",
+    ] {
         let model =
             Arc::new(Model::load(common::fixture(name), &ModelOptions::cpu(2)).expect("load"));
         let runner = |snapshots| {

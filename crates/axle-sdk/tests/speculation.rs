@@ -306,6 +306,12 @@ fn greedy_speculation_is_exact_qwen35moe_fixture() {
     greedy_exactness("qwen35moe-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// Qwen3-Next (hybrid, MoE, fused beta/decay projection).
+#[test]
+fn greedy_speculation_is_exact_qwen3next_fixture() {
+    greedy_exactness("qwen3next-tiny.gguf", Drafts::AsTheyCome);
+}
+
 #[test]
 fn seeded_sampling_with_speculation_matches_plain_sampling() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama-tiny.gguf");

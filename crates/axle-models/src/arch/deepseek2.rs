@@ -13,9 +13,10 @@
 //! mixtures of experts (softmax or sigmoid router, per `expert_gating_func`; an optional
 //! selection bias; optional renormalisation and scale) plus always-on shared experts.
 //!
-//! Refused by name: files without the split `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`),
-//! YaRN-scaled RoPE (its attention-scale correction is not implemented), grouped expert
-//! selection.
+//! YaRN-scaled RoPE (DeepSeek V3, Kimi K2) corrects the attention scale by the `mscale` of
+//! `rope.scaling.yarn_log_multiplier`, as libllama does. Grouped expert selection (DeepSeek V3's
+//! router) comes with the MoE block. Refused by name: files without the split
+//! `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`).
 use super::{bad, Family, Hparams, Weights};
 use crate::blocks::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
@@ -60,6 +61,8 @@ pub struct DeepSeek2 {
     head_v: i64,
     kv_lora: i64,
     n_rot: i64,
+    /// Softmax scale: 1/sqrt(head_k), times the squared YaRN mscale when RoPE is scaled.
+    kq_scale: f32,
     tok_embd: StoredTensor,
     output_norm: StoredTensor,
     output: StoredTensor,
@@ -74,13 +77,35 @@ fn key(k: &str) -> String {
 
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, ARCH, 0)?;
-    if f.str_opt(&key("rope.scaling.type"))? == Some("yarn") {
-        return Err(ModelError::Unsupported(format!(
-            "{} = yarn: the MLA attention-scale correction for YaRN is not implemented",
-            key("rope.scaling.type")
-        )));
-    }
+    let mut hp = Hparams::from_gguf(f, ARCH, 0)?;
+    // YaRN: libllama's attention factor for the rotations and the softmax-scale correction.
+    let kq_mscale = if hp.rope.ext_factor != 0.0 {
+        let factor = 1.0 / hp.rope.freq_scale;
+        let get_mscale = |m: f32| {
+            if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * factor.ln() + 1.0
+            }
+        };
+        // The converter writes 0.1 x mscale_all_dim; libllama cancels the 0.1.
+        let log_mul = f
+            .float_opt(&key("rope.scaling.yarn_log_multiplier"))?
+            .map_or(0.0, |v| v as f32 / 0.1);
+        let mut attn_factor = if log_mul != 0.0 {
+            let mscale = if log_mul != 1.0 { log_mul } else { 1.0 };
+            get_mscale(mscale) / get_mscale(log_mul)
+        } else {
+            get_mscale(1.0)
+        };
+        attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+        attn_factor *= hp.rope.attn_factor;
+        hp.rope.attn_factor = attn_factor;
+        let attn_factor_org = attn_factor * (1.0 + 0.1 * (1.0 / hp.rope.freq_scale).ln());
+        attn_factor_org * (1.0 + 0.1 * log_mul * (1.0 / hp.rope.freq_scale).ln())
+    } else {
+        hp.rope.attn_factor
+    };
     let int_in = |k: &str, v: Option<i64>, max: i64| -> Result<i64, ModelError> {
         match v {
             Some(v) if (1..=max).contains(&v) => Ok(v),
@@ -178,7 +203,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         let ffn = if il < n_dense {
             FeedForward::dense(&w, il, e, hp.n_ff)?
         } else {
-            FeedForward::Moe(MoeLayer::bind(&w, il, e, &moe, shared_ff)?, moe)
+            FeedForward::Moe(Box::new(MoeLayer::bind(&w, il, e, &moe, shared_ff)?), moe)
         };
         layers.push(Layer {
             attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
@@ -201,6 +226,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         head_v,
         kv_lora,
         n_rot,
+        kq_scale: kq_mscale * kq_mscale / (head_k as f32).sqrt(),
         hp,
     }))
 }
@@ -221,13 +247,12 @@ impl Family for DeepSeek2 {
         let (eps, nh) = (hp.rms_eps, hp.n_head);
         let (kv_lora, n_rot) = (self.kv_lora, self.n_rot);
         let qk_nope = self.head_k - n_rot;
-        // No YaRN (refused at load): the softmax scale is the plain 1/sqrt(head size).
         let spec = AttnSpec {
             n_head: nh,
             n_head_kv: 1,
             head_dim_k: kv_lora + n_rot,
             head_dim_v: kv_lora,
-            scale: 1.0 / (self.head_k as f32).sqrt(),
+            scale: self.kq_scale,
             softcap: 0.0,
             sliding: false,
         };

@@ -157,7 +157,9 @@ impl Llama {
                 },
                 ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
                 ffn: match &moe {
-                    Some(cfg) => FeedForward::Moe(MoeLayer::bind(&w, i, e, cfg, shared_ff)?, *cfg),
+                    Some(cfg) => {
+                        FeedForward::Moe(Box::new(MoeLayer::bind(&w, i, e, cfg, shared_ff)?), *cfg)
+                    }
                     None => FeedForward::dense(&w, i, e, ff)?,
                 },
             });

@@ -385,6 +385,7 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("deepseek2", deepseek2::load),
     ("qwen35", qwen35::load),
     ("qwen35moe", qwen35::load_moe),
+    ("qwen3next", qwen35::load_next),
 ];
 
 /// Names of the supported architectures.

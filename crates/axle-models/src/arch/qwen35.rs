@@ -1,4 +1,5 @@
-//! Qwen3.5 / Qwen3.6 (`qwen35` and `qwen35moe` GGUF architectures): hybrid linear attention.
+//! Qwen3.5 / Qwen3.6 (`qwen35` and `qwen35moe` GGUF architectures) and Qwen3-Next (`qwen3next`):
+//! hybrid linear attention.
 //!
 //! Most layers (three of every four by default; `full_attention_interval`, or the per-layer
 //! `attention.recurrent_layers`) are gated delta net layers: one projection gives the queries,
@@ -8,7 +9,9 @@
 //! SiLU of a second projection and projected back. The other layers are full attention with a
 //! per-head sigmoid output gate (queries and gates from one projection), QK norm and
 //! interleaved multi-section RoPE. The MoE variant replaces the FFN with routed experts and a
-//! gated shared expert.
+//! gated shared expert. Qwen3-Next is the MoE variant with plain (NeoX) RoPE, one fused projection
+//! for the delta rule's beta and decay inputs (`ssm_ba`, grouped per key head), and key heads
+//! repeated to the value heads head by head.
 //!
 //! The recurrent state lives in the runner's state pools (see [`crate::recurrent`]); each
 //! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
@@ -44,6 +47,28 @@ impl DeltaShape {
     }
 }
 
+/// How the beta and decay inputs are projected.
+enum BetaAlpha {
+    /// Two projections [n_embd, n_v_heads] (Qwen3.5).
+    Split {
+        beta: StoredTensor,
+        alpha: StoredTensor,
+    },
+    /// One [n_embd, 2 * n_v_heads], per key head its value heads' betas then their decay inputs
+    /// (Qwen3-Next).
+    Fused(StoredTensor),
+}
+
+/// What distinguishes the variants of the family.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    /// Interleaved multi-section RoPE (Qwen3.5) or NeoX RoPE (Qwen3-Next).
+    mrope: bool,
+    /// Key heads repeated to the value heads before the delta rule, each key head for a run of
+    /// consecutive value heads (Qwen3-Next); otherwise the op broadcasts them cyclically.
+    repeat_keys: bool,
+}
+
 /// A gated delta net layer's weights.
 struct DeltaLayer {
     /// [n_embd, conv_dim]: queries, keys, values.
@@ -55,9 +80,7 @@ struct DeltaLayer {
     /// [n_v_heads] each: decay bias and scale.
     dt_bias: StoredTensor,
     a: StoredTensor,
-    /// [n_embd, n_v_heads] each.
-    beta: StoredTensor,
-    alpha: StoredTensor,
+    beta_alpha: BetaAlpha,
     /// [head_v]
     norm: StoredTensor,
     /// [value_dim, n_embd]
@@ -94,6 +117,7 @@ struct Layer {
 /// The model.
 pub struct Qwen35 {
     hp: Hparams,
+    variant: Variant,
     delta: DeltaShape,
     sections: [i32; MROPE_SECTIONS],
     tok_embd: StoredTensor,
@@ -102,14 +126,28 @@ pub struct Qwen35 {
     layers: Vec<Layer>,
 }
 
+const QWEN35: Variant = Variant {
+    mrope: true,
+    repeat_keys: false,
+};
+
 /// Loads `qwen35` (dense FFN).
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    load_arch(f, store, "qwen35", false)
+    load_arch(f, store, "qwen35", false, QWEN35)
 }
 
 /// Loads `qwen35moe` (routed experts and a gated shared expert).
 pub fn load_moe(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    load_arch(f, store, "qwen35moe", true)
+    load_arch(f, store, "qwen35moe", true, QWEN35)
+}
+
+/// Loads `qwen3next` (routed experts, NeoX RoPE, fused beta/decay projection).
+pub fn load_next(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
+    let variant = Variant {
+        mrope: false,
+        repeat_keys: true,
+    };
+    load_arch(f, store, "qwen3next", true, variant)
 }
 
 fn load_arch(
@@ -117,11 +155,15 @@ fn load_arch(
     store: &TensorStore,
     arch: &str,
     moe: bool,
+    variant: Variant,
 ) -> Result<Box<dyn Family>, ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
-    let hp = Hparams::from_gguf(f, arch, ROPE_TYPE_IMROPE)?;
+    let rope_mode = if variant.mrope { ROPE_TYPE_IMROPE } else { 2 };
+    let hp = Hparams::from_gguf(f, arch, rope_mode)?;
     let nl = hp.n_layer;
-    let sections = {
+    let sections = if !variant.mrope {
+        [0; MROPE_SECTIONS]
+    } else {
         let k = key("rope.dimension_sections");
         let arr = f.array_opt(&k)?.ok_or_else(|| bad(&k, "is missing"))?;
         let mut out = [0i32; MROPE_SECTIONS];
@@ -210,14 +252,26 @@ fn load_arch(
         let n = |s: &str| format!("blk.{il}.{s}");
         let mixer = if recr {
             let d = &delta;
+            if store.get(&n("ssm_in.weight")).is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "{arch} with the legacy fused {} (an old conversion): reconvert the model",
+                    n("ssm_in.weight")
+                )));
+            }
+            let beta_alpha = match w.opt(&n("ssm_ba.weight"), &[e, 2 * d.n_v_heads])? {
+                Some(t) => BetaAlpha::Fused(t),
+                None => BetaAlpha::Split {
+                    beta: w.req(&n("ssm_beta.weight"), &[e, d.n_v_heads])?,
+                    alpha: w.req(&n("ssm_alpha.weight"), &[e, d.n_v_heads])?,
+                },
+            };
             let l = DeltaLayer {
                 wqkv: w.req(&n("attn_qkv.weight"), &[e, d.conv_dim()])?,
                 wgate: w.req(&n("attn_gate.weight"), &[e, d.value_dim()])?,
                 conv: w.req(&n("ssm_conv1d.weight"), &[d.d_conv, d.conv_dim()])?,
                 dt_bias: w.req(&n("ssm_dt.bias"), &[d.n_v_heads])?,
                 a: w.req(&n("ssm_a"), &[d.n_v_heads])?,
-                beta: w.req(&n("ssm_beta.weight"), &[e, d.n_v_heads])?,
-                alpha: w.req(&n("ssm_alpha.weight"), &[e, d.n_v_heads])?,
+                beta_alpha,
                 norm: w.req(&n("ssm_norm.weight"), &[d.head_v])?,
                 out: w.req(&n("ssm_out.weight"), &[d.value_dim(), e])?,
                 state: n_state,
@@ -240,7 +294,10 @@ fn load_arch(
         let ffn = match &moe_cfg {
             Some(cfg) => {
                 let shared = cfg.n_ff_shared.unwrap_or(hp.n_ff);
-                FeedForward::Moe(MoeLayer::bind(&w, il, e, cfg, Some(shared))?, *cfg)
+                FeedForward::Moe(
+                    Box::new(MoeLayer::bind(&w, il, e, cfg, Some(shared))?),
+                    *cfg,
+                )
             }
             None => FeedForward::dense(&w, il, e, hp.n_ff)?,
         };
@@ -258,6 +315,7 @@ fn load_arch(
         layers,
         delta,
         sections,
+        variant,
         hp,
     }))
 }
@@ -271,8 +329,23 @@ impl Qwen35 {
         let eps = self.hp.rms_eps;
         let qkv = s.matmul(&l.wqkv, h);
         let z = s.matmul(&l.wgate, h);
-        let beta = g.sigmoid(s.matmul(&l.beta, h));
-        let alpha = g.add(s.matmul(&l.alpha, h), l.dt_bias.t());
+        let (beta, alpha) = match &l.beta_alpha {
+            BetaAlpha::Split { beta, alpha } => (g.sigmoid(s.matmul(beta, h)), s.matmul(alpha, h)),
+            BetaAlpha::Fused(ba) => {
+                // Per key head: its value heads' betas, then their decay inputs.
+                let per = d.n_v_heads / d.n_k_heads;
+                let mixed = g.reshape(s.matmul(ba, h), &[2 * per, d.n_k_heads, n]);
+                let nb = mixed.nb();
+                let part = |off: usize| g.view(mixed, &[per, d.n_k_heads, n], &[nb[1], nb[2]], off);
+                let beta = g.sigmoid(g.cont(part(0)));
+                let alpha = g.cont(part(mixed.dtype().row_size(per)));
+                (
+                    g.reshape(beta, &[d.n_v_heads, n]),
+                    g.reshape(alpha, &[d.n_v_heads, n]),
+                )
+            }
+        };
+        let alpha = g.add(alpha, l.dt_bias.t());
         let decay = g.mul(g.softplus(alpha), l.a.t());
         let l2 = |x: Tensor<'a>| {
             let width = x.ne()[0] as f32;
@@ -317,6 +390,18 @@ impl Qwen35 {
             };
             let q = l2(part(d.n_k_heads, d.head_k, 0));
             let k = l2(part(d.n_k_heads, d.head_k, d.key_dim()));
+            // Qwen3-Next: each key head serves a run of consecutive value heads.
+            let (q, k) = if self.variant.repeat_keys && d.n_k_heads != d.n_v_heads {
+                let rep = |t: Tensor<'a>| {
+                    let t = g.reshape(t, &[d.head_k, 1, d.n_k_heads, seq.n]);
+                    let per = d.n_v_heads / d.n_k_heads;
+                    let t = g.repeat_4d(t, [d.head_k, per, d.n_k_heads, seq.n]);
+                    g.reshape(t, &[d.head_k, d.n_v_heads, seq.n, 1])
+                };
+                (rep(q), rep(k))
+            } else {
+                (q, k)
+            };
             let v = part(d.n_v_heads, d.head_v, 2 * d.key_dim());
             let per_head = |t: Tensor<'a>| g.reshape(g.cont(rows(t)), &[1, d.n_v_heads, seq.n, 1]);
             let state = g.reshape(
@@ -367,8 +452,17 @@ impl Qwen35 {
         let k = g.reshape(s.matmul(&l.wk, h), &[hd, hp.n_head_kv, n]);
         let k = s.rms_norm(k, &l.k_norm, hp.rms_eps);
         let v = g.reshape(s.matmul(&l.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
-        let q = g.rope_multi(q, s.pos, self.sections, &hp.rope);
-        let k = g.rope_multi(k, s.pos, self.sections, &hp.rope);
+        let (q, k) = if self.variant.mrope {
+            (
+                g.rope_multi(q, s.pos, self.sections, &hp.rope),
+                g.rope_multi(k, s.pos, self.sections, &hp.rope),
+            )
+        } else {
+            (
+                g.rope(q, s.pos, None, &hp.rope),
+                g.rope(k, s.pos, None, &hp.rope),
+            )
+        };
         let spec = AttnSpec {
             n_head: nh,
             n_head_kv: hp.n_head_kv,
@@ -415,7 +509,11 @@ impl Family for Qwen35 {
     }
 
     fn positions_per_token(&self) -> usize {
-        MROPE_SECTIONS
+        if self.variant.mrope {
+            MROPE_SECTIONS
+        } else {
+            1
+        }
     }
 
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
