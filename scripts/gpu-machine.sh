@@ -8,7 +8,7 @@
 #                                     random-weight 8B files in the background
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
-#   scripts/gpu-machine.sh models     assemble and sha256-check the real models
+#   scripts/gpu-machine.sh models     assemble and sha256-check the real models, write the fixtures
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 w="${AXLE_GPU_WORK:-/root/axle-gpu}"
@@ -25,7 +25,8 @@ case "$cmd" in
     setsid nohup bash -c "'$root/scripts/build-cuda-backend.sh' --src '$w/llama-src.tgz' \
       --out '$w/bin/backends' --arch 90-real >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
       >/dev/null 2>&1 &
-    vocab="$root/fixtures/$(ls "$root/fixtures" | grep -m1 'llama.*\.gguf$')"
+    # A byte-level BPE vocabulary for the random 8B files (the fixtures are not in git).
+    vocab="$root/.device/llama-tiny.gguf"
     setsid nohup bash "$root/scripts/gpu-machine.sh" gen8b "$vocab" >/dev/null 2>&1 &
     echo "started: build and 8B files in the background"
     ;;
@@ -65,6 +66,9 @@ case "$cmd" in
       mv "$p" "${p%.part}.gguf"
     done
     sha256sum -c "$w/models.sha256"
+    # The random-weight fixtures, from seeds (not in git; the same bytes as on the build machine).
+    PYTHONPATH="$w/site" python3 "$root/scripts/make-fixtures.py" \
+      --smollm2 "$w/models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$root/fixtures"
     ;;
   *)
     echo "usage: $0 start|chunks|wait [S]|models" >&2

@@ -459,13 +459,21 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     finish(w, path)
 
 
+# Files main() writes (setup.sh regenerates them when some are missing).
+FIXTURES = 14
+
+
 def main():
     ap = argparse.ArgumentParser()
     default = os.path.join(os.environ.get("AXLE_MODEL_DIR", os.path.expanduser("~/.cache/axle/models")),
                            "SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--smollm2", default=default)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    ap.add_argument("--count", action="store_true", help="print how many fixtures this writes")
     a = ap.parse_args()
+    if a.count:
+        print(FIXTURES)
+        return
     os.makedirs(a.out, exist_ok=True)
     vocab = read_vocab(a.smollm2)
     base = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_layer=2)

@@ -40,6 +40,16 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
 
+# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 14
+# files, about 120 MB): written from seeds by scripts/make-fixtures.py (about 10 s), byte for byte
+# the same on every machine, rather than kept in git.
+models="$("$here/fetch-models.sh")"
+fixtures="$here/../fixtures"
+if [ "$(ls "$fixtures"/*-tiny.gguf 2>/dev/null | wc -l)" -lt "$("$venv/bin/python" "$here/make-fixtures.py" --count)" ]; then
+  "$venv/bin/python" "$here/make-fixtures.py" --smollm2 "$models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    --out "$fixtures" >/dev/null
+fi
+
 # The delegated-route tests run llama.cpp's server as llama-cpp-python packages it. PyPI has its
 # source only, so its wheel is built once (about 6 minutes on 2 cores, host CPU features, no
 # llava or tools) into the cache and installed from there.
