@@ -3,7 +3,10 @@
 //! with k + 1 tokens and logits at every position (a verify step of k drafts; k = 0 is a plain
 //! decode step): repeated with the same shape, and alternating with k + 1 (graph rebuilds). With
 //! `k [steps]`, prefills once and times only that width, `steps` times (default 20): for profiling,
-//! e.g. `perf record -D 3000 target/release/examples/step_cost MODEL 3 300`.
+//! e.g. `perf record -D 3000 target/release/examples/step_cost MODEL 3 300`. For recurrent
+//! (hybrid) models, `AXLE_KEEP_STATES=1` makes each verify step keep the state after each of its
+//! tokens (what rollback of rejected drafts needs) instead of the last one only: the difference is
+//! what per-position states cost.
 use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +17,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only: Option<usize> = args.next().map(|k| k.parse()).transpose()?;
     let n: usize = args.next().map(|n| n.parse()).transpose()?.unwrap_or(20);
     let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
-    let mut r = Runner::new(model, RunnerOptions::default())?;
+    let keep_all = std::env::var_os("AXLE_KEEP_STATES").is_some();
+    let mut r = Runner::new(
+        model,
+        RunnerOptions {
+            state_snapshots: 9,
+            ..RunnerOptions::default()
+        },
+    )?;
     let ctx = 300usize;
     let table: Vec<u32> = (0..64).collect();
     let toks: Vec<u32> = (0..ctx as u32 + 16)
@@ -40,7 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             LogitRows::All
         },
-        state: Default::default(),
+        state: axle_models::StateSlots {
+            keep: if keep_all { k as u32 + 1 } else { 1 },
+            ..Default::default()
+        },
     };
     for k in only.map_or(0..=8, |k| k..=k) {
         r.step(&[inp(k)])?;
