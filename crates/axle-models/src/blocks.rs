@@ -131,7 +131,9 @@ impl<'a> Step<'a> {
         let [_, n, rest @ ..] = x.ne();
         let w_t = w.t();
         if let Some(d) = &self.device {
-            if rest == [1, 1] && w_t.is_on_device() && w_t.dtype().is_quantized() {
+            // Quantized weights (MMVQ/MMQ) and float ones (the routers of MoE layers are F32:
+            // cuBLAS and the vector kernels round differently by width too).
+            if rest == [1, 1] && w_t.is_on_device() {
                 return self.matmul_device(w_t, x, d);
             }
         }

@@ -284,7 +284,7 @@ impl MoeLayer {
 
 impl<'a> Step<'a> {
     /// A SwiGLU feed-forward block of `x` [n_embd, n], dense or MoE.
-    pub fn feed_forward(&self, x: Tensor<'a>, f: &'a FeedForward) -> Tensor<'a> {
+    pub fn feed_forward(&mut self, x: Tensor<'a>, f: &'a FeedForward) -> Tensor<'a> {
         match f {
             FeedForward::Dense { gate, up, down } => {
                 self.ffn(x, FfnWeights { gate, up, down }, GluOp::SwiGlu)
@@ -295,7 +295,7 @@ impl<'a> Step<'a> {
 
     /// The MoE feed-forward of `x` [n_embd, n]: routed experts (router logits from `x`) plus
     /// the shared expert, if any.
-    pub fn moe(&self, x: Tensor<'a>, l: &'a MoeLayer, cfg: &MoeConfig) -> Tensor<'a> {
+    pub fn moe(&mut self, x: Tensor<'a>, l: &'a MoeLayer, cfg: &MoeConfig) -> Tensor<'a> {
         let g = self.ctx;
         let logits = self.matmul(&l.router, x);
         let out = self.moe_routed(x, logits, l, cfg);
@@ -322,9 +322,12 @@ impl<'a> Step<'a> {
         g.add(out, shared)
     }
 
-    /// The routed experts of `x` [n_embd, n] given the router logits [n_expert, n].
+    /// The routed experts of `x` [n_embd, n] given the router logits [n_expert, n]. The graph
+    /// gets libllama's node order too (the routing weights, then the experts' products, then the
+    /// views summed): ggml's CUDA backend fuses the routing ops when they come in that order, and
+    /// the fused kernel rounds differently from the separate ones.
     pub fn moe_routed(
-        &self,
+        &mut self,
         x: Tensor<'a>,
         logits: Tensor<'a>,
         l: &'a MoeLayer,
@@ -364,26 +367,16 @@ impl<'a> Step<'a> {
         if cfg.weights_scale != 0.0 && cfg.weights_scale != 1.0 {
             weights = g.scale(weights, cfg.weights_scale);
         }
+        self.graph.expand(weights);
         let cur = g.reshape(x, &[n_embd, 1, n]);
-        let product = |w: &'a StoredTensor, x: Tensor<'a>, scale: Option<&'a StoredTensor>| {
-            let y = self.mul_mat_id(w, x, selected);
-            match scale {
-                None => y,
-                Some(s) => {
-                    // The selected experts' scales, one per (expert slot, token).
-                    let s = g.reshape(s.t(), &[1, cfg.n_expert, 1]);
-                    let s = g.repeat_4d(s, [1, cfg.n_expert, n, 1]);
-                    g.mul(y, g.get_rows(s, selected))
-                }
-            }
-        };
         let (gate, up) = match &l.gate_up {
-            GateUp::Separate { gate, up } => (
-                product(gate, cur, l.gate_scale.as_ref()),
-                product(up, cur, l.up_scale.as_ref()),
-            ),
+            GateUp::Separate { gate, up } => {
+                let up = self.expert_product(up, cur, selected, l.up_scale.as_ref(), cfg);
+                let gate = self.expert_product(gate, cur, selected, l.gate_scale.as_ref(), cfg);
+                (gate, up)
+            }
             GateUp::Merged(gu) => {
-                let both = product(gu, cur, l.up_scale.as_ref());
+                let both = self.expert_product(gu, cur, selected, l.up_scale.as_ref(), cfg);
                 let nb = both.nb();
                 let ff = cfg.n_ff_exp;
                 let half = |off: usize| g.view(both, &[ff, cfg.n_used, n], &[nb[1], nb[2]], off);
@@ -391,45 +384,86 @@ impl<'a> Step<'a> {
             }
         };
         let act = g.glu(gate, up, cfg.act);
-        let experts = g.mul(product(&l.down, act, l.down_scale.as_ref()), weights);
+        let down = self.expert_product(&l.down, act, selected, l.down_scale.as_ref(), cfg);
+        let experts = g.mul(down, weights);
+        self.graph.expand(experts);
         let nb = experts.nb();
-        let mut out = g.view(experts, &[n_embd, n], &[nb[2]], 0);
-        for i in 1..cfg.n_used {
-            out = g.add(
-                out,
-                g.view(experts, &[n_embd, n], &[nb[2]], i as usize * nb[1]),
-            );
+        let views: Vec<Tensor<'a>> = (0..cfg.n_used)
+            .map(|i| g.view(experts, &[n_embd, n], &[nb[2]], i as usize * nb[1]))
+            .collect();
+        for &v in &views {
+            self.graph.expand(v);
+        }
+        let mut out = views[0];
+        for &v in &views[1..] {
+            out = g.add(out, v);
+            self.graph.expand(out);
         }
         out
     }
 
+    /// One expert product, times the chosen experts' output scales when the file has them.
+    fn expert_product(
+        &self,
+        w: &'a StoredTensor,
+        x: Tensor<'a>,
+        selected: Tensor<'a>,
+        scale: Option<&'a StoredTensor>,
+        cfg: &MoeConfig,
+    ) -> Tensor<'a> {
+        let g = self.ctx;
+        let n = x.ne()[2];
+        let y = self.mul_mat_id(w, x, selected);
+        match scale {
+            None => y,
+            Some(s) => {
+                // The selected experts' scales, one per (expert slot, token).
+                let s = g.reshape(s.t(), &[1, cfg.n_expert, 1]);
+                let s = g.repeat_4d(s, [1, cfg.n_expert, n, 1]);
+                g.mul(y, g.get_rows(s, selected))
+            }
+        }
+    }
+
     /// `mul_mat_id(w, x, ids)` (x [k, n_b, n], ids [n_used, n]). With the device layout (batch
-    /// invariance on an accelerator), in slices of [`crate::device_step::GROUP_COLS`] tokens, so
-    /// that the kernel is the one of a small step whatever the step's width (not yet measured on
-    /// a GPU).
+    /// invariance on an accelerator): each prefill chunk in one product, and every other token
+    /// (decode and verify rows) in a product of its own, so that a token's kernel and arithmetic
+    /// are those of a one-token step whatever shares the step (CUDA's indirect products pick
+    /// their kernel variant by the step's width).
     fn mul_mat_id(&self, w: &'a StoredTensor, x: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
         let w_t = w.t();
         let n = x.ne()[2];
-        let slice = crate::device_step::GROUP_COLS;
-        let sliced = self.kernels == Kernels::BatchInvariant
-            && self.device.is_some()
-            && w_t.is_on_device()
-            && n > slice;
-        if !sliced {
-            return g.mul_mat_id(w_t, x, ids);
-        }
+        let device = match &self.device {
+            Some(d) if self.kernels == Kernels::BatchInvariant && w_t.is_on_device() && n > 1 => d,
+            _ => return g.mul_mat_id(w_t, x, ids),
+        };
         let (xn, idn) = (x.nb(), ids.nb());
         let [k, n_b, ..] = x.ne();
         let n_used = ids.ne()[0];
-        let mut pieces = Vec::with_capacity(((n + slice - 1) / slice) as usize);
-        let mut first = 0;
-        while first < n {
-            let t = slice.min(n - first);
+        let part = |first: i64, t: i64| {
             let xs = g.view(x, &[k, n_b, t], &[xn[1], xn[2]], first as usize * xn[2]);
             let is = g.view(ids, &[n_used, t], &[idn[1]], first as usize * idn[1]);
-            pieces.push(g.mul_mat_id(w_t, xs, is));
-            first += t;
+            g.mul_mat_id(w_t, xs, is)
+        };
+        // (first token, tokens, one product for all): the step's runs, or, after the output rows
+        // were picked, one token at a time.
+        let runs: Vec<(i64, i64, bool)> = if n == self.n_tokens {
+            device
+                .runs
+                .iter()
+                .map(|r| (r.first, r.cols, !r.small))
+                .collect()
+        } else {
+            vec![(0, n, false)]
+        };
+        let mut pieces = Vec::new();
+        for (first, cols, whole) in runs {
+            if whole {
+                pieces.push(part(first, cols));
+            } else {
+                pieces.extend((first..first + cols).map(|t| part(t, 1)));
+            }
         }
         crate::blocks::concat_all(g, pieces, 2)
     }

@@ -129,8 +129,9 @@ impl Default for RunnerOptions {
 /// (one attention op per group of sequences): a 32-layer model decoding 64 sequences needs ~10k.
 const MAX_NODES: usize = 32768;
 /// Graph nodes of one attention op of the device layout (views of q, k, v and the mask, the
-/// attention, a reshape, its share of the concatenation), with a margin.
-const NODES_PER_ROW_OP: usize = 12;
+/// attention, a reshape, its share of the concatenation), and of one token's three expert
+/// products in a MoE layer, with a margin.
+const NODES_PER_ROW_OP: usize = 24;
 /// Graph nodes of a layer besides its attention ops (products in groups, norms, rope, KV writes).
 const NODES_PER_LAYER: usize = 160;
 /// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
