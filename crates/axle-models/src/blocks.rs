@@ -215,6 +215,38 @@ impl<'a> Step<'a> {
         g.scale(g.tanh(g.scale(x, 1.0 / cap)), cap)
     }
 
+    /// A per-head product `w` [k, m, h] x `x` [k, n, h] -> [m, n, h] (MLA's absorption
+    /// matrices). With the device layout, each prefill chunk's columns in one op and every other
+    /// column in an op of its own, so that a token's kernel does not depend on the step's width.
+    pub fn head_matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
+        let g = self.ctx;
+        let w_t = w.t();
+        let [k, n, h, _] = x.ne();
+        let d = match &self.device {
+            Some(d) if self.kernels == Kernels::BatchInvariant && w_t.is_on_device() && n > 1 => d,
+            _ => return g.mul_mat(w_t, x),
+        };
+        let nb = x.nb();
+        let part = |first: i64, cols: i64| {
+            let xs = g.view(x, &[k, cols, h], &[nb[1], nb[2]], first as usize * nb[1]);
+            g.mul_mat(w_t, xs)
+        };
+        let runs: Vec<(i64, i64, bool)> = if n == self.n_tokens {
+            d.runs.iter().map(|r| (r.first, r.cols, !r.small)).collect()
+        } else {
+            vec![(0, n, false)]
+        };
+        let mut pieces = Vec::new();
+        for (first, cols, whole) in runs {
+            if whole {
+                pieces.push(part(first, cols));
+            } else {
+                pieces.extend((first..first + cols).map(|c| part(c, 1)));
+            }
+        }
+        concat_all(g, pieces, 1)
+    }
+
     /// `w @ x` plus an optional bias.
     pub fn linear(
         &self,

@@ -289,14 +289,14 @@ impl Family for DeepSeek2 {
             );
             let q_pe = g.rope(q_pe, s.pos, None, &hp.rope);
             // Absorb the key up-projection: per head, [qk_nope] -> [kv_lora].
-            let q_abs = g.mul_mat(l.wk_b.t(), g.permute(q_nope, [0, 2, 1, 3]));
+            let q_abs = s.head_matmul(&l.wk_b, g.permute(q_nope, [0, 2, 1, 3]));
             let q_abs = g.permute(q_abs, [0, 2, 1, 3]);
             let q = g.concat(q_abs, q_pe, 0);
             let k = g.concat(g.reshape(latent, &[kv_lora, 1, n]), k_pe, 0);
             let att = s.attention_latent(il, q, k, &spec);
             // Per head, the latent result through the value up-projection.
             let att = g.permute(g.reshape(att, &[kv_lora, nh, n]), [0, 2, 1, 3]);
-            let att = g.cont(g.permute(g.mul_mat(l.wv_b.t(), att), [0, 2, 1, 3]));
+            let att = g.cont(g.permute(s.head_matmul(&l.wv_b, att), [0, 2, 1, 3]));
             let mut o = s.matmul(&l.wo, g.reshape(att, &[self.head_v * nh, n]));
             let mut residual = x;
             if il == last {
