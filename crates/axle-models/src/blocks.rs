@@ -231,6 +231,18 @@ impl<'a> Step<'a> {
             let xs = g.view(x, &[k, cols, h], &[nb[1], nb[2]], first as usize * nb[1]);
             g.mul_mat(w_t, xs)
         };
+        concat_all(g, self.per_token_pieces(d, n, part), 1)
+    }
+
+    /// The device layout's pieces of an op over `n` columns (tokens): each prefill chunk's
+    /// columns in one piece, every other column in a piece of its own (all columns one by one
+    /// when `n` is not the step's width: after the output rows were picked).
+    pub(crate) fn per_token_pieces(
+        &self,
+        d: &DeviceStep,
+        n: i64,
+        part: impl Fn(i64, i64) -> Tensor<'a>,
+    ) -> Vec<Tensor<'a>> {
         let runs: Vec<(i64, i64, bool)> = if n == self.n_tokens {
             d.runs.iter().map(|r| (r.first, r.cols, !r.small)).collect()
         } else {
@@ -244,7 +256,7 @@ impl<'a> Step<'a> {
                 pieces.extend((first..first + cols).map(|c| part(c, 1)));
             }
         }
-        concat_all(g, pieces, 1)
+        pieces
     }
 
     /// `w @ x` plus an optional bias.

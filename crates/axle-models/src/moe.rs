@@ -446,25 +446,7 @@ impl<'a> Step<'a> {
             let is = g.view(ids, &[n_used, t], &[idn[1]], first as usize * idn[1]);
             g.mul_mat_id(w_t, xs, is)
         };
-        // (first token, tokens, one product for all): the step's runs, or, after the output rows
-        // were picked, one token at a time.
-        let runs: Vec<(i64, i64, bool)> = if n == self.n_tokens {
-            device
-                .runs
-                .iter()
-                .map(|r| (r.first, r.cols, !r.small))
-                .collect()
-        } else {
-            vec![(0, n, false)]
-        };
-        let mut pieces = Vec::new();
-        for (first, cols, whole) in runs {
-            if whole {
-                pieces.push(part(first, cols));
-            } else {
-                pieces.extend((first..first + cols).map(|t| part(t, 1)));
-            }
-        }
+        let pieces = self.per_token_pieces(device, n, part);
         crate::blocks::concat_all(g, pieces, 2)
     }
 }
