@@ -95,11 +95,7 @@ def main():
     w.add_key_length(hd)
     w.add_value_length(hd)
     if moe:
-        w.add_expert_count(moe["n_expert"])
-        w.add_expert_used_count(moe["n_used"])
-        w.add_expert_feed_forward_length(moe["n_ff_exp"])
-        if moe.get("shared_ff"):
-            w.add_expert_shared_feed_forward_length(moe["shared_ff"])
+        fx.add_moe_keys(w, moe["n_expert"], moe["n_used"], moe["n_ff_exp"], moe.get("shared_ff"))
     if ssm:
         w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])
         w.add_uint32(f"{arch}.ssm.conv_kernel", ssm["d_conv"])

@@ -79,6 +79,24 @@ def random_blocks(rng, qtype, shape):
     return data.reshape(*reversed(shape[1:]), -1) if len(shape) > 1 else data.reshape(1, -1)
 
 
+class Tensors:
+    """Seeded random tensors into a writer: Q8_0 matrices and F32 vectors."""
+
+    def __init__(self, w, rng):
+        self.w, self.rng = w, rng
+
+    def quantized(self, name, shape_np, scale, qtype=Q.Q8_0):
+        data = (self.rng.standard_normal(shape_np) * scale).astype(np.float32)
+        self.w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    def mat(self, name, rows, cols, scale=None, qtype=Q.Q8_0):
+        # ggml shape [cols(ne0), rows(ne1)]: numpy array (rows, cols)
+        self.quantized(name, (rows, cols), scale if scale is not None else 1.0 / np.sqrt(cols), qtype)
+
+    def vec(self, name, n, center=1.0, scale=0.1):
+        self.w.add_tensor(name, (center + self.rng.standard_normal(n) * scale).astype(np.float32))
+
+
 def writer(path, arch, name, e, nl, ff, nh, nkv):
     """A GGUF writer with the metadata every fixture has."""
     w = gguf.GGUFWriter(path, arch)
@@ -93,6 +111,15 @@ def writer(path, arch, name, e, nl, ff, nh, nkv):
     w.add_head_count(nh)
     w.add_head_count_kv(nkv)
     return w
+
+
+def add_moe_keys(w, n_expert, n_used, n_ff_exp, shared_ff=None):
+    """The expert counts and widths of a mixture-of-experts file."""
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    if shared_ff:
+        w.add_expert_shared_feed_forward_length(shared_ff)
 
 
 def finish(w, path):
@@ -119,21 +146,11 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     for k, v in (extra or {}).items():
         w.add_uint32(k, v)
     if moe:
-        w.add_expert_count(moe["n_expert"])
-        w.add_expert_used_count(moe["n_used"])
-        w.add_expert_feed_forward_length(moe["n_ff_exp"])
-        if moe.get("shared_ff"):
-            w.add_expert_shared_feed_forward_length(moe["shared_ff"])
+        add_moe_keys(w, moe["n_expert"], moe["n_used"], moe["n_ff_exp"], moe.get("shared_ff"))
     add_vocab(w, vocab)
 
-    def mat(name, rows, cols, scale=None, qtype=Q.Q8_0):
-        # ggml shape [cols(ne0), rows(ne1)]: numpy array (rows, cols)
-        s = scale if scale is not None else 1.0 / np.sqrt(cols)
-        data = (rng.standard_normal((rows, cols)) * s).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-    def vec(name, n, center=1.0, scale=0.1):
-        w.add_tensor(name, (center + rng.standard_normal(n) * scale).astype(np.float32))
+    t = Tensors(w, rng)
+    mat, vec = t.mat, t.vec
 
     def experts(p, e, m):
         x, eff = m["n_expert"], m["n_ff_exp"]
@@ -182,23 +199,6 @@ def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=Non
     finish(w, path)
 
 
-class Tensors:
-    """Seeded random tensors into a writer: Q8_0 matrices and F32 vectors."""
-
-    def __init__(self, w, rng):
-        self.w, self.rng = w, rng
-
-    def q8(self, name, shape_np, scale):
-        data = (self.rng.standard_normal(shape_np) * scale).astype(np.float32)
-        self.w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
-
-    def mat(self, name, rows, cols, scale=None):
-        self.q8(name, (rows, cols), scale if scale is not None else 1.0 / np.sqrt(cols))
-
-    def vec(self, name, n, center=1.0, scale=0.1):
-        self.w.add_tensor(name, (center + self.rng.standard_normal(n) * scale).astype(np.float32))
-
-
 def write_gemma4(path, vocab, seed, moe=False):
     """A Gemma 4 fixture with the real configs' structure at a tiny size. Dense (E2B/E4B-like):
     6 layers, local/global pattern L L L G L G, local heads of 32 and global heads of 64 (rotated
@@ -232,9 +232,7 @@ def write_gemma4(path, vocab, seed, moe=False):
     w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0 if moe else n_pl)
     w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
     if moe:
-        w.add_expert_count(6)
-        w.add_expert_used_count(2)
-        w.add_expert_feed_forward_length(64)
+        add_moe_keys(w, 6, 2, 64)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     add_vocab(w, vocab)
 
@@ -324,9 +322,7 @@ def write_deepseek2(path, vocab, seed, v3=False):
         w.add_uint32(f"{arch}.expert_group_used_count", 2)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_uint32(f"{arch}.leading_dense_block_count", 1)
-    w.add_expert_count(x)
-    w.add_expert_used_count(2)
-    w.add_expert_feed_forward_length(eff)
+    add_moe_keys(w, x, 2, eff)
     w.add_uint32(f"{arch}.expert_shared_count", 1)
     w.add_float32(f"{arch}.expert_weights_scale", 2.5)
     w.add_bool(f"{arch}.expert_weights_norm", True)
@@ -335,7 +331,7 @@ def write_deepseek2(path, vocab, seed, v3=False):
     add_vocab(w, vocab)
 
     t = Tensors(w, rng)
-    q8, mat, vec = t.q8, t.mat, t.vec
+    q8, mat, vec = t.quantized, t.mat, t.vec
 
     mat("token_embd.weight", n_vocab, e, scale=1.0)
     mat("output.weight", n_vocab, e)
@@ -402,10 +398,7 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     w.add_uint32(f"{arch}.ssm.group_count", n_kh)
     w.add_uint32(f"{arch}.full_attention_interval", 4)
     if moe:
-        w.add_expert_count(6)
-        w.add_expert_used_count(2)
-        w.add_expert_feed_forward_length(64)
-        w.add_expert_shared_feed_forward_length(96)
+        add_moe_keys(w, 6, 2, 64, 96)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     add_vocab(w, vocab)
 

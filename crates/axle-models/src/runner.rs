@@ -400,11 +400,11 @@ impl Runner {
         if ppt > 1 {
             // Multi-section RoPE: section-major, text positions [p, p, p, 0].
             let n = h.pos.len();
-            let base = h.pos.clone();
-            h.pos.resize(n * ppt, 0);
             for sec in 1..ppt {
-                for (i, &p) in base.iter().enumerate() {
-                    h.pos[sec * n + i] = if sec < 3 { p } else { 0 };
+                if sec < 3 {
+                    h.pos.extend_from_within(..n);
+                } else {
+                    h.pos.resize(h.pos.len() + n, 0);
                 }
             }
         }

@@ -185,18 +185,20 @@ impl StateGroups {
 
     /// The rows of a planned sequence: its group and the row to start from. A sequence gets a
     /// group when it starts: at position 0, or past a reused prefix, whose saved state is then
-    /// copied in (`restore`: the saved slot, to copy before the step).
+    /// copied in (`restore`: the saved slot, to copy before the step; `prefix` gives the hash of
+    /// the reused prefix, asked only then).
     fn slots(
         &mut self,
         id: RequestId,
         start_pos: u32,
         keep: u32,
-        prefix: Option<u64>,
+        prefix: impl FnOnce() -> Option<u64>,
     ) -> Result<(StateSlots, Option<u32>), String> {
         let mut restore = None;
         if start_pos == 0 || !self.held.contains_key(&id) {
             self.release(id);
             if start_pos > 0 {
+                let prefix = prefix();
                 let slot = prefix
                     .and_then(|h| self.saved.get(&h).copied())
                     .ok_or("a reused prefix without a saved recurrent state")?;
@@ -477,7 +479,8 @@ impl EngineCore {
             let state = match &mut self.states {
                 None => StateSlots::default(),
                 Some(st) => {
-                    let prefix = self.sched.prefix_hash(s.id, s.start_pos as usize);
+                    let sched = &self.sched;
+                    let prefix = || sched.prefix_hash(s.id, s.start_pos as usize);
                     let restored = st
                         .slots(s.id, s.start_pos, s.n_draft as u32 + 1, prefix)
                         .and_then(|(slots, restore)| match restore {

@@ -17,7 +17,7 @@
 //! `rope.scaling.yarn_log_multiplier`, as libllama does. Grouped expert selection (DeepSeek V3's
 //! router) comes with the MoE block. Refused by name: files without the split
 //! `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`).
-use super::{bad, Family, Hparams, Weights};
+use super::{bad, Family, Head, Hparams, Weights};
 use crate::blocks::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -63,9 +63,7 @@ pub struct DeepSeek2 {
     n_rot: i64,
     /// Softmax scale: 1/sqrt(head_k), times the squared YaRN mscale when RoPE is scaled.
     kq_scale: f32,
-    tok_embd: StoredTensor,
-    output_norm: StoredTensor,
-    output: StoredTensor,
+    head: Head,
     layers: Vec<Layer>,
 }
 
@@ -184,10 +182,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let w = Weights::new(store);
     let (e, v, nh) = (hp.n_embd, hp.n_vocab, hp.n_head);
     let qk_nope = head_k - n_rot;
-    let tok_embd = w.req("token_embd.weight", &[e, v])?;
-    let output = w
-        .opt("output.weight", &[e, v])?
-        .unwrap_or_else(|| tok_embd.clone());
+    let head = Head::bind(&w, e, v)?;
     let mut layers = Vec::with_capacity(hp.n_layer);
     for il in 0..hp.n_layer {
         let n = |s: &str| format!("blk.{il}.{s}");
@@ -218,9 +213,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         });
     }
     Ok(Box::new(DeepSeek2 {
-        output_norm: w.req("output_norm.weight", &[e])?,
-        tok_embd,
-        output,
+        head,
         layers,
         head_k,
         head_v,
@@ -256,7 +249,9 @@ impl Family for DeepSeek2 {
             softcap: 0.0,
             sliding: false,
         };
-        let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
+        let mut x = g
+            .get_rows(self.head.tok_embd.t(), s.tokens)
+            .named("inp_embd");
         let last = self.layers.len() - 1;
         for (il, l) in self.layers.iter().enumerate() {
             let h = s.rms_norm(x, &l.attn_norm, eps);
@@ -308,7 +303,7 @@ impl Family for DeepSeek2 {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, ffn_inp).named(&format!("l_out-{il}"));
         }
-        let x = s.rms_norm(x, &self.output_norm, eps);
-        s.matmul(&self.output, x).named("result_output")
+        let x = s.rms_norm(x, &self.head.output_norm, eps);
+        s.matmul(&self.head.output, x).named("result_output")
     }
 }

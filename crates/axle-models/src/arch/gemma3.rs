@@ -2,7 +2,7 @@
 //! (pre/post attention, pre/post FFN; the GGUF stores Gemma's (1 + w) weights already folded),
 //! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
 //! their own RoPE bases, optional final logit softcapping, tied output matrix.
-use super::{sliding_layers, Family, Hparams, Weights};
+use super::{sliding_layers, Family, Head, Hparams, Weights};
 use crate::blocks::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
@@ -39,12 +39,7 @@ pub struct Gemma3 {
     window: Option<u32>,
     /// Final logit softcap (0 = off).
     final_softcap: f32,
-    /// [n_embd, n_vocab]
-    tok_embd: StoredTensor,
-    /// [n_embd]
-    output_norm: StoredTensor,
-    /// [n_embd, n_vocab] (the embedding matrix when tied)
-    output: StoredTensor,
+    head: Head,
     layers: Vec<Layer>,
 }
 
@@ -69,10 +64,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         .unwrap_or(0.0) as f32;
     let w = Weights::new(store);
     let (e, v, ff, hd) = (hp.n_embd, hp.n_vocab, hp.n_ff, hp.head_dim_k);
-    let tok_embd = w.req("token_embd.weight", &[e, v])?;
-    let output = w
-        .opt("output.weight", &[e, v])?
-        .unwrap_or_else(|| tok_embd.clone());
+    let head = Head::bind(&w, e, v)?;
     let mut layers = Vec::with_capacity(hp.n_layer);
     for (i, &sliding) in sliding.iter().enumerate() {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -94,9 +86,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         });
     }
     Ok(Box::new(Gemma3 {
-        output_norm: w.req("output_norm.weight", &[e])?,
-        tok_embd,
-        output,
+        head,
         layers,
         rope_swa,
         window,
@@ -117,7 +107,7 @@ impl Family for Gemma3 {
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
         let g = s.ctx;
         let (hp, n) = (&self.hp, s.n_tokens);
-        let embd = g.get_rows(self.tok_embd.t(), s.tokens);
+        let embd = g.get_rows(self.head.tok_embd.t(), s.tokens);
         let mut x = g.scale(embd, (hp.n_embd as f32).sqrt()).named("inp_scaled");
         let q_scale = 1.0 / (hp.head_dim_k as f32).sqrt();
         let last = self.layers.len() - 1;
@@ -161,8 +151,8 @@ impl Family for Gemma3 {
                 .add(s.rms_norm(f, &l.ffn_post_norm, hp.rms_eps), sa)
                 .named(&format!("l_out-{il}"));
         }
-        let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
-        let logits = s.matmul(&self.output, x);
+        let x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
+        let logits = s.matmul(&self.head.output, x);
         s.softcap(logits, self.final_softcap)
     }
 }

@@ -19,7 +19,7 @@
 //! - An optional per-layer output scale and final logit softcapping; tied or separate head.
 //!
 //! The op sequence is libllama's, so that logits match it bit for bit.
-use super::{bad, per_layer, sliding_layers, Family, Hparams, Weights};
+use super::{bad, per_layer, sliding_layers, Family, Head, Hparams, Weights};
 use crate::blocks::{AttnSpec, FfnWeights, Step};
 use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -105,9 +105,7 @@ pub struct Gemma4 {
     window: u32,
     final_softcap: f32,
     moe: Option<MoeConfig>,
-    tok_embd: StoredTensor,
-    output_norm: StoredTensor,
-    output: StoredTensor,
+    head: Head,
     /// [head_dim_full / 2]
     rope_freqs: Option<StoredTensor>,
     ple: Option<Ple>,
@@ -236,10 +234,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
 
     let w = Weights::new(store);
     let (e, v) = (hp.n_embd, hp.n_vocab);
-    let tok_embd = w.req("token_embd.weight", &[e, v])?;
-    let output = w
-        .opt("output.weight", &[e, v])?
-        .unwrap_or_else(|| tok_embd.clone());
+    let head = Head::bind(&w, e, v)?;
     let ple = if n_pl > 0 {
         let all = n_pl * nl as i64;
         Some(Ple {
@@ -327,9 +322,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     }
     Ok(Box::new(Gemma4 {
         rope_freqs: w.opt("rope_freqs.weight", &[head_full / 2])?,
-        output_norm: w.req("output_norm.weight", &[e])?,
-        tok_embd,
-        output,
+        head,
         ple,
         layers,
         rope_full,
@@ -365,7 +358,7 @@ impl Family for Gemma4 {
         let g = s.ctx;
         let (hp, n) = (&self.hp, s.n_tokens);
         let eps = hp.rms_eps;
-        let embd = g.get_rows(self.tok_embd.t(), s.tokens);
+        let embd = g.get_rows(self.head.tok_embd.t(), s.tokens);
         let mut x = g.scale(embd, (hp.n_embd as f32).sqrt()).named("inp_scaled");
         let nl = self.layers.len() as i64;
         // Per-layer inputs [n_pl, n, n_layer]: the token's per-layer embedding mixed with a
@@ -454,8 +447,8 @@ impl Family for Gemma4 {
             x = cur.named(&format!("l_out-{il}"));
         }
         // libllama runs the last layer on every row and picks the output rows after the norm.
-        let x = g.get_rows(s.rms_norm(x, &self.output_norm, eps), s.out_ids);
-        let logits = s.matmul(&self.output, x);
+        let x = g.get_rows(s.rms_norm(x, &self.head.output_norm, eps), s.out_ids);
+        let logits = s.matmul(&self.head.output, x);
         s.softcap(logits, self.final_softcap)
     }
 }

@@ -3,7 +3,7 @@
 //! (sliding-window on every layer when the file sets `llama.attention.sliding_window`, as Mistral
 //! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families are this graph with
 //! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
-use super::{Family, Hparams, Weights};
+use super::{Family, Head, Hparams, Weights};
 use crate::blocks::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
 use crate::ModelError;
@@ -36,12 +36,7 @@ struct Layer {
 /// The Llama model.
 pub struct Llama {
     hp: Hparams,
-    /// [n_embd, n_vocab]
-    tok_embd: StoredTensor,
-    /// [n_embd]
-    output_norm: StoredTensor,
-    /// [n_embd, n_vocab] (the embedding matrix when tied)
-    output: StoredTensor,
+    head: Head,
     /// [head_dim / 2] llama3 rope frequency factors
     rope_freqs: Option<StoredTensor>,
     layers: Vec<Layer>,
@@ -129,10 +124,7 @@ impl Llama {
             (Some(m), Some(c)) if m.shared_expert => Some(c.n_ff_shared.unwrap_or(ff)),
             _ => None,
         };
-        let tok_embd = w.req("token_embd.weight", &[e, v])?;
-        let output = w
-            .opt("output.weight", &[e, v])?
-            .unwrap_or_else(|| tok_embd.clone());
+        let head = Head::bind(&w, e, v)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for i in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -174,9 +166,7 @@ impl Llama {
             sliding: window.is_some(),
         };
         Ok(Llama {
-            tok_embd,
-            output_norm: w.req("output_norm.weight", &[e])?,
-            output,
+            head,
             rope_freqs: w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?,
             layers,
             attn,
@@ -199,7 +189,9 @@ impl Family for Llama {
         let g = s.ctx;
         let (hp, n) = (&self.hp, s.n_tokens);
         let rope_freqs = self.rope_freqs.as_ref().map(|t| t.t());
-        let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
+        let mut x = g
+            .get_rows(self.head.tok_embd.t(), s.tokens)
+            .named("inp_embd");
         let last = self.layers.len() - 1;
         for (il, l) in self.layers.iter().enumerate() {
             let h = s
@@ -245,7 +237,7 @@ impl Family for Llama {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
-        let x = s.rms_norm(x, &self.output_norm, hp.rms_eps);
-        s.matmul(&self.output, x).named("result_output")
+        let x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
+        s.matmul(&self.head.output, x).named("result_output")
     }
 }

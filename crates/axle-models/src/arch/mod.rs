@@ -370,6 +370,32 @@ impl<'s> Weights<'s> {
     }
 }
 
+/// The token embedding, final norm and output matrix every family has (the output matrix is the
+/// embedding itself when the file ties them).
+pub struct Head {
+    /// [n_embd, n_vocab]
+    pub tok_embd: StoredTensor,
+    /// [n_embd]
+    pub output_norm: StoredTensor,
+    /// [n_embd, n_vocab]
+    pub output: StoredTensor,
+}
+
+impl Head {
+    /// Binds `token_embd`, `output` (or the embedding, tied) and `output_norm`.
+    pub fn bind(w: &Weights, n_embd: i64, n_vocab: i64) -> Result<Head, ModelError> {
+        let tok_embd = w.req("token_embd.weight", &[n_embd, n_vocab])?;
+        let output = w
+            .opt("output.weight", &[n_embd, n_vocab])?
+            .unwrap_or_else(|| tok_embd.clone());
+        Ok(Head {
+            output_norm: w.req("output_norm.weight", &[n_embd])?,
+            tok_embd,
+            output,
+        })
+    }
+}
+
 /// A family constructor: reads its config from the file and binds its weights.
 pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelError>;
 

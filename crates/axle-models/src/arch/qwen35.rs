@@ -17,7 +17,7 @@
 //! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
 //! so that logits match it.
-use super::{bad, Family, Hparams, Weights};
+use super::{bad, Family, Head, Hparams, Weights};
 use crate::blocks::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -120,9 +120,7 @@ pub struct Qwen35 {
     variant: Variant,
     delta: DeltaShape,
     sections: [i32; MROPE_SECTIONS],
-    tok_embd: StoredTensor,
-    output_norm: StoredTensor,
-    output: StoredTensor,
+    head: Head,
     layers: Vec<Layer>,
 }
 
@@ -242,10 +240,7 @@ fn load_arch(
     let w = Weights::new(store);
     let (e, v) = (hp.n_embd, hp.n_vocab);
     let (hd, nh, nkv) = (hp.head_dim_k, hp.n_head, hp.n_head_kv);
-    let tok_embd = w.req("token_embd.weight", &[e, v])?;
-    let output = w
-        .opt("output.weight", &[e, v])?
-        .unwrap_or_else(|| tok_embd.clone());
+    let head = Head::bind(&w, e, v)?;
     let (mut n_cache, mut n_state) = (0, 0);
     let mut layers = Vec::with_capacity(nl);
     for (il, &recr) in recurrent.iter().enumerate() {
@@ -309,9 +304,7 @@ fn load_arch(
         });
     }
     Ok(Box::new(Qwen35 {
-        output_norm: w.req("output_norm.weight", &[e])?,
-        tok_embd,
-        output,
+        head,
         layers,
         delta,
         sections,
@@ -519,7 +512,9 @@ impl Family for Qwen35 {
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
         let g = s.ctx;
         let eps = self.hp.rms_eps;
-        let mut x = g.get_rows(self.tok_embd.t(), s.tokens).named("inp_embd");
+        let mut x = g
+            .get_rows(self.head.tok_embd.t(), s.tokens)
+            .named("inp_embd");
         for (il, l) in self.layers.iter().enumerate() {
             let h = s.rms_norm(x, &l.attn_norm, eps);
             let mixed = match &l.mixer {
@@ -532,7 +527,7 @@ impl Family for Qwen35 {
             x = g.add(f, res).named(&format!("l_out-{il}"));
         }
         // libllama runs the last layer on every row and picks the output rows after the norm.
-        let x = g.get_rows(s.rms_norm(x, &self.output_norm, eps), s.out_ids);
-        s.matmul(&self.output, x)
+        let x = g.get_rows(s.rms_norm(x, &self.head.output_norm, eps), s.out_ids);
+        s.matmul(&self.head.output, x)
     }
 }
