@@ -179,7 +179,8 @@ def check_delegation(upstream_base, upstream_model, backend_flag, expected_backe
                                      headers={"content-type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
-        assert e.value.code == 400 and "no token-id routes" in e.value.read().decode()
+        err = json.loads(e.value.read().decode())["error"]
+        assert e.value.code == 400 and "no token-id routes" in err["message"] and err["param"] == "tokens"
     finally:
         stop(proc)
 

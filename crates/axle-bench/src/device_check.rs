@@ -151,13 +151,9 @@ fn engine_run(
         for o in e.step() {
             match o {
                 Output::Token { id, token, .. } => toks.entry(id).or_default().push(token),
-                Output::Finished {
-                    drafted: d,
-                    accepted: a,
-                    ..
-                } => {
-                    drafted += d;
-                    accepted += a;
+                Output::Finished { finish, .. } => {
+                    drafted += finish.speculation.drafted;
+                    accepted += finish.speculation.accepted;
                 }
             }
         }

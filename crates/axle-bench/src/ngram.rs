@@ -147,15 +147,10 @@ fn generate(
                     first.get_or_insert_with(Instant::now);
                     tokens.push(token);
                 }
-                Output::Finished {
-                    id: i,
-                    drafted: d,
-                    accepted: a,
-                    verifies: v,
-                    positions: p,
-                    ..
-                } if i == id => {
-                    (drafted, accepted, verifies, positions) = (d, a, v, p);
+                Output::Finished { id: i, finish, .. } if i == id => {
+                    let s = finish.speculation;
+                    (drafted, accepted, verifies, positions) =
+                        (s.drafted, s.accepted, s.verifies, s.positions);
                 }
                 _ => {}
             }

@@ -52,11 +52,9 @@ fn ttft(e: &mut EngineCore, prompt: Vec<u32>) -> Result<(Duration, usize, Vec<u3
                         first = Some(t.elapsed())
                     }
                 }
-                Output::Finished {
-                    id: i,
-                    cached_tokens,
-                    ..
-                } if i == id => cached = cached_tokens,
+                Output::Finished { id: i, finish, .. } if i == id => {
+                    cached = finish.usage.map_or(0, |u| u.cached_tokens)
+                }
                 _ => {}
             }
         }

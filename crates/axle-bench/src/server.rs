@@ -3,11 +3,8 @@
 use crate::stats::median;
 use crate::BenchError;
 use axle_models::Model;
-use axle_sdk::{
-    EngineConfig, GenerateRequest, Prompt, RequestOptions, RuntimeReport, SamplingParams, Session,
-    StreamEvent,
-};
-use axle_server::{AppState, Backend, Metrics};
+use axle_sdk::{EngineConfig, GenerateRequest, Generator, RuntimeReport, Session, StreamEvent};
+use axle_server::{AppState, Metrics};
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,19 +27,12 @@ pub struct ServerReport {
 const PROMPT: &str = "Once upon a time, in a quiet village by the sea,";
 
 fn sdk_run(session: &Session, tokens: usize) -> Result<f64, BenchError> {
-    let opts = RequestOptions {
-        max_tokens: tokens,
-        ignore_eos: true,
-        speculate: false,
-        sampling: SamplingParams::greedy(),
-        ..Default::default()
-    };
+    let mut req = GenerateRequest::new(PROMPT).greedy().max_tokens(tokens);
+    req.ignore_eos = true;
+    req.speculate = false;
     let mut first = None;
     let mut n = 0usize;
-    for ev in session.stream(GenerateRequest {
-        prompt: Prompt::Text(PROMPT.into()),
-        options: opts,
-    })? {
+    for ev in session.start_blocking(&req)?.into_iter().flatten() {
         if let StreamEvent::Token { .. } = ev {
             first.get_or_insert_with(Instant::now);
             n += 1;
@@ -84,7 +74,7 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
         },
     )?);
     let state = AppState {
-        backend: Backend::Native(session.clone()),
+        generator: Generator::Native(session.clone()),
         runtime: Arc::new(RuntimeReport::native(session.model(), None)),
         model_name: "bench".into(),
         api_key: None,

@@ -13,10 +13,10 @@ pub mod scheduler;
 
 pub use blocks::{BlockId, BlockPool};
 pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
-pub use sampler::{Sampler, SamplingParams, TokenLogprob};
+pub use sampler::{Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
 pub use scheduler::{
-    Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler, SchedulerConfig,
-    StepPlan,
+    AdmitError, Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler,
+    SchedulerConfig, StepPlan,
 };
 
 /// A token id.

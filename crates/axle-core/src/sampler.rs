@@ -63,31 +63,51 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
-    /// Checks the ranges of every option; the message names the offending field.
-    pub fn validate(&self) -> Result<(), String> {
-        let ok = |c: bool, msg: &str| if c { Ok(()) } else { Err(msg.to_string()) };
-        ok(
+    /// Checks the ranges of every option.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let check = |ok: bool, field: SamplingField, reason: &'static str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(SamplingError { field, reason })
+            }
+        };
+        check(
             self.temperature.is_finite() && self.temperature >= 0.0,
-            "temperature must be a finite number >= 0",
+            SamplingField::Temperature,
+            "must be a finite number >= 0",
         )?;
-        ok(
+        check(
             self.top_p > 0.0 && self.top_p <= 1.0,
-            "top_p must be in (0, 1]",
+            SamplingField::TopP,
+            "must be in (0, 1]",
         )?;
-        ok((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
-        ok(
+        check(
+            (0.0..=1.0).contains(&self.min_p),
+            SamplingField::MinP,
+            "must be in [0, 1]",
+        )?;
+        check(
             self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
-            "repetition_penalty must be > 0",
+            SamplingField::RepetitionPenalty,
+            "must be a finite number > 0",
         )?;
-        ok(
-            self.presence_penalty.is_finite() && self.frequency_penalty.is_finite(),
-            "penalties must be finite",
+        check(
+            self.presence_penalty.is_finite(),
+            SamplingField::PresencePenalty,
+            "must be a finite number",
         )?;
-        ok(
+        check(
+            self.frequency_penalty.is_finite(),
+            SamplingField::FrequencyPenalty,
+            "must be a finite number",
+        )?;
+        check(
             self.logit_bias
                 .iter()
                 .all(|b| b.1.is_finite() || b.1 == f32::NEG_INFINITY),
-            "logit_bias values must be numbers",
+            SamplingField::LogitBias,
+            "values must be numbers",
         )
     }
 
@@ -96,6 +116,50 @@ impl SamplingParams {
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
     }
+}
+
+/// A sampling option, as named in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SamplingField {
+    /// `temperature`.
+    Temperature,
+    /// `top_p`.
+    TopP,
+    /// `min_p`.
+    MinP,
+    /// `repetition_penalty`.
+    RepetitionPenalty,
+    /// `presence_penalty`.
+    PresencePenalty,
+    /// `frequency_penalty`.
+    FrequencyPenalty,
+    /// `logit_bias`.
+    LogitBias,
+}
+
+impl SamplingField {
+    /// The option's name (as OpenAI's API spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplingField::Temperature => "temperature",
+            SamplingField::TopP => "top_p",
+            SamplingField::MinP => "min_p",
+            SamplingField::RepetitionPenalty => "repetition_penalty",
+            SamplingField::PresencePenalty => "presence_penalty",
+            SamplingField::FrequencyPenalty => "frequency_penalty",
+            SamplingField::LogitBias => "logit_bias",
+        }
+    }
+}
+
+/// A sampling option out of range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{} {reason}", field.name())]
+pub struct SamplingError {
+    /// Which option.
+    pub field: SamplingField,
+    /// What is wrong with it.
+    pub reason: &'static str,
 }
 
 /// The sampler of one request: its parameters and its RNG.

@@ -57,6 +57,25 @@ pub enum Phase {
     Finished(FinishReason),
 }
 
+/// Why a request cannot be queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// No prompt tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The prompt leaves no room for a generated token.
+    #[error("prompt of {prompt_tokens} tokens does not fit the context of {context} tokens")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Most tokens a sequence may hold.
+        context: usize,
+    },
+    /// A sampling option out of range.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampler::SamplingError),
+}
+
 /// Scheduler limits.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -239,20 +258,19 @@ impl Scheduler {
     }
 
     /// Queues a request. Fails (without queuing) when it can never fit.
-    pub fn add(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
+    pub fn add(&mut self, spec: RequestSpec) -> Result<RequestId, AdmitError> {
         if spec.prompt.is_empty() {
-            return Err("the prompt is empty".into());
+            return Err(AdmitError::EmptyPrompt);
         }
         let cap = self
             .cfg
             .context_limit
             .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
         if spec.prompt.len() >= cap {
-            return Err(format!(
-                "prompt of {} tokens does not fit the context of {} tokens",
-                spec.prompt.len(),
-                cap
-            ));
+            return Err(AdmitError::PromptTooLong {
+                prompt_tokens: spec.prompt.len(),
+                context: cap,
+            });
         }
         spec.sampling.validate()?;
         let id = self.next_id;

@@ -271,10 +271,14 @@ impl Model {
         )
     }
 
-    /// Renders messages with the chat template and tokenizes the result (special tokens parsed;
-    /// BOS added only if the template did not already write it).
-    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ModelError> {
-        let text = self.chat_template()?.render(messages, true, None)?;
+    /// Renders messages (and tool definitions, if any) with the chat template and tokenizes the
+    /// result (special tokens parsed; BOS added only if the template did not already write it).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, ChatError> {
+        let text = self.chat_template()?.render(messages, true, tools)?;
         let tok = &self.tokenizer;
         let mut ids = tok.encode(&text, false, true);
         if tok.add_bos {

@@ -3,8 +3,10 @@
 //! to what that kind of server reads and its failures turned into errors of ours.
 //!
 //! There is no token-id route here: a delegated model's vocabulary is the upstream's business.
-use crate::backend::BackendKind;
-use axle_models::ChatMessage;
+use crate::events::{Completion, Finish, Speculation, StreamEvent, Usage};
+use crate::request::{Field, GenerateRequest, Prompt, Rejection};
+use crate::route::RuntimeKind;
+use axle_core::FinishReason;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -57,56 +59,9 @@ pub enum DelegateError {
     },
 }
 
-/// What to generate from.
-#[derive(Clone, Debug)]
-pub enum DelegatedInput {
-    /// Chat messages (the upstream applies its template).
-    Chat(Vec<ChatMessage>),
-    /// A plain prompt.
-    Text(String),
-}
-
-/// A delegated request. Unset fields are not sent, so the upstream's own defaults apply.
-#[derive(Clone, Debug, Default)]
-pub struct DelegatedRequest {
-    /// Temperature.
-    pub temperature: Option<f32>,
-    /// Nucleus sampling.
-    pub top_p: Option<f32>,
-    /// Top-k.
-    pub top_k: Option<usize>,
-    /// Min-p.
-    pub min_p: Option<f32>,
-    /// Multiplicative repetition penalty (llama.cpp calls it `repeat_penalty`).
-    pub repetition_penalty: Option<f32>,
-    /// OpenAI presence penalty.
-    pub presence_penalty: Option<f32>,
-    /// OpenAI frequency penalty.
-    pub frequency_penalty: Option<f32>,
-    /// RNG seed.
-    pub seed: Option<u64>,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Most tokens to generate.
-    pub max_tokens: Option<usize>,
-}
-
-/// One finished delegated generation.
+/// One event of an upstream's stream, as parsed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct DelegatedCompletion {
-    /// The generated text.
-    pub text: String,
-    /// OpenAI's finish reason as the upstream gave it.
-    pub finish_reason: Option<String>,
-    /// Prompt tokens (the upstream's count), when reported.
-    pub prompt_tokens: Option<u64>,
-    /// Generated tokens (the upstream's count), when reported.
-    pub completion_tokens: Option<u64>,
-}
-
-/// One event of a delegated stream.
-#[derive(Clone, Debug, PartialEq)]
-pub enum DelegatedChunk {
+enum Chunk {
     /// Generated text.
     Text(String),
     /// The choice finished.
@@ -120,10 +75,28 @@ pub enum DelegatedChunk {
     },
 }
 
+/// OpenAI's finish reason as ours.
+fn finish_reason(r: Option<&str>) -> FinishReason {
+    match r {
+        Some("length") => FinishReason::Length,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// The upstream's token counts as our usage (prompt tokens served from a cache are not
+/// reported by upstreams).
+fn usage(prompt_tokens: Option<u64>, completion_tokens: Option<u64>) -> Option<Usage> {
+    Some(Usage {
+        prompt_tokens: prompt_tokens? as usize,
+        completion_tokens: completion_tokens? as usize,
+        cached_tokens: 0,
+    })
+}
+
 /// A connection to one upstream server and one of its models.
 #[derive(Clone, Debug)]
 pub struct Upstream {
-    kind: BackendKind,
+    kind: RuntimeKind,
     base: String,
     model: String,
     api_key: Option<String>,
@@ -141,7 +114,7 @@ impl Upstream {
     /// Connects: lists the upstream's models (so an unreachable or wrong URL fails here, with the
     /// URL in the message) and picks `model` (or the first one served).
     pub async fn connect(
-        kind: BackendKind,
+        kind: RuntimeKind,
         url: &str,
         model: Option<&str>,
         api_key: Option<String>,
@@ -206,7 +179,7 @@ impl Upstream {
     }
 
     /// The backend kind.
-    pub fn kind(&self) -> BackendKind {
+    pub fn kind(&self) -> RuntimeKind {
         self.kind
     }
 
@@ -235,21 +208,68 @@ impl Upstream {
         Ok(ids)
     }
 
+    /// Refuses what no delegated route can honour, naming the field: token ids (prompt, stop
+    /// tokens, logit bias) and log-probabilities need our own vocabulary, tools are not passed
+    /// on, several choices are not supported, and `ignore_eos` is passed to llama.cpp only.
+    pub fn check(&self, req: &GenerateRequest) -> Result<(), Rejection> {
+        let unsupported = |field, reason: &str| Err(Rejection::unsupported(field, reason));
+        if matches!(req.prompt, Prompt::Tokens(_)) {
+            return unsupported(
+                Field::Prompt,
+                "delegated backends have no token-id routes: they take text or messages",
+            );
+        }
+        if req.tools.is_some() {
+            return unsupported(Field::Tools, "tools are not passed to delegated backends");
+        }
+        if req.n != 1 {
+            return unsupported(Field::N, "delegated backends take n = 1");
+        }
+        if req.logprobs.is_some() {
+            return unsupported(
+                Field::Logprobs,
+                "logprobs are only reported by the native backend",
+            );
+        }
+        if !req.logit_bias.is_empty() {
+            return unsupported(
+                Field::Sampling(axle_core::SamplingField::LogitBias),
+                "logit_bias names token ids, which only the native backend knows",
+            );
+        }
+        if !req.stop_tokens.is_empty() {
+            return unsupported(
+                Field::StopTokens,
+                "stop token ids are only known to the native backend",
+            );
+        }
+        if req.ignore_eos && self.kind != RuntimeKind::LlamaCpp {
+            return unsupported(
+                Field::IgnoreEos,
+                "ignore_eos is passed to llama.cpp servers only",
+            );
+        }
+        Ok(())
+    }
+
     /// The JSON body sent upstream. Sampling fields are renamed for llama.cpp
-    /// (`repeat_penalty`); everything unset is left out.
-    pub fn body(&self, input: &DelegatedInput, req: &DelegatedRequest, stream: bool) -> Value {
+    /// (`repeat_penalty`); everything unset is left out, so the upstream's defaults apply.
+    pub fn body(&self, req: &GenerateRequest, stream: bool) -> Value {
         let mut b = Map::new();
         b.insert("model".into(), json!(self.model));
-        match input {
-            DelegatedInput::Chat(msgs) => {
+        match &req.prompt {
+            Prompt::Chat(msgs) => {
                 let m: Vec<Value> = msgs
                     .iter()
                     .map(|m| json!({"role": m.role, "content": m.content}))
                     .collect();
                 b.insert("messages".into(), m.into());
             }
-            DelegatedInput::Text(p) => {
+            Prompt::Text(p) => {
                 b.insert("prompt".into(), json!(p));
+            }
+            Prompt::Tokens(t) => {
+                b.insert("prompt".into(), json!(t)); // refused by `check` before it gets here
             }
         }
         let mut put = |k: &str, v: Option<Value>| {
@@ -257,23 +277,30 @@ impl Upstream {
                 b.insert(k.into(), v);
             }
         };
-        put("temperature", req.temperature.map(|x| json!(x)));
-        put("top_p", req.top_p.map(|x| json!(x)));
-        put("top_k", req.top_k.map(|x| json!(x)));
-        put("min_p", req.min_p.map(|x| json!(x)));
+        put("temperature", req.sampling.temperature.map(|x| json!(x)));
+        put("top_p", req.sampling.top_p.map(|x| json!(x)));
+        put("top_k", req.sampling.top_k.map(|x| json!(x)));
+        put("min_p", req.sampling.min_p.map(|x| json!(x)));
         let rep = match self.kind {
-            BackendKind::LlamaCpp => "repeat_penalty",
+            RuntimeKind::LlamaCpp => "repeat_penalty",
             _ => "repetition_penalty",
         };
-        put(rep, req.repetition_penalty.map(|x| json!(x)));
-        put("presence_penalty", req.presence_penalty.map(|x| json!(x)));
-        put("frequency_penalty", req.frequency_penalty.map(|x| json!(x)));
-        put("seed", req.seed.map(|x| json!(x)));
+        put(rep, req.sampling.repetition_penalty.map(|x| json!(x)));
+        put(
+            "presence_penalty",
+            req.sampling.presence_penalty.map(|x| json!(x)),
+        );
+        put(
+            "frequency_penalty",
+            req.sampling.frequency_penalty.map(|x| json!(x)),
+        );
+        put("seed", req.sampling.seed.map(|x| json!(x)));
         put("max_tokens", req.max_tokens.map(|x| json!(x)));
         put(
             "stop",
             (!req.stop.is_empty()).then(|| json!(req.stop.clone())),
         );
+        put("ignore_eos", req.ignore_eos.then_some(Value::Bool(true)));
         if stream {
             put("stream", Some(json!(true)));
             put("stream_options", Some(json!({"include_usage": true})));
@@ -281,57 +308,59 @@ impl Upstream {
         Value::Object(b)
     }
 
-    fn route(input: &DelegatedInput) -> &'static str {
-        match input {
-            DelegatedInput::Chat(_) => "/v1/chat/completions",
-            DelegatedInput::Text(_) => "/v1/completions",
+    fn route(req: &GenerateRequest) -> &'static str {
+        match req.prompt {
+            Prompt::Chat(_) => "/v1/chat/completions",
+            _ => "/v1/completions",
         }
     }
 
-    /// A blocking generation.
-    pub async fn complete(
-        &self,
-        input: &DelegatedInput,
-        req: &DelegatedRequest,
-    ) -> Result<DelegatedCompletion, DelegateError> {
-        let body = self.body(input, req, false);
+    /// A blocking generation (after [`Upstream::check`]).
+    pub async fn complete(&self, req: &GenerateRequest) -> Result<Completion, DelegateError> {
+        let body = self.body(req, false);
         let r = self.auth(
             self.http
-                .post(format!("{}{}", self.base, Self::route(input)))
+                .post(format!("{}{}", self.base, Self::route(req)))
                 .json(&body),
         );
         let v = self.json_of(self.send(r).await?).await?;
         let choice = &v["choices"][0];
-        let text = match input {
-            DelegatedInput::Chat(_) => choice["message"]["content"].as_str(),
-            DelegatedInput::Text(_) => choice["text"].as_str(),
+        let text = match req.prompt {
+            Prompt::Chat(_) => choice["message"]["content"].as_str(),
+            _ => choice["text"].as_str(),
         }
         .ok_or_else(|| self.protocol("the response has no choices[0] text"))?;
-        Ok(DelegatedCompletion {
+        Ok(Completion {
             text: text.to_string(),
-            finish_reason: choice["finish_reason"].as_str().map(str::to_string),
-            prompt_tokens: v["usage"]["prompt_tokens"].as_u64(),
-            completion_tokens: v["usage"]["completion_tokens"].as_u64(),
+            finish: Finish {
+                reason: finish_reason(choice["finish_reason"].as_str()),
+                usage: usage(
+                    v["usage"]["prompt_tokens"].as_u64(),
+                    v["usage"]["completion_tokens"].as_u64(),
+                ),
+                speculation: Speculation::default(),
+            },
+            ..Completion::empty()
         })
     }
 
-    /// A streaming generation. Each chunk must arrive within the timeout.
-    pub async fn stream(
-        &self,
-        input: &DelegatedInput,
-        req: &DelegatedRequest,
-    ) -> Result<DelegatedStream, DelegateError> {
-        let body = self.body(input, req, true);
+    /// A streaming generation (after [`Upstream::check`]). Each chunk must arrive within the
+    /// timeout.
+    pub async fn stream(&self, req: &GenerateRequest) -> Result<DelegatedStream, DelegateError> {
+        let body = self.body(req, true);
         let r = self.auth(
             self.http
-                .post(format!("{}{}", self.base, Self::route(input)))
+                .post(format!("{}{}", self.base, Self::route(req)))
                 .json(&body),
         );
         let resp = self.send(r).await?;
         Ok(DelegatedStream {
             up: self.clone(),
             resp,
-            parser: SseParser::new(matches!(input, DelegatedInput::Chat(_))),
+            parser: SseParser::new(matches!(req.prompt, Prompt::Chat(_))),
+            finish: None,
+            usage: None,
+            over: false,
         })
     }
 
@@ -443,17 +472,60 @@ fn error_message(body: &str) -> String {
     })
 }
 
-/// A delegated stream of chunks. Dropping it closes the upstream connection, which cancels the
-/// upstream's generation.
+/// A delegated stream, as the same events as a native one. Dropping it closes the upstream
+/// connection, which cancels the upstream's generation.
+#[derive(Debug)]
 pub struct DelegatedStream {
     up: Upstream,
     resp: reqwest::Response,
     parser: SseParser,
+    /// The finish reason, held until the stream ends (usage may follow it).
+    finish: Option<String>,
+    usage: Option<(u64, u64)>,
+    over: bool,
 }
 
 impl DelegatedStream {
-    /// The next chunk; `None` after `[DONE]` (or the end of the body).
-    pub async fn next(&mut self) -> Option<Result<DelegatedChunk, DelegateError>> {
+    /// The next event (None after `Done` or `Error`).
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        if self.over {
+            return None;
+        }
+        loop {
+            match self.chunk().await {
+                Some(Ok(Chunk::Text(text))) => {
+                    return Some(StreamEvent::Token {
+                        token: None,
+                        text,
+                        logprob: None,
+                    })
+                }
+                Some(Ok(Chunk::Finish(r))) => self.finish = Some(r),
+                Some(Ok(Chunk::Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                })) => self.usage = Some((prompt_tokens, completion_tokens)),
+                Some(Err(e)) => {
+                    self.over = true;
+                    return Some(StreamEvent::Error(e.into()));
+                }
+                None => {
+                    self.over = true;
+                    return Some(StreamEvent::Done {
+                        text: String::new(),
+                        finish: Finish {
+                            reason: finish_reason(self.finish.as_deref()),
+                            usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
+                            speculation: Speculation::default(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    /// The next parsed chunk; `None` after `[DONE]` (or the end of the body).
+    async fn chunk(&mut self) -> Option<Result<Chunk, DelegateError>> {
         loop {
             match self.parser.next_event(&self.up.base) {
                 Some(Ok(c)) => return Some(Ok(c)),
@@ -481,11 +553,11 @@ impl DelegatedStream {
 }
 
 /// Turns an OpenAI-style SSE body, fed in arbitrary pieces, into chunks.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct SseParser {
     chat: bool,
     buf: Vec<u8>,
-    pending: std::collections::VecDeque<Result<DelegatedChunk, DelegateError>>,
+    pending: std::collections::VecDeque<Result<Chunk, DelegateError>>,
     done: bool,
     ended: bool,
 }
@@ -500,7 +572,7 @@ impl SseParser {
 
     /// The next parsed event from what has arrived; `None` when more bytes are needed (or the
     /// stream is over: check `done`).
-    fn next_event(&mut self, url: &str) -> Option<Result<DelegatedChunk, DelegateError>> {
+    fn next_event(&mut self, url: &str) -> Option<Result<Chunk, DelegateError>> {
         loop {
             if let Some(c) = self.pending.pop_front() {
                 if c.is_err() {
@@ -571,20 +643,18 @@ impl SseParser {
                 choice["text"].as_str()
             };
             if let Some(t) = text.filter(|t| !t.is_empty()) {
-                self.pending
-                    .push_back(Ok(DelegatedChunk::Text(t.to_string())));
+                self.pending.push_back(Ok(Chunk::Text(t.to_string())));
             }
             if let Some(r) = choice["finish_reason"].as_str() {
                 self.ended = true;
-                self.pending
-                    .push_back(Ok(DelegatedChunk::Finish(r.to_string())));
+                self.pending.push_back(Ok(Chunk::Finish(r.to_string())));
             }
         }
         if let (Some(p), Some(c)) = (
             v["usage"]["prompt_tokens"].as_u64(),
             v["usage"]["completion_tokens"].as_u64(),
         ) {
-            self.pending.push_back(Ok(DelegatedChunk::Usage {
+            self.pending.push_back(Ok(Chunk::Usage {
                 prompt_tokens: p,
                 completion_tokens: c,
             }));
@@ -595,8 +665,9 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axle_models::ChatMessage;
 
-    fn upstream(kind: BackendKind) -> Upstream {
+    fn upstream(kind: RuntimeKind) -> Upstream {
         Upstream {
             kind,
             base: "http://x".into(),
@@ -616,19 +687,13 @@ mod tests {
 
     #[test]
     fn sampling_fields_are_passed_through_and_renamed_for_llama_cpp() {
-        let req = DelegatedRequest {
-            temperature: Some(0.5),
-            top_p: Some(0.9),
-            top_k: Some(40),
-            min_p: Some(0.05),
-            repetition_penalty: Some(1.1),
-            seed: Some(7),
-            stop: vec!["\n".into()],
-            max_tokens: Some(16),
-            ..Default::default()
-        };
-        let input = DelegatedInput::Text("hi".into());
-        let b = upstream(BackendKind::LlamaCpp).body(&input, &req, true);
+        let mut req = GenerateRequest::new("hi").seed(7).max_tokens(16).stop("\n");
+        req.sampling.temperature = Some(0.5);
+        req.sampling.top_p = Some(0.9);
+        req.sampling.top_k = Some(40);
+        req.sampling.min_p = Some(0.05);
+        req.sampling.repetition_penalty = Some(1.1);
+        let b = upstream(RuntimeKind::LlamaCpp).body(&req, true);
         assert_eq!(b["repeat_penalty"], json!(1.1f32));
         assert!(b.get("repetition_penalty").is_none());
         assert_eq!(b["top_k"], 40);
@@ -638,13 +703,12 @@ mod tests {
         assert_eq!(b["max_tokens"], 16);
         assert_eq!(b["prompt"], "hi");
         assert_eq!(b["stream"], true);
-        let b = upstream(BackendKind::OpenaiCompatible).body(&input, &req, false);
+        let b = upstream(RuntimeKind::OpenaiCompatible).body(&req, false);
         assert_eq!(b["repetition_penalty"], json!(1.1f32));
         assert!(b.get("repeat_penalty").is_none() && b.get("stream").is_none());
         // Unset fields are left to the upstream's defaults.
-        let b = upstream(BackendKind::OpenaiCompatible).body(
-            &DelegatedInput::Chat(vec![ChatMessage::new("user", "q")]),
-            &DelegatedRequest::default(),
+        let b = upstream(RuntimeKind::OpenaiCompatible).body(
+            &GenerateRequest::new(vec![ChatMessage::new("user", "q")]),
             false,
         );
         assert_eq!(
@@ -653,7 +717,40 @@ mod tests {
         );
     }
 
-    fn drain(p: &mut SseParser) -> Vec<Result<DelegatedChunk, String>> {
+    #[test]
+    fn what_no_upstream_can_honour_is_refused_by_name() {
+        let up = upstream(RuntimeKind::OpenaiCompatible);
+        let field = |r: GenerateRequest| up.check(&r).expect_err("refused").field();
+        assert!(up.check(&GenerateRequest::new("hi")).is_ok());
+        assert_eq!(field(GenerateRequest::new(vec![1u32, 2])), Field::Prompt);
+        let mut r = GenerateRequest::new(vec![ChatMessage::new("user", "q")]);
+        r.tools = Some(json!([]));
+        assert_eq!(field(r), Field::Tools);
+        let mut r = GenerateRequest::new("hi");
+        r.n = 2;
+        assert_eq!(field(r), Field::N);
+        let mut r = GenerateRequest::new("hi");
+        r.logprobs = Some(0);
+        assert_eq!(field(r), Field::Logprobs);
+        let mut r = GenerateRequest::new("hi");
+        r.logit_bias = vec![(1, 1.0)];
+        assert_eq!(
+            field(r),
+            Field::Sampling(axle_core::SamplingField::LogitBias)
+        );
+        let mut r = GenerateRequest::new("hi");
+        r.stop_tokens = vec![1];
+        assert_eq!(field(r), Field::StopTokens);
+        let mut r = GenerateRequest::new("hi");
+        r.ignore_eos = true;
+        assert_eq!(field(r.clone()), Field::IgnoreEos);
+        // llama.cpp's server reads ignore_eos.
+        let llama = upstream(RuntimeKind::LlamaCpp);
+        assert!(llama.check(&r).is_ok());
+        assert_eq!(llama.body(&r, false)["ignore_eos"], true);
+    }
+
+    fn drain(p: &mut SseParser) -> Vec<Result<Chunk, String>> {
         std::iter::from_fn(|| p.next_event("u"))
             .map(|r| r.map_err(|e| e.to_string()))
             .collect()
@@ -680,10 +777,10 @@ mod tests {
             assert_eq!(
                 got,
                 vec![
-                    Ok(DelegatedChunk::Text("Hel".into())),
-                    Ok(DelegatedChunk::Text("lo".into())),
-                    Ok(DelegatedChunk::Finish("stop".into())),
-                    Ok(DelegatedChunk::Usage {
+                    Ok(Chunk::Text("Hel".into())),
+                    Ok(Chunk::Text("lo".into())),
+                    Ok(Chunk::Finish("stop".into())),
+                    Ok(Chunk::Usage {
                         prompt_tokens: 3,
                         completion_tokens: 2
                     }),
@@ -699,7 +796,7 @@ mod tests {
             b"data: {\"choices\":[{\"text\":\"a\"}]}\ndata: {\"error\":{\"message\":\"boom\"}}\n",
         );
         let got = drain(&mut p);
-        assert_eq!(got[0], Ok(DelegatedChunk::Text("a".into())));
+        assert_eq!(got[0], Ok(Chunk::Text("a".into())));
         assert!(got[1].as_ref().unwrap_err().contains("boom"));
         assert!(p.done);
         let mut p = SseParser::new(false);

@@ -1,11 +1,13 @@
 //! The synchronous engine: one model, one runner, one scheduler. Each `step` is
 //! plan (core) -> execute (runner, one graph for the whole batch) -> apply (core), followed by
 //! detokenization and stop-string matching per request.
+use crate::events::{Finish, Speculation, Usage};
+use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, Event, FinishReason, PositionStats, RequestId, RequestSpec, SamplingParams,
-    Scheduler, SchedulerConfig, StepPlan, TokenLogprob, MAX_DRAFT,
+    DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
+    SchedulerConfig, StepPlan, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::{
     Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StreamDecoder, TokenId,
@@ -53,8 +55,8 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             max_seqs: 16,
             prefix_caching: true,
-            context_len: 4096,
-            max_draft: 4,
+            context_len: defaults::CONTEXT,
+            max_draft: defaults::DRAFT_LEN,
             verify_cost: None,
             state_cache: 16,
             kernels: Kernels::BatchInvariant,
@@ -62,7 +64,8 @@ impl Default for EngineConfig {
     }
 }
 
-/// Per-request options.
+/// A request's options as the engine runs them, every default resolved (from a
+/// [`crate::GenerateRequest`] by [`crate::GenerateRequest::options`]).
 #[derive(Debug, Clone)]
 pub struct RequestOptions {
     /// Sampling.
@@ -83,7 +86,7 @@ impl Default for RequestOptions {
     fn default() -> Self {
         RequestOptions {
             sampling: SamplingParams::greedy(),
-            max_tokens: 256,
+            max_tokens: defaults::MAX_TOKENS,
             stop_strings: Vec::new(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
@@ -112,22 +115,8 @@ pub enum Output {
         id: RequestId,
         /// Text still held back when it ended (flushed).
         text: String,
-        /// Why.
-        reason: FinishReason,
-        /// Prompt tokens.
-        prompt_tokens: usize,
-        /// Generated tokens.
-        completion_tokens: usize,
-        /// Prompt tokens served from the prefix cache.
-        cached_tokens: usize,
-        /// Draft tokens proposed / accepted, and verify steps.
-        drafted: usize,
-        /// Draft tokens accepted.
-        accepted: usize,
-        /// Verify steps.
-        verifies: usize,
-        /// Acceptance by draft position.
-        positions: PositionStats,
+        /// How it ended.
+        finish: Finish,
     },
 }
 
@@ -234,7 +223,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
         .collect();
     let chunk = runner.options().max_batch_tokens;
     if max_len + 1 > chunk {
-        return Err(SdkError::Rejected(format!(
+        return Err(SdkError::Config(format!(
             "draft length {max_len} needs a step budget above {chunk} tokens"
         )));
     }
@@ -380,7 +369,7 @@ impl EngineCore {
             stop_tokens.extend_from_slice(self.model.tokenizer.eog_tokens());
         }
         if opts.max_tokens == 0 {
-            return Err(SdkError::Rejected("max_tokens must be at least 1".into()));
+            return Err(Rejection::invalid(Field::MaxTokens, "must be at least 1").into());
         }
         let id = self
             .sched
@@ -391,7 +380,7 @@ impl EngineCore {
                 stop_tokens,
                 speculate: opts.speculate,
             })
-            .map_err(SdkError::Rejected)?;
+            .map_err(|e| SdkError::Rejected(e.into()))?;
         self.text.insert(
             id,
             TextState {
@@ -435,14 +424,20 @@ impl EngineCore {
         Output::Finished {
             id,
             text,
-            reason,
-            prompt_tokens: s.prompt_tokens,
-            completion_tokens: s.generated_tokens,
-            cached_tokens: s.cached_tokens,
-            drafted: s.drafted,
-            accepted: s.accepted,
-            verifies: s.verifies,
-            positions: s.positions,
+            finish: Finish {
+                reason,
+                usage: Some(Usage {
+                    prompt_tokens: s.prompt_tokens,
+                    completion_tokens: s.generated_tokens,
+                    cached_tokens: s.cached_tokens,
+                }),
+                speculation: Speculation {
+                    drafted: s.drafted,
+                    accepted: s.accepted,
+                    verifies: s.verifies,
+                    positions: s.positions,
+                },
+            },
         }
     }
 

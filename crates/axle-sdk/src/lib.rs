@@ -1,26 +1,51 @@
-//! Axle's SDK. [`EngineCore`] drives one model synchronously (core plans, runner executes, core
-//! applies); [`Session`] owns a model and runs an `EngineCore` in a thread of its own, fed by a
-//! channel, streaming events per request. Dropping a stream cancels its request and frees its KV.
+//! Axle's SDK: one request type and one event stream for every route.
+//!
+//! - [`GenerateRequest`]: what to generate, with unset options left to the route's defaults
+//!   ([`defaults`]); refused requests come back as a typed [`Rejection`] naming the field.
+//! - [`Generator`]: who generates, Axle's engine ([`Session`]) or an upstream server
+//!   ([`Upstream`]); [`Generator::start`] gives one async [`EventStream`] per choice.
+//! - [`EngineCore`]: one model driven synchronously (core plans, runner executes, core
+//!   applies); a [`Session`] runs it in a thread of its own. Dropping a stream cancels its
+//!   request and frees its KV.
+//!
+//! ```no_run
+//! use axle_sdk::{EngineConfig, GenerateRequest, Model, ModelOptions, Session};
+//! use std::sync::Arc;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = Arc::new(Model::load("SmolLM2-135M-Instruct.Q4_1.gguf", &ModelOptions::default())?);
+//! let session = Session::new(model, EngineConfig::default())?;
+//! let done = session.generate(&GenerateRequest::new("The capital of France is").greedy().max_tokens(16))?;
+//! println!("{} ({} tokens)", done.text, done.tokens.len());
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod backend;
 pub mod delegate;
 mod engine;
+mod events;
+mod generator;
+mod request;
+pub mod route;
 mod session;
 mod stop;
 
 pub use engine::{EngineConfig, EngineCore, Output, RequestOptions};
-pub use session::{
-    Completion, EngineStats, GenerateRequest, Prompt, Session, StreamEvent, TokenStream,
-};
+pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
+pub use generator::{Delivery, EventStream, Generator};
+pub use request::{defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions};
+pub use session::{EngineStats, Session, TokenStream};
 pub use stop::StopMatcher;
 
-pub use backend::{BackendKind, Policy, RuntimeReport, SupportTier};
-pub use delegate::{DelegateError, DelegatedInput, DelegatedRequest, Upstream};
+pub use delegate::{DelegateError, Upstream};
+pub use route::{RoutePolicy, RuntimeKind, RuntimeReport, SupportTier};
 
-pub use axle_core::{FinishReason, PositionStats, RequestId, SamplingParams, TokenLogprob};
-pub use axle_models::{ChatMessage, DeviceChoice, Model, ModelOptions};
+pub use axle_core::{
+    FinishReason, PositionStats, RequestId, SamplingField, SamplingParams, TokenLogprob, MAX_DRAFT,
+};
+pub use axle_models::{ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer};
 
 /// Errors of the SDK.
 #[derive(Debug, thiserror::Error)]
@@ -28,9 +53,18 @@ pub enum SdkError {
     /// Model loading or execution failed.
     #[error(transparent)]
     Model(#[from] axle_models::ModelError),
-    /// The request was rejected (empty prompt, over the context, bad options).
+    /// The request was refused; the rejection names the field.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// The engine's configuration cannot work (draft length over the step budget, ...).
     #[error("{0}")]
-    Rejected(String),
+    Config(String),
+    /// The upstream of a delegated route failed or refused.
+    #[error(transparent)]
+    Upstream(#[from] DelegateError),
+    /// A step of this request failed on the device; the engine keeps serving others.
+    #[error("generation failed: {0}")]
+    Generation(String),
     /// The engine thread is gone.
     #[error("the engine has stopped")]
     EngineStopped,

@@ -1,96 +1,30 @@
 //! The Session: a loaded model plus its engine thread. Requests go in through a channel; each
-//! request gets its own event stream back. Dropping a stream before it finishes cancels the request
-//! and frees its KV blocks.
+//! choice of a request gets its own event stream back, read with `next().await` (async) or as an
+//! iterator (blocking). Dropping a stream before it finishes cancels that choice and frees its
+//! KV blocks.
 use crate::engine::{EngineConfig, EngineCore, Output, RequestOptions};
+use crate::events::{Completion, StreamEvent};
+use crate::request::{Field, GenerateRequest, Prompt, Rejection};
 use crate::SdkError;
-use axle_core::{FinishReason, RequestId, TokenLogprob};
-use axle_models::{ChatMessage, Model, TokenId};
+use axle_core::{FinishReason, RequestId};
+use axle_models::{Model, TokenId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use tokio::sync::{mpsc as events, oneshot};
 
-/// What to generate from.
-#[derive(Debug, Clone)]
-pub enum Prompt {
-    /// Plain text (BOS added as the model asks).
-    Text(String),
-    /// Chat messages, rendered with the model's template.
-    Chat(Vec<ChatMessage>),
-    /// Token ids, used as they are.
-    Tokens(Vec<TokenId>),
-}
-
-/// A generation request.
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    /// The prompt.
-    pub prompt: Prompt,
-    /// Options.
-    pub options: RequestOptions,
-}
-
-/// One event of a request's stream.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StreamEvent {
-    /// A generated token and the text it completed (possibly empty while a character or a
-    /// possible stop string is incomplete).
-    Token {
-        /// The token id.
-        token: TokenId,
-        /// Text to append.
-        text: String,
-        /// Its log-probabilities, when asked for.
-        logprob: Option<TokenLogprob>,
-    },
-    /// The request ended; `text` is the last text to append.
-    Done {
-        /// Final text.
-        text: String,
-        /// Why it ended.
-        reason: FinishReason,
-        /// Prompt tokens.
-        prompt_tokens: usize,
-        /// Generated tokens.
-        completion_tokens: usize,
-        /// Prompt tokens served from the prefix cache.
-        cached_tokens: usize,
-        /// Draft tokens proposed.
-        drafted: usize,
-        /// Draft tokens accepted.
-        accepted: usize,
-    },
-}
-
-/// A finished generation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    /// Generated text.
-    pub text: String,
-    /// Generated token ids.
-    pub tokens: Vec<TokenId>,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Generated tokens.
-    pub completion_tokens: usize,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: usize,
-    /// Draft tokens proposed.
-    pub drafted: usize,
-    /// Draft tokens accepted.
-    pub accepted: usize,
-}
+/// The engine's answer to a submission: queued, or refused.
+type Ack = oneshot::Receiver<Result<(), SdkError>>;
 
 enum Command {
     Submit {
         ticket: u64,
         prompt: Vec<TokenId>,
         options: Box<RequestOptions>,
-        events: Sender<StreamEvent>,
-        ack: Sender<Result<(), SdkError>>,
+        events: events::UnboundedSender<StreamEvent>,
+        ack: oneshot::Sender<Result<(), SdkError>>,
     },
     Cancel(u64),
     Shutdown,
@@ -116,32 +50,45 @@ pub struct Session {
     stats: Arc<std::sync::Mutex<EngineStats>>,
 }
 
-/// The events of one request. Iterating yields events until `Done`; dropping it early cancels.
+/// The events of one choice of a native request, ending with `Done` or `Error`; dropping it
+/// early cancels the choice. Read it with [`TokenStream::recv`] in async code, or iterate it
+/// (blocking; not from inside an async runtime).
+#[derive(Debug)]
 pub struct TokenStream {
-    rx: Receiver<StreamEvent>,
+    rx: events::UnboundedReceiver<StreamEvent>,
     tx: Sender<Command>,
     ticket: u64,
     done: bool,
 }
 
+impl TokenStream {
+    /// The next event (None after the last); iterating is the blocking form.
+    pub async fn recv(&mut self) -> Option<StreamEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.seen(ev)
+    }
+
+    fn seen(&mut self, ev: Option<StreamEvent>) -> Option<StreamEvent> {
+        let end = !matches!(ev, Some(StreamEvent::Token { .. }));
+        if end {
+            self.done = true;
+        }
+        ev
+    }
+}
+
 impl Iterator for TokenStream {
     type Item = StreamEvent;
+    /// Blocks for the next event.
     fn next(&mut self) -> Option<StreamEvent> {
         if self.done {
             return None;
         }
-        match self.rx.recv() {
-            Ok(ev) => {
-                if matches!(ev, StreamEvent::Done { .. }) {
-                    self.done = true;
-                }
-                Some(ev)
-            }
-            Err(_) => {
-                self.done = true;
-                None
-            }
-        }
+        let ev = self.rx.blocking_recv();
+        self.seen(ev)
     }
 }
 
@@ -163,7 +110,7 @@ impl Session {
         let thread = std::thread::Builder::new()
             .name("axle-engine".into())
             .spawn(move || engine_loop(&mut engine, rx, &stats_thread))
-            .map_err(|e| SdkError::Rejected(format!("cannot start the engine thread: {e}")))?;
+            .map_err(|e| SdkError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Session {
             model,
             tx,
@@ -183,76 +130,124 @@ impl Session {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Tokenizes a prompt.
-    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<TokenId>, SdkError> {
-        Ok(match prompt {
-            Prompt::Text(t) => self.model.tokenizer.encode(t, true, false),
-            Prompt::Chat(m) => self.model.encode_chat(m)?,
-            Prompt::Tokens(t) => t.clone(),
-        })
-    }
-
-    /// Starts a request and returns its event stream.
-    pub fn stream(&self, req: GenerateRequest) -> Result<TokenStream, SdkError> {
-        let prompt = self.prompt_tokens(&req.prompt)?;
-        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let (events, rx) = mpsc::channel();
-        let (ack, ack_rx) = mpsc::channel();
-        self.tx
-            .send(Command::Submit {
-                ticket,
-                prompt,
-                options: Box::new(req.options),
-                events,
-                ack,
-            })
-            .map_err(|_| SdkError::EngineStopped)?;
-        ack_rx.recv().map_err(|_| SdkError::EngineStopped)??;
-        Ok(TokenStream {
-            rx,
-            tx: self.tx.clone(),
-            ticket,
-            done: false,
-        })
-    }
-
-    /// Runs a request to completion.
-    pub fn generate(&self, req: GenerateRequest) -> Result<Completion, SdkError> {
-        let mut text = String::new();
-        let mut tokens = Vec::new();
-        for ev in self.stream(req)? {
-            match ev {
-                StreamEvent::Token { token, text: t, .. } => {
-                    tokens.push(token);
-                    text.push_str(&t);
+    /// The prompt's tokens, with the checks that need the model (the template renders, the ids
+    /// are in the vocabulary).
+    pub fn prompt_tokens(&self, req: &GenerateRequest) -> Result<Vec<TokenId>, SdkError> {
+        let tok = &self.model.tokenizer;
+        let vocab = tok.len();
+        let ids = match &req.prompt {
+            Prompt::Text(t) => tok.encode(t, true, false),
+            Prompt::Chat(m) => self.model.encode_chat(m, req.tools.as_ref()).map_err(|e| {
+                let field = if req.tools.is_some() {
+                    Field::Tools
+                } else {
+                    Field::Prompt
+                };
+                Rejection::invalid(field, e.to_string())
+            })?,
+            Prompt::Tokens(t) => {
+                if let Some(&bad) = t.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(Rejection::invalid(
+                        Field::Prompt,
+                        format!("token {bad} is outside the vocabulary ({vocab})"),
+                    )
+                    .into());
                 }
-                StreamEvent::Done {
-                    text: t,
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                    cached_tokens,
-                    drafted,
-                    accepted,
-                } => {
-                    text.push_str(&t);
-                    if let FinishReason::Error(e) = &reason {
-                        return Err(SdkError::Rejected(e.clone()));
-                    }
-                    return Ok(Completion {
-                        text,
-                        tokens,
-                        finish_reason: reason,
-                        prompt_tokens,
-                        completion_tokens,
-                        cached_tokens,
-                        drafted,
-                        accepted,
-                    });
+                t.clone()
+            }
+        };
+        let out_of_vocab = |ids: &[TokenId]| ids.iter().copied().find(|&t| t as usize >= vocab);
+        if let Some(bad) = out_of_vocab(&req.stop_tokens) {
+            return Err(Rejection::invalid(
+                Field::StopTokens,
+                format!("token {bad} is outside the vocabulary ({vocab})"),
+            )
+            .into());
+        }
+        let biased: Vec<TokenId> = req.logit_bias.iter().map(|b| b.0).collect();
+        if let Some(bad) = out_of_vocab(&biased) {
+            return Err(Rejection::invalid(
+                Field::Sampling(axle_core::SamplingField::LogitBias),
+                format!("token {bad} is outside the vocabulary ({vocab})"),
+            )
+            .into());
+        }
+        Ok(ids)
+    }
+
+    /// Checks a request and queues its choices; the acknowledgements come back through
+    /// `acks`.
+    fn submit(&self, req: &GenerateRequest) -> Result<(Vec<TokenStream>, Vec<Ack>), SdkError> {
+        req.validate()?;
+        let prompt = self.prompt_tokens(req)?;
+        let mut streams = Vec::with_capacity(req.n);
+        let mut acks = Vec::with_capacity(req.n);
+        for choice in 0..req.n {
+            let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+            let (events, rx) = events::unbounded_channel();
+            let (ack, ack_rx) = oneshot::channel();
+            self.tx
+                .send(Command::Submit {
+                    ticket,
+                    prompt: prompt.clone(),
+                    options: Box::new(req.options(choice)),
+                    events,
+                    ack,
+                })
+                .map_err(|_| SdkError::EngineStopped)?;
+            streams.push(TokenStream {
+                rx,
+                tx: self.tx.clone(),
+                ticket,
+                done: false,
+            });
+            acks.push(ack_rx);
+        }
+        Ok((streams, acks))
+    }
+
+    /// Starts a request: one event stream per choice (`n`), in order.
+    pub async fn start(&self, req: &GenerateRequest) -> Result<Vec<TokenStream>, SdkError> {
+        let (streams, acks) = self.submit(req)?;
+        for ack in acks {
+            ack.await.map_err(|_| SdkError::EngineStopped)??;
+        }
+        Ok(streams)
+    }
+
+    /// [`Session::start`] for code outside an async runtime (blocks until the engine has
+    /// queued the choices).
+    pub fn start_blocking(&self, req: &GenerateRequest) -> Result<Vec<TokenStream>, SdkError> {
+        let (streams, acks) = self.submit(req)?;
+        for ack in acks {
+            ack.blocking_recv().map_err(|_| SdkError::EngineStopped)??;
+        }
+        Ok(streams)
+    }
+
+    /// Runs a one-choice request to completion (blocking; not from inside an async runtime).
+    pub fn generate(&self, req: &GenerateRequest) -> Result<Completion, SdkError> {
+        if req.n != 1 {
+            return Err(Rejection::unsupported(Field::N, "generate() runs one choice").into());
+        }
+        let mut c = Completion::empty();
+        for stream in self.start_blocking(req)? {
+            for ev in stream {
+                if c.absorb(ev)? {
+                    return Ok(c);
                 }
             }
         }
         Err(SdkError::EngineStopped)
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model.path())
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -271,7 +266,8 @@ fn engine_loop(
     stats: &std::sync::Mutex<EngineStats>,
 ) {
     let mut by_ticket: HashMap<u64, RequestId> = HashMap::new();
-    let mut streams: HashMap<RequestId, (u64, Sender<StreamEvent>)> = HashMap::new();
+    let mut streams: HashMap<RequestId, (u64, events::UnboundedSender<StreamEvent>)> =
+        HashMap::new();
     loop {
         // Block for commands only when idle; otherwise take what is queued and keep stepping.
         let mut cmds = Vec::new();
@@ -327,35 +323,17 @@ fn engine_loop(
                     } => (
                         id,
                         StreamEvent::Token {
-                            token,
+                            token: Some(token),
                             text,
                             logprob,
                         },
                     ),
-                    Output::Finished {
-                        id,
-                        text,
-                        reason,
-                        prompt_tokens,
-                        completion_tokens,
-                        cached_tokens,
-                        drafted,
-                        accepted,
-                        ..
-                    } => (
-                        id,
-                        StreamEvent::Done {
-                            text,
-                            reason,
-                            prompt_tokens,
-                            completion_tokens,
-                            cached_tokens,
-                            drafted,
-                            accepted,
-                        },
-                    ),
+                    Output::Finished { id, text, finish } => match finish.reason {
+                        FinishReason::Error(e) => (id, StreamEvent::Error(SdkError::Generation(e))),
+                        _ => (id, StreamEvent::Done { text, finish }),
+                    },
                 };
-                let done = matches!(ev, StreamEvent::Done { .. });
+                let done = !matches!(ev, StreamEvent::Token { .. });
                 let delivered = streams
                     .get(&id)
                     .map(|(_, s)| s.send(ev).is_ok())

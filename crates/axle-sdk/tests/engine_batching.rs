@@ -7,7 +7,7 @@
 //! (libllama shows the identical shift; `crates/axle-models/tests/oracle_batched.rs` checks that
 //! Axle's batched logits equal libllama's batched logits bit for bit in that regime).
 use axle_sdk::{
-    EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, Prompt, RequestOptions,
+    EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, RequestOptions,
     Session, StreamEvent,
 };
 use std::collections::HashMap;
@@ -184,13 +184,16 @@ fn dropped_streams_cancel_and_free_kv() {
         },
     )
     .unwrap();
+    let request = |prompt: &str, max_tokens: usize| {
+        let mut r = GenerateRequest::new(prompt).greedy().max_tokens(max_tokens);
+        r.ignore_eos = true;
+        r
+    };
     let mut streams: Vec<_> = (0..6)
         .map(|i| {
-            s.stream(GenerateRequest {
-                prompt: Prompt::Text(PROMPTS[i].into()),
-                options: opts(200),
-            })
-            .unwrap()
+            s.start_blocking(&request(PROMPTS[i], 200))
+                .unwrap()
+                .remove(0)
         })
         .collect();
     for st in streams.iter_mut() {
@@ -201,13 +204,8 @@ fn dropped_streams_cancel_and_free_kv() {
     assert!(s.stats().kv_blocks_used > 0);
     drop(streams);
     // A blocking request afterwards completes, and once it is done no blocks remain in use.
-    let c = s
-        .generate(GenerateRequest {
-            prompt: Prompt::Text("Hello".into()),
-            options: opts(4),
-        })
-        .unwrap();
-    assert_eq!(c.completion_tokens, 4);
+    let c = s.generate(&request("Hello", 4)).unwrap();
+    assert_eq!(c.finish.usage.map(|u| u.completion_tokens), Some(4));
     for _ in 0..200 {
         if s.stats().kv_blocks_used == 0 {
             return;
@@ -253,11 +251,9 @@ fn hybrid_prefix_reuse_restores_the_recurrent_state() {
             for o in e.step() {
                 match o {
                     Output::Token { id: i, token, .. } if i == id => tokens.push(token),
-                    Output::Finished {
-                        id: i,
-                        cached_tokens,
-                        ..
-                    } if i == id => cached = cached_tokens,
+                    Output::Finished { id: i, finish, .. } if i == id => {
+                        cached = finish.usage.map_or(0, |u| u.cached_tokens)
+                    }
                     _ => {}
                 }
             }

@@ -92,13 +92,9 @@ fn run(m: &Arc<Model>, c: &EngineConfig, prompts: &[Vec<u32>], opts: &RequestOpt
         for o in e.step() {
             match o {
                 Output::Token { id, token, .. } => toks.entry(id).or_default().push(token),
-                Output::Finished {
-                    drafted: d,
-                    accepted: a,
-                    ..
-                } => {
-                    drafted += d;
-                    accepted += a;
+                Output::Finished { finish, .. } => {
+                    drafted += finish.speculation.drafted;
+                    accepted += finish.speculation.accepted;
                 }
             }
         }

@@ -1,5 +1,7 @@
 //! The one error type of the HTTP surface, rendered in OpenAI's JSON error shape with the right
-//! status code.
+//! status code; SDK errors and rejections map onto it here, and only here.
+use crate::openai::{ErrorBody, ErrorDetail, WireError};
+use axle_sdk::{DelegateError, Field, Rejection, SdkError};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -87,10 +89,91 @@ impl ApiError {
     }
 
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code }
-        })
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind.to_string(),
+                param: self.param.clone(),
+                code: self.code.map(str::to_string),
+            },
+        }
+    }
+
+    /// A refused request: 400, with the field named as the route's wire shape names it
+    /// (`prompt` is `messages`, `prompt` or `tokens` there).
+    pub fn rejected(r: &Rejection, prompt: &str) -> ApiError {
+        let param = match r.field() {
+            Field::Prompt => prompt,
+            f => f.name(),
+        };
+        ApiError {
+            code: match r {
+                Rejection::ContextOverflow { .. } => Some("context_length_exceeded"),
+                Rejection::Unsupported { .. } => Some("unsupported_parameter"),
+                Rejection::Invalid { .. } => Some("invalid_value"),
+            },
+            ..ApiError::bad_request(format!("{param}: {}", r.reason()), Some(param))
+        }
+    }
+
+    /// A body that does not map onto a request.
+    pub fn wire(e: WireError, prompt: &str) -> ApiError {
+        match e {
+            WireError::Rejected(r) => ApiError::rejected(&r, prompt),
+            WireError::Unknown(name) => ApiError {
+                code: Some("unknown_parameter"),
+                ..ApiError::bad_request(
+                    format!(
+                        "{name}: unrecognized request argument (this server does not support it)"
+                    ),
+                    Some(&name),
+                )
+            },
+        }
+    }
+
+    /// Any SDK error, `prompt` naming the route's prompt field.
+    pub fn sdk(e: SdkError, prompt: &str) -> ApiError {
+        match e {
+            SdkError::Rejected(r) => ApiError::rejected(&r, prompt),
+            SdkError::Upstream(u) => ApiError::upstream(u),
+            e @ (SdkError::Model(_)
+            | SdkError::Config(_)
+            | SdkError::Generation(_)
+            | SdkError::EngineStopped) => ApiError::internal(e.to_string()),
+        }
+    }
+
+    /// An upstream failure: 502 unreachable or failed, 504 timeout, the upstream's own 4xx
+    /// passed on (a refused key is our configuration's fault, so 502).
+    pub fn upstream(e: DelegateError) -> ApiError {
+        let (status, code) = match &e {
+            DelegateError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "upstream_unreachable"),
+            DelegateError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+            DelegateError::Rejected { status, .. } if *status == 401 || *status == 403 => {
+                (StatusCode::BAD_GATEWAY, "upstream_auth")
+            }
+            DelegateError::Rejected { status, .. } => (
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST),
+                "upstream_rejected",
+            ),
+            DelegateError::Failed { .. } | DelegateError::Protocol { .. } => {
+                (StatusCode::BAD_GATEWAY, "upstream_error")
+            }
+        };
+        let client_fault = status.is_client_error();
+        ApiError {
+            status,
+            message: e.to_string(),
+            kind: if client_fault {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            },
+            param: None,
+            code: Some(code),
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Axle's OpenAI-compatible HTTP server. [`app`] builds the router over a [`Backend`] (a native
-//! [`Session`] or a delegated [`Upstream`]), so tests call it without a socket; [`serve`] binds it
+//! Axle's OpenAI-compatible HTTP server. [`app`] builds the router over a [`Generator`] (a native
+//! session or a delegated upstream, the same to every handler), so tests call it without a socket; [`serve`] binds it
 //! with graceful shutdown. Routes: `POST /v1/chat/completions`, `POST /v1/completions` (blocking
 //! and SSE), `GET /v1/models`, `GET /v1/runtime` (the runtime report), `POST /v1/generate` (token
 //! ids in and out, native only), `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET
@@ -9,33 +9,26 @@
 #![deny(missing_docs)]
 
 mod api;
-mod delegated;
 mod error;
 mod metrics;
+pub mod openai;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
 
-use axle_sdk::{RuntimeReport, Session, Upstream};
+pub use axle_sdk::Generator;
+use axle_sdk::RuntimeReport;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
 
-/// Who generates: our engine, or an upstream server requests are delegated to.
-#[derive(Clone)]
-pub enum Backend {
-    /// The model and its engine.
-    Native(Arc<Session>),
-    /// The upstream (chat and text completions only; no token-id routes).
-    Delegated(Arc<Upstream>),
-}
-
 /// What every handler shares.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState {
-    /// Who generates.
-    pub backend: Backend,
+    /// Who generates: our engine, or an upstream server requests are delegated to (chat and
+    /// text completions only; no token-id routes).
+    pub generator: Generator,
     /// The route, policy and model identity, attached to every response and served at
     /// `/v1/runtime`.
     pub runtime: Arc<RuntimeReport>,

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 const BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Histogram {
     counts: [u64; BUCKETS.len()],
     sum: f64,
@@ -40,7 +40,7 @@ impl Histogram {
 }
 
 /// Counters and histograms of one server.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Metrics {
     requests: AtomicU64,
     errors: AtomicU64,

@@ -6,9 +6,7 @@ use super::CheckResult;
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::{Kernels, Model, Runner, RunnerOptions, Sequence};
-use axle_sdk::{
-    EngineConfig, GenerateRequest, Prompt, RequestOptions, RuntimeReport, SamplingParams, Session,
-};
+use axle_sdk::{EngineConfig, GenerateRequest, RuntimeReport, SamplingParams, Session};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -50,15 +48,11 @@ fn greedy(
     sampling: SamplingParams,
 ) -> Result<(Vec<u32>, String), BenchError> {
     let ids = s.model().tokenizer.encode(prompt, true, true);
-    let c = s.generate(GenerateRequest {
-        prompt: Prompt::Tokens(ids),
-        options: RequestOptions {
-            sampling,
-            max_tokens: tokens,
-            ignore_eos: true,
-            ..Default::default()
-        },
-    })?;
+    let mut req = GenerateRequest::new(ids)
+        .with_sampling(&sampling)
+        .max_tokens(tokens);
+    req.ignore_eos = true;
+    let c = s.generate(&req)?;
     Ok((c.tokens, c.text))
 }
 

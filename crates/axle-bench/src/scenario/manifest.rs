@@ -2,7 +2,7 @@
 //! documented in `benchmarks/manifests/README.md`. Unknown fields are errors, so a typo cannot
 //! silently turn a check off.
 use crate::BenchError;
-use axle_sdk::{BackendKind, SupportTier};
+use axle_sdk::{RuntimeKind, SupportTier};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -74,7 +74,7 @@ fn auto_device() -> String {
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// `native`, `llama_cpp` or `openai_compatible`.
-    pub selected_backend: BackendKind,
+    pub selected_backend: RuntimeKind,
     /// `native` or `delegated`.
     pub support_tier: SupportTier,
     /// The model file's sha256, when pinned.

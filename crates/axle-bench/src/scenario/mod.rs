@@ -57,7 +57,7 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
             model_path.display()
         )));
     }
-    let sha = axle_sdk::backend::file_sha256(&model_path)
+    let sha = axle_sdk::route::file_sha256(&model_path)
         .map_err(|e| BenchError::Invalid(format!("cannot hash {}: {e}", model_path.display())))?;
     let model = std::sync::Arc::new(Model::load(
         &model_path,

@@ -7,9 +7,7 @@ use crate::stats::{median, synthetic_tokens};
 use crate::{batched, compare, ngram, prefix, server, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::Model;
-use axle_sdk::{
-    EngineConfig, GenerateRequest, Prompt, RequestOptions, SamplingParams, Session, StreamEvent,
-};
+use axle_sdk::{EngineConfig, GenerateRequest, SamplingParams, Session, StreamEvent};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -239,14 +237,10 @@ fn generate(
         // measure the same thing (a shared prefix is still reused across the rep's prompts).
         let session = Session::new(model.clone(), cfg.clone())?;
         // Warm-up on tokens no prompt shares: threads spun up, buffers allocated.
-        session.generate(GenerateRequest {
-            prompt: Prompt::Tokens(synthetic_tokens(8, model.tokenizer.len(), 0xabc)),
-            options: RequestOptions {
-                max_tokens: 4,
-                ignore_eos: true,
-                ..Default::default()
-            },
-        })?;
+        let mut warm_up =
+            GenerateRequest::new(synthetic_tokens(8, model.tokenizer.len(), 0xabc)).max_tokens(4);
+        warm_up.ignore_eos = true;
+        session.generate(&warm_up.greedy())?;
         // A closed loop of `concurrency` clients: each submits its next prompt when its last one
         // finishes, so TTFT is measured from each request's own submission.
         let t_rep = Instant::now();
@@ -330,20 +324,16 @@ fn timed_request(
     g: &GenerateSpec,
 ) -> Result<Timing, BenchError> {
     let t0 = Instant::now();
-    let stream = session.stream(GenerateRequest {
-        prompt: Prompt::Tokens(prompt.to_vec()),
-        options: RequestOptions {
-            sampling: SamplingParams {
-                temperature: g.temperature,
-                seed: g.seed + i as u64,
-                ..SamplingParams::greedy()
-            },
-            max_tokens: g.max_tokens,
-            ignore_eos: true,
-            speculate: g.ngram,
-            ..Default::default()
-        },
-    })?;
+    let mut req = GenerateRequest::new(prompt.to_vec())
+        .with_sampling(&SamplingParams {
+            temperature: g.temperature,
+            seed: g.seed + i as u64,
+            ..SamplingParams::greedy()
+        })
+        .max_tokens(g.max_tokens);
+    req.ignore_eos = true;
+    req.speculate = g.ngram;
+    let stream = session.start_blocking(&req)?.into_iter().flatten();
     let (mut first, mut last) = (None, t0);
     let mut t = Timing {
         prompt: 0,
@@ -361,16 +351,12 @@ fn timed_request(
                 last = now;
                 t.tokens += 1;
             }
-            StreamEvent::Done {
-                prompt_tokens,
-                drafted,
-                accepted,
-                ..
-            } => {
-                t.prompt = prompt_tokens;
-                t.drafted = drafted;
-                t.accepted = accepted;
+            StreamEvent::Done { finish, .. } => {
+                t.prompt = finish.usage.map_or(0, |u| u.prompt_tokens);
+                t.drafted = finish.speculation.drafted;
+                t.accepted = finish.speculation.accepted;
             }
+            StreamEvent::Error(e) => return Err(e.into()),
         }
     }
     let first = first.unwrap_or(last);

@@ -5,7 +5,6 @@ use axle_bench::scenario::manifest::{
     BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec, Workload,
 };
 use axle_bench::scenario::{self, report, Artifact, Manifest, RunOptions};
-use axle_models::default_threads;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
@@ -38,9 +37,6 @@ pub struct DeviceCheckArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Greedy tokens per prompt.
     #[arg(long, default_value_t = 32)]
     continuation: usize,
@@ -56,7 +52,7 @@ pub struct DeviceCheckArgs {
 }
 
 fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
-    let model = std::sync::Arc::new(super::load_model(&a.model, a.threads, false, &a.device)?);
+    let model = std::sync::Arc::new(super::load_model_on(&a.model, false, &a.device)?);
     let text = std::fs::read_to_string(&a.workloads)
         .with_context(|| format!("cannot read {}", a.workloads.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -86,7 +82,7 @@ fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
         &prompts,
         &axle_bench::device_check::DeviceCheckOptions {
             continuation: a.continuation,
-            threads: a.threads,
+            threads: a.device.threads,
         },
         true,
     )?;
@@ -154,9 +150,6 @@ pub struct ServerArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Tokens per generation.
     #[arg(long, default_value_t = 128)]
     tokens: usize,
@@ -176,17 +169,15 @@ pub struct NgramArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Workload file.
     #[arg(long, default_value = "benchmarks/workloads/ngram.json")]
     workloads: PathBuf,
     /// Tokens to generate per prompt.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Longest draft (1 to 8).
-    #[arg(long, default_value_t = 4)]
+    /// Longest draft.
+    #[arg(long, default_value_t = axle_sdk::defaults::DRAFT_LEN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=axle_sdk::MAX_DRAFT as u64))]
     draft_len: usize,
     /// Repetitions per prompt.
     #[arg(long, default_value_t = 1)]
@@ -219,9 +210,6 @@ pub struct BatchedArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads for both engines.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Concurrency levels (comma separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8, 16])]
     concurrency: Vec<usize>,
@@ -250,9 +238,6 @@ pub struct PrefixArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Shared prefix length in tokens.
     #[arg(long, default_value_t = 1000)]
     prefix: usize,
@@ -272,9 +257,6 @@ pub struct CompareArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// CPU threads for both engines.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
     /// Prompt lengths to prefill (comma separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![128usize, 512])]
     prefill: Vec<usize>,
@@ -297,7 +279,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Compare(a) => quick(
             "compare",
             &a.model,
-            a.threads,
+            a.device.threads,
             a.reps,
             Workload::Compare(CompareSpec {
                 prefill: a.prefill,
@@ -312,7 +294,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Batched(a) => quick(
             "batched",
             &a.model,
-            a.threads,
+            a.device.threads,
             a.reps,
             Workload::Batched(BatchedSpec {
                 concurrency: a.concurrency,
@@ -342,7 +324,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             quick(
                 "ngram",
                 &a.model,
-                a.threads,
+                a.device.threads,
                 a.reps,
                 Workload::Ngram(NgramSpec {
                     workloads: workloads.display().to_string(),
@@ -361,7 +343,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Server(a) => quick(
             "server",
             &a.model,
-            a.threads,
+            a.device.threads,
             a.reps,
             Workload::Server(ServerSpec { tokens: a.tokens }),
             &a.output_root,
@@ -373,7 +355,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Prefix(a) => quick(
             "prefix",
             &a.model,
-            a.threads,
+            a.device.threads,
             a.reps,
             Workload::Prefix(PrefixSpec {
                 prefix_tokens: a.prefix,

@@ -1,71 +1,48 @@
-//! `axle chat`: an interactive terminal chat over a Session (history, /reset, /quit, streaming).
-use axle_core::FinishReason;
-use axle_models::{default_threads, ChatMessage};
-use axle_sdk::{
-    EngineConfig, GenerateRequest, Prompt, RequestOptions, SamplingParams, Session, StreamEvent,
-};
+//! `axle chat`: an interactive terminal chat (history, /reset, /quit, streaming) through the
+//! generator: our engine, or a delegated upstream.
+use super::route::RouteArgs;
+use super::{EngineArgs, SamplingArgs};
+use axle_models::ChatMessage;
+use axle_sdk::{defaults, GenerateRequest, Generator, StreamEvent};
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    route: RouteArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Optional system message.
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per reply.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = defaults::MAX_TOKENS)]
     max_tokens: usize,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.7)]
-    temperature: f32,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
-    /// Context length (tokens).
-    #[arg(long, default_value_t = 4096)]
-    ctx: usize,
-    /// Repack matmul weights for ggml's CPU GEMM kernels. Off by default: where a repacked kernel
-    /// handles 4 rows at once (Gemma 3's Q4_K) it rounds differently from one-row decoding, and
-    /// n-gram verify steps would then not reproduce plain decoding bit for bit.
-    #[arg(long)]
-    repack: bool,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
-    #[command(flatten)]
-    kernels: super::KernelArgs,
 }
 
+/// Chat's temperature unless `--temperature` says otherwise.
+const CHAT_TEMPERATURE: f32 = 0.7;
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let model = Arc::new(super::load_model(&a.model, a.threads, a.repack, &a.device)?);
-    model.chat_template()?; // fail now, not at the first message, if there is no template
-    let session = Session::new(
-        model,
-        EngineConfig {
-            kv_slots: a.ctx as u32,
-            context_len: a.ctx,
-            max_seqs: 1,
-            kernels: a.kernels.kernels(),
-            ..Default::default()
-        },
-    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (generator, report) = rt.block_on(a.route.start(&a.engine, 1, 1))?;
+    if let Generator::Native(s) = &generator {
+        s.model().chat_template()?; // fail now, not at the first message, if there is none
+    }
     let mut history: Vec<ChatMessage> = a
         .system
         .iter()
         .map(|s| ChatMessage::new("system", s))
         .collect();
     let base = history.clone();
-    eprintln!(
-        "chat with {} (/reset clears the history, /quit leaves)",
-        a.model.display()
-    );
+    eprintln!("route: {}", report.summary());
+    eprintln!("(/reset clears the history, /quit leaves)");
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    let mut seed = 0u64;
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -85,43 +62,37 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             _ => {}
         }
         history.push(ChatMessage::new("user", line));
-        seed += 1;
-        let req = GenerateRequest {
-            prompt: Prompt::Chat(history.clone()),
-            options: RequestOptions {
-                max_tokens: a.max_tokens,
-                sampling: SamplingParams {
-                    temperature: a.temperature,
-                    seed,
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        };
-        let mut reply = String::new();
-        match session.stream(req) {
+        let mut sampling = a.sampling.clone();
+        sampling.seed = a.sampling.seed.wrapping_add(history.len() as u64);
+        let req = sampling.apply(
+            GenerateRequest::new(history.clone()).max_tokens(a.max_tokens),
+            CHAT_TEMPERATURE,
+        );
+        let reply = rt.block_on(async {
+            let mut reply = String::new();
+            let mut stream = match generator.start(&req).await {
+                Ok(mut s) => s.remove(0),
+                Err(e) => return Err(e),
+            };
+            while let Some(ev) = stream.next().await {
+                let text = match ev {
+                    StreamEvent::Token { text, .. } | StreamEvent::Done { text, .. } => text,
+                    StreamEvent::Error(e) => return Err(e),
+                };
+                print!("{text}");
+                let _ = std::io::stdout().flush();
+                reply.push_str(&text);
+            }
+            Ok(reply)
+        });
+        println!();
+        match reply {
+            Ok(reply) => history.push(ChatMessage::new("assistant", reply.trim())),
             Err(e) => {
                 eprintln!("error: {e}");
                 history.pop();
-                continue;
-            }
-            Ok(stream) => {
-                for ev in stream {
-                    let (text, done) = match ev {
-                        StreamEvent::Token { text, .. } => (text, None),
-                        StreamEvent::Done { text, reason, .. } => (text, Some(reason)),
-                    };
-                    write!(out, "{text}")?;
-                    out.flush()?;
-                    reply.push_str(&text);
-                    if let Some(FinishReason::Error(e)) = done {
-                        eprintln!("\nerror: {e}");
-                    }
-                }
             }
         }
-        writeln!(out)?;
-        history.push(ChatMessage::new("assistant", reply.trim()));
     }
     Ok(())
 }

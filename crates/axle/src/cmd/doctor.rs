@@ -144,7 +144,7 @@ pub fn bench_readiness() -> anyhow::Result<()> {
             );
             continue;
         }
-        match axle_sdk::backend::file_sha256(&p) {
+        match axle_sdk::route::file_sha256(&p) {
             Ok(h) => report(
                 want.is_none_or(|w| w == h),
                 format!("model {} sha256 {h}", p.display()),

@@ -8,7 +8,8 @@ pub mod serve;
 pub mod tokenize;
 
 use anyhow::Context;
-use axle_models::{DeviceChoice, Model, ModelOptions};
+use axle_models::{default_threads, DeviceChoice, Model, ModelOptions};
+use axle_sdk::{defaults, EngineConfig, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,9 +23,13 @@ pub fn with_spinner<T>(message: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Where a native model runs: shared by every command that loads one.
+/// Where a native model runs (threads, device, layers on the GPU): shared by every command that
+/// loads one.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
+    /// CPU threads.
+    #[arg(long, default_value_t = default_threads())]
+    pub threads: usize,
     /// Device: `auto` (the first GPU when a GPU backend is loaded, else the CPU), `cpu`, or a
     /// device name from `axle doctor` (`cuda0`, `cuda1`, `vulkan0`, `metal`, ...). GPU backends are
     /// shared libraries (`libggml-cuda.so`) loaded from $AXLE_BACKENDS_DIR, or from the folder of
@@ -37,9 +42,38 @@ pub struct DeviceArgs {
     pub gpu_layers: Option<u32>,
 }
 
-/// The engine's kernel choice, for the commands that run the engine (generate, serve, chat).
+/// How a native model runs, shared by the commands that run the engine (generate, chat, serve):
+/// threads and device, context and batching limits, speculation and kernels. Every default is
+/// the SDK's ([`axle_sdk::defaults`]).
 #[derive(clap::Args, Debug, Clone)]
-pub struct KernelArgs {
+pub struct EngineArgs {
+    /// Threads and device.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Repack matmul weights for ggml's CPU GEMM kernels. Off by default: where a repacked kernel
+    /// handles 4 rows at once (Gemma 3's Q4_K) it rounds differently from one-row decoding, and
+    /// n-gram verify steps would then not reproduce plain decoding bit for bit.
+    #[arg(long)]
+    pub repack: bool,
+    /// Context length per sequence in tokens (default: the model's, capped at 4096).
+    #[arg(long, alias = "context-len")]
+    pub ctx: Option<usize>,
+    /// KV slots shared by all sequences (default: the context length times the sequences that
+    /// may run together, at most 2 for serve).
+    #[arg(long)]
+    pub kv_slots: Option<u32>,
+    /// Most tokens computed in one step (prefill chunks and decodes together); raised to fit
+    /// one token per sequence and a full draft.
+    #[arg(long, default_value_t = EngineConfig::default().max_batch_tokens)]
+    pub max_batch_tokens: usize,
+    /// N-gram self-speculation (the gate still turns it off where it would not pay; it never
+    /// changes the output).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub ngram: Switch,
+    /// Longest n-gram draft.
+    #[arg(long, default_value_t = defaults::DRAFT_LEN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFT as u64))]
+    pub draft_len: usize,
     /// Kernel choice: `exact` (a request's output does not depend on what shares its steps, and
     /// n-gram speculation reproduces plain decoding) or `fast` (ggml's kernels for each step's
     /// shape, as llama.cpp runs: more tokens/s for many concurrent sequences on a GPU, where
@@ -47,6 +81,54 @@ pub struct KernelArgs {
     /// outputs may then change with the batch at close calls).
     #[arg(long, value_enum, default_value_t = KernelChoice::Exact)]
     pub kernels: KernelChoice,
+}
+
+/// Sampling options of the commands that generate (generate, chat).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature, 0 for greedy (default: greedy for generate, 0.7 for chat).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Top-k (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Top-p (1 = off).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Min-p (0 = off).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// RNG seed (choice i of several uses seed + i).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// Sets the request's sampling; an unset temperature is `default_temperature`.
+    pub fn apply(&self, mut req: GenerateRequest, default_temperature: f32) -> GenerateRequest {
+        req.sampling = axle_sdk::SamplingOptions {
+            temperature: Some(self.temperature.unwrap_or(default_temperature)),
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: Some(self.seed),
+            ..Default::default()
+        };
+        req
+    }
+}
+
+/// On or off.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 /// `--kernels`.
@@ -58,26 +140,57 @@ pub enum KernelChoice {
     Fast,
 }
 
-impl KernelArgs {
-    /// The engine's kernel choice.
-    pub fn kernels(&self) -> axle_models::Kernels {
-        match self.kernels {
-            KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
-            KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
+impl EngineArgs {
+    /// The engine's configuration for `model`, with `max_seqs` sequences running together and
+    /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
+    pub fn engine_config(&self, model: &Model, max_seqs: usize, kv_seqs: usize) -> EngineConfig {
+        let ctx = self.context(model);
+        let max_draft = match self.ngram {
+            Switch::On => self.draft_len,
+            Switch::Off => 0,
+        };
+        EngineConfig {
+            kv_slots: self.kv_slots.unwrap_or((ctx * kv_seqs.max(1)) as u32),
+            context_len: ctx,
+            max_seqs: max_seqs.max(1),
+            max_batch_tokens: self
+                .max_batch_tokens
+                .max(max_draft + 1)
+                .max(max_seqs.max(1)),
+            max_draft,
+            kernels: match self.kernels {
+                KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
+                KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
+            },
+            ..Default::default()
         }
+    }
+
+    /// The context length: `--ctx`, else the model's capped at the default.
+    pub fn context(&self, model: &Model) -> usize {
+        self.ctx
+            .unwrap_or_else(|| (model.n_ctx_train() as usize).min(defaults::CONTEXT))
+    }
+
+    /// Refuses native-only options on a delegated route.
+    pub fn check_delegated(&self) -> anyhow::Result<()> {
+        if self.kernels != KernelChoice::Exact {
+            anyhow::bail!("--kernels applies to the native backend only");
+        }
+        Ok(())
     }
 }
 
-/// Loads a model: a spinner on stderr while the file is opened, a progress bar while weights
-/// are copied to a device; `repack` picks ggml's repacked CPU weight layouts.
-pub fn load_model(
-    path: &Path,
-    threads: usize,
-    repack: bool,
-    device: &DeviceArgs,
-) -> anyhow::Result<Model> {
+/// Loads a model as `engine` says (threads, device, repacking): a spinner on stderr while the
+/// file is opened, a progress bar while weights are copied to a device.
+pub fn load_model(path: &Path, engine: &EngineArgs) -> anyhow::Result<Model> {
+    load_model_on(path, engine.repack, &engine.device)
+}
+
+/// [`load_model`] for the bench commands, which take threads and device alone.
+pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::Result<Model> {
     let opts = ModelOptions {
-        threads,
+        threads: device.threads,
         repack,
         device: device.device.clone(),
         gpu_layers: device.gpu_layers,

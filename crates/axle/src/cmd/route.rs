@@ -1,10 +1,12 @@
-//! The model reference and backend policy shared by `generate` and `serve`, and their resolution
-//! into a native model or a delegated upstream, with the runtime report that names the route.
+//! The model reference and backend policy shared by `generate`, `chat` and `serve`, and their
+//! resolution into a generator (our engine over the model, or a delegated upstream), with the
+//! runtime report that names the route.
+use super::EngineArgs;
 use anyhow::Context;
-use axle_models::Model;
-use axle_sdk::backend::{self, LocalModel, ResolveInput};
-use axle_sdk::{BackendKind, Policy, RuntimeReport, Upstream};
+use axle_sdk::route::{self, LocalModel, ResolveInput};
+use axle_sdk::{Generator, RoutePolicy, RuntimeKind, RuntimeReport, Session, Upstream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `--backend`.
@@ -20,13 +22,13 @@ pub enum BackendArg {
     Openai,
 }
 
-impl From<BackendArg> for Policy {
-    fn from(b: BackendArg) -> Policy {
+impl From<BackendArg> for RoutePolicy {
+    fn from(b: BackendArg) -> RoutePolicy {
         match b {
-            BackendArg::Auto => Policy::Auto,
-            BackendArg::Native => Policy::Native,
-            BackendArg::LlamaCpp => Policy::LlamaCpp,
-            BackendArg::Openai => Policy::Openai,
+            BackendArg::Auto => RoutePolicy::Auto,
+            BackendArg::Native => RoutePolicy::Native,
+            BackendArg::LlamaCpp => RoutePolicy::LlamaCpp,
+            BackendArg::Openai => RoutePolicy::Openai,
         }
     }
 }
@@ -55,32 +57,23 @@ pub struct RouteArgs {
     /// Let `--backend auto` delegate a model it cannot run natively to --upstream.
     #[arg(long)]
     pub allow_delegation: bool,
-    /// Repack matmul weights for ggml's CPU GEMM kernels. Off by default: where a repacked kernel
-    /// handles 4 rows at once (Gemma 3's Q4_K) it rounds differently from one-row decoding, and
-    /// n-gram verify steps would then not reproduce plain decoding bit for bit.
-    #[arg(long)]
-    pub repack: bool,
-    /// Device choice.
-    #[command(flatten)]
-    pub device: super::DeviceArgs,
-}
-
-/// A resolved route.
-pub enum Route {
-    /// Our runtime.
-    Native(Box<Model>),
-    /// A server the user runs.
-    Delegated(Upstream),
 }
 
 impl RouteArgs {
-    /// Resolves the route (loading the model, or connecting to the upstream) and its report.
-    pub async fn resolve(&self, threads: usize) -> anyhow::Result<(Route, RuntimeReport)> {
+    /// Resolves the route and starts it: loads the model and starts its engine (`max_seqs`
+    /// sequences together, KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise),
+    /// or connects to the upstream. Returns the generator and its runtime report.
+    pub async fn start(
+        &self,
+        engine: &EngineArgs,
+        max_seqs: usize,
+        kv_seqs: usize,
+    ) -> anyhow::Result<(Generator, RuntimeReport)> {
         let timeout = Duration::from_secs_f64(self.upstream_timeout.max(0.001));
         let mut input = ResolveInput {
             policy: self.backend.into(),
             allow_delegation: self.allow_delegation,
-            local: self.model.as_deref().map(backend::inspect_local),
+            local: self.model.as_deref().map(route::inspect_local),
             upstream: self
                 .upstream
                 .as_deref()
@@ -94,26 +87,28 @@ impl RouteArgs {
                 ..
             })
         );
-        if input.policy == Policy::Auto && input.allow_delegation && !natively_runnable {
+        if input.policy == RoutePolicy::Auto && input.allow_delegation && !natively_runnable {
             if let Some(url) = &input.upstream {
                 input.upstream_is_llama_cpp = Upstream::probe_llama_cpp(url, timeout).await;
             }
         }
-        let resolution = backend::decide(&input)?;
+        let resolution = route::decide(&input)?;
         match resolution.backend {
-            BackendKind::Native => {
+            RuntimeKind::Native => {
                 let path = self
                     .model
                     .as_deref()
                     .context("the native backend needs --model PATH")?;
-                let model = super::load_model(path, threads, self.repack, &self.device)?;
+                let model = super::load_model(path, engine)?;
                 let sha = super::with_spinner(&format!("hashing {}", path.display()), || {
-                    backend::file_sha256(path)
+                    route::file_sha256(path)
                 })
                 .with_context(|| format!("cannot hash {}", path.display()))?;
                 let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
                     .on_device(&model);
-                Ok((Route::Native(Box::new(model)), report))
+                let cfg = engine.engine_config(&model, max_seqs, kv_seqs);
+                let session = Session::new(Arc::new(model), cfg)?;
+                Ok((Generator::Native(Arc::new(session)), report))
             }
             kind => {
                 let url = input.upstream.clone().context("no upstream")?;
@@ -132,22 +127,23 @@ impl RouteArgs {
                     None,
                     Some(up.model()),
                 );
-                Ok((Route::Delegated(up), report))
+                engine.check_delegated()?;
+                Ok((Generator::Delegated(Arc::new(up)), report))
             }
         }
     }
 
     /// The name clients use: the alias, else the file stem, else the upstream's model id.
-    pub fn display_name(&self, alias: Option<&str>, route: &Route) -> String {
+    pub fn display_name(&self, alias: Option<&str>, generator: &Generator) -> String {
         if let Some(a) = alias {
             return a.to_string();
         }
         if let Some(stem) = self.model.as_deref().and_then(|m| m.file_stem()) {
             return stem.to_string_lossy().into_owned();
         }
-        match route {
-            Route::Delegated(up) => up.model().to_string(),
-            Route::Native(_) => "model".into(),
+        match generator {
+            Generator::Delegated(up) => up.model().to_string(),
+            Generator::Native(_) => "model".into(),
         }
     }
 }

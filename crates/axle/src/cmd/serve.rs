@@ -1,9 +1,8 @@
-//! `axle serve`: the OpenAI-compatible server over one model.
-use super::route::{Route, RouteArgs};
+//! `axle serve`: the OpenAI-compatible server over one model (ours, or a delegated upstream's).
+use super::route::RouteArgs;
+use super::EngineArgs;
 use anyhow::Context;
-use axle_models::default_threads;
-use axle_sdk::{EngineConfig, Session};
-use axle_server::{AppState, Backend, Metrics};
+use axle_server::{AppState, Metrics};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ pub struct Args {
     #[command(flatten)]
     route: RouteArgs,
     #[command(flatten)]
-    kernels: super::KernelArgs,
+    engine: EngineArgs,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -22,15 +21,6 @@ pub struct Args {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 16)]
     max_batch_size: usize,
-    /// Most tokens computed in one step (prefill chunks and decodes together).
-    #[arg(long, default_value_t = 512)]
-    max_batch_tokens: usize,
-    /// Context length per sequence (tokens).
-    #[arg(long, default_value_t = 4096)]
-    context_len: usize,
-    /// KV slots shared by all sequences (default: context length x 2).
-    #[arg(long)]
-    kv_slots: Option<u32>,
     /// Require this bearer key.
     #[arg(long)]
     api_key: Option<String>,
@@ -40,47 +30,25 @@ pub struct Args {
     /// Requests queued before new ones get 503.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
-    /// CPU threads.
-    #[arg(long, default_value_t = default_threads())]
-    threads: usize,
-    /// Longest n-gram draft (0 = speculation off).
-    #[arg(long, default_value_t = 4)]
-    draft_len: usize,
 }
+
+/// Full contexts the KV pool holds unless `--kv-slots` says otherwise.
+const SERVE_KV_CONTEXTS: usize = 2;
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (route, report) = rt.block_on(a.route.resolve(a.threads))?;
-    let name = a.route.display_name(a.model_alias.as_deref(), &route);
-    let backend = match route {
-        Route::Native(model) => {
-            let cfg = EngineConfig {
-                kv_slots: a.kv_slots.unwrap_or((a.context_len * 2) as u32),
-                context_len: a.context_len,
-                max_seqs: a.max_batch_size.max(1),
-                max_batch_tokens: a
-                    .max_batch_tokens
-                    .max(a.draft_len + 1)
-                    .max(a.max_batch_size),
-                max_draft: a.draft_len.min(8),
-                kernels: a.kernels.kernels(),
-                ..Default::default()
-            };
-            Backend::Native(Arc::new(Session::new(Arc::new(*model), cfg)?))
-        }
-        Route::Delegated(up) => {
-            if a.kernels.kernels != super::KernelChoice::Exact {
-                anyhow::bail!("--kernels applies to the native backend only");
-            }
-            Backend::Delegated(Arc::new(up))
-        }
-    };
+    let (generator, report) = rt.block_on(a.route.start(
+        &a.engine,
+        a.max_batch_size,
+        SERVE_KV_CONTEXTS,
+    ))?;
+    let name = a.route.display_name(a.model_alias.as_deref(), &generator);
     eprintln!("route: {}", report.summary());
     let state = AppState {
-        backend,
+        generator,
         runtime: Arc::new(report),
         model_name: name.clone(),
         api_key: a.api_key,

@@ -1,4 +1,4 @@
-//! Backend resolution: which runtime serves a model reference (our own, or a server the user
+//! Route resolution: which runtime serves a model reference (our own, or a server the user
 //! already runs), and the runtime report that says so on every response.
 //!
 //! The decision ([`decide`]) is pure: it takes what was learnt about the local file and the
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The runtime that serves requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum BackendKind {
+pub enum RuntimeKind {
     /// Axle's own graphs over ggml.
     Native,
     /// A llama.cpp server (`llama-server`, or llama-cpp-python's server) the user runs.
@@ -18,11 +18,11 @@ pub enum BackendKind {
     OpenaiCompatible,
 }
 
-impl BackendKind {
+impl RuntimeKind {
     /// Native or delegated.
     pub fn tier(self) -> SupportTier {
         match self {
-            BackendKind::Native => SupportTier::Native,
+            RuntimeKind::Native => SupportTier::Native,
             _ => SupportTier::Delegated,
         }
     }
@@ -30,9 +30,9 @@ impl BackendKind {
     /// The name used in reports and messages.
     pub fn name(self) -> &'static str {
         match self {
-            BackendKind::Native => "native",
-            BackendKind::LlamaCpp => "llama_cpp",
-            BackendKind::OpenaiCompatible => "openai_compatible",
+            RuntimeKind::Native => "native",
+            RuntimeKind::LlamaCpp => "llama_cpp",
+            RuntimeKind::OpenaiCompatible => "openai_compatible",
         }
     }
 }
@@ -50,7 +50,7 @@ pub enum SupportTier {
 /// What the user asked for (`--backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Policy {
+pub enum RoutePolicy {
     /// Native when the file's architecture is implemented; delegation only when allowed.
     #[default]
     Auto,
@@ -62,14 +62,14 @@ pub enum Policy {
     Openai,
 }
 
-impl Policy {
+impl RoutePolicy {
     /// The name as the CLI spells it.
     pub fn name(self) -> &'static str {
         match self {
-            Policy::Auto => "auto",
-            Policy::Native => "native",
-            Policy::LlamaCpp => "llama-cpp",
-            Policy::Openai => "openai",
+            RoutePolicy::Auto => "auto",
+            RoutePolicy::Native => "native",
+            RoutePolicy::LlamaCpp => "llama-cpp",
+            RoutePolicy::Openai => "openai",
         }
     }
 }
@@ -92,7 +92,7 @@ pub enum LocalModel {
 #[derive(Clone, Debug, Default)]
 pub struct ResolveInput {
     /// The user's policy.
-    pub policy: Policy,
+    pub policy: RoutePolicy,
     /// Whether `auto` may delegate.
     pub allow_delegation: bool,
     /// The local file, when one was given.
@@ -107,7 +107,7 @@ pub struct ResolveInput {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolution {
     /// The runtime.
-    pub backend: BackendKind,
+    pub backend: RuntimeKind,
     /// One sentence: why this one.
     pub reason: String,
 }
@@ -136,7 +136,7 @@ pub fn decide(input: &ResolveInput) -> Result<Resolution, ResolveError> {
                 arch,
                 supported: true,
             }) => Ok(Resolution {
-                backend: BackendKind::Native,
+                backend: RuntimeKind::Native,
                 reason: format!("GGUF architecture `{arch}` is implemented natively"),
             }),
             Some(LocalModel::Gguf { arch, .. }) => Err(format!(
@@ -146,10 +146,10 @@ pub fn decide(input: &ResolveInput) -> Result<Resolution, ResolveError> {
             None => Err("no local GGUF file was given (--model PATH)".into()),
         }
     };
-    let delegated = |kind: BackendKind, why: &str| -> Result<Resolution, ResolveError> {
+    let delegated = |kind: RuntimeKind, why: &str| -> Result<Resolution, ResolveError> {
         let Some(url) = &input.upstream else {
             return Err(ResolveError::NoUpstream(match kind {
-                BackendKind::LlamaCpp => "llama-cpp",
+                RuntimeKind::LlamaCpp => "llama-cpp",
                 _ => "openai",
             }));
         };
@@ -159,11 +159,11 @@ pub fn decide(input: &ResolveInput) -> Result<Resolution, ResolveError> {
         })
     };
     match input.policy {
-        Policy::Native => native_ok(&input.local)
+        RoutePolicy::Native => native_ok(&input.local)
             .map_err(|e| ResolveError::NotNative(format!("--backend native: {e}"))),
-        Policy::LlamaCpp => delegated(BackendKind::LlamaCpp, "--backend llama-cpp"),
-        Policy::Openai => delegated(BackendKind::OpenaiCompatible, "--backend openai"),
-        Policy::Auto => {
+        RoutePolicy::LlamaCpp => delegated(RuntimeKind::LlamaCpp, "--backend llama-cpp"),
+        RoutePolicy::Openai => delegated(RuntimeKind::OpenaiCompatible, "--backend openai"),
+        RoutePolicy::Auto => {
             if input.local.is_none() && input.upstream.is_none() {
                 return Err(ResolveError::NothingGiven);
             }
@@ -174,9 +174,9 @@ pub fn decide(input: &ResolveInput) -> Result<Resolution, ResolveError> {
             match (&input.upstream, input.allow_delegation) {
                 (Some(_), true) => {
                     let kind = if input.upstream_is_llama_cpp {
-                        BackendKind::LlamaCpp
+                        RuntimeKind::LlamaCpp
                     } else {
-                        BackendKind::OpenaiCompatible
+                        RuntimeKind::OpenaiCompatible
                     };
                     delegated(kind, &format!("auto: {why}"))
                 }
@@ -208,11 +208,11 @@ pub fn inspect_local(path: &Path) -> LocalModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeReport {
     /// The runtime that serves requests.
-    pub selected_backend: BackendKind,
+    pub selected_backend: RuntimeKind,
     /// Native or delegated.
     pub support_tier: SupportTier,
     /// The user's policy.
-    pub resolution_policy: Policy,
+    pub resolution_policy: RoutePolicy,
     /// Whether `auto` was allowed to delegate.
     pub delegation_allowed: bool,
     /// Why this backend was chosen.
@@ -244,7 +244,7 @@ impl RuntimeReport {
         model_sha256: Option<&str>,
         upstream_model: Option<&str>,
     ) -> RuntimeReport {
-        let delegated = resolution.backend != BackendKind::Native;
+        let delegated = resolution.backend != RuntimeKind::Native;
         let model_id = match (model_sha256, upstream_model) {
             (Some(h), _) => format!("sha256:{h}"),
             (None, Some(m)) => format!("upstream:{m}"),
@@ -281,7 +281,7 @@ impl RuntimeReport {
     pub fn native(model: &axle_models::Model, sha256: Option<&str>) -> RuntimeReport {
         let arch = model.arch().to_string();
         let input = ResolveInput {
-            policy: Policy::Native,
+            policy: RoutePolicy::Native,
             local: Some(LocalModel::Gguf {
                 arch: arch.clone(),
                 supported: true,
@@ -289,7 +289,7 @@ impl RuntimeReport {
             ..Default::default()
         };
         let resolution = Resolution {
-            backend: BackendKind::Native,
+            backend: RuntimeKind::Native,
             reason: format!("GGUF architecture `{arch}` is implemented natively"),
         };
         RuntimeReport::new(&input, &resolution, Some(model.path()), sha256, None).on_device(model)
@@ -395,7 +395,11 @@ mod tests {
         })
     }
 
-    fn input(policy: Policy, local: Option<LocalModel>, upstream: Option<&str>) -> ResolveInput {
+    fn input(
+        policy: RoutePolicy,
+        local: Option<LocalModel>,
+        upstream: Option<&str>,
+    ) -> ResolveInput {
         ResolveInput {
             policy,
             allow_delegation: false,
@@ -407,18 +411,18 @@ mod tests {
 
     #[test]
     fn auto_prefers_native_even_with_an_upstream() {
-        let mut i = input(Policy::Auto, gguf("llama", true), Some("http://u"));
+        let mut i = input(RoutePolicy::Auto, gguf("llama", true), Some("http://u"));
         i.allow_delegation = true;
-        assert_eq!(decide(&i).unwrap().backend, BackendKind::Native);
+        assert_eq!(decide(&i).unwrap().backend, RuntimeKind::Native);
     }
 
     #[test]
     fn auto_never_delegates_silently() {
-        let i = input(Policy::Auto, gguf("phi3", false), Some("http://u:1"));
+        let i = input(RoutePolicy::Auto, gguf("phi3", false), Some("http://u:1"));
         let e = decide(&i).unwrap_err().to_string();
         assert!(e.contains("`phi3` is not implemented natively"), "{e}");
         assert!(e.contains("--allow-delegation"), "{e}");
-        let i = input(Policy::Auto, gguf("phi3", false), None);
+        let i = input(RoutePolicy::Auto, gguf("phi3", false), None);
         let e = decide(&i).unwrap_err().to_string();
         assert!(e.contains("--upstream URL"), "{e}");
         assert!(e.contains("llama, gemma3"), "{e}");
@@ -426,43 +430,43 @@ mod tests {
 
     #[test]
     fn auto_delegates_when_allowed_and_picks_the_upstream_kind() {
-        let mut i = input(Policy::Auto, gguf("phi3", false), Some("http://u:1"));
+        let mut i = input(RoutePolicy::Auto, gguf("phi3", false), Some("http://u:1"));
         i.allow_delegation = true;
-        assert_eq!(decide(&i).unwrap().backend, BackendKind::OpenaiCompatible);
+        assert_eq!(decide(&i).unwrap().backend, RuntimeKind::OpenaiCompatible);
         i.upstream_is_llama_cpp = true;
         let r = decide(&i).unwrap();
-        assert_eq!(r.backend, BackendKind::LlamaCpp);
+        assert_eq!(r.backend, RuntimeKind::LlamaCpp);
         assert!(r.reason.contains("phi3") && r.reason.contains("http://u:1"));
         // An upstream model id alone (no local file) is a delegated route too.
-        let mut i = input(Policy::Auto, None, Some("http://u:1"));
+        let mut i = input(RoutePolicy::Auto, None, Some("http://u:1"));
         i.allow_delegation = true;
-        assert_eq!(decide(&i).unwrap().backend, BackendKind::OpenaiCompatible);
+        assert_eq!(decide(&i).unwrap().backend, RuntimeKind::OpenaiCompatible);
     }
 
     #[test]
     fn explicit_policies() {
-        let i = input(Policy::Native, gguf("phi3", false), Some("http://u"));
+        let i = input(RoutePolicy::Native, gguf("phi3", false), Some("http://u"));
         assert!(matches!(decide(&i), Err(ResolveError::NotNative(_))));
         let i = input(
-            Policy::Native,
+            RoutePolicy::Native,
             Some(LocalModel::Unreadable("cannot read x: not GGUF".into())),
             None,
         );
         assert!(decide(&i).unwrap_err().to_string().contains("not GGUF"));
         // Explicit delegation overrides a natively runnable file (the user asked for it).
-        let i = input(Policy::LlamaCpp, gguf("llama", true), Some("http://u"));
-        assert_eq!(decide(&i).unwrap().backend, BackendKind::LlamaCpp);
-        let i = input(Policy::Openai, None, None);
+        let i = input(RoutePolicy::LlamaCpp, gguf("llama", true), Some("http://u"));
+        assert_eq!(decide(&i).unwrap().backend, RuntimeKind::LlamaCpp);
+        let i = input(RoutePolicy::Openai, None, None);
         assert_eq!(decide(&i), Err(ResolveError::NoUpstream("openai")));
         assert_eq!(
-            decide(&input(Policy::Auto, None, None)),
+            decide(&input(RoutePolicy::Auto, None, None)),
             Err(ResolveError::NothingGiven)
         );
     }
 
     #[test]
     fn report_names_the_route() {
-        let mut i = input(Policy::Auto, gguf("phi3", false), Some("http://u:1"));
+        let mut i = input(RoutePolicy::Auto, gguf("phi3", false), Some("http://u:1"));
         i.allow_delegation = true;
         let r = decide(&i).unwrap();
         let rep = RuntimeReport::new(&i, &r, None, None, Some("m1"));
@@ -472,7 +476,7 @@ mod tests {
         assert_eq!(v["resolution_policy"], "auto");
         assert_eq!(v["upstream_url"], "http://u:1");
         assert_eq!(v["model_id"], "upstream:m1");
-        let i = input(Policy::Native, gguf("llama", true), Some("http://u:1"));
+        let i = input(RoutePolicy::Native, gguf("llama", true), Some("http://u:1"));
         let r = decide(&i).unwrap();
         let rep = RuntimeReport::new(&i, &r, None, Some("ab"), None);
         assert_eq!(rep.model_id, "sha256:ab");

@@ -1,0 +1,127 @@
+//! What a request produces, the same for every route: a stream of [`StreamEvent`]s ending in one
+//! [`Finish`], or, run to the end, one [`Completion`].
+use crate::SdkError;
+use axle_core::{FinishReason, PositionStats, TokenLogprob};
+use axle_models::TokenId;
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What n-gram speculation did for a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Speculation {
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Verify steps.
+    pub verifies: usize,
+    /// Acceptance by draft position.
+    pub positions: PositionStats,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts: always reported by native routes; by delegated ones when the upstream
+    /// reports them.
+    pub usage: Option<Usage>,
+    /// Speculation counts (native routes).
+    pub speculation: Speculation,
+}
+
+impl Finish {
+    /// OpenAI's name of the finish reason.
+    pub fn openai_reason(&self) -> &'static str {
+        match self.reason {
+            FinishReason::Length | FinishReason::ContextLimit => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// One event of a request's stream.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// A generated token and the text it completed (possibly empty while a character or a
+    /// possible stop string is incomplete).
+    Token {
+        /// The token id (None on delegated routes, whose vocabulary is the upstream's).
+        token: Option<TokenId>,
+        /// Text to append.
+        text: String,
+        /// Its log-probabilities, when asked for.
+        logprob: Option<TokenLogprob>,
+    },
+    /// The request ended; `text` is the last text to append.
+    Done {
+        /// Final text.
+        text: String,
+        /// How it ended.
+        finish: Finish,
+    },
+    /// The request failed part-way (the engine step or the upstream failed); the stream ends.
+    Error(SdkError),
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Generated text.
+    pub text: String,
+    /// Generated token ids (empty on delegated routes).
+    pub tokens: Vec<TokenId>,
+    /// Log-probabilities of the tokens, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+impl Completion {
+    /// Folds an event into a completion under construction (start from
+    /// [`Completion::empty`]); `Err` on a failure event. Returns true once the request is done.
+    pub fn absorb(&mut self, ev: StreamEvent) -> Result<bool, SdkError> {
+        match ev {
+            StreamEvent::Token {
+                token,
+                text,
+                logprob,
+            } => {
+                self.tokens.extend(token);
+                self.text.push_str(&text);
+                self.logprobs.extend(logprob);
+                Ok(false)
+            }
+            StreamEvent::Done { text, finish } => {
+                self.text.push_str(&text);
+                self.finish = finish;
+                Ok(true)
+            }
+            StreamEvent::Error(e) => Err(e),
+        }
+    }
+
+    /// Nothing generated yet.
+    pub fn empty() -> Completion {
+        Completion {
+            text: String::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: Finish {
+                reason: FinishReason::Stop,
+                usage: None,
+                speculation: Speculation::default(),
+            },
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! One way to generate, whoever runs the model: [`Generator`] takes a [`GenerateRequest`] and
+//! gives back one async [`EventStream`] per choice, the same events for the native engine and
+//! for a delegated upstream. The server, the CLI and SDK users go through it; route-specific
+//! refusals happen inside (see [`Upstream::check`]).
+use crate::delegate::{DelegatedStream, Upstream};
+use crate::events::{Completion, StreamEvent};
+use crate::request::{Field, GenerateRequest, Rejection};
+use crate::session::{EngineStats, Session, TokenStream};
+use crate::SdkError;
+use axle_models::Tokenizer;
+use std::sync::Arc;
+
+/// Who generates.
+#[derive(Debug, Clone)]
+pub enum Generator {
+    /// Axle's engine over a loaded model.
+    Native(Arc<Session>),
+    /// An upstream OpenAI-compatible server.
+    Delegated(Arc<Upstream>),
+}
+
+/// How the caller will read a request's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// As they come.
+    Streamed,
+    /// All at once, at the end. A delegated route then makes one blocking upstream call, whose
+    /// answer carries token counts that some upstreams leave out of their streams.
+    Whole,
+}
+
+/// The events of one choice, from either route. Dropping it cancels the choice (frees its KV,
+/// or closes the upstream connection).
+#[derive(Debug)]
+pub enum EventStream {
+    /// From the engine.
+    Native(TokenStream),
+    /// From the upstream's stream.
+    Delegated(Box<DelegatedStream>),
+    /// From a finished upstream call ([`Delivery::Whole`]).
+    Finished(std::collections::VecDeque<StreamEvent>),
+}
+
+impl EventStream {
+    /// The next event; None after `Done` or `Error`.
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        match self {
+            EventStream::Native(s) => s.recv().await,
+            EventStream::Delegated(s) => s.next().await,
+            EventStream::Finished(events) => events.pop_front(),
+        }
+    }
+
+    /// Reads the stream to its end.
+    pub async fn collect(mut self) -> Result<Completion, SdkError> {
+        let mut c = Completion::empty();
+        while let Some(ev) = self.next().await {
+            if c.absorb(ev)? {
+                return Ok(c);
+            }
+        }
+        Err(SdkError::EngineStopped)
+    }
+}
+
+impl Generator {
+    /// Checks the request (ranges, then what this route can honour) and starts it: one stream
+    /// per choice, in order.
+    pub async fn start(&self, req: &GenerateRequest) -> Result<Vec<EventStream>, SdkError> {
+        self.start_for(req, Delivery::Streamed).await
+    }
+
+    /// [`Generator::start`], for a caller that reads the events as `delivery` says.
+    pub async fn start_for(
+        &self,
+        req: &GenerateRequest,
+        delivery: Delivery,
+    ) -> Result<Vec<EventStream>, SdkError> {
+        req.validate()?;
+        if let (Generator::Delegated(up), Delivery::Whole) = (self, delivery) {
+            up.check(req)?;
+            let c = up.complete(req).await?;
+            let events = [
+                StreamEvent::Token {
+                    token: None,
+                    text: c.text,
+                    logprob: None,
+                },
+                StreamEvent::Done {
+                    text: String::new(),
+                    finish: c.finish,
+                },
+            ];
+            return Ok(vec![EventStream::Finished(events.into())]);
+        }
+        match self {
+            Generator::Native(s) => Ok(s
+                .start(req)
+                .await?
+                .into_iter()
+                .map(EventStream::Native)
+                .collect()),
+            Generator::Delegated(up) => {
+                up.check(req)?;
+                let s = up.stream(req).await?;
+                Ok(vec![EventStream::Delegated(Box::new(s))])
+            }
+        }
+    }
+
+    /// Runs a request to completion: one completion per choice.
+    pub async fn complete(&self, req: &GenerateRequest) -> Result<Vec<Completion>, SdkError> {
+        let mut out = Vec::with_capacity(req.n);
+        for s in self.start_for(req, Delivery::Whole).await? {
+            out.push(s.collect().await?);
+        }
+        Ok(out)
+    }
+
+    /// The model's tokenizer; token-id routes need it, and only native models have one here.
+    pub fn tokenizer(&self) -> Result<&Tokenizer, Rejection> {
+        match self {
+            Generator::Native(s) => Ok(&s.model().tokenizer),
+            Generator::Delegated(up) => Err(Rejection::unsupported(
+                Field::Prompt,
+                format!(
+                    "token ids need the native backend; this model is delegated to {} at {}, \
+                     whose vocabulary is its own",
+                    up.kind().name(),
+                    up.url()
+                ),
+            )),
+        }
+    }
+
+    /// Queue and KV statistics (zeros for a delegated route, whose queue is the upstream's).
+    pub fn stats(&self) -> EngineStats {
+        match self {
+            Generator::Native(s) => s.stats(),
+            Generator::Delegated(_) => EngineStats::default(),
+        }
+    }
+}

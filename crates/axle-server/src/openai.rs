@@ -1,0 +1,672 @@
+//! OpenAI's request and response shapes as typed serde structs (plus Axle's token-id route),
+//! and the conversion of a request body into the SDK's [`GenerateRequest`]. The server and the
+//! tests use these; nothing else writes OpenAI JSON by hand.
+use axle_models::ChatMessage;
+use axle_sdk::{
+    Field, GenerateRequest, Prompt, Rejection, RuntimeReport, SamplingField, SamplingOptions,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Object names and id prefixes.
+pub mod names {
+    /// A chat completion.
+    pub const CHAT: &str = "chat.completion";
+    /// A streamed chat completion chunk.
+    pub const CHAT_CHUNK: &str = "chat.completion.chunk";
+    /// A text completion (blocking and streamed).
+    pub const TEXT: &str = "text_completion";
+    /// Chat completion ids.
+    pub const CHAT_ID: &str = "chatcmpl";
+    /// Text completion ids.
+    pub const TEXT_ID: &str = "cmpl";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// A message's content: text or a list of parts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (only `text` parts are supported).
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ContentPart {
+    /// The part's type (`text`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Its text.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Message {
+    /// system, user, assistant, tool or developer.
+    pub role: String,
+    /// Its content.
+    pub content: Option<Content>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the token counts.
+    pub include_usage: Option<bool>,
+}
+
+/// Fields accepted and deliberately not acted on: request metadata.
+const IGNORED_FIELDS: [&str; 2] = ["user", "metadata"];
+
+/// The fields every generation route shares: sampling, length, streaming, and Axle's extensions
+/// (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `ngram`).
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct GenerationFields {
+    /// The model name (must be the served one, or empty).
+    pub model: Option<String>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<usize>,
+    /// The same (OpenAI's newer name); wins over `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    /// Sampling (temperature, top_p, top_k, min_p, the penalties, seed).
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+    /// Stop strings.
+    pub stop: Option<StopInput>,
+    /// Choices.
+    pub n: Option<usize>,
+    /// Chat: a bool (with `top_logprobs`); completions: the number of alternatives.
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token.
+    pub top_logprobs: Option<usize>,
+    /// Token id (as a string) to bias.
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Stream as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Do not stop at end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+    /// Allow n-gram speculation (default true; it never changes the output).
+    pub ngram: Option<bool>,
+    /// Every other field: refused by name unless it is metadata (`user`, `metadata`) or null.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+impl GenerationFields {
+    /// Whether the response streams.
+    pub fn streams(&self) -> bool {
+        self.stream == Some(true)
+    }
+
+    /// Whether a streamed response ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    }
+
+    /// A request for `prompt` with these fields.
+    fn request(&self, prompt: Prompt) -> Result<GenerateRequest, WireError> {
+        if let Some((name, _)) = self
+            .other
+            .iter()
+            .find(|(k, v)| !v.is_null() && !IGNORED_FIELDS.contains(&k.as_str()))
+        {
+            return Err(WireError::Unknown(name.clone()));
+        }
+        let logprobs = match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) => Some(self.top_logprobs.unwrap_or(0)),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(k) => Some(k as usize),
+                None => return Err(invalid(Field::Logprobs, "must be a boolean or a count")),
+            },
+            Some(_) => return Err(invalid(Field::Logprobs, "must be a boolean or a count")),
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &v) in self.logit_bias.iter().flatten() {
+            let id = k.parse().map_err(|_| {
+                invalid(
+                    Field::Sampling(SamplingField::LogitBias),
+                    format!("key `{k}` is not a token id"),
+                )
+            })?;
+            logit_bias.push((id, v));
+        }
+        logit_bias.sort_by_key(|b| b.0);
+        Ok(GenerateRequest {
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            sampling: self.sampling.clone(),
+            stop: match &self.stop {
+                None => Vec::new(),
+                Some(StopInput::One(s)) => vec![s.clone()],
+                Some(StopInput::Many(v)) => v.clone(),
+            },
+            logprobs,
+            logit_bias,
+            n: self.n.unwrap_or(1),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            speculate: self.ngram.unwrap_or(true),
+            ..GenerateRequest::new(prompt)
+        })
+    }
+}
+
+/// A body that does not map onto a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WireError {
+    /// A field's value is wrong.
+    Rejected(Rejection),
+    /// A field this server does not know (refused rather than ignored).
+    Unknown(String),
+}
+
+impl From<Rejection> for WireError {
+    fn from(r: Rejection) -> WireError {
+        WireError::Rejected(r)
+    }
+}
+
+fn invalid(field: Field, reason: impl Into<String>) -> WireError {
+    WireError::Rejected(Rejection::invalid(field, reason))
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct ChatCompletionRequest {
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// Tool definitions, passed to the chat template.
+    pub tools: Option<Value>,
+    /// Shared fields.
+    #[serde(flatten)]
+    pub fields: GenerationFields,
+}
+
+impl ChatCompletionRequest {
+    /// The SDK request (roles and content parts checked).
+    pub fn to_request(&self) -> Result<GenerateRequest, WireError> {
+        let mut msgs = Vec::with_capacity(self.messages.len());
+        for m in &self.messages {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "user" | "assistant" | "tool" | "developer"
+            ) {
+                return Err(invalid(Field::Prompt, format!("unknown role `{}`", m.role)));
+            }
+            let text = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        if p.kind != "text" {
+                            return Err(invalid(
+                                Field::Prompt,
+                                format!("content part type `{}` is not supported", p.kind),
+                            ));
+                        }
+                        s.push_str(p.text.as_deref().unwrap_or(""));
+                    }
+                    s
+                }
+            };
+            msgs.push(ChatMessage::new(&m.role, &text));
+        }
+        let mut req = self.fields.request(Prompt::Chat(msgs))?;
+        req.tools = self.tools.clone().filter(|t| !t.is_null());
+        Ok(req)
+    }
+}
+
+/// `prompt`: one string or a list.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One prompt.
+    One(String),
+    /// Several (one set of choices each).
+    Many(Vec<String>),
+}
+
+/// Most prompts times choices in one text completion request.
+pub const MAX_TEXT_CHOICES: usize = 16;
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct CompletionRequest {
+    /// The prompt(s).
+    pub prompt: PromptInput,
+    /// Shared fields.
+    #[serde(flatten)]
+    pub fields: GenerationFields,
+}
+
+impl CompletionRequest {
+    /// One SDK request per prompt.
+    pub fn to_requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
+        let prompts = match &self.prompt {
+            PromptInput::One(p) => vec![p.clone()],
+            PromptInput::Many(v) => v.clone(),
+        };
+        let n = self.fields.n.unwrap_or(1).max(1);
+        if prompts.is_empty() || prompts.len() * n > MAX_TEXT_CHOICES {
+            return Err(invalid(
+                Field::Prompt,
+                format!("must be a string or a list of 1 to {MAX_TEXT_CHOICES} strings (times n)"),
+            ));
+        }
+        if self.fields.streams() && prompts.len() > 1 {
+            return Err(invalid(Field::Prompt, "streaming takes a single prompt"));
+        }
+        prompts
+            .into_iter()
+            .map(|p| self.fields.request(Prompt::Text(p)))
+            .collect()
+    }
+}
+
+/// `POST /v1/generate` (Axle's): token ids in, token ids out.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct TokenGenerationRequest {
+    /// Prompt token ids.
+    pub tokens: Vec<u32>,
+    /// Shared fields.
+    #[serde(flatten)]
+    pub fields: GenerationFields,
+}
+
+impl TokenGenerationRequest {
+    /// The SDK request.
+    pub fn to_request(&self) -> Result<GenerateRequest, WireError> {
+        self.fields.request(Prompt::Tokens(self.tokens.clone()))
+    }
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct TokenizeRequest {
+    /// Text to tokenize.
+    pub text: String,
+    /// Add BOS as the model asks (default true).
+    pub add_special: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct DetokenizeRequest {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+/// Token counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBody {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl UsageBody {
+    /// Counts of `prompt` and `completion` tokens.
+    pub fn new(prompt: usize, completion: usize) -> UsageBody {
+        UsageBody {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        }
+    }
+}
+
+/// One alternative of a chat token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One chat token's log-probability entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogprobEntry {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// A chat choice's log-probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    /// One entry per token.
+    pub content: Vec<LogprobEntry>,
+}
+
+/// A text choice's log-probabilities (the legacy completions shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// The alternatives of each, by text.
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Each token's offset in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
+/// The assistant's message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// `assistant`.
+    pub role: String,
+    /// Its text.
+    pub content: String,
+}
+
+/// A chat choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// Choice index.
+    pub index: usize,
+    /// The reply.
+    pub message: AssistantMessage,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+}
+
+/// `chat.completion`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-N`.
+    pub id: String,
+    /// [`names::CHAT`].
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model name.
+    pub model: String,
+    /// The choices.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: UsageBody,
+    /// Which runtime served it.
+    pub runtime: Arc<RuntimeReport>,
+}
+
+/// A streamed chat delta.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// `assistant`, in the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Text to append.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// A streamed chat choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    /// Choice index.
+    pub index: usize,
+    /// What to append.
+    pub delta: Delta,
+    /// The token's log-probabilities, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
+    /// Set in the choice's last chunk.
+    pub finish_reason: Option<String>,
+}
+
+/// A text choice (blocking or streamed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextChoice {
+    /// Choice index.
+    pub index: usize,
+    /// The text (a piece of it, when streamed).
+    pub text: String,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<TextLogprobs>,
+    /// Set when the choice ends.
+    pub finish_reason: Option<String>,
+}
+
+/// `text_completion`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextCompletion {
+    /// `cmpl-N`.
+    pub id: String,
+    /// [`names::TEXT`].
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model name.
+    pub model: String,
+    /// The choices.
+    pub choices: Vec<TextChoice>,
+    /// Token counts.
+    pub usage: UsageBody,
+    /// Which runtime served it.
+    pub runtime: Arc<RuntimeReport>,
+}
+
+/// A streamed chunk: a chat or text choice, the closing usage chunk (no choices), each with the
+/// runtime report on a choice's last chunk and on the usage chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chunk<C> {
+    /// The response id (the same in every chunk).
+    pub id: String,
+    /// [`names::CHAT_CHUNK`] or [`names::TEXT`].
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model name.
+    pub model: String,
+    /// The choice this chunk is about (none in the usage chunk).
+    pub choices: Vec<C>,
+    /// Token counts (the usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageBody>,
+    /// Which runtime served it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Arc<RuntimeReport>>,
+}
+
+/// A choice of `POST /v1/generate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenChoice {
+    /// Choice index.
+    pub index: usize,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+}
+
+/// The response of `POST /v1/generate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenCompletion {
+    /// The model name.
+    pub model: String,
+    /// The choices.
+    pub choices: Vec<TokenChoice>,
+    /// Which runtime served it.
+    pub runtime: Arc<RuntimeReport>,
+    /// Token counts.
+    pub usage: UsageBody,
+}
+
+/// A streamed event of `POST /v1/generate`: one token, or the end (`token` null).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenChunk {
+    /// Choice index.
+    pub index: usize,
+    /// The token (null in the last event).
+    pub token: Option<u32>,
+    /// Set in the last event.
+    pub finish_reason: Option<String>,
+    /// Its log-probability, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprob: Option<f32>,
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    /// The model name.
+    pub id: String,
+    /// `model`.
+    pub object: String,
+    /// Unix seconds (0: unknown).
+    pub created: u64,
+    /// `axle`, or the upstream's kind `via axle`.
+    pub owned_by: String,
+    /// Which runtime serves it.
+    pub runtime: Arc<RuntimeReport>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: String,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}
+
+/// `POST /tokenize`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tokens {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Text {
+    /// The text.
+    pub text: String,
+}
+
+/// An error's details.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Human-readable message.
+    pub message: String,
+    /// OpenAI's error type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The offending parameter.
+    pub param: Option<String>,
+    /// Machine-readable code.
+    pub code: Option<String>,
+}
+
+/// OpenAI's error body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> Result<GenerateRequest, WireError> {
+        serde_json::from_value::<ChatCompletionRequest>(body)
+            .expect("shape")
+            .to_request()
+    }
+
+    #[test]
+    fn fields_map_onto_the_request() {
+        let r = chat(serde_json::json!({
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "stop": "x",
+            "logprobs": true, "top_logprobs": 3, "logit_bias": {"12": -100, "3": 1.5},
+            "n": 2, "seed": 9, "ngram": false, "user": "u", "metadata": {"a": 1},
+            "response_format": null,
+        }))
+        .expect("valid");
+        assert_eq!(r.prompt, Prompt::Chat(vec![ChatMessage::new("user", "hi")]));
+        assert_eq!(r.max_tokens, Some(7));
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        assert_eq!(r.logprobs, Some(3));
+        assert_eq!(r.logit_bias, vec![(3, 1.5), (12, -100.0)]);
+        assert_eq!((r.n, r.sampling.seed, r.speculate), (2, Some(9), false));
+    }
+
+    #[test]
+    fn unknown_and_malformed_fields_are_named() {
+        let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let e =
+            chat(serde_json::json!({"messages": msgs, "response_format": {"type": "json_object"}}));
+        assert_eq!(e, Err(WireError::Unknown("response_format".into())));
+        let field = |extra: Value| {
+            let mut body = serde_json::json!({"messages": msgs});
+            for (k, v) in extra.as_object().expect("object") {
+                body[k] = v.clone();
+            }
+            match chat(body) {
+                Err(WireError::Rejected(r)) => r.field(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            field(serde_json::json!({"logprobs": "yes"})),
+            Field::Logprobs
+        );
+        assert_eq!(
+            field(serde_json::json!({"logit_bias": {"a": 1}})),
+            Field::Sampling(SamplingField::LogitBias)
+        );
+        assert_eq!(
+            field(serde_json::json!({"messages": [{"role": "robot", "content": "x"}]})),
+            Field::Prompt
+        );
+        assert_eq!(
+            field(
+                serde_json::json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+            ),
+            Field::Prompt
+        );
+    }
+}

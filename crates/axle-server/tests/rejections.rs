@@ -1,0 +1,240 @@
+//! Every refused request names the right field in OpenAI's error shape, on native and on
+//! delegated routes: one case per field, through the router (no socket for our side; the
+//! delegated upstream is a stub that lists one model and must never be asked to generate).
+use axle_models::{Model, ModelOptions};
+use axle_sdk::{EngineConfig, Generator, RuntimeKind, RuntimeReport, Session, Upstream};
+use axle_server::openai::ErrorBody;
+use axle_server::{app, AppState, Metrics};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+fn state(generator: Generator, runtime: RuntimeReport) -> AppState {
+    AppState {
+        generator,
+        runtime: Arc::new(runtime),
+        model_name: "m".into(),
+        api_key: None,
+        metrics: Arc::new(Metrics::default()),
+        max_queue: 8,
+    }
+}
+
+fn native() -> AppState {
+    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let model = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
+    let cfg = EngineConfig {
+        kv_slots: 256,
+        context_len: 128,
+        max_draft: 0,
+        ..Default::default()
+    };
+    let report = RuntimeReport::native(&model, None);
+    let session = Session::new(model, cfg).expect("session");
+    state(Generator::Native(Arc::new(session)), report)
+}
+
+/// A stub upstream: lists one model; any generation request is a test failure (500).
+async fn delegated(kind: RuntimeKind) -> AppState {
+    let stub = axum::Router::new()
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { axum::Json(json!({"data": [{"id": "up"}]})) }),
+        )
+        .fallback(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "stub: not expected") });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, stub).await });
+    let up = Upstream::connect(kind, &url, None, None, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report =
+        RuntimeReport::native(&Model::load(&p, &ModelOptions::cpu(1)).expect("load"), None);
+    state(Generator::Delegated(Arc::new(up)), report)
+}
+
+/// POSTs `body` to `route`; returns the status and the error body (the response must be one).
+async fn refuse(state: &AppState, route: &str, body: Value) -> (StatusCode, ErrorBody) {
+    let req = Request::post(route)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let r = app(state.clone()).oneshot(req).await.expect("response");
+    let status = r.status();
+    let bytes = r.into_body().collect().await.expect("body").to_bytes();
+    let err: ErrorBody = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{route} {body}: not an error body ({e}): {bytes:?}"));
+    (status, err)
+}
+
+fn with(base: &Value, extra: Value) -> Value {
+    let mut b = base.clone();
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+/// Asserts each case is a 400 naming its field (and the code, when given).
+async fn expect_fields(state: &AppState, route: &str, base: Value, cases: &[(Value, &str)]) {
+    for (extra, field) in cases {
+        let body = with(&base, extra.clone());
+        let (status, e) = refuse(state, route, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{route} {body}: {e:?}");
+        assert_eq!(
+            e.error.param.as_deref(),
+            Some(*field),
+            "{route} {body}: {e:?}"
+        );
+        assert_eq!(e.error.kind, "invalid_request_error");
+        assert!(
+            e.error.message.starts_with(field),
+            "{route}: the message names the field: {}",
+            e.error.message
+        );
+    }
+}
+
+/// Fields every route checks the same way, native or delegated.
+fn common_cases() -> Vec<(Value, &'static str)> {
+    vec![
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"max_completion_tokens": 0}), "max_tokens"),
+        (json!({"temperature": -1.0}), "temperature"),
+        (json!({"top_p": 0.0}), "top_p"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
+        (json!({"presence_penalty": 1e39}), "presence_penalty"),
+        (json!({"frequency_penalty": -1e39}), "frequency_penalty"),
+        (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"stop": ""}), "stop"),
+        (json!({"n": 0}), "n"),
+        (json!({"n": 9}), "n"),
+        (json!({"logprobs": "yes"}), "logprobs"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"tool_choice": "auto"}), "tool_choice"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_rejections_name_their_field() {
+    let s = native();
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let mut cases = common_cases();
+    cases.extend([
+        (json!({"messages": []}), "messages"),
+        (
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages",
+        ),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (json!({"logit_bias": {"1": 101}}), "logit_bias"),
+        (json!({"logit_bias": {"999999": 1}}), "logit_bias"),
+    ]);
+    expect_fields(&s, "/v1/chat/completions", chat, &cases).await;
+
+    let text = json!({"prompt": "hi"});
+    let mut cases = common_cases();
+    cases.extend([
+        (json!({"prompt": []}), "prompt"),
+        (json!({"prompt": vec!["a"; 17]}), "prompt"),
+        (json!({"prompt": ["a", "b"], "stream": true}), "prompt"),
+        (json!({"logprobs": 21}), "top_logprobs"),
+        (json!({"tools": []}), "tools"),
+    ]);
+    expect_fields(&s, "/v1/completions", text, &cases).await;
+
+    expect_fields(
+        &s,
+        "/v1/generate",
+        json!({"tokens": [1, 2, 3]}),
+        &[
+            (json!({"tokens": [1, 49152]}), "tokens"),
+            (json!({"tokens": []}), "tokens"),
+            (json!({"n": 9}), "n"),
+        ],
+    )
+    .await;
+
+    // A prompt over the context: OpenAI's code for it, and the prompt field of each route.
+    let long = "word ".repeat(400);
+    for (route, body, field) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}]}),
+            "messages",
+        ),
+        ("/v1/completions", json!({"prompt": long}), "prompt"),
+        ("/v1/generate", json!({"tokens": vec![1; 200]}), "tokens"),
+    ] {
+        let (status, e) = refuse(&s, route, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.error.param.as_deref(), Some(field));
+        assert_eq!(e.error.code.as_deref(), Some("context_length_exceeded"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegated_rejections_name_their_field() {
+    let s = delegated(RuntimeKind::OpenaiCompatible).await;
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let mut cases = common_cases();
+    // What no upstream can be asked for is refused by name, before the upstream is called.
+    let unsupported = [
+        (json!({"logprobs": true}), "logprobs"),
+        (json!({"n": 2}), "n"),
+        (json!({"logit_bias": {"1": 1}}), "logit_bias"),
+        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (json!({"ignore_eos": true}), "ignore_eos"),
+    ];
+    cases.extend(unsupported.iter().cloned());
+    expect_fields(&s, "/v1/chat/completions", chat.clone(), &cases).await;
+    for (extra, field) in &unsupported {
+        let (_, e) = refuse(&s, "/v1/chat/completions", with(&chat, extra.clone())).await;
+        assert_eq!(
+            e.error.code.as_deref(),
+            Some("unsupported_parameter"),
+            "{field}"
+        );
+    }
+    expect_fields(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "hi"}),
+        &common_cases(),
+    )
+    .await;
+    // Token ids need our vocabulary.
+    expect_fields(
+        &s,
+        "/v1/generate",
+        json!({"tokens": [1, 2, 3]}),
+        &[(json!({}), "tokens")],
+    )
+    .await;
+    let (status, e) = refuse(&s, "/detokenize", json!({"tokens": [1]})).await;
+    assert_eq!(
+        (status, e.error.param.as_deref()),
+        (StatusCode::BAD_REQUEST, Some("tokens"))
+    );
+}
