@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_MODES: &[&str] = &["ngram-simple", "ngram-map-k", "ngram-mod"];
 
 /// A running `llama-server`, stopped on drop.
+#[derive(Debug)]
 pub struct LlamaServer {
     child: Child,
     http: reqwest::blocking::Client,
@@ -179,8 +180,7 @@ mod tests {
             512,
             None,
         )
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
         assert!(e.to_string().contains("cannot start"), "{e}");
     }
 }

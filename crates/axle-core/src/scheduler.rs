@@ -198,6 +198,7 @@ pub struct RequestStats {
 }
 
 /// The scheduler: requests, queues and the block pool.
+#[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
     pool: BlockPool,

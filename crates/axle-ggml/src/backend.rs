@@ -286,6 +286,7 @@ impl std::fmt::Debug for BufferType {
 }
 
 /// A backend instance: a device ready to run graphs.
+#[derive(Debug)]
 pub struct Backend {
     raw: sys::ggml_backend_t,
     threadpool: *mut sys::ggml_threadpool,
@@ -402,24 +403,25 @@ impl Backend {
 
 /// The graph scheduler: allocates intermediates in compute buffers and runs a graph, splitting it
 /// across backends by where weights live (the last backend must be the CPU).
-pub struct Scheduler {
+#[derive(Debug)]
+pub struct GraphScheduler {
     raw: sys::ggml_backend_sched_t,
     _backends: Vec<Backend>,
 }
 
 // SAFETY: used from one thread at a time (the engine thread); not Sync.
-unsafe impl Send for Scheduler {}
+unsafe impl Send for GraphScheduler {}
 
-impl Drop for Scheduler {
+impl Drop for GraphScheduler {
     fn drop(&mut self) {
         // SAFETY: raw came from ggml_backend_sched_new, freed once, before its backends (held below).
         unsafe { sys::ggml_backend_sched_free(self.raw) }
     }
 }
 
-impl Scheduler {
+impl GraphScheduler {
     /// A scheduler over `backends` (highest priority first, CPU last) for graphs of up to `max_nodes`.
-    pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<Scheduler> {
+    pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<GraphScheduler> {
         let mut raws: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw).collect();
         // SAFETY: raws holds live backends kept alive by `_backends`; NULL bufts = defaults.
         let raw = unsafe {
@@ -435,7 +437,7 @@ impl Scheduler {
         if raw.is_null() {
             return Err(Error::Alloc("ggml_backend_sched_new".into()));
         }
-        Ok(Scheduler {
+        Ok(GraphScheduler {
             raw,
             _backends: backends,
         })

@@ -87,6 +87,7 @@ impl TensorInfo {
 }
 
 /// An opened GGUF file: metadata, tensor table and the mmap of the whole file.
+#[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
     metadata: BTreeMap<String, MetaValue>,

@@ -1,7 +1,7 @@
 //! Safe RAII wrappers over ggml, reached through `llama-cpp-sys-2`.
 //!
 //! This is the only crate in Axle that contains `unsafe` code. It exposes a small tensor and graph
-//! API ([`Context`], [`Tensor`], [`Graph`]), backends and a scheduler ([`Backend`], [`Scheduler`]),
+//! API ([`Context`], [`Tensor`], [`Graph`]), backends and a scheduler ([`Backend`], [`GraphScheduler`]),
 //! GGUF reading with mmap'd weights ([`GgufFile`], [`TensorStore`]) and, for tests and benchmarks
 //! only, an in-process libllama oracle ([`oracle`]). It must not contain model policy: model graphs
 //! live in `axle-models`.
@@ -20,7 +20,7 @@ mod tensor;
 
 pub use backend::{
     backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind,
-    LoadedBackend, Scheduler,
+    GraphScheduler, LoadedBackend,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -9,6 +9,7 @@ use std::path::Path;
 pub type Token = i32;
 
 /// A libllama model with one context.
+#[derive(Debug)]
 pub struct LlamaOracle {
     model: *mut sys::llama_model,
     ctx: *mut sys::llama_context,

@@ -35,6 +35,16 @@ pub struct TensorStore {
     inner: Arc<StoreInner>,
 }
 
+impl std::fmt::Debug for TensorStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorStore")
+            .field("tensors", &self.inner.by_name.len())
+            .field("buffers", &self.inner._buffers.len())
+            .field("mapped", &self.inner._mmap.is_some())
+            .finish()
+    }
+}
+
 /// A handle to one tensor of a [`TensorStore`]; keeps the store alive.
 #[derive(Clone)]
 pub struct StoredTensor {

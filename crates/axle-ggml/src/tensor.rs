@@ -1,7 +1,7 @@
 //! The small safe tensor API that model files are written in: a [`Context`] owns tensor metadata,
 //! [`Tensor`] is a copyable handle that cannot outlive it, ops are methods on the context, and a
 //! [`Graph`] collects the ops to run. Memory for tensors comes from backend buffers (see
-//! [`crate::Scheduler`] and [`crate::TensorStore`]), never from the context itself.
+//! [`crate::GraphScheduler`] and [`crate::TensorStore`]), never from the context itself.
 use crate::{DType, Error, Result};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{CStr, CString};
@@ -9,6 +9,7 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 /// An owned ggml context holding tensor and graph metadata only (`no_alloc`).
+#[derive(Debug)]
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
     /// The graph built in this context, if any (so a cached context can be run again).
@@ -27,13 +28,14 @@ impl Drop for Context {
 }
 
 /// A handle to a tensor of a [`Context`], valid for the context's lifetime `'a`.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Tensor<'a> {
     ptr: NonNull<sys::ggml_tensor>,
     _ctx: PhantomData<&'a Context>,
 }
 
 /// A computation graph built in a [`Context`].
+#[derive(Debug)]
 pub struct Graph<'a> {
     ptr: NonNull<sys::ggml_cgraph>,
     _ctx: PhantomData<&'a Context>,

@@ -1,7 +1,7 @@
 //! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights, every column
 //! bit-identical to ggml's one-column result, at every width it takes, with rows split over
 //! threads.
-use axle_ggml::{few_columns, Backend, BufferType, Context, DType, Scheduler, TensorStore};
+use axle_ggml::{few_columns, Backend, BufferType, Context, DType, GraphScheduler, TensorStore};
 
 /// A small deterministic generator (no test should depend on a seed source).
 struct Lcg(u64);
@@ -87,7 +87,7 @@ fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, th
         }
         g.expand(whole);
         let mut sched =
-            Scheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
+            GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
         sched.alloc(&mut g).expect("alloc");
         let xs: Vec<f32> = (0..k * n).map(|_| rng.unit() * 2.0).collect();
         x.write(&xs).expect("write x");

@@ -8,6 +8,7 @@ use axle_ggml::{BufferType, DType, StoredTensor, TensorStore};
 type TensorSpec = (String, DType, Vec<i64>);
 
 /// The KV tensors of all layers.
+#[derive(Debug)]
 pub struct KvCache {
     _stores: Vec<TensorStore>,
     /// K per layer: [n_embd_k_gqa, kv_size].

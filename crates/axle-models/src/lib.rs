@@ -6,11 +6,11 @@
 #![deny(missing_docs)]
 
 pub mod arch;
-pub mod blocks;
-pub mod cache;
 pub mod chat;
 pub mod device_step;
+pub mod fetched;
 pub mod kv;
+pub mod layers;
 pub mod model;
 pub mod moe;
 pub mod recurrent;
@@ -18,8 +18,8 @@ pub mod runner;
 pub mod sequence;
 pub mod tokenizer;
 
-pub use blocks::Kernels;
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
+pub use layers::Kernels;
 pub use model::{default_threads, DeviceChoice, Model, ModelOptions, Offload};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput};

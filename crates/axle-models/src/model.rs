@@ -125,6 +125,7 @@ pub fn default_threads() -> usize {
 }
 
 /// A loaded model.
+#[derive(Debug)]
 pub struct Model {
     path: PathBuf,
     family: Box<dyn Family>,

@@ -13,7 +13,7 @@
 //! Q4_K experts. Repacked expert weights use a one-row kernel per column. On an accelerator, the
 //! products run in slices of the device layout's group width ([`Step::mul_mat_id`]).
 use crate::arch::Weights;
-use crate::blocks::{FfnWeights, Kernels, Step};
+use crate::layers::{FfnWeights, Kernels, Step};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor};
 
@@ -162,6 +162,7 @@ impl MoeConfig {
 
 /// A shared expert: a dense gated FFN every token runs, optionally scaled by a per-token sigmoid
 /// gate.
+#[derive(Debug)]
 pub struct SharedExpert {
     /// [n_embd, n_ff_shared] / [n_embd, n_ff_shared] / [n_ff_shared, n_embd]
     gate: StoredTensor,
@@ -172,6 +173,7 @@ pub struct SharedExpert {
 }
 
 /// A layer's feed-forward block: a dense SwiGLU FFN, or experts with the model's routing.
+#[derive(Debug)]
 pub enum FeedForward {
     /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
     Dense {
@@ -205,6 +207,7 @@ impl FeedForward {
 
 /// The gate and up projections of the experts: two 3-D tensors, or one with both (gate rows
 /// first), as newer converters write them.
+#[derive(Debug)]
 enum GateUp {
     /// [n_embd, n_ff_exp, n_expert] each.
     Separate {
@@ -216,6 +219,7 @@ enum GateUp {
 }
 
 /// One layer's MoE weights.
+#[derive(Debug)]
 pub struct MoeLayer {
     /// [n_embd, n_expert]
     router: StoredTensor,
@@ -447,6 +451,6 @@ impl<'a> Step<'a> {
             g.mul_mat_id(w_t, xs, is)
         };
         let pieces = self.per_token_pieces(device, n, part);
-        crate::blocks::concat_all(g, pieces, 2)
+        crate::layers::concat_all(g, pieces, 2)
     }
 }

@@ -8,7 +8,7 @@
 //! reads whichever row the accepted tokens end at. Rejecting drafts therefore costs nothing: no
 //! copy, no recompute, whatever the context length. A step at position 0 starts from the zero
 //! state (row 0 of every pool, never written).
-use crate::blocks::Step;
+use crate::layers::Step;
 use axle_ggml::{BufferType, DType, StoredTensor, Tensor, TensorStore};
 
 /// Which state rows a sequence uses in a step (recurrent models only).
@@ -36,6 +36,7 @@ impl Default for StateSlots {
 
 /// The state pools: per recurrent layer, the convolution windows and the delta-rule states of
 /// every group, F32, one row per (group, snapshot) plus the zero row.
+#[derive(Debug)]
 pub struct RecurrentCache {
     _stores: Vec<TensorStore>,
     /// [conv_width, rows] per recurrent layer (in the family's order).
@@ -140,6 +141,7 @@ pub struct StateSeq {
 }
 
 /// The recurrent part of a step: the pools, the sequences and the row indices to read and write.
+#[derive(Debug)]
 pub struct StateStep<'a> {
     /// The pools.
     pub cache: &'a RecurrentCache,

@@ -3,14 +3,14 @@
 //! inputs (token ids, positions, slot indices, attention masks, output rows), lets the model family
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
-use crate::blocks::{Kernels, Step};
 use crate::device_step::{self, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
+use crate::layers::{Kernels, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::ModelError;
 use axle_core::TokenId;
-use axle_ggml::{Backend, BufferType, Context, DType, Scheduler};
+use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler};
 use half::f16;
 use std::sync::Arc;
 
@@ -138,12 +138,13 @@ const NODES_PER_LAYER: usize = 160;
 const KV_PAD: u32 = 256;
 
 /// Executes plans on one model.
+#[derive(Debug)]
 pub struct Runner {
     model: Arc<Model>,
     kv: KvCache,
     /// Recurrent state pools (models with linear-attention layers).
     state: Option<RecurrentCache>,
-    sched: Scheduler,
+    sched: GraphScheduler,
     /// Graph nodes reserved per step (see `MAX_NODES`).
     max_nodes: usize,
     opts: RunnerOptions,
@@ -155,7 +156,7 @@ pub struct Runner {
     cached: Option<(GraphKey, Context)>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct HostInputs {
     tokens: Vec<i32>,
     pos: Vec<i32>,
@@ -247,7 +248,7 @@ impl Runner {
             let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
             max_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
-        let sched = Scheduler::new(backends, max_nodes)?;
+        let sched = GraphScheduler::new(backends, max_nodes)?;
         Ok(Runner {
             model,
             kv,

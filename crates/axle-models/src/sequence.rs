@@ -6,6 +6,7 @@ use crate::ModelError;
 use axle_core::TokenId;
 
 /// A single sequence occupying slots `0..len` of a runner's KV cache.
+#[derive(Debug)]
 pub struct Sequence {
     tokens: Vec<TokenId>,
     table: Vec<u32>,

@@ -120,12 +120,14 @@ pub enum Output {
     },
 }
 
+#[derive(Debug)]
 struct TextState {
     decoder: StreamDecoder,
     stop: StopMatcher,
 }
 
 /// One model driven step by step.
+#[derive(Debug)]
 pub struct EngineCore {
     model: Arc<Model>,
     runner: Runner,
@@ -139,6 +141,7 @@ pub struct EngineCore {
 /// starts (see `axle_models::recurrent`). A sequence gets a group when it starts at position 0
 /// (new, or recomputing after preemption: its KV is gone, so its state is recomputed with it) and
 /// gives it back when it finishes or is preempted.
+#[derive(Debug)]
 struct StateGroups {
     free: Vec<u32>,
     held: HashMap<RequestId, (u32, u32)>,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 fn model() -> Arc<Model> {
-    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+    let p = axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
         .unwrap_or_else(|e| panic!("{e}"));
     Arc::new(
         Model::load(

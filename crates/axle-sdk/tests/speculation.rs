@@ -24,7 +24,7 @@ fn model(name: &str) -> Arc<Model> {
         assert!(p.is_file(), "fixture {} is missing", p.display());
         p
     } else {
-        axle_models::cache::cached_model(name).unwrap_or_else(|e| panic!("{e}"))
+        axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"))
     };
     Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
 }

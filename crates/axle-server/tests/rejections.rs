@@ -25,7 +25,7 @@ fn state(generator: Generator, runtime: RuntimeReport) -> AppState {
 }
 
 fn native() -> AppState {
-    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+    let p = axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
         .unwrap_or_else(|e| panic!("{e}"));
     let model = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
     let cfg = EngineConfig {
@@ -55,7 +55,7 @@ async fn delegated(kind: RuntimeKind) -> AppState {
     let up = Upstream::connect(kind, &url, None, None, Duration::from_secs(5))
         .await
         .expect("connect");
-    let p = axle_models::cache::cached_model(axle_models::cache::SMOLLM2)
+    let p = axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
         .unwrap_or_else(|e| panic!("{e}"));
     let report =
         RuntimeReport::native(&Model::load(&p, &ModelOptions::cpu(1)).expect("load"), None);

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn smollm2() -> PathBuf {
-    axle_models::cache::cached_model(axle_models::cache::SMOLLM2).unwrap_or_else(|e| panic!("{e}"))
+    axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn tmp(name: &str) -> PathBuf {

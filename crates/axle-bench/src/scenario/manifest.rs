@@ -359,7 +359,7 @@ impl Manifest {
 /// Resolves a manifest path.
 pub fn resolve(p: &str, dir: &Path) -> PathBuf {
     if let Some(rest) = p.strip_prefix("{models}/") {
-        return axle_models::cache::model_dir().join(rest);
+        return axle_models::fetched::dir().join(rest);
     }
     let p = Path::new(p);
     if p.is_absolute() {

@@ -18,12 +18,13 @@
 //! router) comes with the MoE block. Refused by name: files without the split
 //! `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`).
 use super::{bad, Family, Head, Hparams, Weights};
-use crate::blocks::{AttnSpec, Step};
+use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
 /// How a layer computes its queries.
+#[derive(Debug)]
 enum Query {
     /// [n_embd, q_lora_rank], [q_lora_rank], [q_lora_rank, n_head * head_k]
     LowRank {
@@ -36,6 +37,7 @@ enum Query {
 }
 
 /// One decoder layer.
+#[derive(Debug)]
 struct Layer {
     attn_norm: StoredTensor,
     query: Query,
@@ -54,6 +56,7 @@ struct Layer {
 }
 
 /// The model.
+#[derive(Debug)]
 pub struct DeepSeek2 {
     hp: Hparams,
     /// Query/key head size before absorption (nope + rope part) and value head size.

@@ -3,11 +3,12 @@
 //! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
 //! their own RoPE bases, optional final logit softcapping, tied output matrix.
 use super::{sliding_layers, Family, Head, Hparams, Weights};
-use crate::blocks::{AttnSpec, FfnWeights, Step};
+use crate::layers::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
 
 /// One decoder layer.
+#[derive(Debug)]
 struct Layer {
     /// [n_embd] each: pre-attention, post-attention, pre-FFN, post-FFN norms.
     attn_norm: StoredTensor,
@@ -31,6 +32,7 @@ struct Layer {
 }
 
 /// The Gemma 3 model.
+#[derive(Debug)]
 pub struct Gemma3 {
     hp: Hparams,
     /// RoPE of the sliding-window layers (their own base, no scaling).

@@ -20,7 +20,7 @@
 //!
 //! The op sequence is libllama's, so that logits match it bit for bit.
 use super::{bad, per_layer, sliding_layers, Family, Head, Hparams, Weights};
-use crate::blocks::{AttnSpec, FfnWeights, Step};
+use crate::layers::{AttnSpec, FfnWeights, Step};
 use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
@@ -40,6 +40,7 @@ struct LayerShape {
 }
 
 /// The MoE branch of a layer.
+#[derive(Debug)]
 struct MoeBranch {
     experts: MoeLayer,
     /// [n_embd]: scale of the router's input.
@@ -51,6 +52,7 @@ struct MoeBranch {
 }
 
 /// A layer's per-layer-embedding weights.
+#[derive(Debug)]
 struct LayerPle {
     /// [n_embd, n_pl]
     inp_gate: StoredTensor,
@@ -61,6 +63,7 @@ struct LayerPle {
 }
 
 /// One decoder layer.
+#[derive(Debug)]
 struct Layer {
     shape: LayerShape,
     attn_norm: StoredTensor,
@@ -85,6 +88,7 @@ struct Layer {
 }
 
 /// The model-level per-layer-embedding weights.
+#[derive(Debug)]
 struct Ple {
     /// Width per layer.
     n_pl: i64,
@@ -97,6 +101,7 @@ struct Ple {
 }
 
 /// The Gemma 4 model.
+#[derive(Debug)]
 pub struct Gemma4 {
     hp: Hparams,
     /// RoPE of the global layers (with the file's frequency factors) and of the local ones.

@@ -4,12 +4,13 @@
 //! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families are this graph with
 //! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
 use super::{Family, Head, Hparams, Weights};
-use crate::blocks::{AttnSpec, Step};
+use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
 use crate::ModelError;
 use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
 /// One decoder layer.
+#[derive(Debug)]
 struct Layer {
     /// [n_embd]
     attn_norm: StoredTensor,
@@ -34,6 +35,7 @@ struct Layer {
 }
 
 /// The Llama model.
+#[derive(Debug)]
 pub struct Llama {
     hp: Hparams,
     head: Head,

@@ -11,12 +11,12 @@ pub mod qwen3;
 pub mod qwen35;
 pub mod qwen3moe;
 
-use crate::blocks::Step;
+use crate::layers::Step;
 use crate::ModelError;
 use axle_ggml::{GgufFile, MetaValue, RopeParams, StoredTensor, Tensor, TensorStore};
 
 /// What every family exposes to the runner.
-pub trait Family: Send + Sync {
+pub trait Family: Send + Sync + std::fmt::Debug {
     /// Shared hyperparameters.
     fn hparams(&self) -> &Hparams;
     /// Builds the forward pass for one step; returns logits [n_vocab, n_out].
@@ -328,6 +328,7 @@ pub(crate) fn bad(key: &str, what: &str) -> ModelError {
 }
 
 /// Looks weights up by GGUF name and checks their shapes: the one place model files bind tensors.
+#[derive(Debug)]
 pub struct Weights<'s> {
     store: &'s TensorStore,
 }
@@ -372,6 +373,7 @@ impl<'s> Weights<'s> {
 
 /// The token embedding, final norm and output matrix every family has (the output matrix is the
 /// embedding itself when the file ties them).
+#[derive(Debug)]
 pub struct Head {
     /// [n_embd, n_vocab]
     pub tok_embd: StoredTensor,

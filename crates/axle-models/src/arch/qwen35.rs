@@ -18,7 +18,7 @@
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
 //! so that logits match it.
 use super::{bad, Family, Head, Hparams, Weights};
-use crate::blocks::{AttnSpec, Step};
+use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore, MROPE_SECTIONS, ROPE_TYPE_IMROPE};
@@ -48,6 +48,7 @@ impl DeltaShape {
 }
 
 /// How the beta and decay inputs are projected.
+#[derive(Debug)]
 enum BetaAlpha {
     /// Two projections [n_embd, n_v_heads] (Qwen3.5).
     Split {
@@ -70,6 +71,7 @@ struct Variant {
 }
 
 /// A gated delta net layer's weights.
+#[derive(Debug)]
 struct DeltaLayer {
     /// [n_embd, conv_dim]: queries, keys, values.
     wqkv: StoredTensor,
@@ -90,6 +92,7 @@ struct DeltaLayer {
 }
 
 /// A gated full-attention layer's weights.
+#[derive(Debug)]
 struct AttnLayer {
     /// [n_embd, 2 * head * n_head]: per head, the query then its output gate.
     wq: StoredTensor,
@@ -102,11 +105,13 @@ struct AttnLayer {
     cache: usize,
 }
 
+#[derive(Debug)]
 enum Mixer {
     Delta(DeltaLayer),
     Attn(AttnLayer),
 }
 
+#[derive(Debug)]
 struct Layer {
     attn_norm: StoredTensor,
     post_norm: StoredTensor,
@@ -115,6 +120,7 @@ struct Layer {
 }
 
 /// The model.
+#[derive(Debug)]
 pub struct Qwen35 {
     hp: Hparams,
     variant: Variant,
@@ -370,7 +376,7 @@ impl Qwen35 {
                     g.reshape(g.cont(w), &[conv_row, 1])
                 })
                 .collect();
-            s.state_write(conv_pool, i, crate::blocks::concat_all(g, kept, 1));
+            s.state_write(conv_pool, i, crate::layers::concat_all(g, kept, 1));
             let conv = g.silu(g.ssm_conv(conv_in, l.conv.t()));
             let cb = conv.nb();
             let part = |heads: i64, size: i64, off: i64| {
@@ -418,7 +424,7 @@ impl Qwen35 {
             s.state_write(ssm_pool, i, states);
             outs.push(o);
         }
-        let o = crate::blocks::concat_all(g, outs, 1);
+        let o = crate::layers::concat_all(g, outs, 1);
         let o = g.reshape(g.cont(o), &[d.head_v, d.n_v_heads, n]);
         let z = g.reshape(z, &[d.head_v, d.n_v_heads, n]);
         let gated = g.mul(s.rms_norm(o, &l.norm, eps), g.silu(z));

@@ -23,6 +23,7 @@ fn pre_regexes(pre: &str) -> Vec<&'static str> {
     }
 }
 
+#[derive(Debug)]
 pub(super) struct Bpe {
     ranks: HashMap<(String, String), u32>,
     regexes: Vec<Regex>,

@@ -69,6 +69,7 @@ enum Algorithm {
 }
 
 /// A loaded tokenizer.
+#[derive(Debug)]
 pub struct Tokenizer {
     tokens: Vec<String>,
     kinds: Vec<TokenKind>,

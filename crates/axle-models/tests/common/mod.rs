@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 #[allow(unused_imports)]
-pub use axle_models::cache::{GEMMA3, SMOLLM2};
+pub use axle_models::fetched::{GEMMA3, SMOLLM2};
 
 pub fn model(name: &str) -> PathBuf {
-    axle_models::cache::cached_model(name).unwrap_or_else(|e| panic!("{e}"))
+    axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn fixture(name: &str) -> PathBuf {

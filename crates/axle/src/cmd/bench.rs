@@ -7,7 +7,7 @@ use axle_bench::scenario::manifest::{
 use axle_bench::scenario::{self, report, Artifact, Manifest, RunOptions};
 use std::path::{Path, PathBuf};
 
-#[derive(clap::Subcommand)]
+#[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
     /// Prefill and decode tok/s, Axle vs libllama, same process and threads.
     Compare(CompareArgs),
@@ -32,7 +32,7 @@ pub enum BenchCommand {
     DeviceCheck(DeviceCheckArgs),
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct DeviceCheckArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -99,7 +99,7 @@ fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct ScenarioArgs {
     /// The manifest (TOML or JSON; schema in benchmarks/manifests/README.md).
     #[arg(long)]
@@ -116,7 +116,7 @@ pub struct ScenarioArgs {
     llama_server: Option<PathBuf>,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct ReportArgs {
     /// Artifacts (JSON).
     #[arg(required = true)]
@@ -132,7 +132,7 @@ pub struct ReportArgs {
     compare: bool,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// The current artifact.
     #[arg(long)]
@@ -145,7 +145,7 @@ pub struct CheckArgs {
     tolerance: f64,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct ServerArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -164,7 +164,7 @@ pub struct ServerArgs {
     device: super::DeviceArgs,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct NgramArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -205,7 +205,7 @@ pub struct NgramArgs {
     device: super::DeviceArgs,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct BatchedArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -233,7 +233,7 @@ pub struct BatchedArgs {
     device: super::DeviceArgs,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct PrefixArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -252,7 +252,7 @@ pub struct PrefixArgs {
     device: super::DeviceArgs,
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct CompareArgs {
     /// GGUF model file.
     #[arg(long)]

@@ -6,7 +6,7 @@ use axle_models::ChatMessage;
 use axle_sdk::{defaults, GenerateRequest, Generator, StreamEvent};
 use std::io::{BufRead, Write};
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     route: RouteArgs,

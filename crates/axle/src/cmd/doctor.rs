@@ -3,7 +3,7 @@ use axle_ggml::{cpu_features, system_info, Device, GgufFile};
 use axle_models::{arch, default_threads, Tokenizer};
 use std::path::PathBuf;
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// A GGUF model file to check.
     #[arg(long)]
@@ -96,7 +96,7 @@ const GEMMA3_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a1
 /// comes with a one-line fix, and any failure makes the exit status 1.
 pub fn bench_readiness() -> anyhow::Result<()> {
     use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-    use axle_models::cache::{model_dir, GEMMA3, SMOLLM2};
+    use axle_models::fetched::{dir as model_dir, GEMMA3, SMOLLM2};
     let mut failures = 0;
     let mut report = |ok: bool, what: String, fix: &str| {
         if ok {

@@ -9,7 +9,7 @@ use axle_sdk::{defaults, EventStream, GenerateRequest, Prompt, StreamEvent};
 use std::io::Write;
 use std::time::Instant;
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     route: RouteArgs,

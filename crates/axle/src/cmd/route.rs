@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `--backend`.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
     /// Native when the GGUF's architecture is implemented; delegate only with --allow-delegation.
     Auto,
@@ -34,7 +34,7 @@ impl From<BackendArg> for RoutePolicy {
 }
 
 /// Which model, and who runs it.
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct RouteArgs {
     /// GGUF model file (optional when an upstream serves the model).
     #[arg(long, required_unless_present = "upstream")]

@@ -6,7 +6,7 @@ use axle_server::{AppState, Metrics};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     route: RouteArgs,

@@ -3,7 +3,7 @@ use axle_ggml::GgufFile;
 use axle_models::Tokenizer;
 use std::path::PathBuf;
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// GGUF model file.
     #[arg(long)]

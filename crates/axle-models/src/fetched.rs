@@ -8,7 +8,7 @@ pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The model cache directory.
-pub fn model_dir() -> PathBuf {
+pub fn dir() -> PathBuf {
     if let Some(d) = std::env::var_os("AXLE_MODEL_DIR") {
         return PathBuf::from(d);
     }
@@ -21,8 +21,8 @@ pub fn model_dir() -> PathBuf {
 }
 
 /// A cached model's path, or an error that says how to fetch it.
-pub fn cached_model(name: &str) -> Result<PathBuf, String> {
-    let p = model_dir().join(name);
+pub fn model_path(name: &str) -> Result<PathBuf, String> {
+    let p = dir().join(name);
     if p.is_file() {
         Ok(p)
     } else {

@@ -6,6 +6,7 @@ use crate::kv::KvCache;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
+#[derive(Debug)]
 pub struct Step<'a> {
     /// The graph context (ops are created here).
     pub ctx: &'a Context,
@@ -94,6 +95,7 @@ pub struct AttnSpec {
 }
 
 /// The weights of a gated feed-forward block.
+#[derive(Debug)]
 pub struct FfnWeights<'w> {
     /// [n_embd, n_ff]
     pub gate: &'w StoredTensor,
