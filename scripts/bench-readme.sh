@@ -23,5 +23,5 @@ for m in benchmarks/manifests/*.toml; do
   echo "== $m" >&2
   $axle bench scenario --manifest "$m" --output-root benchmarks/artifacts || status=1
 done
-$axle bench report benchmarks/artifacts/*.json --output benchmarks/reports --readme README.md >/dev/null
+$axle bench report benchmarks/artifacts/*.json --output benchmarks/reports --readme docs/*.md >/dev/null
 exit $status

@@ -45,7 +45,14 @@ pub use route::{RoutePolicy, RuntimeKind, RuntimeReport, SupportTier};
 pub use axle_core::{
     FinishReason, PositionStats, RequestId, SamplingField, SamplingParams, TokenLogprob, MAX_DRAFT,
 };
-pub use axle_models::{ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer};
+pub use axle_models::{
+    fetched, ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer,
+};
+
+/// The README's Rust blocks run as doctests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
 
 /// Errors of the SDK.
 #[derive(Debug, thiserror::Error)]

@@ -5,10 +5,10 @@
 //! which cancels the request (frees its KV, or closes the upstream connection).
 use crate::openai::{
     names, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, ChatLogprobs,
-    Chunk, ChunkChoice, CompletionRequest, Delta, DetokenizeRequest, LogprobEntry, ModelCard,
-    ModelList, Text, TextChoice, TextCompletion, TextLogprobs, TokenChoice, TokenChunk,
-    TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, TopLogprob, UsageBody,
-    WireError,
+    Chunk, ChunkChoice, CompletionRequest, Delta, DetokenizeRequest, GenerationFields,
+    LogprobEntry, ModelCard, ModelList, Text, TextChoice, TextCompletion, TextLogprobs,
+    TokenChoice, TokenChunk, TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens,
+    TopLogprob, UsageBody, WireError,
 };
 use crate::{ApiError, AppState};
 use axle_sdk::{
@@ -41,7 +41,7 @@ fn now() -> u64 {
 
 /// The three generation routes: what their prompt field is called, and how their choices look.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Flavor {
+pub(crate) enum Flavor {
     /// `/v1/chat/completions`.
     Chat,
     /// `/v1/completions`.
@@ -615,65 +615,64 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool) -> Response {
         .into_response()
 }
 
-pub(crate) async fn chat_completions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body<ChatCompletionRequest>,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
-    let Json(req) = body?;
-    check_model(&state, &req.fields.model)?;
-    let flavor = Flavor::Chat;
-    let gen = req
-        .to_request()
-        .map_err(|e: WireError| ApiError::wire(e, flavor.prompt_field()))?;
-    let job = Job {
-        flavor,
-        requests: vec![gen],
-        stream: req.fields.streams(),
-        include_usage: req.fields.include_usage(),
-    };
-    run(&state, job).await
+/// A generation route's body: its flavor, shared fields and SDK requests.
+pub(crate) trait GenerationBody: serde::de::DeserializeOwned {
+    /// Which route.
+    const FLAVOR: Flavor;
+    /// The shared fields.
+    fn fields(&self) -> &GenerationFields;
+    /// One SDK request per prompt.
+    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError>;
 }
 
-pub(crate) async fn completions(
+impl GenerationBody for ChatCompletionRequest {
+    const FLAVOR: Flavor = Flavor::Chat;
+    fn fields(&self) -> &GenerationFields {
+        &self.fields
+    }
+    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
+        Ok(vec![self.to_request()?])
+    }
+}
+
+impl GenerationBody for CompletionRequest {
+    const FLAVOR: Flavor = Flavor::Text;
+    fn fields(&self) -> &GenerationFields {
+        &self.fields
+    }
+    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
+        self.to_requests()
+    }
+}
+
+impl GenerationBody for TokenGenerationRequest {
+    const FLAVOR: Flavor = Flavor::Tokens;
+    fn fields(&self) -> &GenerationFields {
+        &self.fields
+    }
+    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
+        Ok(vec![self.to_request()?])
+    }
+}
+
+/// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
+pub(crate) async fn generation<B: GenerationBody>(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Body<CompletionRequest>,
+    body: Body<B>,
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
-    check_model(&state, &req.fields.model)?;
-    let flavor = Flavor::Text;
+    let fields = req.fields();
+    check_model(&state, &fields.model)?;
     let requests = req
-        .to_requests()
-        .map_err(|e| ApiError::wire(e, flavor.prompt_field()))?;
+        .requests()
+        .map_err(|e| ApiError::wire(e, B::FLAVOR.prompt_field()))?;
     let job = Job {
-        flavor,
+        flavor: B::FLAVOR,
         requests,
-        stream: req.fields.streams(),
-        include_usage: req.fields.include_usage(),
-    };
-    run(&state, job).await
-}
-
-pub(crate) async fn generate_tokens(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body<TokenGenerationRequest>,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
-    let Json(req) = body?;
-    check_model(&state, &req.fields.model)?;
-    let flavor = Flavor::Tokens;
-    let gen = req
-        .to_request()
-        .map_err(|e| ApiError::wire(e, flavor.prompt_field()))?;
-    let job = Job {
-        flavor,
-        requests: vec![gen],
-        stream: req.fields.streams(),
-        include_usage: false,
+        stream: fields.streams(),
+        include_usage: fields.include_usage(),
     };
     run(&state, job).await
 }

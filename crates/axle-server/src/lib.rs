@@ -48,11 +48,20 @@ pub const MAX_BODY: usize = 4 << 20;
 /// The router.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(api::chat_completions))
-        .route("/v1/completions", post(api::completions))
+        .route(
+            "/v1/chat/completions",
+            post(api::generation::<openai::ChatCompletionRequest>),
+        )
+        .route(
+            "/v1/completions",
+            post(api::generation::<openai::CompletionRequest>),
+        )
         .route("/v1/models", get(api::models))
         .route("/v1/runtime", get(api::runtime))
-        .route("/v1/generate", post(api::generate_tokens))
+        .route(
+            "/v1/generate",
+            post(api::generation::<openai::TokenGenerationRequest>),
+        )
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
         .route("/health", get(api::health))

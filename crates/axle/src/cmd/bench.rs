@@ -124,9 +124,10 @@ pub struct ReportArgs {
     /// Write NAME.md and NAME.svg per artifact here.
     #[arg(long)]
     output: Option<PathBuf>,
-    /// Fill this README's `<!-- bench:NAME -->` sections from the artifacts.
-    #[arg(long)]
-    readme: Option<PathBuf>,
+    /// Fill the `<!-- bench:NAME -->` sections of these Markdown files (README, docs/*.md)
+    /// from the artifacts.
+    #[arg(long, num_args = 1..)]
+    readme: Vec<PathBuf>,
     /// Print one table comparing the runs instead of one per run.
     #[arg(long)]
     compare: bool,
@@ -395,13 +396,14 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 report::write_reports(&runs, dir)?;
                 eprintln!("wrote reports (Markdown and SVG) to {}", dir.display());
             }
-            if let Some(readme) = &a.readme {
-                let text = std::fs::read_to_string(readme)
-                    .with_context(|| format!("cannot read {}", readme.display()))?;
+            for doc in &a.readme {
+                let text = std::fs::read_to_string(doc)
+                    .with_context(|| format!("cannot read {}", doc.display()))?;
                 let (new, filled) = report::fill_readme(&text, &runs);
-                std::fs::write(readme, new)?;
+                std::fs::write(doc, new)?;
                 eprintln!(
-                    "filled {} README sections: {}",
+                    "{}: filled {} sections: {}",
+                    doc.display(),
                     filled.len(),
                     filled.join(", ")
                 );

@@ -1,7 +1,6 @@
 //! `axle chat`: an interactive terminal chat (history, /reset, /quit, streaming) through the
 //! generator: our engine, or a delegated upstream.
-use super::route::RouteArgs;
-use super::{EngineArgs, SamplingArgs};
+use super::{RunArgs, SamplingArgs};
 use axle_models::ChatMessage;
 use axle_sdk::{defaults, GenerateRequest, Generator, StreamEvent};
 use std::io::{BufRead, Write};
@@ -9,9 +8,7 @@ use std::io::{BufRead, Write};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    route: RouteArgs,
-    #[command(flatten)]
-    engine: EngineArgs,
+    run: RunArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Optional system message.
@@ -29,7 +26,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (generator, report) = rt.block_on(a.route.start(&a.engine, 1, 1))?;
+    let (generator, report) = rt.block_on(a.run.start(1, 1))?;
     if let Generator::Native(s) = &generator {
         s.model().chat_template()?; // fail now, not at the first message, if there is none
     }

@@ -1,8 +1,7 @@
 //! `axle generate`: one prompt (plain or chat) through the generator (our engine, or a
 //! delegated upstream), streamed to stdout, speeds on stderr; `--parallel N` runs N choices of it
 //! together (continuous batching).
-use super::route::RouteArgs;
-use super::{EngineArgs, SamplingArgs};
+use super::{RunArgs, SamplingArgs};
 use anyhow::bail;
 use axle_models::ChatMessage;
 use axle_sdk::{defaults, EventStream, GenerateRequest, Prompt, StreamEvent};
@@ -12,9 +11,7 @@ use std::time::Instant;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    route: RouteArgs,
-    #[command(flatten)]
-    engine: EngineArgs,
+    run: RunArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Plain prompt (continued as is).
@@ -57,7 +54,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let (generator, report) = a.route.start(&a.engine, a.parallel, a.parallel).await?;
+        let (generator, report) = a.run.start(a.parallel, a.parallel).await?;
         let t0 = Instant::now();
         let streams = generator.start(&req).await?;
         eprintln!("route: {}", report.summary());

@@ -42,6 +42,28 @@ pub struct DeviceArgs {
     pub gpu_layers: Option<u32>,
 }
 
+/// Which model, who runs it and how: shared by generate, chat and serve.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The model and its route.
+    #[command(flatten)]
+    pub route: route::RouteArgs,
+    /// How a native model runs.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl RunArgs {
+    /// Starts the route: see [`route::RouteArgs::start`].
+    pub async fn start(
+        &self,
+        max_seqs: usize,
+        kv_seqs: usize,
+    ) -> anyhow::Result<(axle_sdk::Generator, axle_sdk::RuntimeReport)> {
+        self.route.start(&self.engine, max_seqs, kv_seqs).await
+    }
+}
+
 /// How a native model runs, shared by the commands that run the engine (generate, chat, serve):
 /// threads and device, context and batching limits, speculation and kernels. Every default is
 /// the SDK's ([`axle_sdk::defaults`]).

@@ -1,6 +1,5 @@
 //! `axle serve`: the OpenAI-compatible server over one model (ours, or a delegated upstream's).
-use super::route::RouteArgs;
-use super::EngineArgs;
+use super::RunArgs;
 use anyhow::Context;
 use axle_server::{AppState, Metrics};
 use std::net::{IpAddr, SocketAddr};
@@ -9,9 +8,7 @@ use std::sync::Arc;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    route: RouteArgs,
-    #[command(flatten)]
-    engine: EngineArgs,
+    run: RunArgs,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -40,12 +37,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (generator, report) = rt.block_on(a.route.start(
-        &a.engine,
-        a.max_batch_size,
-        SERVE_KV_CONTEXTS,
-    ))?;
-    let name = a.route.display_name(a.model_alias.as_deref(), &generator);
+    let (generator, report) = rt.block_on(a.run.start(a.max_batch_size, SERVE_KV_CONTEXTS))?;
+    let name = a
+        .run
+        .route
+        .display_name(a.model_alias.as_deref(), &generator);
     eprintln!("route: {}", report.summary());
     let state = AppState {
         generator,
