@@ -64,4 +64,9 @@ if ! "$venv/bin/python" -c "import llama_cpp.server" >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
     -r "$here/../tests/python/requirements-upstream.txt"
 fi
+# The Python package (`import axle`, crates/axle-py) into the test virtualenv: maturin builds it
+# with cargo in this workspace's target folder (a first build compiles llama.cpp, a few minutes;
+# later ones take seconds).
+echo "installing the axle Python package (crates/axle-py) into $venv" >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$here/../crates/axle-py"
 echo "setup done; models in $("$here/fetch-models.sh")" >&2

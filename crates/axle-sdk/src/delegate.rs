@@ -339,6 +339,7 @@ impl Upstream {
                     v["usage"]["completion_tokens"].as_u64(),
                 ),
                 speculation: Speculation::default(),
+                upstream_reason: choice["finish_reason"].as_str().map(str::to_string),
             },
             ..Completion::empty()
         })
@@ -517,6 +518,7 @@ impl DelegatedStream {
                             reason: finish_reason(self.finish.as_deref()),
                             usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
                             speculation: Speculation::default(),
+                            upstream_reason: self.finish.clone(),
                         },
                     });
                 }

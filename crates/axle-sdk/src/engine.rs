@@ -440,6 +440,7 @@ impl EngineCore {
                     verifies: s.verifies,
                     positions: s.positions,
                 },
+                upstream_reason: None,
             },
         }
     }

@@ -38,11 +38,17 @@ pub struct Finish {
     pub usage: Option<Usage>,
     /// Speculation counts (native routes).
     pub speculation: Speculation,
+    /// The finish reason as a delegated upstream gave it (`tool_calls`, `content_filter`, ...),
+    /// passed on as it is.
+    pub upstream_reason: Option<String>,
 }
 
 impl Finish {
-    /// OpenAI's name of the finish reason.
-    pub fn openai_reason(&self) -> &'static str {
+    /// OpenAI's name of the finish reason (an upstream's own, on delegated routes).
+    pub fn openai_reason(&self) -> &str {
+        if let Some(r) = &self.upstream_reason {
+            return r;
+        }
         match self.reason {
             FinishReason::Length | FinishReason::ContextLimit => "length",
             _ => "stop",
@@ -121,6 +127,7 @@ impl Completion {
                 reason: FinishReason::Stop,
                 usage: None,
                 speculation: Speculation::default(),
+                upstream_reason: None,
             },
         }
     }

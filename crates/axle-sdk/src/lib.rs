@@ -40,7 +40,7 @@ pub use session::{EngineStats, Session, TokenStream};
 pub use stop::StopMatcher;
 
 pub use delegate::{DelegateError, Upstream};
-pub use route::{RoutePolicy, RuntimeKind, RuntimeReport, SupportTier};
+pub use route::{RoutePolicy, RouteSpec, RuntimeKind, RuntimeReport, SupportTier};
 
 pub use axle_core::{
     FinishReason, PositionStats, RequestId, SamplingField, SamplingParams, TokenLogprob, MAX_DRAFT,
@@ -72,6 +72,9 @@ pub enum SdkError {
     /// A step of this request failed on the device; the engine keeps serving others.
     #[error("generation failed: {0}")]
     Generation(String),
+    /// No route could be chosen for the model.
+    #[error(transparent)]
+    Route(#[from] route::ResolveError),
     /// The engine thread is gone.
     #[error("the engine has stopped")]
     EngineStopped,

@@ -241,7 +241,7 @@ impl GenerateRequest {
                 return invalid(Field::Prompt, "messages must not be empty".into());
             }
         }
-        self.resolved_sampling(0)
+        self.resolved_sampling(0, 0)
             .validate()
             .map_err(|e| Rejection::Invalid {
                 field: Field::Sampling(e.field),
@@ -249,9 +249,16 @@ impl GenerateRequest {
             })
     }
 
-    /// The sampling of choice `choice` with the native defaults. A request without a seed draws
-    /// one here, so call it once per choice.
-    fn resolved_sampling(&self, choice: usize) -> SamplingParams {
+    /// The seed of choice 0: the request's, else a fresh one (distinct per call, the same
+    /// sequence on every run). Draw it once per request; choice i uses it + i.
+    pub fn base_seed(&self) -> u64 {
+        self.sampling
+            .seed
+            .unwrap_or_else(|| NEXT_SEED.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The sampling of choice `choice` with the native defaults.
+    fn resolved_sampling(&self, choice: usize, base_seed: u64) -> SamplingParams {
         let d = SamplingParams::default();
         let s = &self.sampling;
         let limit = defaults::LOGIT_BIAS_LIMIT;
@@ -268,20 +275,17 @@ impl GenerateRequest {
                 .iter()
                 .map(|&(t, v)| (t, if v <= -limit { f32::NEG_INFINITY } else { v }))
                 .collect(),
-            seed: s
-                .seed
-                .unwrap_or_else(|| NEXT_SEED.fetch_add(1, Ordering::Relaxed))
-                .wrapping_add(choice as u64),
+            seed: base_seed.wrapping_add(choice as u64),
             logprobs: self.logprobs,
             ..d
         }
     }
 
     /// The engine's options for choice `choice` (of `n`), unset options resolved with the
-    /// native defaults.
-    pub fn options(&self, choice: usize) -> RequestOptions {
+    /// native defaults; `base_seed` from [`GenerateRequest::base_seed`].
+    pub fn options(&self, choice: usize, base_seed: u64) -> RequestOptions {
         RequestOptions {
-            sampling: self.resolved_sampling(choice),
+            sampling: self.resolved_sampling(choice, base_seed),
             max_tokens: self.max_tokens.unwrap_or(defaults::MAX_TOKENS),
             stop_strings: self.stop.clone(),
             stop_tokens: self.stop_tokens.clone(),
@@ -302,10 +306,6 @@ pub enum Field {
     MaxTokens,
     /// A sampling option.
     Sampling(SamplingField),
-    /// `top_k`.
-    TopK,
-    /// `seed`.
-    Seed,
     /// `stop`.
     Stop,
     /// `stop_tokens`.
@@ -329,8 +329,6 @@ impl Field {
             Field::Tools => "tools",
             Field::MaxTokens => "max_tokens",
             Field::Sampling(s) => s.name(),
-            Field::TopK => "top_k",
-            Field::Seed => "seed",
             Field::Stop => "stop",
             Field::StopTokens => "stop_tokens",
             Field::Logprobs => "logprobs",
@@ -483,20 +481,26 @@ mod tests {
 
     #[test]
     fn unset_options_take_the_defaults_once() {
-        let o = GenerateRequest::new("hi").seed(7).options(2);
+        let r = GenerateRequest::new("hi").seed(7);
+        let o = r.options(2, r.base_seed());
         assert_eq!(o.max_tokens, defaults::MAX_TOKENS);
         assert_eq!(o.sampling.temperature, defaults::TEMPERATURE);
         assert_eq!(o.sampling.seed, 9);
         assert!(o.speculate);
         let mut r = GenerateRequest::new("hi");
         r.logit_bias = vec![(3, -100.0), (4, 2.0)];
-        let o = r.options(0);
+        let o = r.options(0, 0);
         assert_eq!(
             o.sampling.logit_bias,
             vec![(3, f32::NEG_INFINITY), (4, 2.0)]
         );
-        // Requests without a seed get distinct ones.
+        // Requests without a seed get distinct ones; choices of one request seed + i; checking a
+        // request draws none.
         let r = GenerateRequest::new("hi");
-        assert_ne!(r.options(0).sampling.seed, r.options(0).sampling.seed);
+        let (a, b) = (r.base_seed(), r.base_seed());
+        assert_ne!(a, b);
+        assert_eq!(r.options(3, a).sampling.seed, a + 3);
+        r.validate().expect("valid");
+        assert_eq!(r.base_seed(), b + 1);
     }
 }

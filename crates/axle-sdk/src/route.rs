@@ -497,3 +497,109 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Where a model is and who may run it: the inputs of [`open`].
+#[derive(Clone, Debug)]
+pub struct RouteSpec {
+    /// A local GGUF file (optional when an upstream serves the model).
+    pub model: Option<PathBuf>,
+    /// The user's policy.
+    pub policy: RoutePolicy,
+    /// An upstream server for delegated routes.
+    pub upstream: Option<String>,
+    /// The model id at the upstream (default: the first it lists).
+    pub upstream_model: Option<String>,
+    /// Bearer key for the upstream.
+    pub upstream_api_key: Option<String>,
+    /// How long to wait for the upstream's response, and for each of its stream chunks.
+    pub upstream_timeout: std::time::Duration,
+    /// Let `auto` delegate a model it cannot run natively.
+    pub allow_delegation: bool,
+}
+
+impl Default for RouteSpec {
+    fn default() -> Self {
+        RouteSpec {
+            model: None,
+            policy: RoutePolicy::Auto,
+            upstream: None,
+            upstream_model: None,
+            upstream_api_key: None,
+            upstream_timeout: std::time::Duration::from_secs(60),
+            allow_delegation: false,
+        }
+    }
+}
+
+/// Resolves a route and opens it: loads the model with `load` and starts its engine with the
+/// configuration `configure` gives for it, or connects to the upstream. Returns the generator
+/// and the runtime report that names the route.
+pub async fn open(
+    spec: &RouteSpec,
+    load: impl FnOnce(&Path) -> Result<axle_models::Model, crate::SdkError>,
+    configure: impl FnOnce(&axle_models::Model) -> crate::EngineConfig,
+) -> Result<(crate::Generator, RuntimeReport), crate::SdkError> {
+    use crate::{Generator, SdkError, Session, Upstream};
+    use std::sync::Arc;
+    let timeout = spec
+        .upstream_timeout
+        .max(std::time::Duration::from_millis(1));
+    let mut input = ResolveInput {
+        policy: spec.policy,
+        allow_delegation: spec.allow_delegation,
+        local: spec.model.as_deref().map(inspect_local),
+        upstream: spec.upstream.as_deref().map(crate::delegate::normalize_url),
+        upstream_is_llama_cpp: false,
+    };
+    let natively_runnable = matches!(
+        input.local,
+        Some(LocalModel::Gguf {
+            supported: true,
+            ..
+        })
+    );
+    if input.policy == RoutePolicy::Auto && input.allow_delegation && !natively_runnable {
+        if let Some(url) = &input.upstream {
+            input.upstream_is_llama_cpp = Upstream::probe_llama_cpp(url, timeout).await;
+        }
+    }
+    let resolution = decide(&input)?;
+    match resolution.backend {
+        RuntimeKind::Native => {
+            let path = spec
+                .model
+                .as_deref()
+                .ok_or_else(|| SdkError::Config("the native backend needs a model file".into()))?;
+            let model = load(path)?;
+            let sha = file_sha256(path)
+                .map_err(|e| SdkError::Config(format!("cannot hash {}: {e}", path.display())))?;
+            let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
+                .on_device(&model);
+            let cfg = configure(&model);
+            let session = Session::new(Arc::new(model), cfg)?;
+            Ok((Generator::Native(Arc::new(session)), report))
+        }
+        kind => {
+            let url = input
+                .upstream
+                .clone()
+                .ok_or_else(|| SdkError::Config("no upstream".into()))?;
+            let up = Upstream::connect(
+                kind,
+                &url,
+                spec.upstream_model.as_deref(),
+                spec.upstream_api_key.clone(),
+                timeout,
+            )
+            .await?;
+            let report = RuntimeReport::new(
+                &input,
+                &resolution,
+                spec.model.as_deref(),
+                None,
+                Some(up.model()),
+            );
+            Ok((Generator::Delegated(Arc::new(up)), report))
+        }
+    }
+}

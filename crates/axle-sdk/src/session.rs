@@ -182,6 +182,7 @@ impl Session {
         let prompt = self.prompt_tokens(req)?;
         let mut streams = Vec::with_capacity(req.n);
         let mut acks = Vec::with_capacity(req.n);
+        let seed = req.base_seed();
         for choice in 0..req.n {
             let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = events::unbounded_channel();
@@ -190,7 +191,7 @@ impl Session {
                 .send(Command::Submit {
                     ticket,
                     prompt: prompt.clone(),
-                    options: Box::new(req.options(choice)),
+                    options: Box::new(req.options(choice, seed)),
                     events,
                     ack,
                 })

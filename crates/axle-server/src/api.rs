@@ -12,8 +12,8 @@ use crate::openai::{
 };
 use crate::{ApiError, AppState};
 use axle_sdk::{
-    Completion, Delivery, EventStream, GenerateRequest, Generator, StreamEvent, TokenLogprob,
-    Tokenizer,
+    Completion, Delivery, EventStream, Field, GenerateRequest, Generator, StreamEvent,
+    TokenLogprob, Tokenizer,
 };
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -51,12 +51,15 @@ pub(crate) enum Flavor {
 }
 
 impl Flavor {
-    /// The wire name of the prompt field, for error `param`s.
-    fn prompt_field(self) -> &'static str {
-        match self {
-            Flavor::Chat => "messages",
-            Flavor::Text => "prompt",
-            Flavor::Tokens => "tokens",
+    /// The wire name of a request field, for error `param`s: the prompt is `messages`, `prompt`
+    /// or `tokens`; completions count alternatives in `logprobs` itself.
+    fn param(self, field: Field) -> &'static str {
+        match (self, field) {
+            (Flavor::Chat, Field::Prompt) => "messages",
+            (Flavor::Text, Field::Prompt) => "prompt",
+            (Flavor::Tokens, Field::Prompt) => "tokens",
+            (Flavor::Text, Field::TopLogprobs) => "logprobs",
+            (_, f) => f.name(),
         }
     }
 
@@ -69,7 +72,7 @@ impl Flavor {
     }
 
     fn error(self, e: axle_sdk::SdkError) -> ApiError {
-        ApiError::sdk(e, self.prompt_field())
+        ApiError::sdk(e, |f| self.param(f))
     }
 }
 
@@ -96,11 +99,11 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError>
 }
 
 /// The tokenizer, or a 400 naming `param` on a delegated route.
-fn tokenizer<'a>(state: &'a AppState, param: &str) -> Result<&'a Tokenizer, ApiError> {
+fn tokenizer<'a>(state: &'a AppState, param: &'static str) -> Result<&'a Tokenizer, ApiError> {
     state
         .generator
         .tokenizer()
-        .map_err(|r| ApiError::rejected(&r, param))
+        .map_err(|r| ApiError::rejected(&r, |_| param))
 }
 
 /// One generation request, as a route received it.
@@ -406,7 +409,8 @@ impl View {
         let finish = |reason: &str| Some(reason.to_string());
         match (self.flavor, ev) {
             (_, StreamEvent::Error(e)) => {
-                let body = ApiError::sdk(clone_error(e), self.flavor.prompt_field()).body();
+                let flavor = self.flavor;
+                let body = ApiError::sdk(clone_error(e), |f| flavor.param(f)).body();
                 vec![to_string(&body)]
             }
             (Flavor::Tokens, StreamEvent::Token { token, logprob, .. }) => {
@@ -667,7 +671,7 @@ pub(crate) async fn generation<B: GenerationBody>(
     check_model(&state, &fields.model)?;
     let requests = req
         .requests()
-        .map_err(|e| ApiError::wire(e, B::FLAVOR.prompt_field()))?;
+        .map_err(|e| ApiError::wire(e, |f| B::FLAVOR.param(f)))?;
     let job = Job {
         flavor: B::FLAVOR,
         requests,

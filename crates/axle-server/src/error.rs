@@ -101,12 +101,10 @@ impl ApiError {
     }
 
     /// A refused request: 400, with the field named as the route's wire shape names it
-    /// (`prompt` is `messages`, `prompt` or `tokens` there).
-    pub fn rejected(r: &Rejection, prompt: &str) -> ApiError {
-        let param = match r.field() {
-            Field::Prompt => prompt,
-            f => f.name(),
-        };
+    /// (`param`: the SDK's field to the wire's name; the prompt is `messages`, `prompt` or
+    /// `tokens` there).
+    pub fn rejected(r: &Rejection, param: impl Fn(Field) -> &'static str) -> ApiError {
+        let param = param(r.field());
         ApiError {
             code: match r {
                 Rejection::ContextOverflow { .. } => Some("context_length_exceeded"),
@@ -118,9 +116,13 @@ impl ApiError {
     }
 
     /// A body that does not map onto a request.
-    pub fn wire(e: WireError, prompt: &str) -> ApiError {
+    pub fn wire(e: WireError, param: impl Fn(Field) -> &'static str) -> ApiError {
         match e {
-            WireError::Rejected(r) => ApiError::rejected(&r, prompt),
+            WireError::Rejected(r) => ApiError::rejected(&r, param),
+            WireError::Unsupported { field, reason } => ApiError {
+                code: Some("unsupported_parameter"),
+                ..ApiError::bad_request(format!("{field}: {reason}"), Some(field))
+            },
             WireError::Unknown(name) => ApiError {
                 code: Some("unknown_parameter"),
                 ..ApiError::bad_request(
@@ -133,14 +135,15 @@ impl ApiError {
         }
     }
 
-    /// Any SDK error, `prompt` naming the route's prompt field.
-    pub fn sdk(e: SdkError, prompt: &str) -> ApiError {
+    /// Any SDK error, `param` naming the route's fields.
+    pub fn sdk(e: SdkError, param: impl Fn(Field) -> &'static str) -> ApiError {
         match e {
-            SdkError::Rejected(r) => ApiError::rejected(&r, prompt),
+            SdkError::Rejected(r) => ApiError::rejected(&r, param),
             SdkError::Upstream(u) => ApiError::upstream(u),
             e @ (SdkError::Model(_)
             | SdkError::Config(_)
             | SdkError::Generation(_)
+            | SdkError::Route(_)
             | SdkError::EngineStopped) => ApiError::internal(e.to_string()),
         }
     }

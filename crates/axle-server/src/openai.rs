@@ -180,6 +180,13 @@ pub enum WireError {
     Rejected(Rejection),
     /// A field this server does not know (refused rather than ignored).
     Unknown(String),
+    /// A wire-only field with a value this server cannot honour.
+    Unsupported {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl From<Rejection> for WireError {
@@ -199,6 +206,9 @@ pub struct ChatCompletionRequest {
     pub messages: Vec<Message>,
     /// Tool definitions, passed to the chat template.
     pub tools: Option<Value>,
+    /// `auto` (or unset): the model decides from the template's tool prompt; other choices
+    /// (`none`, `required`, a named function) would need constrained decoding and are refused.
+    pub tool_choice: Option<Value>,
     /// Shared fields.
     #[serde(flatten)]
     pub fields: GenerationFields,
@@ -236,6 +246,16 @@ impl ChatCompletionRequest {
         }
         let mut req = self.fields.request(Prompt::Chat(msgs))?;
         req.tools = self.tools.clone().filter(|t| !t.is_null());
+        match &self.tool_choice {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "auto" => {}
+            Some(other) => {
+                return Err(WireError::Unsupported {
+                    field: "tool_choice",
+                    reason: format!("only \"auto\" is supported, not {other}"),
+                })
+            }
+        }
         Ok(req)
     }
 }

@@ -125,7 +125,7 @@ fn common_cases() -> Vec<(Value, &'static str)> {
             json!({"response_format": {"type": "json_object"}}),
             "response_format",
         ),
-        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
     ]
 }
 
@@ -159,7 +159,7 @@ async fn native_rejections_name_their_field() {
         (json!({"prompt": []}), "prompt"),
         (json!({"prompt": vec!["a"; 17]}), "prompt"),
         (json!({"prompt": ["a", "b"], "stream": true}), "prompt"),
-        (json!({"logprobs": 21}), "top_logprobs"),
+        (json!({"logprobs": 21}), "logprobs"),
         (json!({"tools": []}), "tools"),
     ]);
     expect_fields(&s, "/v1/completions", text, &cases).await;

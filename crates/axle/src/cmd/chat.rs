@@ -40,6 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     eprintln!("(/reset clears the history, /quit leaves)");
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
+    let mut turn = 0u64; // each reply's seed: --seed + its turn
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -59,8 +60,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             _ => {}
         }
         history.push(ChatMessage::new("user", line));
+        turn += 1;
         let mut sampling = a.sampling.clone();
-        sampling.seed = a.sampling.seed.wrapping_add(history.len() as u64);
+        sampling.seed = a.sampling.seed.wrapping_add(turn);
         let req = sampling.apply(
             GenerateRequest::new(history.clone()).max_tokens(a.max_tokens),
             CHAT_TEMPERATURE,

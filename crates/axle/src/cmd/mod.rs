@@ -13,16 +13,6 @@ use axle_sdk::{defaults, EngineConfig, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
 use std::time::Duration;
 
-/// Runs `f` with a spinner and `message` on stderr.
-pub fn with_spinner<T>(message: &str, f: impl FnOnce() -> T) -> T {
-    let spin = indicatif::ProgressBar::new_spinner();
-    spin.set_message(message.to_string());
-    spin.enable_steady_tick(Duration::from_millis(100));
-    let out = f();
-    spin.finish_and_clear();
-    out
-}
-
 /// Where a native model runs (threads, device, layers on the GPU): shared by every command that
 /// loads one.
 #[derive(clap::Args, Debug, Clone)]

@@ -2,11 +2,9 @@
 //! resolution into a generator (our engine over the model, or a delegated upstream), with the
 //! runtime report that names the route.
 use super::EngineArgs;
-use anyhow::Context;
-use axle_sdk::route::{self, LocalModel, ResolveInput};
-use axle_sdk::{Generator, RoutePolicy, RuntimeKind, RuntimeReport, Session, Upstream};
+use axle_sdk::route::{self, RouteSpec};
+use axle_sdk::{Generator, RoutePolicy, RuntimeReport, SdkError};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// `--backend`.
@@ -69,68 +67,24 @@ impl RouteArgs {
         max_seqs: usize,
         kv_seqs: usize,
     ) -> anyhow::Result<(Generator, RuntimeReport)> {
-        let timeout = Duration::from_secs_f64(self.upstream_timeout.max(0.001));
-        let mut input = ResolveInput {
+        let spec = RouteSpec {
+            model: self.model.clone(),
             policy: self.backend.into(),
+            upstream: self.upstream.clone(),
+            upstream_model: self.upstream_model.clone(),
+            upstream_api_key: self.upstream_api_key.clone(),
+            upstream_timeout: Duration::from_secs_f64(self.upstream_timeout.max(0.001)),
             allow_delegation: self.allow_delegation,
-            local: self.model.as_deref().map(route::inspect_local),
-            upstream: self
-                .upstream
-                .as_deref()
-                .map(axle_sdk::delegate::normalize_url),
-            upstream_is_llama_cpp: false,
         };
-        let natively_runnable = matches!(
-            input.local,
-            Some(LocalModel::Gguf {
-                supported: true,
-                ..
-            })
-        );
-        if input.policy == RoutePolicy::Auto && input.allow_delegation && !natively_runnable {
-            if let Some(url) = &input.upstream {
-                input.upstream_is_llama_cpp = Upstream::probe_llama_cpp(url, timeout).await;
-            }
+        let load = |path: &std::path::Path| {
+            super::load_model(path, engine).map_err(|e| SdkError::Config(format!("{e:#}")))
+        };
+        let configure = |model: &axle_models::Model| engine.engine_config(model, max_seqs, kv_seqs);
+        let (generator, report) = route::open(&spec, load, configure).await?;
+        if matches!(generator, Generator::Delegated(_)) {
+            engine.check_delegated()?;
         }
-        let resolution = route::decide(&input)?;
-        match resolution.backend {
-            RuntimeKind::Native => {
-                let path = self
-                    .model
-                    .as_deref()
-                    .context("the native backend needs --model PATH")?;
-                let model = super::load_model(path, engine)?;
-                let sha = super::with_spinner(&format!("hashing {}", path.display()), || {
-                    route::file_sha256(path)
-                })
-                .with_context(|| format!("cannot hash {}", path.display()))?;
-                let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
-                    .on_device(&model);
-                let cfg = engine.engine_config(&model, max_seqs, kv_seqs);
-                let session = Session::new(Arc::new(model), cfg)?;
-                Ok((Generator::Native(Arc::new(session)), report))
-            }
-            kind => {
-                let url = input.upstream.clone().context("no upstream")?;
-                let up = Upstream::connect(
-                    kind,
-                    &url,
-                    self.upstream_model.as_deref(),
-                    self.upstream_api_key.clone(),
-                    timeout,
-                )
-                .await?;
-                let report = RuntimeReport::new(
-                    &input,
-                    &resolution,
-                    self.model.as_deref(),
-                    None,
-                    Some(up.model()),
-                );
-                engine.check_delegated()?;
-                Ok((Generator::Delegated(Arc::new(up)), report))
-            }
-        }
+        Ok((generator, report))
     }
 
     /// The name clients use: the alias, else the file stem, else the upstream's model id.

@@ -1,0 +1,159 @@
+"""Axle: a local LLM inference runtime, from Python.
+
+    import axle
+    with axle.Engine("SmolLM2-135M-Instruct.Q4_1.gguf") as engine:
+        print(engine.generate("The capital of France is", max_tokens=8, temperature=0).text)
+        for chunk in engine.stream("Once upon a time", max_tokens=32):
+            print(chunk, end="", flush=True)
+
+One `Engine` holds a model and its engine thread (or a connection to a delegated upstream
+server); every request made through it, from any thread or asyncio task, shares the engine's
+continuous batching. The GIL is released while the engine works. Breaking out of a stream (or
+Ctrl-C) cancels its request and frees its KV.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _axle
+from ._axle import (
+    AxleError,
+    Completion,
+    EngineError,
+    ModelError,
+    RequestError,
+    TextStream,
+    UpstreamError,
+)
+
+__all__ = [
+    "Engine",
+    "Completion",
+    "TextStream",
+    "AxleError",
+    "ModelError",
+    "RequestError",
+    "UpstreamError",
+    "EngineError",
+]
+
+Message = Dict[str, str]
+Prompt = Union[str, Sequence[int], Sequence[Message]]
+
+
+class Engine:
+    """A model and its engine, or a delegated upstream.
+
+    Native: ``Engine(model_path, device="auto", context=None, threads=None, ngram=True, ...)``.
+    Delegated: ``Engine(backend="llama-cpp" | "openai", upstream="http://host:port")``, or
+    ``Engine(model_path, upstream=..., allow_delegation=True)`` for a file Axle cannot run.
+    Keyword arguments are those of ``axle serve`` (``max_batch_size``, ``max_batch_tokens``,
+    ``kv_slots``, ``draft_len``, ``kernels``, ``repack``, ``gpu_layers``, ``upstream_model``,
+    ``upstream_api_key``, ``upstream_timeout``).
+    """
+
+    def __init__(self, model_path: Optional[str] = None, **options: Any) -> None:
+        self._inner: Optional[_axle.Engine] = _axle.Engine(
+            None if model_path is None else str(model_path), **options
+        )
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stops the engine and frees the model."""
+        if self._inner is not None:
+            self._inner.close()
+            self._inner = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def _engine(self) -> "_axle.Engine":
+        if self._inner is None:
+            raise EngineError("the engine is closed")
+        return self._inner
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, **sampling: Any) -> Completion:
+        """Runs one request to completion.
+
+        ``prompt`` is text, a list of token ids, or a list of ``{"role", "content"}`` messages
+        (rendered with the model's chat template). Sampling keywords: ``max_tokens``,
+        ``temperature`` (0 = greedy; default 1), ``top_p``, ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``seed``,
+        ``stop`` (a string or a list), ``logprobs`` (alternatives per token), ``ignore_eos``,
+        ``ngram``. With ``n=k`` it returns a list of k completions.
+        """
+        n = sampling.get("n", 1)
+        out = self._engine._generate(prompt, **_normalize(sampling))
+        return out if n != 1 else out[0]
+
+    def chat(self, messages: Sequence[Message], **sampling: Any) -> Completion:
+        """``generate`` over chat messages (the model's own template)."""
+        return self.generate(list(messages), **sampling)
+
+    def stream(self, prompt: Prompt, **sampling: Any) -> TextStream:
+        """Starts one request; iterate the result for text chunks. After the loop,
+        ``stream.completion`` holds the finished request. Breaking out (or ``close()``)
+        cancels it."""
+        return self._engine._stream(prompt, **_normalize(sampling))
+
+    async def agenerate(self, prompt: Prompt, **sampling: Any) -> Completion:
+        """``generate`` for asyncio: concurrent calls share the engine's batching."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.generate(prompt, **sampling)
+        )
+
+    async def achat(self, messages: Sequence[Message], **sampling: Any) -> Completion:
+        """``chat`` for asyncio."""
+        return await self.agenerate(list(messages), **sampling)
+
+    async def astream(self, prompt: Prompt, **sampling: Any) -> AsyncIterator[str]:
+        """``stream`` for asyncio: ``async for chunk in engine.astream(...)``. Leaving the loop
+        early cancels the request."""
+        loop = asyncio.get_running_loop()
+        stream = await loop.run_in_executor(None, lambda: self.stream(prompt, **sampling))
+        try:
+            while True:
+                chunk = await loop.run_in_executor(None, _next_or_none, stream)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            stream.close()
+
+    # -- tokens and report ------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> List[int]:
+        """Token ids of ``text`` (native routes)."""
+        return self._engine.tokenize(text, add_special=add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of token ids (native routes)."""
+        return self._engine.detokenize(list(tokens))
+
+    @property
+    def runtime(self) -> Dict[str, Any]:
+        """The runtime report: route, policy, model identity, device."""
+        return json.loads(self._engine._runtime_json)
+
+    @property
+    def stats(self) -> Dict[str, int]:
+        """KV blocks in use, requests waiting and running (zeros on delegated routes)."""
+        used, waiting, running = self._engine.stats
+        return {"kv_blocks_used": used, "waiting": waiting, "running": running}
+
+
+def _normalize(sampling: Dict[str, Any]) -> Dict[str, Any]:
+    stop = sampling.get("stop")
+    if isinstance(stop, str):
+        sampling = dict(sampling, stop=[stop])
+    return sampling
+
+
+def _next_or_none(stream: TextStream) -> Optional[str]:
+    return next(stream, None)

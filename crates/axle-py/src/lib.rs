@@ -1,0 +1,625 @@
+//! `axle._axle`: the native half of the Python package. It wraps the SDK's [`Generator`] (our
+//! engine over a loaded model, or a delegated upstream) behind a small blocking API; the
+//! Python half (`python/axle/__init__.py`) adds keyword handling, the chat form and asyncio.
+//!
+//! Every wait releases the GIL and wakes every 50 ms to let Python deliver signals, so Ctrl-C
+//! interrupts a generation; dropping a stream (breaking out of a loop, an exception, garbage
+//! collection) cancels its request, which frees its KV blocks.
+#![forbid(unsafe_code)]
+// pyo3 0.22's #[pymethods] expansion converts each PyResult's error into itself.
+#![allow(clippy::useless_conversion)]
+
+use axle_models::ChatMessage;
+use axle_sdk::route::{self, RouteSpec};
+use axle_sdk::{
+    defaults, EngineConfig, EventStream, Field, GenerateRequest, Generator, Model, ModelOptions,
+    Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError, StreamEvent,
+    TokenLogprob, MAX_DRAFT,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+create_exception!(
+    _axle,
+    AxleError,
+    PyException,
+    "Base class of Axle's errors."
+);
+create_exception!(
+    _axle,
+    ModelError,
+    AxleError,
+    "The model could not be loaded or run."
+);
+create_exception!(
+    _axle,
+    RequestError,
+    AxleError,
+    "The request was refused; `field` names the offending field."
+);
+create_exception!(
+    _axle,
+    UpstreamError,
+    AxleError,
+    "The upstream server of a delegated route failed or refused."
+);
+create_exception!(
+    _axle,
+    EngineError,
+    AxleError,
+    "Generation failed part-way, or the engine has stopped."
+);
+
+/// How often a blocked wait lets Python check for signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// An SDK error as a Python exception of the matching class; a refused request carries the field
+/// (`e.field`, OpenAI's name) and the reason.
+fn py_err(py: Python<'_>, e: SdkError) -> PyErr {
+    match e {
+        SdkError::Rejected(r) => {
+            let err = RequestError::new_err(r.to_string());
+            let value = err.value_bound(py);
+            let _ = value.setattr("field", field_name(&r));
+            let _ = value.setattr("reason", r.reason());
+            err
+        }
+        SdkError::Upstream(u) => UpstreamError::new_err(u.to_string()),
+        SdkError::Model(m) => ModelError::new_err(m.to_string()),
+        e @ (SdkError::Config(_) | SdkError::Route(_)) => ModelError::new_err(e.to_string()),
+        e @ (SdkError::Generation(_) | SdkError::EngineStopped) => {
+            EngineError::new_err(e.to_string())
+        }
+    }
+}
+
+fn field_name(r: &Rejection) -> &'static str {
+    r.field().name()
+}
+
+/// What a Python call passes for one generation.
+#[derive(Debug, Clone, Default)]
+struct Options {
+    max_tokens: Option<usize>,
+    sampling: SamplingOptions,
+    stop: Vec<String>,
+    logprobs: Option<usize>,
+    n: usize,
+    ignore_eos: bool,
+    ngram: bool,
+}
+
+/// A finished generation.
+#[pyclass(module = "axle._axle", get_all, frozen)]
+#[derive(Debug, Clone)]
+struct Completion {
+    /// Generated text.
+    text: String,
+    /// Generated token ids (empty on delegated routes).
+    tokens: Vec<u32>,
+    /// `stop` or `length`.
+    finish_reason: String,
+    /// Prompt tokens (None when a delegated upstream does not report them).
+    prompt_tokens: Option<usize>,
+    /// Generated tokens (None when a delegated upstream does not report them).
+    completion_tokens: Option<usize>,
+    /// Prompt tokens served from the prefix cache.
+    cached_tokens: usize,
+    /// N-gram draft tokens proposed.
+    drafted: usize,
+    /// N-gram draft tokens accepted.
+    accepted: usize,
+    /// Per token: (token id, log-probability, [(alternative id, log-probability), ...]).
+    logprobs: Vec<LogprobTuple>,
+}
+
+#[pymethods]
+impl Completion {
+    fn __repr__(&self) -> String {
+        let tokens = self
+            .completion_tokens
+            .map_or_else(|| "None".to_string(), |n| n.to_string());
+        format!(
+            "Completion(text={:?}, finish_reason={:?}, completion_tokens={tokens})",
+            self.text, self.finish_reason
+        )
+    }
+}
+
+impl Completion {
+    fn from_sdk(c: axle_sdk::Completion) -> Completion {
+        let f = &c.finish;
+        Completion {
+            finish_reason: f.openai_reason().to_string(),
+            prompt_tokens: f.usage.map(|u| u.prompt_tokens),
+            completion_tokens: f.usage.map(|u| u.completion_tokens),
+            cached_tokens: f.usage.map_or(0, |u| u.cached_tokens),
+            drafted: f.speculation.drafted,
+            accepted: f.speculation.accepted,
+            logprobs: c.logprobs.iter().map(logprob_tuple).collect(),
+            text: c.text,
+            tokens: c.tokens,
+        }
+    }
+}
+
+/// A token's log-probability as Python sees it: (id, logprob, [(alternative id, logprob)]).
+type LogprobTuple = (u32, f32, Vec<(u32, f32)>);
+
+fn logprob_tuple(l: &TokenLogprob) -> LogprobTuple {
+    (l.token, l.logprob, l.top.clone())
+}
+
+/// Waits for `fut` with the GIL released, letting Python deliver signals every
+/// [`SIGNAL_POLL`] (a `KeyboardInterrupt` raised by a handler comes back as the error).
+fn wait<T: Send>(
+    py: Python<'_>,
+    rt: &tokio::runtime::Runtime,
+    mut fut: std::pin::Pin<&mut (impl std::future::Future<Output = T> + Send)>,
+) -> PyResult<T> {
+    loop {
+        let polled = py.allow_threads(|| {
+            rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, fut.as_mut()).await.ok() })
+        });
+        match polled {
+            Some(v) => return Ok(v),
+            None => py.check_signals()?,
+        }
+    }
+}
+
+/// A model and its engine (or a delegated upstream), shared by every request.
+#[pyclass(module = "axle._axle")]
+struct Engine {
+    generator: Option<Generator>,
+    report: RuntimeReport,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl Engine {
+    fn generator(&self) -> PyResult<&Generator> {
+        self.generator
+            .as_ref()
+            .ok_or_else(|| EngineError::new_err("the engine is closed"))
+    }
+
+    fn request(&self, prompt: Prompt, o: &Options) -> GenerateRequest {
+        let mut r = GenerateRequest::new(prompt);
+        r.max_tokens = o.max_tokens;
+        r.sampling = o.sampling.clone();
+        r.stop = o.stop.clone();
+        r.logprobs = o.logprobs;
+        r.n = o.n;
+        r.ignore_eos = o.ignore_eos;
+        r.speculate = o.ngram;
+        r
+    }
+
+    fn start(&self, py: Python<'_>, req: &GenerateRequest) -> PyResult<Vec<EventStream>> {
+        let generator = self.generator()?.clone();
+        let fut = std::pin::pin!(async move { generator.start(req).await });
+        wait(py, &self.rt, fut)?.map_err(|e| py_err(py, e))
+    }
+}
+
+/// Parses a prompt argument: text, a list of token ids, or a list of `{"role", "content"}`
+/// messages.
+fn prompt_of(prompt: &Bound<'_, PyAny>) -> PyResult<Prompt> {
+    if let Ok(text) = prompt.extract::<String>() {
+        return Ok(Prompt::Text(text));
+    }
+    if let Ok(tokens) = prompt.extract::<Vec<u32>>() {
+        return Ok(Prompt::Tokens(tokens));
+    }
+    if let Ok(list) = prompt.downcast::<PyList>() {
+        let mut msgs = Vec::with_capacity(list.len());
+        for m in list.iter() {
+            let d = m.downcast::<PyDict>().map_err(|_| bad_prompt())?;
+            let get = |k: &str| -> PyResult<String> {
+                d.get_item(k)?
+                    .ok_or_else(|| {
+                        RequestError::new_err(format!("messages: a message has no `{k}`"))
+                    })?
+                    .extract::<String>()
+            };
+            msgs.push(ChatMessage::new(&get("role")?, &get("content")?));
+        }
+        return Ok(Prompt::Chat(msgs));
+    }
+    Err(bad_prompt())
+}
+
+fn bad_prompt() -> PyErr {
+    RequestError::new_err(
+        "prompt: give a string, a list of token ids, or a list of {\"role\", \"content\"} dicts",
+    )
+}
+
+#[pymethods]
+impl Engine {
+    /// Loads a model (or connects to an upstream) and starts its engine.
+    #[new]
+    #[pyo3(signature = (
+        model_path=None, *, device="auto".to_string(), gpu_layers=None, context=None,
+        threads=None, max_batch_size=16, max_batch_tokens=512, kv_slots=None, ngram=true,
+        draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
+        backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
+        upstream_timeout=60.0, allow_delegation=false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model_path: Option<PathBuf>,
+        device: String,
+        gpu_layers: Option<u32>,
+        context: Option<usize>,
+        threads: Option<usize>,
+        max_batch_size: usize,
+        max_batch_tokens: usize,
+        kv_slots: Option<u32>,
+        ngram: bool,
+        draft_len: usize,
+        kernels: String,
+        repack: bool,
+        backend: String,
+        upstream: Option<String>,
+        upstream_model: Option<String>,
+        upstream_api_key: Option<String>,
+        upstream_timeout: f64,
+        allow_delegation: bool,
+    ) -> PyResult<Engine> {
+        let invalid = |m: String| PyValueError::new_err(m);
+        let policy = match backend.as_str() {
+            "auto" => RoutePolicy::Auto,
+            "native" => RoutePolicy::Native,
+            "llama-cpp" => RoutePolicy::LlamaCpp,
+            "openai" => RoutePolicy::Openai,
+            other => {
+                return Err(invalid(format!(
+                    "backend must be auto, native, llama-cpp or openai, not {other:?}"
+                )))
+            }
+        };
+        let kernels = match kernels.as_str() {
+            "exact" => axle_models::Kernels::BatchInvariant,
+            "fast" => axle_models::Kernels::LikeLlamaCpp,
+            other => {
+                return Err(invalid(format!(
+                    "kernels must be exact or fast, not {other:?}"
+                )))
+            }
+        };
+        if !(1..=MAX_DRAFT).contains(&draft_len) {
+            return Err(invalid(format!("draft_len must be 1 to {MAX_DRAFT}")));
+        }
+        if max_batch_size == 0 {
+            return Err(invalid("max_batch_size must be at least 1".into()));
+        }
+        let device = device.parse().map_err(|e| invalid(format!("{e}")))?;
+        let options = ModelOptions {
+            threads: threads.unwrap_or_else(axle_models::default_threads),
+            repack,
+            device,
+            gpu_layers,
+        };
+        let spec = RouteSpec {
+            model: model_path,
+            policy,
+            upstream,
+            upstream_model,
+            upstream_api_key,
+            upstream_timeout: Duration::from_secs_f64(upstream_timeout.max(0.001)),
+            allow_delegation,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| EngineError::new_err(e.to_string()))?;
+        let load = |p: &std::path::Path| Model::load(p, &options).map_err(SdkError::from);
+        let configure = |m: &Model| {
+            let ctx = context.unwrap_or_else(|| (m.n_ctx_train() as usize).min(defaults::CONTEXT));
+            let max_draft = if ngram { draft_len } else { 0 };
+            EngineConfig {
+                kv_slots: kv_slots.unwrap_or((ctx * 2) as u32),
+                context_len: ctx,
+                max_seqs: max_batch_size,
+                max_batch_tokens: max_batch_tokens.max(max_draft + 1).max(max_batch_size),
+                max_draft,
+                kernels,
+                ..Default::default()
+            }
+        };
+        let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
+        let (generator, report) = opened.map_err(|e| py_err(py, e))?;
+        Ok(Engine {
+            generator: Some(generator),
+            report,
+            rt: Arc::new(rt),
+        })
+    }
+
+    /// Runs one request to completion (`n` > 1: a list of completions).
+    #[pyo3(signature = (
+        prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
+        repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
+        stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn _generate(
+        &self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: Option<usize>,
+        temperature: Option<f32>,
+        top_p: Option<f32>,
+        top_k: Option<usize>,
+        min_p: Option<f32>,
+        repetition_penalty: Option<f32>,
+        presence_penalty: Option<f32>,
+        frequency_penalty: Option<f32>,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+        logprobs: Option<usize>,
+        n: usize,
+        ignore_eos: bool,
+        ngram: bool,
+    ) -> PyResult<Vec<Completion>> {
+        let o = Options {
+            max_tokens,
+            sampling: SamplingOptions {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                seed,
+            },
+            stop: stop.unwrap_or_default(),
+            logprobs,
+            n,
+            ignore_eos,
+            ngram,
+        };
+        let req = self.request(prompt_of(prompt)?, &o);
+        let mut out = Vec::with_capacity(n);
+        for s in self.start(py, &req)? {
+            let mut stream = TextStream::new(Some(s), self.rt.clone());
+            while stream.next_text(py)?.is_some() {}
+            out.extend(stream.completion());
+        }
+        Ok(out)
+    }
+
+    /// Starts one request and returns its stream of text chunks.
+    #[pyo3(signature = (
+        prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
+        repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
+        stop=None, logprobs=None, ignore_eos=false, ngram=true
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn _stream(
+        &self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: Option<usize>,
+        temperature: Option<f32>,
+        top_p: Option<f32>,
+        top_k: Option<usize>,
+        min_p: Option<f32>,
+        repetition_penalty: Option<f32>,
+        presence_penalty: Option<f32>,
+        frequency_penalty: Option<f32>,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+        logprobs: Option<usize>,
+        ignore_eos: bool,
+        ngram: bool,
+    ) -> PyResult<TextStream> {
+        let o = Options {
+            max_tokens,
+            sampling: SamplingOptions {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                seed,
+            },
+            stop: stop.unwrap_or_default(),
+            logprobs,
+            n: 1,
+            ignore_eos,
+            ngram,
+        };
+        let req = self.request(prompt_of(prompt)?, &o);
+        let s = self.start(py, &req)?.into_iter().next();
+        Ok(TextStream::new(s, self.rt.clone()))
+    }
+
+    /// The benchmark's reference: decode tokens/s of one greedy request (EOS ignored, no
+    /// speculation) read entirely in Rust through the same generator, from the first token to
+    /// the last. Returns (tokens after the first, seconds).
+    fn _decode_rate_rust(
+        &self,
+        py: Python<'_>,
+        prompt: String,
+        max_tokens: usize,
+    ) -> PyResult<(usize, f64)> {
+        let mut req = GenerateRequest::new(prompt).greedy().max_tokens(max_tokens);
+        req.ignore_eos = true;
+        req.speculate = false;
+        let mut streams = self.start(py, &req)?;
+        let mut s = streams
+            .pop()
+            .ok_or_else(|| EngineError::new_err("no stream"))?;
+        let timed = py.allow_threads(|| {
+            self.rt.block_on(async {
+                let (mut first, mut n) = (None, 0usize);
+                while let Some(ev) = s.next().await {
+                    match ev {
+                        StreamEvent::Token { .. } => {
+                            first.get_or_insert_with(std::time::Instant::now);
+                            n += 1;
+                        }
+                        StreamEvent::Done { .. } => break,
+                        StreamEvent::Error(e) => return Err(e),
+                    }
+                }
+                let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+                Ok((n.saturating_sub(1), secs))
+            })
+        });
+        timed.map_err(|e| py_err(py, e))
+    }
+
+    /// Token ids of `text` (BOS added as the model asks when `add_special`).
+    #[pyo3(signature = (text, *, add_special=true))]
+    fn tokenize(&self, py: Python<'_>, text: &str, add_special: bool) -> PyResult<Vec<u32>> {
+        let tok = self.tokenizer(py)?;
+        Ok(tok.encode(text, add_special, true))
+    }
+
+    /// The text of token ids.
+    fn detokenize(&self, py: Python<'_>, tokens: Vec<u32>) -> PyResult<String> {
+        let tok = self.tokenizer(py)?;
+        let vocab = tok.len();
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            let r = Rejection::invalid(
+                Field::Prompt,
+                format!("token {bad} is outside the vocabulary ({vocab})"),
+            );
+            return Err(py_err(py, r.into()));
+        }
+        Ok(tok.decode(&tokens, false))
+    }
+
+    /// The runtime report (route, policy, model identity, device) as JSON text.
+    #[getter]
+    fn _runtime_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.report).map_err(|e| EngineError::new_err(e.to_string()))
+    }
+
+    /// KV blocks in use, requests waiting and running (zeros on delegated routes).
+    #[getter]
+    fn stats(&self) -> PyResult<(usize, usize, usize)> {
+        let s = self.generator()?.stats();
+        Ok((s.kv_blocks_used, s.waiting, s.running))
+    }
+
+    /// Stops the engine and frees the model (requests still running end with an error).
+    fn close(&mut self, py: Python<'_>) {
+        let g = self.generator.take();
+        py.allow_threads(|| drop(g));
+    }
+}
+
+impl Engine {
+    fn tokenizer(&self, py: Python<'_>) -> PyResult<&axle_models::Tokenizer> {
+        self.generator()?
+            .tokenizer()
+            .map_err(|r| py_err(py, r.into()))
+    }
+}
+
+/// The text chunks of one request. Iterating blocks (with the GIL released) for the next
+/// chunk; `completion` holds the finished request once the iteration has ended; `close()` (or
+/// dropping the stream) cancels it.
+#[pyclass(module = "axle._axle")]
+struct TextStream {
+    inner: Option<EventStream>,
+    rt: Arc<tokio::runtime::Runtime>,
+    acc: axle_sdk::Completion,
+    finished: bool,
+}
+
+impl TextStream {
+    fn new(inner: Option<EventStream>, rt: Arc<tokio::runtime::Runtime>) -> TextStream {
+        TextStream {
+            inner,
+            rt,
+            acc: axle_sdk::Completion::empty(),
+            finished: false,
+        }
+    }
+
+    /// The next non-empty text chunk; None once the request is done.
+    fn next_text(&mut self, py: Python<'_>) -> PyResult<Option<String>> {
+        loop {
+            let Some(inner) = self.inner.as_mut() else {
+                return Ok(None);
+            };
+            let ev = wait(py, &self.rt, std::pin::pin!(inner.next()))?;
+            let Some(ev) = ev else {
+                self.inner = None;
+                return Err(EngineError::new_err("the stream ended without a result"));
+            };
+            let text = match &ev {
+                StreamEvent::Token { text, .. } | StreamEvent::Done { text, .. } => text.clone(),
+                StreamEvent::Error(_) => String::new(),
+            };
+            match self.acc.absorb(ev) {
+                Err(e) => {
+                    self.inner = None;
+                    return Err(py_err(py, e));
+                }
+                Ok(true) => {
+                    self.inner = None;
+                    self.finished = true;
+                    return Ok((!text.is_empty()).then_some(text));
+                }
+                Ok(false) if !text.is_empty() => return Ok(Some(text)),
+                Ok(false) => {}
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl TextStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<String>> {
+        self.next_text(py)
+    }
+
+    /// The finished request (None until the iteration has ended, or if it was cancelled).
+    #[getter]
+    fn completion(&self) -> Option<Completion> {
+        self.finished
+            .then(|| Completion::from_sdk(self.acc.clone()))
+    }
+
+    /// Cancels the request (frees its KV); iteration then ends.
+    fn close(&mut self, py: Python<'_>) {
+        let s = self.inner.take();
+        py.allow_threads(|| drop(s));
+    }
+}
+
+#[pymodule]
+fn _axle(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Engine>()?;
+    m.add_class::<TextStream>()?;
+    m.add_class::<Completion>()?;
+    m.add("AxleError", py.get_type_bound::<AxleError>())?;
+    m.add("ModelError", py.get_type_bound::<ModelError>())?;
+    m.add("RequestError", py.get_type_bound::<RequestError>())?;
+    m.add("UpstreamError", py.get_type_bound::<UpstreamError>())?;
+    m.add("EngineError", py.get_type_bound::<EngineError>())?;
+    m.add("MAX_DRAFT", MAX_DRAFT)?;
+    m.add("DEFAULT_MAX_TOKENS", defaults::MAX_TOKENS)?;
+    Ok(())
+}
