@@ -344,14 +344,14 @@ impl Engine {
         })
     }
 
-    /// Runs one request to completion (`n` > 1: a list of completions).
+    /// Starts one request: one stream of text chunks per choice (`n`).
     #[pyo3(signature = (
         prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
         stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true
     ))]
     #[allow(clippy::too_many_arguments)]
-    fn _generate(
+    fn _start(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
@@ -369,7 +369,7 @@ impl Engine {
         n: usize,
         ignore_eos: bool,
         ngram: bool,
-    ) -> PyResult<Vec<Completion>> {
+    ) -> PyResult<Vec<TextStream>> {
         let o = Options {
             max_tokens,
             sampling: SamplingOptions {
@@ -389,61 +389,11 @@ impl Engine {
             ngram,
         };
         let req = self.request(prompt_of(prompt)?, &o);
-        let mut out = Vec::with_capacity(n);
-        for s in self.start(py, &req)? {
-            let mut stream = TextStream::new(Some(s), self.rt.clone());
-            while stream.next_text(py)?.is_some() {}
-            out.extend(stream.completion());
-        }
-        Ok(out)
-    }
-
-    /// Starts one request and returns its stream of text chunks.
-    #[pyo3(signature = (
-        prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
-        repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
-        stop=None, logprobs=None, ignore_eos=false, ngram=true
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn _stream(
-        &self,
-        py: Python<'_>,
-        prompt: &Bound<'_, PyAny>,
-        max_tokens: Option<usize>,
-        temperature: Option<f32>,
-        top_p: Option<f32>,
-        top_k: Option<usize>,
-        min_p: Option<f32>,
-        repetition_penalty: Option<f32>,
-        presence_penalty: Option<f32>,
-        frequency_penalty: Option<f32>,
-        seed: Option<u64>,
-        stop: Option<Vec<String>>,
-        logprobs: Option<usize>,
-        ignore_eos: bool,
-        ngram: bool,
-    ) -> PyResult<TextStream> {
-        let o = Options {
-            max_tokens,
-            sampling: SamplingOptions {
-                temperature,
-                top_p,
-                top_k,
-                min_p,
-                repetition_penalty,
-                presence_penalty,
-                frequency_penalty,
-                seed,
-            },
-            stop: stop.unwrap_or_default(),
-            logprobs,
-            n: 1,
-            ignore_eos,
-            ngram,
-        };
-        let req = self.request(prompt_of(prompt)?, &o);
-        let s = self.start(py, &req)?.into_iter().next();
-        Ok(TextStream::new(s, self.rt.clone()))
+        let streams = self.start(py, &req)?;
+        Ok(streams
+            .into_iter()
+            .map(|s| TextStream::new(Some(s), self.rt.clone()))
+            .collect())
     }
 
     /// The benchmark's reference: decode tokens/s of one greedy request (EOS ignored, no

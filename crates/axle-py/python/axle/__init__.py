@@ -90,7 +90,11 @@ class Engine:
         ``ngram``. With ``n=k`` it returns a list of k completions.
         """
         n = sampling.get("n", 1)
-        out = self._engine._generate(prompt, **_normalize(sampling))
+        out = []
+        for stream in self._engine._start(prompt, **_normalize(sampling)):
+            for _ in stream:
+                pass
+            out.append(stream.completion)
         return out if n != 1 else out[0]
 
     def chat(self, messages: Sequence[Message], **sampling: Any) -> Completion:
@@ -101,7 +105,11 @@ class Engine:
         """Starts one request; iterate the result for text chunks. After the loop,
         ``stream.completion`` holds the finished request. Breaking out (or ``close()``)
         cancels it."""
-        return self._engine._stream(prompt, **_normalize(sampling))
+        if sampling.get("n", 1) != 1:
+            err = RequestError("n: stream() runs one choice; use generate(n=...)")
+            err.field, err.reason = "n", "stream() runs one choice"
+            raise err
+        return self._engine._start(prompt, **_normalize(sampling))[0]
 
     async def agenerate(self, prompt: Prompt, **sampling: Any) -> Completion:
         """``generate`` for asyncio: concurrent calls share the engine's batching."""
