@@ -3,7 +3,7 @@
 use crate::stats::{median, synthetic_tokens};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, Runner, RunnerOptions, Sequence};
+use axle_models::{Model, Runner, RunnerOptions, Sequence, StepProfile};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,6 +41,8 @@ pub struct CompareRow {
     pub llama_median: f64,
     /// axle_median / llama_median.
     pub ratio: f64,
+    /// Decode rows: where Axle's steps spent their time, over every timed repetition.
+    pub profile: Option<StepProfile>,
 }
 
 /// The whole result.
@@ -138,6 +140,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
     let mut rows = Vec::new();
     for (name, n, prefill) in tests {
         let (mut a, mut l) = (Vec::new(), Vec::new());
+        let mut profile = StepProfile::default();
         for rep in 0..opts.reps {
             let toks = synthetic_tokens(n, n_vocab, 100 + rep as u64);
             bar.set_message(format!("{name} rep {}", rep + 1));
@@ -149,11 +152,13 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
                 // spinning while the other one starts.
                 if (turn == 0) == axle_first {
                     time_axle_prefill(&mut runner, &warm)?;
+                    runner.take_profile();
                     a.push(if prefill {
                         time_axle_prefill(&mut runner, &toks)?
                     } else {
                         time_axle_decode(&mut runner, &toks)?
                     });
+                    profile.add(&runner.take_profile());
                 } else {
                     time_llama_prefill(&mut oracle, &warm)?;
                     l.push(if prefill {
@@ -173,6 +178,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
             axle_median: am,
             llama_median: lm,
             ratio: am / lm,
+            profile: (!prefill).then_some(profile),
         });
     }
     bar.finish_and_clear();

@@ -22,7 +22,7 @@ pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::Kernels;
 pub use model::{default_threads, DeviceChoice, Model, ModelOptions, Offload};
 pub use recurrent::StateSlots;
-pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput};
+pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
 pub use sequence::Sequence;
 pub use tokenizer::{StreamDecoder, TokenId, Tokenizer};
 

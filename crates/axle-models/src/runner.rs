@@ -137,6 +137,51 @@ const NODES_PER_LAYER: usize = 160;
 /// n_kv is rounded up to this, as llama.cpp does, so graphs have stable shapes.
 const KV_PAD: u32 = 256;
 
+/// Where a runner's steps spent their time since the last [`Runner::take_profile`], summed over
+/// steps: what `axle bench compare` prints for decode steps on each device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StepProfile {
+    /// Steps run.
+    pub steps: u64,
+    /// Steps whose graph was built (the rest reused the previous step's graph).
+    pub builds: u64,
+    /// Host work before the graph: block tables, positions, masks, the device layout (s).
+    pub prepare_s: f64,
+    /// Building and allocating graphs (s).
+    pub build_s: f64,
+    /// Writing the step's inputs into the graph's tensors (s).
+    pub inputs_s: f64,
+    /// Computing the graph, until the device has finished (s).
+    pub compute_s: f64,
+    /// Reading the logits back (s).
+    pub logits_s: f64,
+}
+
+impl StepProfile {
+    /// Adds another profile's counts.
+    pub fn add(&mut self, o: &StepProfile) {
+        self.steps += o.steps;
+        self.builds += o.builds;
+        self.prepare_s += o.prepare_s;
+        self.build_s += o.build_s;
+        self.inputs_s += o.inputs_s;
+        self.compute_s += o.compute_s;
+        self.logits_s += o.logits_s;
+    }
+
+    /// Mean microseconds per step of each phase: prepare, build, inputs, compute, logits.
+    pub fn per_step_us(&self) -> [f64; 5] {
+        let n = self.steps.max(1) as f64 / 1e6;
+        [
+            self.prepare_s / n,
+            self.build_s / n,
+            self.inputs_s / n,
+            self.compute_s / n,
+            self.logits_s / n,
+        ]
+    }
+}
+
 /// Executes plans on one model.
 #[derive(Debug)]
 pub struct Runner {
@@ -154,6 +199,7 @@ pub struct Runner {
     /// copies it owns and frees at the next split), so a graph cannot run again once another
     /// graph has been scheduled (tried: CUDA steps then read freed memory).
     cached: Option<(GraphKey, Context)>,
+    profile: StepProfile,
 }
 
 #[derive(Debug, Default)]
@@ -258,6 +304,7 @@ impl Runner {
             opts,
             host: HostInputs::default(),
             cached: None,
+            profile: StepProfile::default(),
         })
     }
 
@@ -502,6 +549,7 @@ impl Runner {
     /// has the same shape as the previous one (steady decoding) the previous graph and its memory
     /// assignment are reused and only the inputs are rewritten, as llama.cpp does.
     pub fn step(&mut self, seqs: &[SeqInput]) -> Result<StepOutput, ModelError> {
+        let t0 = std::time::Instant::now();
         let (n, n_kv) = self.prepare(seqs)?;
         let n_out = self.host.out_ids.len();
         if n_out == 0 {
@@ -524,7 +572,9 @@ impl Runner {
             state: self.host.state_seqs.clone(),
         };
         let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
+        let t_prepared = std::time::Instant::now();
         if !reuse {
+            self.profile.builds += 1;
             self.cached = None;
             let ctx = self.build(&key)?;
             let mut graph = ctx
@@ -541,6 +591,7 @@ impl Runner {
                 .ok_or_else(|| ModelError::Batch(format!("graph input {name} missing")))
         };
         let h = &self.host;
+        let t_built = std::time::Instant::now();
         input("inp_tokens")?.write(&h.tokens)?;
         input("inp_pos")?.write(&h.pos)?;
         input("inp_slots")?.write(&h.slots)?;
@@ -565,7 +616,9 @@ impl Runner {
         let mut graph = ctx
             .existing_graph()
             .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
+        let t_inputs = std::time::Instant::now();
         self.sched.compute(&mut graph)?;
+        let t_computed = std::time::Instant::now();
         let mut out = StepOutput {
             n_vocab: self.model.family().hparams().n_vocab as usize,
             rows: h.rows.clone(),
@@ -574,7 +627,19 @@ impl Runner {
         if n_out > 0 {
             input(LOGITS)?.read(&mut out.logits)?;
         }
+        let p = &mut self.profile;
+        p.steps += 1;
+        p.prepare_s += (t_prepared - t0).as_secs_f64();
+        p.build_s += (t_built - t_prepared).as_secs_f64();
+        p.inputs_s += (t_inputs - t_built).as_secs_f64();
+        p.compute_s += (t_computed - t_inputs).as_secs_f64();
+        p.logits_s += t_computed.elapsed().as_secs_f64();
         Ok(out)
+    }
+
+    /// Where the steps since the last call spent their time (and starts a new count).
+    pub fn take_profile(&mut self) -> StepProfile {
+        std::mem::take(&mut self.profile)
     }
 
     /// Builds the graph of a step shape in a fresh context.

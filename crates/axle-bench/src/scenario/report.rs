@@ -22,6 +22,42 @@ fn own_table(key: &str) -> bool {
     key.starts_with("verify_cost")
         || key.starts_with("accept_pos")
         || key.starts_with("llama_server_")
+        || key.starts_with("step_")
+}
+
+/// Where a decode step's time goes (compare runs): Axle's phases per step beside libllama's
+/// whole step, in microseconds.
+fn step_table(a: &Artifact) -> Option<String> {
+    let phases = ["prepare", "build", "inputs", "compute", "logits"];
+    let rows: Vec<Vec<String>> = a
+        .rows
+        .iter()
+        .filter(|r| r.extra.contains_key("step_compute_us"))
+        .map(|r| {
+            let get = |k: &str| r.extra.get(k).copied().unwrap_or(0.0);
+            let mut row = vec![r.workload.clone()];
+            let mut total = 0.0;
+            for p in phases {
+                let v = get(&format!("step_{p}_us"));
+                total += v;
+                row.push(format!("{v:.0}"));
+            }
+            row.push(format!("{total:.0}"));
+            row.push(format!("{:.0}", get("step_llama_us")));
+            row.push(format!("{:.3}", get("step_builds")));
+            row
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "\nWhere a decode step's time goes (microseconds per step; prepare: block tables, positions and masks on the host; build: graph building and allocation, amortized; inputs: uploads; compute: the graph until the device is done; logits: the read-back):\n\n{}",
+        markdown_table(
+            &["workload", "prepare", "build", "inputs", "compute", "logits", "Axle step", "libllama step", "graphs built per step"],
+            &rows
+        )
+    ))
 }
 
 /// The extras of each row under `prefix`, as (suffix, value), in the order of their suffixes.
@@ -219,7 +255,7 @@ pub fn markdown(a: &Artifact) -> String {
     if let Some(line) = ngram_summary(a) {
         let _ = writeln!(out, "{line}");
     }
-    for t in [acceptance_table(a), llama_server_table(a)]
+    for t in [acceptance_table(a), llama_server_table(a), step_table(a)]
         .into_iter()
         .flatten()
     {

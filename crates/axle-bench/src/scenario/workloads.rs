@@ -44,7 +44,18 @@ pub fn run(
                     } else {
                         "decode_tok_s"
                     };
-                    Row::new(row.test, metric, row.axle, Some(("libllama", row.llama)))
+                    let (profile, llama_us) = (row.profile, 1e6 / row.llama_median);
+                    let mut r = Row::new(row.test, metric, row.axle, Some(("libllama", row.llama)));
+                    if let Some(p) = profile {
+                        let names = ["prepare", "build", "inputs", "compute", "logits"];
+                        for (k, v) in names.iter().zip(p.per_step_us()) {
+                            r.extra.insert(format!("step_{k}_us"), v);
+                        }
+                        r.extra
+                            .insert("step_builds".into(), p.builds as f64 / p.steps.max(1) as f64);
+                        r.extra.insert("step_llama_us".into(), llama_us);
+                    }
+                    r
                 })
                 .collect()
         }
