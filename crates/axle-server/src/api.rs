@@ -116,6 +116,7 @@ struct Job {
 
 /// Starts every request of the job (after the queue check) and answers it.
 async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
     state.metrics.request();
     let waiting = state.generator.stats().waiting;
     if waiting >= state.max_queue {
@@ -146,13 +147,13 @@ async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
         logprobs,
     };
     if job.stream {
-        return Ok(sse(view, streams, job.include_usage));
+        return Ok(sse(view, streams, job.include_usage, t0));
     }
     // Collected side by side; dropping the set (client gone) cancels every choice.
     let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.into_iter().enumerate() {
         let state = state.clone();
-        set.spawn(async move { (i, timed(&state, s).await) });
+        set.spawn(async move { (i, timed(&state, s, t0).await) });
     }
     let mut done: Vec<Option<Completion>> = vec![None; set.len()];
     while let Some(r) = set.join_next().await {
@@ -185,10 +186,12 @@ struct Timing<'a> {
 }
 
 impl Timing<'_> {
-    fn new(state: &AppState) -> Timing<'_> {
+    /// Timing from `t0`, when the request arrived (before it was started: a delegated blocking
+    /// request does all its work there).
+    fn new(state: &AppState, t0: Instant) -> Timing<'_> {
         Timing {
             state,
-            t0: Instant::now(),
+            t0,
             last: None,
         }
     }
@@ -223,8 +226,12 @@ impl Timing<'_> {
 }
 
 /// Reads one choice to its end.
-async fn timed(state: &AppState, mut s: EventStream) -> Result<Completion, axle_sdk::SdkError> {
-    let mut timing = Timing::new(state);
+async fn timed(
+    state: &AppState,
+    mut s: EventStream,
+    t0: Instant,
+) -> Result<Completion, axle_sdk::SdkError> {
+    let mut timing = Timing::new(state, t0);
     let mut c = Completion::empty();
     while let Some(ev) = s.next().await {
         timing.observe(&ev);
@@ -524,7 +531,7 @@ fn clone_error(e: &axle_sdk::SdkError) -> axle_sdk::SdkError {
 /// Streams the choices as SSE: one task per choice forwards its events; the last one to finish
 /// adds the usage chunk (if asked and every choice's counts are known) and `[DONE]` (unless a
 /// choice failed: its error event ends the stream).
-fn sse(view: View, streams: Vec<EventStream>, include_usage: bool) -> Response {
+fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(256);
     struct Tally {
         left: usize,
@@ -559,7 +566,7 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool) -> Response {
                     return;
                 }
             }
-            let mut timing = Timing::new(&view.state);
+            let mut timing = Timing::new(&view.state, t0);
             let mut offset = 0usize;
             let mut c = Completion::empty();
             let mut result = Err(());

@@ -51,8 +51,10 @@ pub fn run(
                         for (k, v) in names.iter().zip(p.per_step_us()) {
                             r.extra.insert(format!("step_{k}_us"), v);
                         }
-                        r.extra
-                            .insert("step_builds".into(), p.builds as f64 / p.steps.max(1) as f64);
+                        r.extra.insert(
+                            "step_builds".into(),
+                            p.builds as f64 / p.steps.max(1) as f64,
+                        );
                         r.extra.insert("step_llama_us".into(), llama_us);
                     }
                     r
