@@ -20,7 +20,7 @@ mod tensor;
 
 pub use backend::{
     backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind,
-    GraphScheduler, LoadedBackend,
+    GraphScheduler, LoadedBackend, PinnedHost,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

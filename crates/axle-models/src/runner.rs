@@ -10,7 +10,7 @@ use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::ModelError;
 use axle_core::TokenId;
-use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler};
+use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler, PinnedHost};
 use half::f16;
 use std::sync::Arc;
 
@@ -200,6 +200,8 @@ pub struct Runner {
     /// graph has been scheduled (tried: CUDA steps then read freed memory).
     cached: Option<(GraphKey, Context)>,
     profile: StepProfile,
+    /// Page-locked host memory the logits are read back through, on an accelerator.
+    pinned: Option<PinnedHost>,
 }
 
 #[derive(Debug, Default)]
@@ -295,6 +297,9 @@ impl Runner {
             max_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
         let sched = GraphScheduler::new(backends, max_nodes)?;
+        let pinned = model
+            .offload()
+            .and_then(|o| PinnedHost::for_device(&o.device));
         Ok(Runner {
             model,
             kv,
@@ -305,6 +310,7 @@ impl Runner {
             host: HostInputs::default(),
             cached: None,
             profile: StepProfile::default(),
+            pinned,
         })
     }
 
@@ -625,7 +631,11 @@ impl Runner {
             logits: Vec::new(),
         };
         if n_out > 0 {
-            input(LOGITS)?.read(&mut out.logits)?;
+            let logits = input(LOGITS)?;
+            match &mut self.pinned {
+                Some(p) => p.read(&logits, &mut out.logits)?,
+                None => logits.read(&mut out.logits)?,
+            }
         }
         let p = &mut self.profile;
         p.steps += 1;
