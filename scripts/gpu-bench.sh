@@ -14,6 +14,10 @@ step="${2:?usage: $0 OUT_DIR dc|scenario ...}"
 shift 2
 mkdir -p "$out" "$w/logs"
 export AXLE_BACKENDS_DIR="$w/bin/backends" AXLE_MODEL_DIR="$w/models"
+if [ -s "$root/.device/commit" ]; then
+  AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
+  export AXLE_GIT_COMMIT
+fi
 axle="$w/bin/axle"
 status=0
 case "$step" in

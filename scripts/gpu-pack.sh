@@ -11,6 +11,9 @@ out="$root/.device"
 models="$("$root/scripts/fetch-models.sh")"
 rm -rf "$out" "$root/.chunks" && mkdir -p "$out" "$root/.chunks"
 gzip -c "${AXLE_BIN:-$root/target/release/axle}" >"$out/axle.gz"
+# The commit the binary was built from (the device's copy of the tree cannot say): artifacts
+# written there are stamped with it (AXLE_GIT_COMMIT, set by gpu-bench.sh).
+git -C "$root" rev-parse HEAD >"$out/commit"
 # A vocabulary for the random 8B files on the device (fixtures are written by setup.sh, not in git).
 cp "$root/fixtures/llama-tiny.gguf" "$out/"
 "$root/scripts/build-cuda-backend.sh" --pack "$out/llama-src.tgz"

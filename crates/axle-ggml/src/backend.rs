@@ -443,6 +443,32 @@ impl GraphScheduler {
         })
     }
 
+    /// Makes room for graphs of up to `max_nodes` (a new scheduler over the same backends; any
+    /// graph allocated by the old one must be allocated again). The scheduler clears tables of
+    /// its size at every allocation, so it is worth keeping no larger than the graphs need.
+    pub fn resize(&mut self, max_nodes: usize) -> Result<()> {
+        let mut raws: Vec<sys::ggml_backend_t> = self._backends.iter().map(|b| b.raw).collect();
+        // SAFETY: live backends (owned by self); NULL bufts = defaults; the result is checked.
+        let raw = unsafe {
+            sys::ggml_backend_sched_new(
+                raws.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raws.len() as i32,
+                max_nodes,
+                false,
+                true,
+            )
+        };
+        if raw.is_null() {
+            return Err(Error::Alloc("ggml_backend_sched_new".into()));
+        }
+        // SAFETY: the old scheduler is ours, freed once; nothing allocated by it is used again
+        // (the caller allocates its next graph on the new one).
+        unsafe { sys::ggml_backend_sched_free(self.raw) };
+        self.raw = raw;
+        Ok(())
+    }
+
     /// Assigns memory to every node of `graph` (call before writing inputs).
     pub fn alloc(&mut self, graph: &mut Graph<'_>) -> Result<()> {
         // SAFETY: live scheduler and graph. Reset drops the previous graph's assignment.

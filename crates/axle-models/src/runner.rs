@@ -190,8 +190,10 @@ pub struct Runner {
     /// Recurrent state pools (models with linear-attention layers).
     state: Option<RecurrentCache>,
     sched: GraphScheduler,
-    /// Graph nodes reserved per step (see `MAX_NODES`).
-    max_nodes: usize,
+    /// Graph nodes of a step without the device layout's ops of their own (see `MAX_NODES`).
+    base_nodes: usize,
+    /// Graph nodes the scheduler has room for: grown to what the largest step so far needed.
+    sched_nodes: usize,
     opts: RunnerOptions,
     host: HostInputs,
     /// The last graph built, with the shape it was built for. Only the last one: ggml's graph
@@ -280,23 +282,16 @@ impl Runner {
                 opts.state_saved,
             )?)
         };
-        // The device layout gives every decoding row its own attention op in every layer: size
-        // the graphs for a step whose every token is such a row.
-        let device_layout =
-            opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv.on_device());
-        let n_layer = model.family().hparams().n_layer;
-        let mut max_nodes = if device_layout {
-            (n_layer * (NODES_PER_ROW_OP * opts.max_batch_tokens + NODES_PER_LAYER) + 4096)
-                .max(MAX_NODES)
-        } else {
-            MAX_NODES
-        };
+        // Graphs are sized per step shape (`nodes_for`): the device layout's ops of their own
+        // make a wide step's graph many times a decode step's.
+        let mut base_nodes = MAX_NODES;
         if state.is_some() {
             // Recurrent layers run per sequence: about 40 nodes each, plus one per kept state.
+            let n_layer = model.family().hparams().n_layer;
             let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
-            max_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
+            base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
-        let sched = GraphScheduler::new(backends, max_nodes)?;
+        let sched = GraphScheduler::new(backends, base_nodes)?;
         let pinned = model
             .offload()
             .and_then(|o| PinnedHost::for_device(&o.device));
@@ -305,7 +300,8 @@ impl Runner {
             kv,
             state,
             sched,
-            max_nodes,
+            base_nodes,
+            sched_nodes: base_nodes,
             opts,
             host: HostInputs::default(),
             cached: None,
@@ -582,7 +578,12 @@ impl Runner {
         if !reuse {
             self.profile.builds += 1;
             self.cached = None;
-            let ctx = self.build(&key)?;
+            let nodes = self.nodes_for(&key);
+            if nodes > self.sched_nodes {
+                self.sched_nodes = nodes.next_power_of_two();
+                self.sched.resize(self.sched_nodes)?;
+            }
+            let ctx = self.build(&key, nodes)?;
             let mut graph = ctx
                 .existing_graph()
                 .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
@@ -652,10 +653,28 @@ impl Runner {
         std::mem::take(&mut self.profile)
     }
 
-    /// Builds the graph of a step shape in a fresh context.
-    fn build(&self, key: &GraphKey) -> Result<Context, ModelError> {
+    /// Graph nodes a step of this shape needs: the base, plus, in the device layout, a few dozen
+    /// per layer for every op of its own (each decoding row's attention, each small column's
+    /// expert or per-head products).
+    fn nodes_for(&self, key: &GraphKey) -> usize {
+        let Some(d) = &key.device else {
+            return self.base_nodes;
+        };
+        let n_layer = self.model.family().hparams().n_layer;
+        let pieces: usize = d
+            .runs
+            .iter()
+            .map(|r| if r.small { r.cols as usize } else { 1 })
+            .sum();
+        let ops = d.attn.len() + pieces;
+        let recurrent = self.base_nodes - MAX_NODES;
+        (n_layer * (NODES_PER_ROW_OP * ops + NODES_PER_LAYER) + 4096).max(MAX_NODES) + recurrent
+    }
+
+    /// Builds the graph of a step shape in a fresh context sized for `nodes` graph nodes.
+    fn build(&self, key: &GraphKey, nodes: usize) -> Result<Context, ModelError> {
         let has_swa = self.model.family().sliding_window().is_some();
-        let ctx = Context::new(self.max_nodes, self.max_nodes)?;
+        let ctx = Context::new(nodes, nodes)?;
         {
             let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
             // The device layout packs each attention op's mask rows one after another.
@@ -665,7 +684,7 @@ impl Runner {
             };
             let mut step = Step {
                 ctx: &ctx,
-                graph: ctx.graph(self.max_nodes),
+                graph: ctx.graph(nodes),
                 n_tokens: n,
                 tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
                 pos: ctx.input(
