@@ -78,6 +78,15 @@ impl StepOutput {
         &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
     }
 
+    /// Row `i`'s logits, owned: the step's buffer itself when it holds only that row (a decode
+    /// step's 512 KB for a 128k vocabulary is not copied again).
+    pub fn into_row(self, i: usize) -> Vec<f32> {
+        if i == 0 && self.logits.len() == self.n_vocab {
+            return self.logits;
+        }
+        self.row(i).to_vec()
+    }
+
     /// Logits of (sequence, token index), if requested.
     pub fn find(&self, seq: usize, tok: usize) -> Option<&[f32]> {
         self.rows

@@ -76,7 +76,7 @@ impl Sequence {
             let out = runner.step(std::slice::from_ref(&input))?;
             self.tokens.extend_from_slice(c);
             if i + 1 == n_chunks {
-                last = out.row(0).to_vec();
+                last = out.into_row(0);
             }
         }
         Ok(last)
