@@ -422,33 +422,18 @@ impl Drop for GraphScheduler {
 impl GraphScheduler {
     /// A scheduler over `backends` (highest priority first, CPU last) for graphs of up to `max_nodes`.
     pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<GraphScheduler> {
-        let mut raws: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw).collect();
-        // SAFETY: raws holds live backends kept alive by `_backends`; NULL bufts = defaults.
-        let raw = unsafe {
-            sys::ggml_backend_sched_new(
-                raws.as_mut_ptr(),
-                std::ptr::null_mut(),
-                raws.len() as i32,
-                max_nodes,
-                false,
-                true,
-            )
-        };
-        if raw.is_null() {
-            return Err(Error::Alloc("ggml_backend_sched_new".into()));
-        }
+        let raw = Self::create(&backends, max_nodes)?;
         Ok(GraphScheduler {
             raw,
             _backends: backends,
         })
     }
 
-    /// Makes room for graphs of up to `max_nodes` (a new scheduler over the same backends; any
-    /// graph allocated by the old one must be allocated again). The scheduler clears tables of
-    /// its size at every allocation, so it is worth keeping no larger than the graphs need.
-    pub fn resize(&mut self, max_nodes: usize) -> Result<()> {
-        let mut raws: Vec<sys::ggml_backend_t> = self._backends.iter().map(|b| b.raw).collect();
-        // SAFETY: live backends (owned by self); NULL bufts = defaults; the result is checked.
+    /// A ggml scheduler over `backends` (which must outlive it).
+    fn create(backends: &[Backend], max_nodes: usize) -> Result<sys::ggml_backend_sched_t> {
+        let mut raws: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.raw).collect();
+        // SAFETY: raws holds live backends, kept alive by the caller for the scheduler's life;
+        // NULL bufts = defaults; the result is checked.
         let raw = unsafe {
             sys::ggml_backend_sched_new(
                 raws.as_mut_ptr(),
@@ -462,6 +447,14 @@ impl GraphScheduler {
         if raw.is_null() {
             return Err(Error::Alloc("ggml_backend_sched_new".into()));
         }
+        Ok(raw)
+    }
+
+    /// Makes room for graphs of up to `max_nodes` (a new scheduler over the same backends; any
+    /// graph allocated by the old one must be allocated again). The scheduler clears tables of
+    /// its size at every allocation, so it is worth keeping no larger than the graphs need.
+    pub fn resize(&mut self, max_nodes: usize) -> Result<()> {
+        let raw = Self::create(&self._backends, max_nodes)?;
         // SAFETY: the old scheduler is ours, freed once; nothing allocated by it is used again
         // (the caller allocates its next graph on the new one).
         unsafe { sys::ggml_backend_sched_free(self.raw) };

@@ -4,11 +4,11 @@
 //! collect them, and render OpenAI's shapes. A client that goes away drops the event streams,
 //! which cancels the request (frees its KV, or closes the upstream connection).
 use crate::openai::{
-    names, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, ChatLogprobs,
-    Chunk, ChunkChoice, CompletionRequest, Delta, DetokenizeRequest, GenerationFields,
-    LogprobEntry, ModelCard, ModelList, Text, TextChoice, TextCompletion, TextLogprobs,
-    TokenChoice, TokenChunk, TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens,
-    TopLogprob, UsageBody, WireError,
+    names, AssistantMessage, ChatChoice, ChatCompletionRequest, ChatLogprobs, ChunkChoice,
+    Completion as WireCompletion, CompletionRequest, Delta, DetokenizeRequest, GenerationFields,
+    LogprobEntry, ModelCard, ModelList, Text, TextChoice, TextLogprobs, TokenChoice, TokenChunk,
+    TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, TopLogprob, UsageBody,
+    WireError,
 };
 use crate::{ApiError, AppState};
 use axle_sdk::{
@@ -337,45 +337,41 @@ impl View {
     /// The blocking response.
     fn complete(&self, done: &[Completion], usage: UsageBody) -> Response {
         match self.flavor {
-            Flavor::Chat => json(ChatCompletion {
-                id: self.id.clone(),
-                object: names::CHAT.into(),
-                created: self.created,
-                model: self.model(),
-                choices: done
-                    .iter()
-                    .enumerate()
-                    .map(|(index, c)| ChatChoice {
-                        index,
-                        message: AssistantMessage {
-                            role: "assistant".into(),
-                            content: c.text.clone(),
-                        },
-                        logprobs: self.chat_logprobs(&c.logprobs),
-                        finish_reason: c.finish.openai_reason().into(),
-                    })
-                    .collect(),
-                usage,
-                runtime: self.runtime(),
-            }),
-            Flavor::Text => json(TextCompletion {
-                id: self.id.clone(),
-                object: names::TEXT.into(),
-                created: self.created,
-                model: self.model(),
-                choices: done
-                    .iter()
-                    .enumerate()
-                    .map(|(index, c)| TextChoice {
-                        index,
-                        text: c.text.clone(),
-                        logprobs: self.text_logprobs(&c.logprobs, 0),
-                        finish_reason: Some(c.finish.openai_reason().into()),
-                    })
-                    .collect(),
-                usage,
-                runtime: self.runtime(),
-            }),
+            Flavor::Chat => json(
+                self.body(
+                    names::CHAT,
+                    done.iter()
+                        .enumerate()
+                        .map(|(index, c)| ChatChoice {
+                            index,
+                            message: AssistantMessage {
+                                role: "assistant".into(),
+                                content: c.text.clone(),
+                            },
+                            logprobs: self.chat_logprobs(&c.logprobs),
+                            finish_reason: c.finish.openai_reason().into(),
+                        })
+                        .collect(),
+                    Some(usage),
+                    true,
+                ),
+            ),
+            Flavor::Text => json(
+                self.body(
+                    names::TEXT,
+                    done.iter()
+                        .enumerate()
+                        .map(|(index, c)| TextChoice {
+                            index,
+                            text: c.text.clone(),
+                            logprobs: self.text_logprobs(&c.logprobs, 0),
+                            finish_reason: Some(c.finish.openai_reason().into()),
+                        })
+                        .collect(),
+                    Some(usage),
+                    true,
+                ),
+            ),
             Flavor::Tokens => json(TokenCompletion {
                 model: self.model(),
                 choices: done
@@ -393,21 +389,36 @@ impl View {
         }
     }
 
-    fn chunk<C: Serialize>(&self, choice: Option<C>, runtime: bool) -> String {
-        let object = match self.flavor {
-            Flavor::Chat => names::CHAT_CHUNK,
-            Flavor::Text | Flavor::Tokens => names::TEXT,
-        };
-        let c = Chunk {
+    /// A completion body of `object` with `choices`, usage and (when asked) the runtime report.
+    fn body<C>(
+        &self,
+        object: &str,
+        choices: Vec<C>,
+        usage: Option<UsageBody>,
+        runtime: bool,
+    ) -> WireCompletion<C> {
+        WireCompletion {
             id: self.id.clone(),
             object: object.into(),
             created: self.created,
             model: self.model(),
-            choices: choice.into_iter().collect(),
-            usage: None,
+            choices,
+            usage,
             runtime: runtime.then(|| self.runtime()),
-        };
-        to_string(&c)
+        }
+    }
+
+    /// The object name of this route's streamed chunks.
+    fn chunk_object(&self) -> &'static str {
+        match self.flavor {
+            Flavor::Chat => names::CHAT_CHUNK,
+            Flavor::Text | Flavor::Tokens => names::TEXT,
+        }
+    }
+
+    fn chunk<C: Serialize>(&self, choice: Option<C>, runtime: bool) -> String {
+        let choices = choice.into_iter().collect();
+        to_string(&self.body(self.chunk_object(), choices, None, runtime))
     }
 
     /// The SSE data of one event of choice `index`; `offset` is the choice's text so far, for
@@ -500,20 +511,8 @@ impl View {
 
     /// The closing usage chunk.
     fn usage_chunk(&self, usage: UsageBody) -> String {
-        let object = match self.flavor {
-            Flavor::Chat => names::CHAT_CHUNK,
-            Flavor::Text | Flavor::Tokens => names::TEXT,
-        };
-        serde_json::to_string(&Chunk::<ChunkChoice> {
-            id: self.id.clone(),
-            object: object.into(),
-            created: self.created,
-            model: self.model(),
-            choices: Vec::new(),
-            usage: Some(usage),
-            runtime: Some(self.runtime()),
-        })
-        .unwrap_or_default()
+        let body = self.body::<ChunkChoice>(self.chunk_object(), Vec::new(), Some(usage), true);
+        to_string(&body)
     }
 }
 

@@ -431,25 +431,6 @@ pub struct ChatChoice {
     pub finish_reason: String,
 }
 
-/// `chat.completion`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletion {
-    /// `chatcmpl-N`.
-    pub id: String,
-    /// [`names::CHAT`].
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The model name.
-    pub model: String,
-    /// The choices.
-    pub choices: Vec<ChatChoice>,
-    /// Token counts.
-    pub usage: UsageBody,
-    /// Which runtime served it.
-    pub runtime: Arc<RuntimeReport>,
-}
-
 /// A streamed chat delta.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Delta {
@@ -488,40 +469,23 @@ pub struct TextChoice {
     pub finish_reason: Option<String>,
 }
 
-/// `text_completion`.
+/// A completion, blocking or streamed: `chat.completion` (choices [`ChatChoice`]),
+/// `text_completion` ([`TextChoice`]), or a streamed chunk: one chat or text choice, or the closing
+/// usage chunk (no choices). Blocking bodies always carry usage and the runtime report; chunks
+/// carry the report on a choice's last chunk and on the usage chunk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TextCompletion {
-    /// `cmpl-N`.
+pub struct Completion<C> {
+    /// `chatcmpl-N` or `cmpl-N` (the same in every chunk of a stream).
     pub id: String,
-    /// [`names::TEXT`].
+    /// One of [`names`].
     pub object: String,
     /// Unix seconds.
     pub created: u64,
     /// The model name.
     pub model: String,
-    /// The choices.
-    pub choices: Vec<TextChoice>,
-    /// Token counts.
-    pub usage: UsageBody,
-    /// Which runtime served it.
-    pub runtime: Arc<RuntimeReport>,
-}
-
-/// A streamed chunk: a chat or text choice, the closing usage chunk (no choices), each with the
-/// runtime report on a choice's last chunk and on the usage chunk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Chunk<C> {
-    /// The response id (the same in every chunk).
-    pub id: String,
-    /// [`names::CHAT_CHUNK`] or [`names::TEXT`].
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// The model name.
-    pub model: String,
-    /// The choice this chunk is about (none in the usage chunk).
+    /// The choices (a chunk: the one it is about, or none in the usage chunk).
     pub choices: Vec<C>,
-    /// Token counts (the usage chunk).
+    /// Token counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageBody>,
     /// Which runtime served it.
