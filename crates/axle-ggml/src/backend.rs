@@ -520,11 +520,11 @@ impl PinnedHost {
         })
     }
 
-    /// Copies `t` (allocated) into `out` through the staging memory.
-    pub fn read<T: Copy + Default>(&mut self, t: &Tensor<'_>, out: &mut Vec<T>) -> Result<()> {
+    /// Copies the f32 tensor `t` (allocated) into `out` through the staging memory.
+    pub fn read_f32(&mut self, t: &Tensor<'_>, out: &mut Vec<f32>) -> Result<()> {
         let bytes = t.nbytes();
-        let n = bytes / std::mem::size_of::<T>();
-        if !t.is_allocated() || n * std::mem::size_of::<T>() != bytes {
+        let n = bytes / std::mem::size_of::<f32>();
+        if !t.is_allocated() || n * std::mem::size_of::<f32>() != bytes {
             return t.read(out);
         }
         if self.size < bytes {
@@ -547,12 +547,15 @@ impl PinnedHost {
         let base = unsafe { sys::ggml_backend_buffer_get_base(self.buf) };
         unsafe { sys::ggml_backend_tensor_get(t.raw(), base, 0, bytes) };
         out.clear();
-        out.resize(n, T::default());
-        // SAFETY: `base` holds `bytes` initialized bytes (just written), `out` holds exactly `n`
-        // values of `T` (`bytes` bytes), and the two do not overlap.
+        out.reserve(n);
+        // SAFETY: `base` holds `bytes` initialized bytes (just written); `out` has room for `n`
+        // f32 values (`bytes` bytes) and does not overlap it; after the copy its first `n` values
+        // are initialized (every bit pattern is a valid f32), so the length can be set without
+        // zero-filling first (that would touch the 512 KB of a decode step's logits twice).
         unsafe {
-            std::ptr::copy_nonoverlapping(base.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), bytes)
-        };
+            std::ptr::copy_nonoverlapping(base.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), bytes);
+            out.set_len(n);
+        }
         Ok(())
     }
 }

@@ -643,7 +643,7 @@ impl Runner {
         if n_out > 0 {
             let logits = input(LOGITS)?;
             match &mut self.pinned {
-                Some(p) => p.read(&logits, &mut out.logits)?,
+                Some(p) => p.read_f32(&logits, &mut out.logits)?,
                 None => logits.read(&mut out.logits)?,
             }
         }
