@@ -12,9 +12,9 @@
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
-    defaults, EngineConfig, EventStream, Field, GenerateRequest, Generator, Model, ModelOptions,
-    Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError, StreamEvent,
-    TokenLogprob, MAX_DRAFT,
+    defaults, EngineConfig, EventStream, GenerateRequest, Generator, Model, ModelOptions, Prompt,
+    Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError, StreamEvent, TokenLogprob,
+    MAX_DRAFT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -80,18 +80,6 @@ fn py_err(py: Python<'_>, e: SdkError) -> PyErr {
 
 fn field_name(r: &Rejection) -> &'static str {
     r.field().name()
-}
-
-/// What a Python call passes for one generation.
-#[derive(Debug, Clone, Default)]
-struct Options {
-    max_tokens: Option<usize>,
-    sampling: SamplingOptions,
-    stop: Vec<String>,
-    logprobs: Option<usize>,
-    n: usize,
-    ignore_eos: bool,
-    ngram: bool,
 }
 
 /// A finished generation.
@@ -186,18 +174,6 @@ impl Engine {
         self.generator
             .as_ref()
             .ok_or_else(|| EngineError::new_err("the engine is closed"))
-    }
-
-    fn request(&self, prompt: Prompt, o: &Options) -> GenerateRequest {
-        let mut r = GenerateRequest::new(prompt);
-        r.max_tokens = o.max_tokens;
-        r.sampling = o.sampling.clone();
-        r.stop = o.stop.clone();
-        r.logprobs = o.logprobs;
-        r.n = o.n;
-        r.ignore_eos = o.ignore_eos;
-        r.speculate = o.ngram;
-        r
     }
 
     fn start(&self, py: Python<'_>, req: &GenerateRequest) -> PyResult<Vec<EventStream>> {
@@ -370,7 +346,7 @@ impl Engine {
         ignore_eos: bool,
         ngram: bool,
     ) -> PyResult<Vec<TextStream>> {
-        let o = Options {
+        let req = GenerateRequest {
             max_tokens,
             sampling: SamplingOptions {
                 temperature,
@@ -386,9 +362,9 @@ impl Engine {
             logprobs,
             n,
             ignore_eos,
-            ngram,
+            speculate: ngram,
+            ..GenerateRequest::new(prompt_of(prompt)?)
         };
-        let req = self.request(prompt_of(prompt)?, &o);
         let streams = self.start(py, &req)?;
         Ok(streams
             .into_iter()
@@ -435,22 +411,16 @@ impl Engine {
     /// Token ids of `text` (BOS added as the model asks when `add_special`).
     #[pyo3(signature = (text, *, add_special=true))]
     fn tokenize(&self, py: Python<'_>, text: &str, add_special: bool) -> PyResult<Vec<u32>> {
-        let tok = self.tokenizer(py)?;
-        Ok(tok.encode(text, add_special, true))
+        self.generator()?
+            .tokenize(text, add_special)
+            .map_err(|r| py_err(py, r.into()))
     }
 
     /// The text of token ids.
     fn detokenize(&self, py: Python<'_>, tokens: Vec<u32>) -> PyResult<String> {
-        let tok = self.tokenizer(py)?;
-        let vocab = tok.len();
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            let r = Rejection::invalid(
-                Field::Prompt,
-                format!("token {bad} is outside the vocabulary ({vocab})"),
-            );
-            return Err(py_err(py, r.into()));
-        }
-        Ok(tok.decode(&tokens, false))
+        self.generator()?
+            .detokenize(&tokens)
+            .map_err(|r| py_err(py, r.into()))
     }
 
     /// The runtime report (route, policy, model identity, device) as JSON text.
@@ -470,14 +440,6 @@ impl Engine {
     fn close(&mut self, py: Python<'_>) {
         let g = self.generator.take();
         py.allow_threads(|| drop(g));
-    }
-}
-
-impl Engine {
-    fn tokenizer(&self, py: Python<'_>) -> PyResult<&axle_models::Tokenizer> {
-        self.generator()?
-            .tokenizer()
-            .map_err(|r| py_err(py, r.into()))
     }
 }
 

@@ -4,10 +4,10 @@
 //! refusals happen inside (see [`Upstream::check`]).
 use crate::delegate::{DelegatedStream, Upstream};
 use crate::events::{Completion, StreamEvent};
-use crate::request::{Field, GenerateRequest, Rejection};
+use crate::request::{check_vocab, Field, GenerateRequest, Rejection};
 use crate::session::{EngineStats, Session, TokenStream};
 use crate::SdkError;
-use axle_models::Tokenizer;
+use axle_models::{TokenId, Tokenizer};
 use std::sync::Arc;
 
 /// Who generates.
@@ -76,36 +76,33 @@ impl Generator {
         req: &GenerateRequest,
         delivery: Delivery,
     ) -> Result<Vec<EventStream>, SdkError> {
-        req.validate()?;
-        if let (Generator::Delegated(up), Delivery::Whole) = (self, delivery) {
-            up.check(req)?;
-            let c = up.complete(req).await?;
-            let events = [
-                StreamEvent::Token {
-                    token: None,
-                    text: c.text,
-                    logprob: None,
-                },
-                StreamEvent::Done {
-                    text: String::new(),
-                    finish: c.finish,
-                },
-            ];
-            return Ok(vec![EventStream::Finished(events.into())]);
-        }
-        match self {
-            Generator::Native(s) => Ok(s
-                .start(req)
-                .await?
-                .into_iter()
-                .map(EventStream::Native)
-                .collect()),
-            Generator::Delegated(up) => {
-                up.check(req)?;
-                let s = up.stream(req).await?;
-                Ok(vec![EventStream::Delegated(Box::new(s))])
+        let up = match self {
+            // The session checks the request itself (it is an entry point of its own).
+            Generator::Native(s) => {
+                let streams = s.start(req).await?;
+                return Ok(streams.into_iter().map(EventStream::Native).collect());
             }
+            Generator::Delegated(up) => up,
+        };
+        req.validate()?;
+        up.check(req)?;
+        if delivery == Delivery::Streamed {
+            let s = up.stream(req).await?;
+            return Ok(vec![EventStream::Delegated(Box::new(s))]);
         }
+        let c = up.complete(req).await?;
+        let events = [
+            StreamEvent::Token {
+                token: None,
+                text: c.text,
+                logprob: None,
+            },
+            StreamEvent::Done {
+                text: String::new(),
+                finish: c.finish,
+            },
+        ];
+        Ok(vec![EventStream::Finished(events.into())])
     }
 
     /// Runs a request to completion: one completion per choice.
@@ -131,6 +128,18 @@ impl Generator {
                 ),
             )),
         }
+    }
+
+    /// Token ids of `text` (BOS added as the model asks when `add_special`); native routes.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<TokenId>, Rejection> {
+        Ok(self.tokenizer()?.encode(text, add_special, true))
+    }
+
+    /// The text of token ids, each checked against the vocabulary; native routes.
+    pub fn detokenize(&self, tokens: &[TokenId]) -> Result<String, Rejection> {
+        let tok = self.tokenizer()?;
+        check_vocab(tokens, tok.len(), Field::Prompt)?;
+        Ok(tok.decode(tokens, false))
     }
 
     /// Queue and KV statistics (zeros for a delegated route, whose queue is the upstream's).

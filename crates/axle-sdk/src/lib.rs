@@ -35,7 +35,9 @@ mod stop;
 pub use engine::{EngineConfig, EngineCore, Output, RequestOptions};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};
-pub use request::{defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions};
+pub use request::{
+    check_vocab, defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions,
+};
 pub use session::{EngineStats, Session, TokenStream};
 pub use stop::StopMatcher;
 

@@ -404,6 +404,17 @@ impl Rejection {
     }
 }
 
+/// Refuses the first of `ids` outside a vocabulary of `vocab` tokens, naming `field`.
+pub fn check_vocab(ids: &[TokenId], vocab: usize, field: Field) -> Result<(), Rejection> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(Rejection::invalid(
+            field,
+            format!("token {bad} is outside the vocabulary ({vocab})"),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl From<AdmitError> for Rejection {
     fn from(e: AdmitError) -> Rejection {
         match e {

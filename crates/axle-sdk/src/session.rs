@@ -4,7 +4,7 @@
 //! KV blocks.
 use crate::engine::{EngineConfig, EngineCore, Output, RequestOptions};
 use crate::events::{Completion, StreamEvent};
-use crate::request::{Field, GenerateRequest, Prompt, Rejection};
+use crate::request::{check_vocab, Field, GenerateRequest, Prompt, Rejection};
 use crate::SdkError;
 use axle_core::{FinishReason, RequestId};
 use axle_models::{Model, TokenId};
@@ -146,32 +146,14 @@ impl Session {
                 Rejection::invalid(field, e.to_string())
             })?,
             Prompt::Tokens(t) => {
-                if let Some(&bad) = t.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(Rejection::invalid(
-                        Field::Prompt,
-                        format!("token {bad} is outside the vocabulary ({vocab})"),
-                    )
-                    .into());
-                }
+                check_vocab(t, vocab, Field::Prompt)?;
                 t.clone()
             }
         };
-        let out_of_vocab = |ids: &[TokenId]| ids.iter().copied().find(|&t| t as usize >= vocab);
-        if let Some(bad) = out_of_vocab(&req.stop_tokens) {
-            return Err(Rejection::invalid(
-                Field::StopTokens,
-                format!("token {bad} is outside the vocabulary ({vocab})"),
-            )
-            .into());
-        }
+        check_vocab(&req.stop_tokens, vocab, Field::StopTokens)?;
         let biased: Vec<TokenId> = req.logit_bias.iter().map(|b| b.0).collect();
-        if let Some(bad) = out_of_vocab(&biased) {
-            return Err(Rejection::invalid(
-                Field::Sampling(axle_core::SamplingField::LogitBias),
-                format!("token {bad} is outside the vocabulary ({vocab})"),
-            )
-            .into());
-        }
+        let bias_field = Field::Sampling(axle_core::SamplingField::LogitBias);
+        check_vocab(&biased, vocab, bias_field)?;
         Ok(ids)
     }
 

@@ -98,14 +98,6 @@ fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError>
     }
 }
 
-/// The tokenizer, or a 400 naming `param` on a delegated route.
-fn tokenizer<'a>(state: &'a AppState, param: &'static str) -> Result<&'a Tokenizer, ApiError> {
-    state
-        .generator
-        .tokenizer()
-        .map_err(|r| ApiError::rejected(&r, |_| param))
-}
-
 /// One generation request, as a route received it.
 struct Job {
     flavor: Flavor,
@@ -694,8 +686,10 @@ pub(crate) async fn tokenize(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
-    let tokens =
-        tokenizer(&state, "text")?.encode(&req.text, req.add_special.unwrap_or(true), true);
+    let tokens = state
+        .generator
+        .tokenize(&req.text, req.add_special.unwrap_or(true))
+        .map_err(|r| ApiError::rejected(&r, |_| "text"))?;
     Ok(json(Tokens { tokens }))
 }
 
@@ -706,17 +700,11 @@ pub(crate) async fn detokenize(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
-    let tok = tokenizer(&state, "tokens")?;
-    let vocab = tok.len();
-    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::bad_request(
-            format!("tokens: token {bad} is outside the vocabulary ({vocab})"),
-            Some("tokens"),
-        ));
-    }
-    Ok(json(Text {
-        text: tok.decode(&req.tokens, false),
-    }))
+    let text = state
+        .generator
+        .detokenize(&req.tokens)
+        .map_err(|r| ApiError::rejected(&r, |_| "tokens"))?;
+    Ok(json(Text { text }))
 }
 
 pub(crate) async fn models(
