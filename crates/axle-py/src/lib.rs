@@ -12,9 +12,9 @@
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
-    defaults, EngineConfig, EventStream, GenerateRequest, Generator, Model, ModelOptions, Prompt,
-    Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError, StreamEvent, TokenLogprob,
-    MAX_DRAFT,
+    defaults, EngineConfig, EngineSizing, EventStream, GenerateRequest, Generator, Model,
+    ModelOptions, Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError,
+    StreamEvent, TokenLogprob, MAX_DRAFT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -298,19 +298,16 @@ impl Engine {
             .build()
             .map_err(|e| EngineError::new_err(e.to_string()))?;
         let load = |p: &std::path::Path| Model::load(p, &options).map_err(SdkError::from);
-        let configure = |m: &Model| {
-            let ctx = context.unwrap_or_else(|| (m.n_ctx_train() as usize).min(defaults::CONTEXT));
-            let max_draft = if ngram { draft_len } else { 0 };
-            EngineConfig {
-                kv_slots: kv_slots.unwrap_or((ctx * 2) as u32),
-                context_len: ctx,
-                max_seqs: max_batch_size,
-                max_batch_tokens: max_batch_tokens.max(max_draft + 1).max(max_batch_size),
-                max_draft,
-                kernels,
-                ..Default::default()
-            }
+        let sizing = EngineSizing {
+            context,
+            kv_slots,
+            kv_contexts: 2, // as `axle serve`
+            max_seqs: max_batch_size,
+            max_batch_tokens,
+            max_draft: if ngram { draft_len } else { 0 },
+            kernels,
         };
+        let configure = |m: &Model| EngineConfig::sized(m, &sizing);
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
         let (generator, report) = opened.map_err(|e| py_err(py, e))?;
         Ok(Engine {

@@ -64,6 +64,50 @@ impl Default for EngineConfig {
     }
 }
 
+/// What a caller sizes an engine by (CLI flags, Python keywords); the rest of [`EngineConfig`]
+/// keeps its defaults.
+#[derive(Debug, Clone)]
+pub struct EngineSizing {
+    /// Context length per sequence (default: the model's, capped at [`defaults::CONTEXT`]).
+    pub context: Option<usize>,
+    /// KV slots shared by all sequences (default: `kv_contexts` full contexts).
+    pub kv_slots: Option<u32>,
+    /// Full contexts the KV pool holds when `kv_slots` is not given.
+    pub kv_contexts: usize,
+    /// Most sequences per step.
+    pub max_seqs: usize,
+    /// Most tokens per step; raised to fit one token per sequence and a full draft.
+    pub max_batch_tokens: usize,
+    /// Longest n-gram draft (0: speculation off).
+    pub max_draft: usize,
+    /// Kernel choice.
+    pub kernels: Kernels,
+}
+
+impl EngineConfig {
+    /// The configuration `sizing` asks for on `model`.
+    pub fn sized(model: &Model, sizing: &EngineSizing) -> EngineConfig {
+        let ctx = sizing
+            .context
+            .unwrap_or_else(|| (model.n_ctx_train() as usize).min(defaults::CONTEXT));
+        let max_seqs = sizing.max_seqs.max(1);
+        EngineConfig {
+            kv_slots: sizing
+                .kv_slots
+                .unwrap_or((ctx * sizing.kv_contexts.max(1)) as u32),
+            context_len: ctx,
+            max_seqs,
+            max_batch_tokens: sizing
+                .max_batch_tokens
+                .max(sizing.max_draft + 1)
+                .max(max_seqs),
+            max_draft: sizing.max_draft,
+            kernels: sizing.kernels,
+            ..Default::default()
+        }
+    }
+}
+
 /// A request's options as the engine runs them, every default resolved (from a
 /// [`crate::GenerateRequest`] by [`crate::GenerateRequest::options`]).
 #[derive(Debug, Clone)]

@@ -32,7 +32,7 @@ pub mod route;
 mod session;
 mod stop;
 
-pub use engine::{EngineConfig, EngineCore, Output, RequestOptions};
+pub use engine::{EngineConfig, EngineCore, EngineSizing, Output, RequestOptions};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};
 pub use request::{

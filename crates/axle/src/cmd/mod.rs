@@ -9,7 +9,7 @@ pub mod tokenize;
 
 use anyhow::Context;
 use axle_models::{default_threads, DeviceChoice, Model, ModelOptions};
-use axle_sdk::{defaults, EngineConfig, GenerateRequest, MAX_DRAFT};
+use axle_sdk::{defaults, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
 use std::time::Duration;
 
@@ -156,32 +156,22 @@ impl EngineArgs {
     /// The engine's configuration for `model`, with `max_seqs` sequences running together and
     /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
     pub fn engine_config(&self, model: &Model, max_seqs: usize, kv_seqs: usize) -> EngineConfig {
-        let ctx = self.context(model);
-        let max_draft = match self.ngram {
-            Switch::On => self.draft_len,
-            Switch::Off => 0,
-        };
-        EngineConfig {
-            kv_slots: self.kv_slots.unwrap_or((ctx * kv_seqs.max(1)) as u32),
-            context_len: ctx,
-            max_seqs: max_seqs.max(1),
-            max_batch_tokens: self
-                .max_batch_tokens
-                .max(max_draft + 1)
-                .max(max_seqs.max(1)),
-            max_draft,
+        let sizing = EngineSizing {
+            context: self.ctx,
+            kv_slots: self.kv_slots,
+            kv_contexts: kv_seqs,
+            max_seqs,
+            max_batch_tokens: self.max_batch_tokens,
+            max_draft: match self.ngram {
+                Switch::On => self.draft_len,
+                Switch::Off => 0,
+            },
             kernels: match self.kernels {
                 KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
-            ..Default::default()
-        }
-    }
-
-    /// The context length: `--ctx`, else the model's capped at the default.
-    pub fn context(&self, model: &Model) -> usize {
-        self.ctx
-            .unwrap_or_else(|| (model.n_ctx_train() as usize).min(defaults::CONTEXT))
+        };
+        EngineConfig::sized(model, &sizing)
     }
 
     /// Refuses native-only options on a delegated route.
