@@ -576,7 +576,7 @@ impl Runner {
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
             groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(seqs)
+                attention_groups(seqs.iter().map(|s| s.tokens.len()))
             } else {
                 Vec::new()
             },
@@ -662,20 +662,23 @@ impl Runner {
         std::mem::take(&mut self.profile)
     }
 
-    /// Graph nodes a step of this shape needs: the base, plus, in the device layout, a few dozen
-    /// per layer for every op of its own (each decoding row's attention, each small column's
-    /// expert or per-head products).
+    /// Graph nodes a step of this shape needs: the base, plus a few dozen per layer for every op
+    /// of its own: each attention group on the host (a long prefill chunk makes several), and in
+    /// the device layout each decoding row's attention and each small column's expert or
+    /// per-head products.
     fn nodes_for(&self, key: &GraphKey) -> usize {
-        let Some(d) = &key.device else {
-            return self.base_nodes;
-        };
         let n_layer = self.model.family().hparams().n_layer;
-        let pieces: usize = d
-            .runs
-            .iter()
-            .map(|r| if r.small { r.cols as usize } else { 1 })
-            .sum();
-        let ops = d.attn.len() + pieces;
+        let ops = match &key.device {
+            None => key.groups.len(),
+            Some(d) => {
+                let pieces: usize = d
+                    .runs
+                    .iter()
+                    .map(|r| if r.small { r.cols as usize } else { 1 })
+                    .sum();
+                d.attn.len() + pieces
+            }
+        };
         let recurrent = self.base_nodes - MAX_NODES;
         (n_layer * (NODES_PER_ROW_OP * ops + NODES_PER_LAYER) + 4096).max(MAX_NODES) + recurrent
     }
@@ -743,25 +746,32 @@ const LOGITS: &str = "axle_logits";
 /// Query rows at or above which ggml's CPU flash attention switches to its tiled kernel.
 const FA_TILE_ROWS: usize = 64;
 
-/// Splits the batch's rows into attention groups so that each sequence gets the same attention
-/// kernel batched as alone (ggml picks the kernel by the number of query rows in the op): a
-/// sequence with at least `FA_TILE_ROWS` tokens gets an op of its own; shorter ones share ops while
-/// their total stays below that. This keeps batched outputs identical to single runs.
-fn attention_groups(seqs: &[SeqInput]) -> Vec<(i64, i64)> {
+/// Splits the batch's rows into attention groups so that every row gets the same attention
+/// kernel whatever else shares its op (ggml picks the kernel by the number of query rows in the
+/// op): no op reaches `FA_TILE_ROWS` rows. Short sequences share ops while their total stays
+/// below that; a longer run of one sequence (a prefill chunk) is cut into ops of
+/// `FA_TILE_ROWS - 1` rows. The one-pass kernel every such op takes computes each row on its own
+/// (its keys in order, masked slots skipped), so a position's attention output does not depend on
+/// how its prompt was split into steps: a cold prefill, a prefill after a cached prefix, a
+/// recomputation after preemption and a decode step give it the same numbers.
+fn attention_groups(lens: impl IntoIterator<Item = usize>) -> Vec<(i64, i64)> {
+    const MOST: i64 = FA_TILE_ROWS as i64 - 1;
     let mut groups: Vec<(i64, i64)> = Vec::new();
     let mut row = 0i64;
     let mut open: Option<usize> = None;
-    for s in seqs {
-        let n = s.tokens.len() as i64;
-        if n as usize >= FA_TILE_ROWS {
-            groups.push((row, n));
+    for n in lens {
+        let n = n as i64;
+        if n > MOST {
+            let mut first = row;
+            while first < row + n {
+                let rows = MOST.min(row + n - first);
+                groups.push((first, rows));
+                first += rows;
+            }
             open = None;
         } else {
             match open {
-                Some(g)
-                    if (groups[g].1 + n) < FA_TILE_ROWS as i64
-                        && groups[g].0 + groups[g].1 == row =>
-                {
+                Some(g) if groups[g].1 + n <= MOST && groups[g].0 + groups[g].1 == row => {
                     groups[g].1 += n
                 }
                 _ => {
@@ -789,4 +799,35 @@ struct GraphKey {
     groups: Vec<(i64, i64)>,
     /// Recurrent models: each sequence's rows and kept states.
     state: Vec<StateSeq>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention_groups;
+
+    #[test]
+    fn attention_groups_stay_under_the_tiled_kernel() {
+        // Short sequences share ops while they stay under 64 rows.
+        assert_eq!(attention_groups([1, 1, 5]), vec![(0, 7)]);
+        assert_eq!(attention_groups([40, 23, 1]), vec![(0, 63), (63, 1)]);
+        // A long run of one sequence is cut into ops of 63 rows, and a short sequence after it
+        // starts a new op.
+        assert_eq!(
+            attention_groups([3, 130, 2]),
+            vec![(0, 3), (3, 63), (66, 63), (129, 4), (133, 2)]
+        );
+        assert_eq!(attention_groups([63]), vec![(0, 63)]);
+        assert_eq!(attention_groups([64]), vec![(0, 63), (63, 1)]);
+        for lens in [vec![496], vec![1, 1, 400, 7, 90]] {
+            let groups = attention_groups(lens.iter().copied());
+            assert!(groups.iter().all(|&(_, r)| (1..64).contains(&r)));
+            // The groups tile the rows in order.
+            let mut row = 0;
+            for &(first, rows) in &groups {
+                assert_eq!(first, row);
+                row += rows;
+            }
+            assert_eq!(row as usize, lens.iter().sum::<usize>());
+        }
+    }
 }

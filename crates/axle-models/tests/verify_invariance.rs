@@ -125,9 +125,8 @@ fn verify_steps_reproduce_decode_steps() {
 /// Mixture of experts with K-quant experts, not repacked: a verify step of up to 63 rows (every
 /// expert picked by about 16 of them, past the 8 from which ggml's tiled kernel takes over for an
 /// expert) gives each row the logits of its one-token decode step (see `axle_models::moe`). From
-/// 64 rows ggml's CPU flash attention takes a tiled kernel too, which rounds differently; the
-/// engine attends with at most `max_draft + 1` rows per decoding sequence, so only prefill chunks
-/// get there, and they are cut where the prompt alone decides.
+/// 64 rows ggml's CPU flash attention would take a tiled kernel, which rounds differently; the
+/// runner cuts attention into ops of at most 63 rows.
 #[test]
 fn fixture_verify_steps_reproduce_decode_steps() {
     for name in [

@@ -2,10 +2,10 @@
 //! and off), a KV budget too small for all requests still completes everything correctly through
 //! preemption, and a dropped stream frees its KV.
 //!
-//! Speculation is off here (`tests/speculation.rs` covers it). Steps are kept under 64 tokens here (`max_batch_tokens: 32`, so prompts prefill in chunks): at
-//! 64 or more tokens in one step ggml's CPU kernels change arithmetic for every row of the step
-//! (libllama shows the identical shift; `crates/axle-models/tests/oracle_batched.rs` checks that
-//! Axle's batched logits equal libllama's batched logits bit for bit in that regime).
+//! Speculation is off here (`tests/speculation.rs` covers it). Steps are kept small here
+//! (`max_batch_tokens: 32`, so prompts prefill in chunks and share steps with decodes);
+//! `tests/prefill_invariance.rs` covers long prefill chunks, prefix reuse and preemption on both
+//! real models.
 use axle_sdk::{
     EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, RequestOptions,
     Session, StreamEvent,

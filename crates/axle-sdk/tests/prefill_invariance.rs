@@ -1,0 +1,248 @@
+//! Same request, same tokens: a prompt's greedy continuation does not depend on how its prefill
+//! was split into steps. On both real models, 20 prompts of 50 to 1,500 tokens are run cold and
+//! alone in 496-token chunks (the reference), then
+//! - all together, after the prefix cache was filled with 1, 16 and 64 blocks of each prompt, and
+//!   with every block the scheduler can reuse (all but the last, partial one: 1 to 16 tokens left
+//!   to prefill), in prefill chunks of 16, 64, 256 and 496 tokens respectively;
+//! - alone, cold, in 64-token chunks;
+//! - together under a KV budget small enough to force preemption (a preempted sequence
+//!   recomputes its prompt and generated tokens as prefill chunks).
+//!
+//! Every case must give the reference's tokens. Each case also checks that it did what it says
+//! (tokens served from the cache, preemptions), so the test fails if the set-up stops exercising
+//! the path. What makes this hold: batch-invariant kernels, and attention ops of at most 63 query
+//! rows (`axle_models::runner`), below ggml's tiled flash-attention kernel.
+use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, Output, RequestOptions};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Prompt lengths in tokens (BOS included).
+const LENGTHS: [usize; 20] = [
+    50, 70, 95, 125, 160, 200, 250, 310, 380, 450, 530, 620, 720, 830, 950, 1070, 1190, 1310, 1420,
+    1500,
+];
+/// Greedy tokens generated per prompt.
+const NEW_TOKENS: usize = 12;
+const BLOCK: usize = 16;
+
+/// English prose, code and tables to cut prompts from (the project's own notes).
+fn corpus() -> String {
+    [
+        include_str!("../../../docs/correctness.md"),
+        include_str!("../../../docs/speculation.md"),
+        include_str!("../../../docs/performance.md"),
+    ]
+    .concat()
+}
+
+fn load(name: &str) -> Arc<Model> {
+    let p = axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
+}
+
+/// The prompts: each a BOS (where the model uses one) and a window of the corpus starting at its
+/// own offset.
+fn prompts(m: &Model) -> Vec<Vec<u32>> {
+    let text = m.tokenizer.encode(&corpus(), false, false);
+    let bos = m.tokenizer.encode("", true, false);
+    LENGTHS
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let body = len - bos.len();
+            assert!(text.len() > body + 20 * 211, "corpus too short");
+            let start = i * 211;
+            [bos.as_slice(), &text[start..start + body]].concat()
+        })
+        .collect()
+}
+
+fn opts() -> RequestOptions {
+    RequestOptions {
+        max_tokens: NEW_TOKENS,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// What a case produced: each prompt's tokens and cached prompt tokens, and the preemptions seen.
+struct Ran {
+    tokens: Vec<Vec<u32>>,
+    cached: Vec<usize>,
+    preemptions: u32,
+}
+
+/// Runs `prompts` through one engine, after running each of `warm` (one greedy token) to fill the
+/// prefix cache: all at once when `together`, else one after another.
+fn run(
+    m: &Arc<Model>,
+    cfg: &EngineConfig,
+    warm: &[Vec<u32>],
+    prompts: &[Vec<u32>],
+    together: bool,
+) -> Ran {
+    let mut e = EngineCore::new(m.clone(), cfg).expect("engine");
+    let warm_opts = RequestOptions {
+        max_tokens: 1,
+        ..opts()
+    };
+    for w in warm.iter().filter(|w| !w.is_empty()) {
+        e.add(w.clone(), warm_opts.clone()).expect("add");
+        if !together {
+            drain(&mut e);
+        }
+    }
+    drain(&mut e);
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut cached: HashMap<u64, usize> = HashMap::new();
+    let mut preemptions = 0;
+    let mut ids = Vec::new();
+    let mut step_all = |e: &mut EngineCore, live: &[u64]| {
+        while e.has_work() {
+            for o in e.step() {
+                match o {
+                    Output::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
+                    Output::Finished { id, finish, .. } => {
+                        cached.insert(id, finish.usage.map_or(0, |u| u.cached_tokens));
+                    }
+                }
+            }
+            for id in live {
+                if let Some(s) = e.scheduler().stats(*id) {
+                    preemptions = preemptions.max(s.preemptions);
+                }
+            }
+            assert_eq!(e.scheduler().check(), Ok(()));
+        }
+    };
+    if together {
+        ids = prompts
+            .iter()
+            .map(|p| e.add(p.clone(), opts()).expect("add"))
+            .collect();
+        step_all(&mut e, &ids);
+    } else {
+        for p in prompts {
+            let id = e.add(p.clone(), opts()).expect("add");
+            ids.push(id);
+            step_all(&mut e, &[id]);
+        }
+    }
+    Ran {
+        tokens: ids
+            .iter()
+            .map(|id| tokens.remove(id).unwrap_or_default())
+            .collect(),
+        cached: ids.iter().map(|id| cached[id]).collect(),
+        preemptions,
+    }
+}
+
+fn drain(e: &mut EngineCore) {
+    while e.has_work() {
+        e.step();
+    }
+}
+
+/// Engine limits: prefill chunks of `chunk` tokens, `seqs` sequences at a time.
+fn config(chunk: usize, seqs: usize, kv_slots: u32, caching: bool) -> EngineConfig {
+    EngineConfig {
+        kv_slots,
+        block_size: BLOCK as u32,
+        max_batch_tokens: chunk + seqs,
+        max_seqs: seqs,
+        prefix_caching: caching,
+        max_draft: 0,
+        ..Default::default()
+    }
+}
+
+fn check_model(name: &str) {
+    let m = load(name);
+    let prompts = prompts(&m);
+    let roomy = 32 * 1024;
+    // The reference: each prompt alone in a fresh engine, cold, in the default's 496-token chunks.
+    let reference: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            run(
+                &m,
+                &config(496, 16, 2048, false),
+                &[],
+                std::slice::from_ref(p),
+                false,
+            )
+            .tokens
+            .remove(0)
+        })
+        .collect();
+    assert!(reference.iter().all(|t| t.len() == NEW_TOKENS));
+    let same = |case: &str, ran: &Ran| {
+        for (i, (r, t)) in reference.iter().zip(&ran.tokens).enumerate() {
+            assert_eq!(
+                r,
+                t,
+                "{name}: prompt {i} ({} tokens) differs {case}",
+                prompts[i].len()
+            );
+        }
+        eprintln!("{name}: {case}: 20/20 identical");
+    };
+
+    // The prefix cache holding 1, 16 or 64 blocks of each prompt (as many as it can reuse where
+    // the prompt is shorter), or all it can reuse; each case with another prefill chunk size, so
+    // that chunks start after cached prefixes of every kind. All 20 prompts run together.
+    let cases = [(1, 16), (16, 64), (64, 256), (usize::MAX, 496)];
+    for (blocks, chunk) in cases {
+        let want: Vec<usize> = prompts
+            .iter()
+            .map(|p| blocks.min((p.len() - 1) / BLOCK) * BLOCK)
+            .collect();
+        let warm: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&want)
+            .map(|(p, &n)| p[..n].to_vec())
+            .collect();
+        let label = if blocks == usize::MAX {
+            "all reusable".to_string()
+        } else {
+            blocks.to_string()
+        };
+        let ran = run(&m, &config(chunk, 4, roomy, true), &warm, &prompts, true);
+        assert_eq!(ran.cached, want, "{name}: cached prefixes ({label} blocks)");
+        same(
+            &format!("with {label} cached blocks, {chunk}-token chunks, together"),
+            &ran,
+        );
+    }
+    // Alone, in 64-token chunks after a cold start: every chunk boundary differs from the
+    // reference's.
+    same(
+        "cold in 64-token chunks, alone",
+        &run(&m, &config(64, 4, roomy, false), &[], &prompts, false),
+    );
+    // 100 blocks for 4 sequences of up to 95 blocks each: newer ones are preempted and recompute
+    // their prompt and generated tokens as prefill chunks.
+    let ran = run(&m, &config(496, 4, 1600, true), &[], &prompts, true);
+    assert!(
+        ran.preemptions > 0,
+        "{name}: the small KV budget preempted nothing"
+    );
+    same(
+        &format!(
+            "under preemption ({} at most per request), together",
+            ran.preemptions
+        ),
+        &ran,
+    );
+}
+
+#[test]
+fn smollm2_prefill_splits_give_the_same_tokens() {
+    check_model(axle_models::fetched::SMOLLM2);
+}
+
+#[test]
+fn gemma3_prefill_splits_give_the_same_tokens() {
+    check_model(axle_models::fetched::GEMMA3);
+}
