@@ -5,7 +5,7 @@
 # About 30 minutes on 2 cores; run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-./scripts/setup.sh
+./scripts/setup-tests.sh
 cargo build --release --bin axle
 axle=./target/release/axle
 # The MoE and hybrid manifests run on random-weight files of real shapes (none can be fetched here).

@@ -14,7 +14,7 @@ gzip -c "${AXLE_BIN:-$root/target/release/axle}" >"$out/axle.gz"
 # The commit the binary was built from (the device's copy of the tree cannot say): artifacts
 # written there are stamped with it (AXLE_GIT_COMMIT, set by gpu-bench.sh).
 git -C "$root" rev-parse HEAD >"$out/commit"
-# A vocabulary for the random 8B files on the device (fixtures are written by setup.sh, not in git).
+# A vocabulary for the random 8B files on the device (fixtures are written by setup-tests.sh, not in git).
 cp "$root/fixtures/llama-tiny.gguf" "$out/"
 "$root/scripts/build-cuda-backend.sh" --pack "$out/llama-src.tgz"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$out" gguf==0.19.0

@@ -452,7 +452,7 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     finish(w, path)
 
 
-# Files main() writes (setup.sh regenerates them when some are missing).
+# Files main() writes (setup-tests.sh regenerates them when some are missing).
 FIXTURES = 14
 
 

