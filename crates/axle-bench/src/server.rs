@@ -80,6 +80,7 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
         api_key: None,
         metrics: Arc::new(Metrics::default()),
         max_queue: 64,
+        max_tokens_limit: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -93,7 +94,11 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
         .local_addr()
         .map_err(|e| BenchError::Invalid(e.to_string()))?
         .port();
-    rt.spawn(axle_server::serve_on(state, listener));
+    rt.spawn(axle_server::serve_on(
+        state,
+        listener,
+        axle_server::ServeOptions::default(),
+    ));
     sdk_run(&session, 16)?; // warm-up
     http_run(port, 16)?;
     let (mut sdk, mut server) = (Vec::new(), Vec::new());

@@ -93,14 +93,14 @@ impl SamplingParams {
             "must be a finite number > 0",
         )?;
         check(
-            self.presence_penalty.is_finite(),
+            (-2.0..=2.0).contains(&self.presence_penalty),
             SamplingField::PresencePenalty,
-            "must be a finite number",
+            "must be in [-2, 2]",
         )?;
         check(
-            self.frequency_penalty.is_finite(),
+            (-2.0..=2.0).contains(&self.frequency_penalty),
             SamplingField::FrequencyPenalty,
-            "must be a finite number",
+            "must be in [-2, 2]",
         )?;
         check(
             self.logit_bias

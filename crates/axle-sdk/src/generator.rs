@@ -79,7 +79,12 @@ impl Generator {
         let up = match self {
             // The session checks the request itself (it is an entry point of its own).
             Generator::Native(s) => {
-                let streams = s.start(req).await?;
+                // Rendering and tokenizing a prompt of megabytes is CPU work: it runs on the
+                // blocking pool, not on the async workers that answer everyone else.
+                let (s, req) = (s.clone(), req.clone());
+                let streams = tokio::task::spawn_blocking(move || s.start_blocking(&req))
+                    .await
+                    .map_err(|_| SdkError::EngineStopped)??;
                 return Ok(streams.into_iter().map(EventStream::Native).collect());
             }
             Generator::Delegated(up) => up,

@@ -10,13 +10,13 @@ use crate::openai::{
     TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, TopLogprob, UsageBody,
     WireError,
 };
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, ClientGone};
 use axle_sdk::{
-    Completion, Delivery, EventStream, Field, GenerateRequest, Generator, StreamEvent,
-    TokenLogprob, Tokenizer,
+    defaults, Completion, Delivery, EventStream, Field, GenerateRequest, Generator, Rejection,
+    StreamEvent, TokenLogprob, Tokenizer,
 };
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -104,12 +104,28 @@ struct Job {
     requests: Vec<GenerateRequest>,
     stream: bool,
     include_usage: bool,
+    /// Resolves when the client closes its connection (absent without one).
+    gone: Option<ClientGone>,
 }
 
 /// Starts every request of the job (after the queue check) and answers it.
-async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
+async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
     let t0 = Instant::now();
     state.metrics.request();
+    if let Some(limit) = state.max_tokens_limit {
+        for r in &mut job.requests {
+            match r.max_tokens {
+                Some(n) if n > limit => {
+                    state.metrics.error();
+                    let reason = format!("at most {limit} here (the server's --max-tokens-limit)");
+                    let e = Rejection::invalid(Field::MaxTokens, reason);
+                    return Err(job.flavor.error(e.into()));
+                }
+                Some(_) => {}
+                None => r.max_tokens = Some(limit.min(defaults::MAX_TOKENS)),
+            }
+        }
+    }
     let waiting = state.generator.stats().waiting;
     if waiting >= state.max_queue {
         state.metrics.error();
@@ -141,21 +157,34 @@ async fn run(state: &AppState, job: Job) -> Result<Response, ApiError> {
     if job.stream {
         return Ok(sse(view, streams, job.include_usage, t0));
     }
-    // Collected side by side; dropping the set (client gone) cancels every choice.
+    // Collected side by side; dropping the set (the client went away, or hyper dropped this
+    // handler) cancels every choice and frees its KV.
     let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.into_iter().enumerate() {
         let state = state.clone();
         set.spawn(async move { (i, timed(&state, s, t0).await) });
     }
-    let mut done: Vec<Option<Completion>> = vec![None; set.len()];
-    while let Some(r) = set.join_next().await {
-        let (i, c) = r.map_err(|e| ApiError::internal(e.to_string()))?;
-        match c {
-            Ok(c) => done[i] = Some(c),
-            Err(e) => return Err(job.flavor.error(e)),
+    let collect = async {
+        let mut done: Vec<Option<Completion>> = vec![None; set.len()];
+        while let Some(r) = set.join_next().await {
+            let (i, c) = r.map_err(|e| ApiError::internal(e.to_string()))?;
+            match c {
+                Ok(c) => done[i] = Some(c),
+                Err(e) => return Err(job.flavor.error(e)),
+            }
         }
-    }
-    let done: Vec<Completion> = done.into_iter().flatten().collect();
+        Ok(done.into_iter().flatten().collect::<Vec<Completion>>())
+    };
+    let gone = async {
+        match job.gone {
+            Some(g) => g.wait().await,
+            None => std::future::pending().await,
+        }
+    };
+    let done = tokio::select! {
+        done = collect => done?,
+        _ = gone => return Err(ApiError::client_gone()),
+    };
     // Prompt tokens count once per prompt (choices of one prompt share it).
     let per_prompt = done.len() / job.requests.len().max(1);
     let prompt: usize = done
@@ -660,6 +689,7 @@ impl GenerationBody for TokenGenerationRequest {
 /// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
 pub(crate) async fn generation<B: GenerationBody>(
     State(state): State<AppState>,
+    gone: Option<Extension<ClientGone>>,
     headers: HeaderMap,
     body: Body<B>,
 ) -> Result<Response, ApiError> {
@@ -675,6 +705,7 @@ pub(crate) async fn generation<B: GenerationBody>(
         requests,
         stream: fields.streams(),
         include_usage: fields.include_usage(),
+        gone: gone.map(|Extension(g)| g),
     };
     run(&state, job).await
 }
@@ -686,10 +717,14 @@ pub(crate) async fn tokenize(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body?;
-    let tokens = state
-        .generator
-        .tokenize(&req.text, req.add_special.unwrap_or(true))
-        .map_err(|r| ApiError::rejected(&r, |_| "text"))?;
+    // Megabytes of text take a while: on the blocking pool, not on the async workers.
+    let generator = state.generator.clone();
+    let tokens = tokio::task::spawn_blocking(move || {
+        generator.tokenize(&req.text, req.add_special.unwrap_or(true))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|r| ApiError::rejected(&r, |_| "text"))?;
     Ok(json(Tokens { tokens }))
 }
 
@@ -743,4 +778,17 @@ pub(crate) async fn health() -> Response {
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let text = state.metrics.render(&state.generator.stats());
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Any path no route serves: 404 in OpenAI's shape.
+pub(crate) async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+/// A route that exists, asked with another method: 405 in OpenAI's shape.
+pub(crate) async fn method_not_allowed(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
 }

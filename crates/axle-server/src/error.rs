@@ -55,6 +55,24 @@ impl ApiError {
         }
     }
 
+    /// 404 for a path no route serves.
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: Some("not_found"),
+            ..ApiError::bad_request(format!("no route for {path}"), None)
+        }
+    }
+
+    /// 405 for a route asked with a method it does not take.
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            code: Some("method_not_allowed"),
+            ..ApiError::bad_request(format!("{path} does not take {method}"), None)
+        }
+    }
+
     /// 401 for a missing or wrong key.
     pub fn unauthorized() -> ApiError {
         ApiError {
@@ -74,6 +92,29 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: Some("queue_full"),
+        }
+    }
+
+    /// 503 for a connection over the server's cap.
+    pub fn too_many_connections(cap: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!("the server has {cap} connections open, its limit; retry later"),
+            kind: "server_error",
+            param: None,
+            code: Some("too_many_connections"),
+        }
+    }
+
+    /// The client closed its connection before its answer was ready (nobody reads this; nginx's
+    /// 499 names the case in logs).
+    pub fn client_gone() -> ApiError {
+        ApiError {
+            status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            message: "the client closed the connection; the request was cancelled".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("client_closed_request"),
         }
     }
 
@@ -187,10 +228,20 @@ impl IntoResponse for ApiError {
 }
 
 impl From<axum::extract::rejection::JsonRejection> for ApiError {
+    /// A body that is not the JSON a route takes: 413 when too large, 415 when not declared as
+    /// JSON, 400 otherwise (malformed JSON, or JSON of the wrong shape).
     fn from(r: axum::extract::rejection::JsonRejection) -> ApiError {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::too_large();
+        match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                code: Some("unsupported_media_type"),
+                ..ApiError::bad_request(
+                    "expected a JSON body with `Content-Type: application/json`",
+                    None,
+                )
+            },
+            _ => ApiError::bad_request(r.body_text(), None),
         }
-        ApiError::bad_request(r.body_text(), None)
     }
 }

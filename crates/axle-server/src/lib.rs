@@ -10,10 +10,12 @@
 
 mod api;
 mod error;
+mod listen;
 mod metrics;
 pub mod openai;
 
 pub use error::ApiError;
+pub use listen::{ClientGone, ServeOptions};
 pub use metrics::Metrics;
 
 pub use axle_sdk::Generator;
@@ -40,6 +42,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Most requests queued before new ones get 503.
     pub max_queue: usize,
+    /// Most tokens one request may ask for (`max_tokens` above it is refused; unset, it is the
+    /// default capped by this).
+    pub max_tokens_limit: Option<usize>,
 }
 
 /// Largest request body accepted (bytes).
@@ -66,6 +71,8 @@ pub fn app(state: AppState) -> Router {
         .route("/detokenize", post(api::detokenize))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
+        .fallback(api::not_found)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(reject_oversized))
         .layer(axum::middleware::map_response_with_state(
@@ -128,17 +135,24 @@ async fn runtime_headers(
     r
 }
 
-/// Serves `state` on `addr` until SIGINT/SIGTERM; in-flight requests are allowed to finish.
-pub async fn serve(state: AppState, addr: std::net::SocketAddr) -> std::io::Result<()> {
+/// Serves `state` on `addr` until SIGINT/SIGTERM (see [`ServeOptions`] for the connection
+/// limits and the shutdown grace period).
+pub async fn serve(
+    state: AppState,
+    addr: std::net::SocketAddr,
+    opts: ServeOptions,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_on(state, listener).await
+    serve_on(state, listener, opts).await
 }
 
 /// Serves on an already bound listener (tests and benchmarks bind port 0).
-pub async fn serve_on(state: AppState, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+pub async fn serve_on(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+) -> std::io::Result<()> {
+    listen::serve(app(state), listener, opts, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

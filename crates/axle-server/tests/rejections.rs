@@ -21,6 +21,7 @@ fn state(generator: Generator, runtime: RuntimeReport) -> AppState {
         api_key: None,
         metrics: Arc::new(Metrics::default()),
         max_queue: 8,
+        max_tokens_limit: None,
     }
 }
 
@@ -62,18 +63,25 @@ async fn delegated(kind: RuntimeKind) -> AppState {
     state(Generator::Delegated(Arc::new(up)), report)
 }
 
+/// Sends `req` through the router; returns the status and the error body (the response must be
+/// one).
+async fn error_of(state: &AppState, req: Request<Body>) -> (StatusCode, ErrorBody) {
+    let what = format!("{} {}", req.method(), req.uri());
+    let r = app(state.clone()).oneshot(req).await.expect("response");
+    let status = r.status();
+    let bytes = r.into_body().collect().await.expect("body").to_bytes();
+    let err: ErrorBody = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{what}: not an error body ({e}): {bytes:?}"));
+    (status, err)
+}
+
 /// POSTs `body` to `route`; returns the status and the error body (the response must be one).
 async fn refuse(state: &AppState, route: &str, body: Value) -> (StatusCode, ErrorBody) {
     let req = Request::post(route)
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .expect("request");
-    let r = app(state.clone()).oneshot(req).await.expect("response");
-    let status = r.status();
-    let bytes = r.into_body().collect().await.expect("body").to_bytes();
-    let err: ErrorBody = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{route} {body}: not an error body ({e}): {bytes:?}"));
-    (status, err)
+    error_of(state, req).await
 }
 
 fn with(base: &Value, extra: Value) -> Value {
@@ -115,6 +123,9 @@ fn common_cases() -> Vec<(Value, &'static str)> {
         (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
         (json!({"presence_penalty": 1e39}), "presence_penalty"),
         (json!({"frequency_penalty": -1e39}), "frequency_penalty"),
+        // OpenAI's range is [-2, 2].
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"frequency_penalty": -3}), "frequency_penalty"),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
         (json!({"stop": ""}), "stop"),
         (json!({"n": 0}), "n"),
@@ -237,4 +248,56 @@ async fn delegated_rejections_name_their_field() {
         (status, e.error.param.as_deref()),
         (StatusCode::BAD_REQUEST, Some("tokens"))
     );
+}
+
+/// Unknown paths, wrong methods and bodies not declared as JSON get OpenAI-shaped errors (404,
+/// 405, 415), not empty bodies.
+#[tokio::test]
+async fn unknown_paths_methods_and_content_types_answer_in_openai_shape() {
+    let state = native();
+    let cases = [
+        (
+            Request::get("/v1/nothing").body(Body::empty()),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Request::get("/v1/chat/completions").body(Body::empty()),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            Request::post("/v1/completions")
+                .header("content-type", "text/plain")
+                .body(Body::from(r#"{"prompt": "hi"}"#)),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let (s, e) = error_of(&state, req.expect("request")).await;
+        assert_eq!(s, status, "{e:?}");
+        assert_eq!(e.error.code.as_deref(), Some(code), "{e:?}");
+    }
+}
+
+/// `--max-tokens-limit`: a request asking for more is refused naming `max_tokens`.
+#[tokio::test]
+async fn max_tokens_over_the_server_limit_is_refused() {
+    let state = AppState {
+        max_tokens_limit: Some(64),
+        ..native()
+    };
+    for (route, base) in [
+        ("/v1/completions", json!({"prompt": "Hi"})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        ),
+    ] {
+        let (status, e) = refuse(&state, route, with(&base, json!({"max_tokens": 65}))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{route}: {e:?}");
+        assert_eq!(e.error.param.as_deref(), Some("max_tokens"), "{route}");
+        assert!(e.error.message.contains("64"), "{}", e.error.message);
+    }
 }

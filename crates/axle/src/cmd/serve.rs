@@ -1,7 +1,7 @@
 //! `axle serve`: the OpenAI-compatible server over one model (ours, or a delegated upstream's).
 use super::RunArgs;
 use anyhow::Context;
-use axle_server::{AppState, Metrics};
+use axle_server::{AppState, Metrics, ServeOptions};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -27,12 +27,39 @@ pub struct Args {
     /// Requests queued before new ones get 503.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Most tokens one request may generate: a larger `max_tokens` is refused (400), and
+    /// requests without one get the default capped by this.
+    #[arg(long)]
+    max_tokens_limit: Option<usize>,
+    /// Most connections open at once; one more gets a 503 and is closed.
+    #[arg(long, default_value_t = ServeOptions::default().max_connections)]
+    max_connections: usize,
+    /// Seconds a connection may take to send a request head, or sit idle between requests.
+    #[arg(long, default_value_t = ServeOptions::default().header_timeout.as_secs_f64())]
+    header_timeout: f64,
+    /// Seconds running requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = ServeOptions::default().shutdown_grace.as_secs_f64())]
+    shutdown_grace: f64,
 }
 
 /// Full contexts the KV pool holds unless `--kv-slots` says otherwise.
 const SERVE_KV_CONTEXTS: usize = 2;
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let seconds = |flag: &str, v: f64| {
+        std::time::Duration::try_from_secs_f64(v)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .with_context(|| format!("--{flag} must be a positive number of seconds, got {v}"))
+    };
+    if a.max_tokens_limit == Some(0) {
+        anyhow::bail!("--max-tokens-limit must be at least 1");
+    }
+    let opts = ServeOptions {
+        max_connections: a.max_connections.max(1),
+        header_timeout: seconds("header-timeout", a.header_timeout)?,
+        shutdown_grace: seconds("shutdown-grace", a.shutdown_grace)?,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -50,11 +77,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         api_key: a.api_key,
         metrics: Arc::new(Metrics::default()),
         max_queue: a.max_queue,
+        max_tokens_limit: a.max_tokens_limit,
     };
     let addr = SocketAddr::new(a.host, a.port);
     eprintln!("serving {name} on http://{addr} (OpenAI-compatible: /v1/chat/completions, /v1/completions)");
-    rt.block_on(axle_server::serve(state, addr))
+    rt.block_on(axle_server::serve(state, addr, opts))
         .with_context(|| format!("cannot serve on {addr}"))?;
+    // Requests still running after the grace period end with the runtime.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
     eprintln!("shut down");
     Ok(())
 }
