@@ -12,6 +12,7 @@ pub mod ngram;
 pub mod prefix;
 pub mod scenario;
 pub mod server;
+pub mod soak;
 pub mod stats;
 
 /// The libllama oracle's `n_gpu_layers` that puts the same layers on the GPU as `model` has:

@@ -4,7 +4,7 @@ use crate::stats::median;
 use crate::BenchError;
 use axle_models::Model;
 use axle_sdk::{EngineConfig, GenerateRequest, Generator, RuntimeReport, Session, StreamEvent};
-use axle_server::{AppState, Metrics};
+use axle_server::{AppState, Metrics, ServeOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,32 +73,8 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
             ..Default::default()
         },
     )?);
-    let state = AppState {
-        generator: Generator::Native(session.clone()),
-        runtime: Arc::new(RuntimeReport::native(session.model(), None)),
-        model_name: "bench".into(),
-        api_key: None,
-        metrics: Arc::new(Metrics::default()),
-        max_queue: 64,
-        max_tokens_limit: None,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| BenchError::Invalid(e.to_string()))?;
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .map_err(|e| BenchError::Invalid(e.to_string()))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| BenchError::Invalid(e.to_string()))?
-        .port();
-    rt.spawn(axle_server::serve_on(
-        state,
-        listener,
-        axle_server::ServeOptions::default(),
-    ));
+    let server = LocalServer::start(session.clone(), 1)?;
+    let port = server.port;
     sdk_run(&session, 16)?; // warm-up
     http_run(port, 16)?;
     let (mut sdk, mut server) = (Vec::new(), Vec::new());
@@ -119,4 +95,66 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
         server_median: b,
         ratio: b / a,
     })
+}
+
+/// An HTTP server over `session` on a loopback port of its own, in a runtime of its own;
+/// dropping it shuts the server down as SIGTERM would.
+pub(crate) struct LocalServer {
+    /// The port it listens on.
+    pub port: u16,
+    /// The engine behind it.
+    pub session: Arc<Session>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl LocalServer {
+    /// Starts serving `session` with `workers` async worker threads.
+    pub fn start(session: Arc<Session>, workers: usize) -> Result<LocalServer, BenchError> {
+        let bad = |e: std::io::Error| BenchError::Invalid(e.to_string());
+        let state = AppState {
+            generator: Generator::Native(session.clone()),
+            runtime: Arc::new(RuntimeReport::native(session.model(), None)),
+            model_name: "bench".into(),
+            api_key: None,
+            metrics: Arc::new(Metrics::default()),
+            max_queue: 1024,
+            max_tokens_limit: None,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .map_err(bad)?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .map_err(bad)?;
+        let port = listener.local_addr().map_err(bad)?.port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(axle_server::serve_until(
+            state,
+            listener,
+            ServeOptions::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(LocalServer {
+            port,
+            session,
+            stop: Some(stop),
+            rt: Some(rt),
+        })
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(ServeOptions::default().shutdown_grace);
+        }
+    }
 }

@@ -15,6 +15,15 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// The `q` quantile (0..=1) of samples already sorted ascending, by nearest rank; 0 for none.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 /// Deterministic pseudo-random token ids in `[0, n_vocab)` (xorshift), for synthetic prompts.
 pub fn synthetic_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -16,9 +16,9 @@ use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, Output, RequestOpt
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Prompt lengths in tokens (BOS included).
+/// Prompt lengths in tokens (BOS included): 50 to 1,500, spaced geometrically.
 const LENGTHS: [usize; 20] = [
-    50, 70, 95, 125, 160, 200, 250, 310, 380, 450, 530, 620, 720, 830, 950, 1070, 1190, 1310, 1420,
+    50, 60, 72, 86, 102, 122, 146, 175, 209, 250, 299, 358, 428, 512, 612, 732, 876, 1048, 1253,
     1500,
 ];
 /// Greedy tokens generated per prompt.

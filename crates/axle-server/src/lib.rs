@@ -152,7 +152,18 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     opts: ServeOptions,
 ) -> std::io::Result<()> {
-    listen::serve(app(state), listener, opts, shutdown_signal()).await
+    serve_until(state, listener, opts, shutdown_signal()).await
+}
+
+/// Serves on `listener` until `shutdown` resolves (instead of a signal), then shuts down as on
+/// SIGTERM: benchmarks that stop and restart a server in one process.
+pub async fn serve_until(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    opts: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    listen::serve(app(state), listener, opts, shutdown).await
 }
 
 async fn shutdown_signal() {

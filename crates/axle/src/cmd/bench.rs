@@ -17,6 +17,9 @@ pub enum BenchCommand {
     Prefix(PrefixArgs),
     /// Decode tok/s with n-gram speculation vs plain, on the checked-in workloads.
     Ngram(NgramArgs),
+    /// A long hostile run through the HTTP server: many clients, random requests, clients that
+    /// leave, preemption, a repeated greedy canary and a restart; writes a JSON artifact.
+    Soak(SoakArgs),
     /// Decode tok/s of one stream through the HTTP server vs the SDK directly.
     Server(ServerArgs),
     /// Runs a manifest: its workload, its checks, one artifact. Exit 1 when a check fails.
@@ -163,6 +166,126 @@ pub struct ServerArgs {
     /// Device choice.
     #[command(flatten)]
     device: super::DeviceArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SoakArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Client threads, each with one request in flight.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
+    /// KV slots of the engine (small, so that sequences are preempted).
+    #[arg(long, default_value_t = 2048)]
+    kv_slots: u32,
+    /// Share of requests whose client leaves before the answer is complete.
+    #[arg(long, default_value_t = 0.25)]
+    leave_share: f64,
+    /// Seconds between canary requests.
+    #[arg(long, default_value_t = 20)]
+    canary_every: u64,
+    /// Seed of the clients' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the JSON artifact goes.
+    #[arg(long, default_value = "bench-artifacts/soak.json")]
+    output: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
+}
+
+fn soak(a: SoakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.clients > 0, "--clients must be at least 1");
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.leave_share),
+        "--leave-share must be in [0, 1]"
+    );
+    let model = std::sync::Arc::new(super::load_model_on(&a.model, false, &a.device)?);
+    let spec = axle_bench::soak::SoakSpec {
+        clients: a.clients,
+        duration: std::time::Duration::from_secs(a.seconds.max(1)),
+        kv_slots: a.kv_slots,
+        leave_share: a.leave_share,
+        canary_every: std::time::Duration::from_secs(a.canary_every.max(1)),
+        seed: a.seed,
+    };
+    let bar = axle_bench::progress_bar(true, a.seconds.max(1), "seconds of load");
+    let r = axle_bench::soak::run(&model, &spec, |s| bar.set_position(s))?;
+    bar.finish_and_clear();
+    let report = axle_sdk::RuntimeReport::native(&model, None);
+    let sha = report.model_id.trim_start_matches("sha256:").to_string();
+    let env = scenario::environment(a.device.threads, &a.model, &sha);
+    let artifact = serde_json::json!({
+        "scenario": "soak",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "environment": env,
+        "report": r,
+    });
+    if let Some(dir) = a.output.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(&a.output, serde_json::to_string_pretty(&artifact)?)
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    let ms = |v: [f64; 3]| format!("{:.0} / {:.0} / {:.0}", v[0] * 1e3, v[1] * 1e3, v[2] * 1e3);
+    let errors: usize = r.errors.values().sum();
+    println!(
+        "{}",
+        axle_bench::stats::markdown_table(
+            &["what", "value"],
+            &[
+                vec![
+                    "clients, seconds".into(),
+                    format!("{}, {:.0}", r.clients, r.seconds)
+                ],
+                vec!["requests served".into(), r.served.to_string()],
+                vec!["clients that left mid-answer".into(), r.left.to_string()],
+                vec!["errors".into(), format!("{errors} {:?}", r.errors)],
+                vec!["tokens streamed".into(), r.streamed_tokens.to_string()],
+                vec!["TTFT p50 / p95 / p99 (ms)".into(), ms(r.ttft_s)],
+                vec![
+                    "inter-token p50 / p95 / p99 (ms)".into(),
+                    ms(r.inter_token_s)
+                ],
+                vec![
+                    "RSS after warm-up -> end (MiB)".into(),
+                    format!(
+                        "{:.0} -> {:.0} ({:+.1}%)",
+                        r.rss_mib[0],
+                        r.rss_mib[1],
+                        r.rss_growth * 100.0
+                    )
+                ],
+                vec![
+                    "KV blocks in use at the end".into(),
+                    r.kv_blocks_in_use_at_end.to_string()
+                ],
+                vec![
+                    "canaries identical".into(),
+                    format!("{}/{}", r.canaries_identical, r.canaries)
+                ],
+                vec![
+                    "canary identical after a restart".into(),
+                    r.restart_canary_identical.to_string()
+                ],
+            ],
+        )
+    );
+    println!("artifact: {}", a.output.display());
+    let sound = errors == 0
+        && r.kv_blocks_in_use_at_end == 0
+        && r.canaries_identical == r.canaries
+        && r.restart_canary_identical
+        && r.rss_growth < 0.05;
+    anyhow::ensure!(
+        sound,
+        "the soak run lost requests, leaked, or changed the canary (see above)"
+    );
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -425,6 +548,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Doctor => super::doctor::bench_readiness(),
+        BenchCommand::Soak(a) => soak(a),
         BenchCommand::DeviceCheck(a) => device_check(a),
     }
 }
