@@ -37,7 +37,7 @@ pub struct SoakSpec {
 }
 
 /// The result, as written to the artifact.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SoakReport {
     /// Client threads.
     pub clients: usize,
@@ -71,6 +71,67 @@ pub struct SoakReport {
     pub canaries_identical: usize,
     /// Whether a restarted server (new engine, same model) answers the canary identically.
     pub restart_canary_identical: bool,
+}
+
+impl SoakReport {
+    /// Whether nothing was lost, nothing leaked and the canary never changed (RSS grew under 5%
+    /// after the warm-up).
+    pub fn sound(&self) -> bool {
+        self.errors.is_empty()
+            && self.kv_blocks_in_use_at_end == 0
+            && self.canaries_identical == self.canaries
+            && self.restart_canary_identical
+            && self.rss_growth < 0.05
+    }
+
+    /// The report as a Markdown table.
+    pub fn markdown(&self) -> String {
+        let ms = |v: [f64; 3]| format!("{:.0} / {:.0} / {:.0}", v[0] * 1e3, v[1] * 1e3, v[2] * 1e3);
+        let errors: usize = self.errors.values().sum();
+        crate::stats::markdown_table(
+            &["what", "value"],
+            &[
+                vec![
+                    "clients, seconds (until the last finished)".into(),
+                    format!("{}, {:.0}", self.clients, self.seconds),
+                ],
+                vec!["KV slots".into(), self.kv_slots.to_string()],
+                vec!["requests served in full".into(), self.served.to_string()],
+                vec![
+                    "clients that left mid-answer (on purpose)".into(),
+                    self.left.to_string(),
+                ],
+                vec!["errors".into(), format!("{errors} {:?}", self.errors)],
+                vec!["tokens streamed".into(), self.streamed_tokens.to_string()],
+                vec!["TTFT p50 / p95 / p99 (ms)".into(), ms(self.ttft_s)],
+                vec![
+                    "inter-token p50 / p95 / p99 (ms)".into(),
+                    ms(self.inter_token_s),
+                ],
+                vec![
+                    "RSS after the first tenth -> end (MiB)".into(),
+                    format!(
+                        "{:.0} -> {:.0} ({:+.1}%)",
+                        self.rss_mib[0],
+                        self.rss_mib[1],
+                        self.rss_growth * 100.0
+                    ),
+                ],
+                vec![
+                    "KV blocks in use at the end".into(),
+                    self.kv_blocks_in_use_at_end.to_string(),
+                ],
+                vec![
+                    "canaries identical to the first".into(),
+                    format!("{}/{}", self.canaries_identical, self.canaries),
+                ],
+                vec![
+                    "canary identical after a restart".into(),
+                    self.restart_canary_identical.to_string(),
+                ],
+            ],
+        )
+    }
 }
 
 /// A uniform draw in [0, 1).

@@ -27,5 +27,5 @@ pub use error::{Error, Result};
 pub use gguf::{GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
 pub use store::{StoredTensor, TensorStore, WeightPlacement};
-pub use sysinfo::{cpu_features, system_info, CpuFeature};
+pub use sysinfo::{cpu_features, host_available_memory, system_info, CpuFeature};
 pub use tensor::{Context, GluOp, Graph, RopeParams, Tensor, MROPE_SECTIONS, ROPE_TYPE_IMROPE};

@@ -64,3 +64,17 @@ pub fn system_info() -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// Memory the system can still give this process without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; None where that is not known (not Linux).
+pub fn host_available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: usize = text
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}

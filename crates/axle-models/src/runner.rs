@@ -267,6 +267,7 @@ impl Runner {
             None => vec![BufferType::cpu(); dims.len()],
         };
         backends.push(Backend::cpu(model.threads())?);
+        check_kv_fits(&model, &bufts, &dims, opts.kv_slots)?;
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
         let state_dims = model.family().state_dims();
         let state = if state_dims.is_empty() {
@@ -738,6 +739,48 @@ impl Runner {
         }
         Ok(ctx)
     }
+}
+
+/// Refuses a KV pool larger than the memory that would hold it, before allocating it: each
+/// device's share (its layers' K and V rows, F16, `slots` of them) against the device's free
+/// memory, and the host's share against the memory the system has available. Without this a
+/// large `--kv-slots` or context ran into the allocator (or the OOM killer) instead of an error.
+fn check_kv_fits(
+    model: &Model,
+    bufts: &[BufferType],
+    dims: &[(i64, i64)],
+    slots: u32,
+) -> Result<(), ModelError> {
+    let bytes = |on_host: bool| -> usize {
+        dims.iter()
+            .zip(bufts)
+            .filter(|(_, b)| (**b == BufferType::cpu()) == on_host)
+            .map(|(&(k, v), _)| (k + v) as usize * DType::F16.row_size(1) * slots as usize)
+            .sum()
+    };
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let refuse = |need: usize, free: usize, where_: &str| {
+        ModelError::Invalid(format!(
+            "the KV pool needs {:.0} MiB on {where_} ({slots} slots), but only {:.0} MiB are free \
+             there; ask for fewer KV slots or a shorter context",
+            mib(need),
+            mib(free)
+        ))
+    };
+    let host = bytes(true);
+    if let Some(free) = axle_ggml::host_available_memory() {
+        if host > free {
+            return Err(refuse(host, free, "the host"));
+        }
+    }
+    if let Some(o) = model.offload() {
+        let device = bytes(false);
+        let (free, total) = o.device.memory();
+        if total > 0 && device > free {
+            return Err(refuse(device, free, &o.device.name()));
+        }
+    }
+    Ok(())
 }
 
 /// Name of the logits tensor in every graph.

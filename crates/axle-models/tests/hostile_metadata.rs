@@ -121,3 +121,39 @@ fn the_unpatched_files_load() {
         Model::load(&path, &ModelOptions::cpu(2)).unwrap();
     }
 }
+
+/// A KV pool larger than the memory available is refused before it is allocated, with the
+/// numbers (and a pool that fits is not).
+#[test]
+fn a_kv_pool_over_available_memory_is_refused() {
+    use axle_models::{Runner, RunnerOptions};
+    let model = std::sync::Arc::new(
+        Model::load(common::model(common::SMOLLM2), &ModelOptions::cpu(2)).unwrap(),
+    );
+    // 23 KiB a slot: about 90 TiB.
+    let slots = 4_000_000_000 / 16 * 16;
+    let t = Instant::now();
+    let err = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kv_slots: slots,
+            ..Default::default()
+        },
+    )
+    .expect_err("a 90 TiB KV pool was allocated");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let msg = err.to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("KV pool needs") && msg.contains("MiB"),
+        "{msg}"
+    );
+    Runner::new(
+        model,
+        RunnerOptions {
+            kv_slots: 1024,
+            ..Default::default()
+        },
+    )
+    .expect("a small pool");
+}

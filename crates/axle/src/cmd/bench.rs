@@ -170,9 +170,9 @@ pub struct ServerArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// GGUF model file (not needed with --render).
+    #[arg(long, required_unless_present = "render")]
+    model: Option<PathBuf>,
     /// Client threads, each with one request in flight.
     #[arg(long, default_value_t = 64)]
     clients: usize,
@@ -194,18 +194,67 @@ pub struct SoakArgs {
     /// Where the JSON artifact goes.
     #[arg(long, default_value = "bench-artifacts/soak.json")]
     output: PathBuf,
+    /// Print the table of this artifact instead of running.
+    #[arg(long)]
+    render: Option<PathBuf>,
+    /// Fill this file's `<!-- bench:soak -->` section with the table.
+    #[arg(long)]
+    readme: Option<PathBuf>,
     /// Device choice.
     #[command(flatten)]
     device: super::DeviceArgs,
 }
 
 fn soak(a: SoakArgs) -> anyhow::Result<()> {
+    let (report, artifact) = match &a.render {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let artifact: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            let report: axle_bench::soak::SoakReport =
+                serde_json::from_value(artifact["report"].clone())
+                    .with_context(|| format!("{} is not a soak artifact", path.display()))?;
+            (report, artifact)
+        }
+        None => soak_run(&a)?,
+    };
+    let env = &artifact["environment"];
+    let table = format!(
+        "{}\n`{}`; {} threads on {}; commit {}; model sha256 {}\n",
+        report.markdown(),
+        artifact["command"].as_str().unwrap_or_default(),
+        env["threads"],
+        env["cpu_model"].as_str().unwrap_or_default(),
+        env["git_commit"].as_str().unwrap_or_default(),
+        env["model_sha256"].as_str().unwrap_or_default(),
+    );
+    println!("{table}");
+    if let Some(readme) = &a.readme {
+        let text = std::fs::read_to_string(readme)
+            .with_context(|| format!("cannot read {}", readme.display()))?;
+        let by = "`axle bench soak --render` from its artifact";
+        let new = axle_bench::scenario::report::fill_section(&text, "soak", by, &table)
+            .with_context(|| format!("{} has no <!-- bench:soak --> section", readme.display()))?;
+        std::fs::write(readme, new)
+            .with_context(|| format!("cannot write {}", readme.display()))?;
+    }
+    anyhow::ensure!(
+        report.sound(),
+        "the soak run lost requests, leaked, or changed the canary (see above)"
+    );
+    Ok(())
+}
+
+/// Runs the soak and writes its artifact; returns the report and the artifact.
+fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde_json::Value)> {
     anyhow::ensure!(a.clients > 0, "--clients must be at least 1");
     anyhow::ensure!(
         (0.0..=1.0).contains(&a.leave_share),
         "--leave-share must be in [0, 1]"
     );
-    let model = std::sync::Arc::new(super::load_model_on(&a.model, false, &a.device)?);
+    let path = a.model.as_deref().context("--model is needed to run a soak")?;
+    let model = std::sync::Arc::new(super::load_model_on(path, false, &a.device)?);
     let spec = axle_bench::soak::SoakSpec {
         clients: a.clients,
         duration: std::time::Duration::from_secs(a.seconds.max(1)),
@@ -217,9 +266,9 @@ fn soak(a: SoakArgs) -> anyhow::Result<()> {
     let bar = axle_bench::progress_bar(true, a.seconds.max(1), "seconds of load");
     let r = axle_bench::soak::run(&model, &spec, |s| bar.set_position(s))?;
     bar.finish_and_clear();
-    let report = axle_sdk::RuntimeReport::native(&model, None);
-    let sha = report.model_id.trim_start_matches("sha256:").to_string();
-    let env = scenario::environment(a.device.threads, &a.model, &sha);
+    let sha = axle_sdk::route::file_sha256(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let env = scenario::environment(a.device.threads, path, &sha);
     let artifact = serde_json::json!({
         "scenario": "soak",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
@@ -231,61 +280,8 @@ fn soak(a: SoakArgs) -> anyhow::Result<()> {
     }
     std::fs::write(&a.output, serde_json::to_string_pretty(&artifact)?)
         .with_context(|| format!("cannot write {}", a.output.display()))?;
-    let ms = |v: [f64; 3]| format!("{:.0} / {:.0} / {:.0}", v[0] * 1e3, v[1] * 1e3, v[2] * 1e3);
-    let errors: usize = r.errors.values().sum();
-    println!(
-        "{}",
-        axle_bench::stats::markdown_table(
-            &["what", "value"],
-            &[
-                vec![
-                    "clients, seconds".into(),
-                    format!("{}, {:.0}", r.clients, r.seconds)
-                ],
-                vec!["requests served".into(), r.served.to_string()],
-                vec!["clients that left mid-answer".into(), r.left.to_string()],
-                vec!["errors".into(), format!("{errors} {:?}", r.errors)],
-                vec!["tokens streamed".into(), r.streamed_tokens.to_string()],
-                vec!["TTFT p50 / p95 / p99 (ms)".into(), ms(r.ttft_s)],
-                vec![
-                    "inter-token p50 / p95 / p99 (ms)".into(),
-                    ms(r.inter_token_s)
-                ],
-                vec![
-                    "RSS after warm-up -> end (MiB)".into(),
-                    format!(
-                        "{:.0} -> {:.0} ({:+.1}%)",
-                        r.rss_mib[0],
-                        r.rss_mib[1],
-                        r.rss_growth * 100.0
-                    )
-                ],
-                vec![
-                    "KV blocks in use at the end".into(),
-                    r.kv_blocks_in_use_at_end.to_string()
-                ],
-                vec![
-                    "canaries identical".into(),
-                    format!("{}/{}", r.canaries_identical, r.canaries)
-                ],
-                vec![
-                    "canary identical after a restart".into(),
-                    r.restart_canary_identical.to_string()
-                ],
-            ],
-        )
-    );
-    println!("artifact: {}", a.output.display());
-    let sound = errors == 0
-        && r.kv_blocks_in_use_at_end == 0
-        && r.canaries_identical == r.canaries
-        && r.restart_canary_identical
-        && r.rss_growth < 0.05;
-    anyhow::ensure!(
-        sound,
-        "the soak run lost requests, leaked, or changed the canary (see above)"
-    );
-    Ok(())
+    eprintln!("artifact: {}", a.output.display());
+    Ok((r, artifact))
 }
 
 #[derive(Debug, clap::Args)]
