@@ -144,6 +144,13 @@ impl GenerationFields {
             },
             Some(_) => return Err(invalid(Field::Logprobs, "must be a boolean or a count")),
         };
+        // OpenAI's range; the SDK itself takes any temperature >= 0.
+        if self.sampling.temperature.is_some_and(|t| t > 2.0) {
+            return Err(invalid(
+                Field::Sampling(SamplingField::Temperature),
+                "must be in [0, 2]",
+            ));
+        }
         let mut logit_bias = Vec::new();
         for (k, &v) in self.logit_bias.iter().flatten() {
             let id = k.parse().map_err(|_| {

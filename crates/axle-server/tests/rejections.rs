@@ -118,6 +118,7 @@ fn common_cases() -> Vec<(Value, &'static str)> {
         (json!({"max_tokens": 0}), "max_tokens"),
         (json!({"max_completion_tokens": 0}), "max_tokens"),
         (json!({"temperature": -1.0}), "temperature"),
+        (json!({"temperature": 2.5}), "temperature"),
         (json!({"top_p": 0.0}), "top_p"),
         (json!({"min_p": 1.5}), "min_p"),
         (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
