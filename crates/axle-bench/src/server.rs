@@ -7,7 +7,7 @@ use axle_sdk::{EngineConfig, GenerateRequest, Generator, RuntimeReport, Session,
 use axle_server::{AppState, Metrics, ServeOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The result.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -105,6 +105,7 @@ pub(crate) struct LocalServer {
     /// The engine behind it.
     pub session: Arc<Session>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     rt: Option<tokio::runtime::Runtime>,
 }
 
@@ -131,7 +132,7 @@ impl LocalServer {
             .map_err(bad)?;
         let port = listener.local_addr().map_err(bad)?.port();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        rt.spawn(axle_server::serve_until(
+        let served = rt.spawn(axle_server::serve_until(
             state,
             listener,
             ServeOptions::default(),
@@ -143,18 +144,25 @@ impl LocalServer {
             port,
             session,
             stop: Some(stop),
+            served: Some(served),
             rt: Some(rt),
         })
     }
 }
 
 impl Drop for LocalServer {
+    /// Stops accepting and lets running requests finish within the grace period (the server's
+    /// own shutdown), then ends the runtime.
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(rt) = self.rt.take() {
-            rt.shutdown_timeout(ServeOptions::default().shutdown_grace);
+            if let Some(served) = self.served.take() {
+                let grace = ServeOptions::default().shutdown_grace + Duration::from_secs(1);
+                let _ = rt.block_on(tokio::time::timeout(grace, served));
+            }
+            rt.shutdown_timeout(Duration::from_secs(1));
         }
     }
 }

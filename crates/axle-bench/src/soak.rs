@@ -179,11 +179,14 @@ fn request(port: u16, body: &serde_json::Value, leave: Option<f64>) -> Outcome {
         Err(e) => return fail("connect", e),
     };
     let stream = body["stream"].as_bool().unwrap_or(false);
-    if !stream {
-        if let Some(secs) = leave {
-            let _ = s.set_read_timeout(Some(Duration::from_secs_f64(secs)));
-        }
-    }
+    // A client that gives up waits a second or less; the others wait long, but not forever (a
+    // stalled server is a failure, not a hang of the benchmark).
+    let patience = match leave {
+        Some(secs) if !stream => Duration::from_secs_f64(secs),
+        _ => STALL,
+    };
+    let _ = s.set_read_timeout(Some(patience));
+    let _ = s.set_write_timeout(Some(STALL));
     let t0 = Instant::now();
     if let Err(e) = write!(
         s,
@@ -234,7 +237,7 @@ fn request(port: u16, body: &serde_json::Value, leave: Option<f64>) -> Outcome {
         if line.starts_with("data: {\"error\"") || line.contains("\"error\":{") {
             return Outcome::Failed("error event".into());
         }
-        if line.starts_with("data: {") && line.contains("\"finish_reason\":null") {
+        if line.starts_with("data: {") && carries_text(&line) {
             let now = Instant::now();
             match last {
                 None => ttft = Some((now - t0).as_secs_f64()),
@@ -249,6 +252,21 @@ fn request(port: u16, body: &serde_json::Value, leave: Option<f64>) -> Outcome {
     }
     Outcome::Failed("stream ended without [DONE]".into())
 }
+
+/// Whether an SSE data line carries generated text (a chat chunk's `delta.content` or a text
+/// chunk's `text`, non-empty): a chat stream's first chunk has only the role, and the last ones
+/// only the finish reason or usage.
+fn carries_text(line: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&line["data: ".len()..]) else {
+        return false;
+    };
+    let c = &v["choices"][0];
+    let text = c["delta"]["content"].as_str().or(c["text"].as_str());
+    text.is_some_and(|t| !t.is_empty())
+}
+
+/// How long a client waits for the next bytes before it counts the request as failed.
+const STALL: Duration = Duration::from_secs(300);
 
 /// A random request of client `rng`: chat or text, streamed or blocking, and whether (and when)
 /// its client leaves.
@@ -333,6 +351,15 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Sets the flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     served: usize,
@@ -353,6 +380,8 @@ pub fn run(
     let reference = canary(port)?;
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop = Arc::new(AtomicBool::new(false));
+    // However this function returns (a failed canary included), the clients stop.
+    let _stop_clients = StopOnDrop(stop.clone());
     let start = Instant::now();
     let clients: Vec<_> = (0..spec.clients)
         .map(|i| {

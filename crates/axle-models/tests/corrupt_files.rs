@@ -315,8 +315,10 @@ fn try_file(path: &Path) -> Result<Outcome, String> {
     }
 }
 
-fn run_corpus(cases: Vec<Case>) {
-    let dir = std::env::temp_dir().join(format!("axle-corrupt-{}", std::process::id()));
+/// Runs every case, its copies written under a folder named `tag` (one per test, so that tests
+/// running side by side keep to their own files).
+fn run_corpus(tag: &str, cases: Vec<Case>) {
+    let dir = std::env::temp_dir().join(format!("axle-corrupt-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut counts = std::collections::BTreeMap::new();
     let mut slowest = (Duration::ZERO, String::new());
@@ -359,7 +361,7 @@ fn corrupted_fixture_files_are_refused_or_run_never_crash() {
     let base = std::fs::read(common::fixture("llama-tiny.gguf")).expect("fixture");
     let cases = corpus("llama-tiny", &base, 200, 1);
     assert!(cases.len() > 600, "{} cases", cases.len());
-    run_corpus(cases);
+    run_corpus("fixture", cases);
 }
 
 /// The real SmolLM2 file's metadata and tensor infos (its 98 MB of weights cut to the first
@@ -371,5 +373,5 @@ fn corrupted_real_headers_are_refused_never_crash() {
     let end = layout(&real).infos_end + (1 << 20);
     let cases = corpus("SmolLM2 header", &real[..end], 100, 9);
     assert!(cases.len() > 600, "{} cases", cases.len());
-    run_corpus(cases);
+    run_corpus("smollm2", cases);
 }

@@ -10,13 +10,13 @@ use crate::openai::{
     TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, TopLogprob, UsageBody,
     WireError,
 };
-use crate::{ApiError, AppState, ClientGone};
+use crate::{ApiError, AppState};
 use axle_sdk::{
     defaults, Completion, Delivery, EventStream, Field, GenerateRequest, Generator, Rejection,
     StreamEvent, TokenLogprob, Tokenizer,
 };
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Extension, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -104,8 +104,6 @@ struct Job {
     requests: Vec<GenerateRequest>,
     stream: bool,
     include_usage: bool,
-    /// Resolves when the client closes its connection (absent without one).
-    gone: Option<ClientGone>,
 }
 
 /// Starts every request of the job (after the queue check) and answers it.
@@ -157,34 +155,22 @@ async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
     if job.stream {
         return Ok(sse(view, streams, job.include_usage, t0));
     }
-    // Collected side by side; dropping the set (the client went away, or hyper dropped this
-    // handler) cancels every choice and frees its KV.
+    // Collected side by side; dropping the set (the client went away: hyper drops this handler)
+    // cancels every choice and frees its KV.
     let mut set = tokio::task::JoinSet::new();
     for (i, s) in streams.into_iter().enumerate() {
         let state = state.clone();
         set.spawn(async move { (i, timed(&state, s, t0).await) });
     }
-    let collect = async {
-        let mut done: Vec<Option<Completion>> = vec![None; set.len()];
-        while let Some(r) = set.join_next().await {
-            let (i, c) = r.map_err(|e| ApiError::internal(e.to_string()))?;
-            match c {
-                Ok(c) => done[i] = Some(c),
-                Err(e) => return Err(job.flavor.error(e)),
-            }
+    let mut done: Vec<Option<Completion>> = vec![None; set.len()];
+    while let Some(r) = set.join_next().await {
+        let (i, c) = r.map_err(|e| ApiError::internal(e.to_string()))?;
+        match c {
+            Ok(c) => done[i] = Some(c),
+            Err(e) => return Err(job.flavor.error(e)),
         }
-        Ok(done.into_iter().flatten().collect::<Vec<Completion>>())
-    };
-    let gone = async {
-        match job.gone {
-            Some(g) => g.wait().await,
-            None => std::future::pending().await,
-        }
-    };
-    let done = tokio::select! {
-        done = collect => done?,
-        _ = gone => return Err(ApiError::client_gone()),
-    };
+    }
+    let done: Vec<Completion> = done.into_iter().flatten().collect();
     // Prompt tokens count once per prompt (choices of one prompt share it).
     let per_prompt = done.len() / job.requests.len().max(1);
     let prompt: usize = done
@@ -689,7 +675,6 @@ impl GenerationBody for TokenGenerationRequest {
 /// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
 pub(crate) async fn generation<B: GenerationBody>(
     State(state): State<AppState>,
-    gone: Option<Extension<ClientGone>>,
     headers: HeaderMap,
     body: Body<B>,
 ) -> Result<Response, ApiError> {
@@ -705,7 +690,6 @@ pub(crate) async fn generation<B: GenerationBody>(
         requests,
         stream: fields.streams(),
         include_usage: fields.include_usage(),
-        gone: gone.map(|Extension(g)| g),
     };
     run(&state, job).await
 }

@@ -106,18 +106,6 @@ impl ApiError {
         }
     }
 
-    /// The client closed its connection before its answer was ready (nobody reads this; nginx's
-    /// 499 names the case in logs).
-    pub fn client_gone() -> ApiError {
-        ApiError {
-            status: StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            message: "the client closed the connection; the request was cancelled".into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("client_closed_request"),
-        }
-    }
-
     /// 500 for failures inside the engine.
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {

@@ -15,7 +15,7 @@ mod metrics;
 pub mod openai;
 
 pub use error::ApiError;
-pub use listen::{ClientGone, ServeOptions};
+pub use listen::ServeOptions;
 pub use metrics::Metrics;
 
 pub use axle_sdk::Generator;

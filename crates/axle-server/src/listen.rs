@@ -1,18 +1,19 @@
 //! The connection layer under the router: how many connections are open at once, how long a
-//! connection may take to send a request head (or sit idle between requests), noticing that a
-//! client went away while its blocking request runs, and shutting down within a bounded time.
+//! connection may take to send a request head (or sit idle between requests), and shutting down
+//! within a bounded time. A client that closes its connection while its blocking request runs
+//! is noticed by hyper's HTTP/1 connection itself (it reads for end of stream mid-message), which
+//! drops the handler and so cancels the request.
 //!
 //! Hand-written over hyper's HTTP/1 connection rather than `axum::serve`, which has no
-//! header-read timeout, no connection cap and no grace period, and never notices a client that
-//! disconnects while a blocking response is being computed (hyper does not read the socket then).
+//! header-read timeout, no connection cap and no grace period.
 use crate::ApiError;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 
 /// Limits of the connection layer.
 #[derive(Debug, Clone)]
@@ -36,21 +37,6 @@ impl Default for ServeOptions {
     }
 }
 
-/// Resolves once the client of a request has closed its connection. Requests served without a
-/// connection (tests calling the router directly) carry none.
-#[derive(Debug, Clone)]
-pub struct ClientGone(watch::Receiver<bool>);
-
-impl ClientGone {
-    /// Waits until the client is gone (forever if it stays).
-    pub async fn wait(mut self) {
-        if self.0.wait_for(|gone| *gone).await.is_err() {
-            // The watcher ended without seeing the client go: the connection is over anyway.
-            std::future::pending::<()>().await
-        }
-    }
-}
-
 /// Serves `app` on `listener` until `shutdown` resolves, then lets running requests finish for
 /// up to `opts.shutdown_grace` and returns.
 pub async fn serve(
@@ -60,6 +46,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
+    let cap = opts.max_connections;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -78,29 +66,24 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream, opts.max_connections));
+            // Answered while few refusals are in flight; past that, closed at once, so that a
+            // flood cannot hold descriptors through the refusals themselves.
+            if let Ok(refusing) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream, cap).await;
+                    drop(refusing);
+                });
+            }
             continue;
         };
-        let Ok((stream, peer)) = split_watch(stream) else {
-            continue;
-        };
-        let (gone_tx, gone_rx) = watch::channel(false);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req| {
-            req.extensions_mut().insert(ClientGone(gone_rx.clone()));
+        let service = hyper::service::service_fn(move |req| {
             let mut app = app.clone();
             async move { tower::Service::call(&mut app, req).await }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = &mut conn => {}
-                _ = watch_peer(peer) => {
-                    let _ = gone_tx.send(true);
-                    let _ = conn.await;
-                }
-            }
+            let _ = conn.await;
             drop(permit);
         });
     }
@@ -114,27 +97,12 @@ pub async fn serve(
     Ok(())
 }
 
-/// The connection, and a second handle on its socket to watch for the client closing it.
-fn split_watch(stream: TcpStream) -> std::io::Result<(TcpStream, TcpStream)> {
-    let std = stream.into_std()?;
-    let peer = std.try_clone()?;
-    Ok((TcpStream::from_std(std)?, TcpStream::from_std(peer)?))
-}
+/// Connections over the cap answered at once; more are closed without an answer.
+const MAX_REFUSALS: usize = 64;
 
-/// Returns when the client has closed the connection (end of stream or an error). Data waiting
-/// to be read is the next request (or the body of this one): hyper reads it in its own time, so
-/// this only looks again a little later.
-async fn watch_peer(peer: TcpStream) {
-    let mut byte = [0u8; 1];
-    loop {
-        match peer.peek(&mut byte).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
-}
-
-/// Answers a connection over the cap with a 503 in OpenAI's shape and closes it.
+/// Answers a connection over the cap with a 503 in OpenAI's shape and closes it: the answer, the
+/// end of our side, then what the client sent is read and dropped for up to a second, so that
+/// closing does not reset the connection under the client before it has read the answer.
 async fn refuse(mut stream: TcpStream, cap: usize) {
     let e = ApiError::too_many_connections(cap);
     let body = serde_json::to_string(&e.body()).unwrap_or_default();
@@ -144,10 +112,13 @@ async fn refuse(mut stream: TcpStream, cap: usize) {
         e.status.canonical_reason().unwrap_or(""),
         body.len()
     );
-    let write = async {
+    let answer = async {
         stream.write_all(head.as_bytes()).await?;
         stream.write_all(body.as_bytes()).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), write).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }

@@ -253,7 +253,10 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
         (0.0..=1.0).contains(&a.leave_share),
         "--leave-share must be in [0, 1]"
     );
-    let path = a.model.as_deref().context("--model is needed to run a soak")?;
+    let path = a
+        .model
+        .as_deref()
+        .context("--model is needed to run a soak")?;
     let model = std::sync::Arc::new(super::load_model_on(path, false, &a.device)?);
     let spec = axle_bench::soak::SoakSpec {
         clients: a.clients,
