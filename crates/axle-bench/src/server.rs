@@ -160,7 +160,8 @@ impl Drop for LocalServer {
         if let Some(rt) = self.rt.take() {
             if let Some(served) = self.served.take() {
                 let grace = ServeOptions::default().shutdown_grace + Duration::from_secs(1);
-                let _ = rt.block_on(tokio::time::timeout(grace, served));
+                // The timer is made inside the runtime (it needs its time driver).
+                let _ = rt.block_on(async { tokio::time::timeout(grace, served).await });
             }
             rt.shutdown_timeout(Duration::from_secs(1));
         }
