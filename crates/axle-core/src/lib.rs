@@ -1,17 +1,20 @@
 //! Axle's core: the policy layer above the kernels, as plain deterministic data structures.
 //!
 //! It decides which tokens run, where their KV lives and which token comes next; it never sees a
-//! tensor, never blocks, never does I/O. The runner (in `axle-models`) executes what this crate
-//! plans, and hands back logits for it to apply.
+//! tensor, never does I/O, and waits only where a request's output constraint (implemented
+//! outside, see [`constraint`]) is still computing its mask. The runner (in `axle-models`)
+//! executes what this crate plans, and hands back logits for it to apply.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod blocks;
+pub mod constraint;
 pub mod drafter;
 pub mod sampler;
 pub mod scheduler;
 
 pub use blocks::{BlockId, BlockPool};
+pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
 pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
 pub use sampler::{Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
 pub use scheduler::{

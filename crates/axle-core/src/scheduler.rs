@@ -6,6 +6,7 @@
 //! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
 //! `apply` takes the logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
+use crate::constraint::{ConstraintTiming, TokenConstraint};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
@@ -74,6 +75,9 @@ pub enum AdmitError {
     /// A sampling option out of range.
     #[error(transparent)]
     Sampling(#[from] crate::sampler::SamplingError),
+    /// The output constraint failed to start.
+    #[error("the output constraint failed: {0}")]
+    Constraint(String),
 }
 
 /// Scheduler limits.
@@ -151,9 +155,11 @@ pub struct Event {
     pub finished: Option<FinishReason>,
     /// Log-probabilities of `tokens`, one each, when the request asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// Draft tokens of the step that the model accepted.
+    pub accepted: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Request {
     spec: RequestSpec,
     /// Prompt followed by generated tokens.
@@ -168,6 +174,10 @@ struct Request {
     preemptions: u32,
     cached_tokens: usize,
     drafter: Option<Drafter>,
+    /// The output constraint, if any.
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// Tokens forced before the first sampled one, emitted with the first event.
+    unreported: Vec<TokenId>,
 }
 
 impl Request {
@@ -195,6 +205,8 @@ pub struct RequestStats {
     pub verifies: usize,
     /// Acceptance by draft position.
     pub positions: PositionStats,
+    /// Time spent on the output constraint's masks.
+    pub constraint: ConstraintTiming,
 }
 
 /// The scheduler: requests, queues and the block pool.
@@ -260,6 +272,16 @@ impl Scheduler {
 
     /// Queues a request. Fails (without queuing) when it can never fit.
     pub fn add(&mut self, spec: RequestSpec) -> Result<RequestId, AdmitError> {
+        self.add_constrained(spec, None)
+    }
+
+    /// Queues a request whose output follows `constraint` (tokens it forces at the start are
+    /// generated tokens, computed with the prompt).
+    pub fn add_constrained(
+        &mut self,
+        spec: RequestSpec,
+        mut constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<RequestId, AdmitError> {
         if spec.prompt.is_empty() {
             return Err(AdmitError::EmptyPrompt);
         }
@@ -274,13 +296,26 @@ impl Scheduler {
             });
         }
         spec.sampling.validate()?;
+        let mut unreported = match constraint.as_mut() {
+            Some(c) => c.start().map_err(AdmitError::Constraint)?,
+            None => Vec::new(),
+        };
+        // Forced tokens up to max_tokens (the request then ends without sampling), leaving one
+        // position of context for a sampled token.
+        unreported.truncate(spec.max_tokens.min(cap - spec.prompt.len() - 1));
         let id = self.next_id;
         self.next_id += 1;
         self.clock += 1;
-        let tokens = spec.prompt.clone();
+        let mut tokens = spec.prompt.clone();
+        tokens.extend_from_slice(&unreported);
         let sampler = Sampler::new(spec.sampling.clone());
-        let drafter =
-            (spec.speculate && self.cfg.draft.is_some()).then(|| Drafter::new(&spec.prompt));
+        let drafter = (spec.speculate && self.cfg.draft.is_some()).then(|| {
+            let mut d = Drafter::new(&spec.prompt);
+            for &t in &unreported {
+                d.push(t);
+            }
+            d
+        });
         self.requests.insert(
             id,
             Request {
@@ -295,6 +330,8 @@ impl Scheduler {
                 preemptions: 0,
                 cached_tokens: 0,
                 drafter,
+                constraint,
+                unreported,
             },
         );
         self.waiting.push_back(id);
@@ -329,6 +366,11 @@ impl Scheduler {
             accepted: r.drafter.as_ref().map_or(0, |d| d.accepted),
             verifies: r.drafter.as_ref().map_or(0, |d| d.verifies),
             positions: r.drafter.as_ref().map(|d| d.positions).unwrap_or_default(),
+            constraint: r
+                .constraint
+                .as_ref()
+                .map(|c| c.timing())
+                .unwrap_or_default(),
         })
     }
 
@@ -608,10 +650,18 @@ impl Scheduler {
         let r = self.requests.get_mut(&id).expect("known");
         let left = r.spec.max_tokens.saturating_sub(r.generated() + 1);
         let room = left.min(cap.saturating_sub(r.tokens.len() + 1)).min(budget);
-        match r.drafter.as_mut() {
+        let mut draft = match r.drafter.as_mut() {
             Some(d) if room > 0 => d.propose(cfg, room),
             _ => Vec::new(),
+        };
+        // A draft token the constraint forbids ends the draft.
+        if let Some(c) = r.constraint.as_mut() {
+            if !draft.is_empty() {
+                let n = c.valid_prefix(&draft);
+                draft.truncate(n);
+            }
         }
+        draft
     }
 
     fn planned(&self, id: RequestId, n: usize) -> PlannedSeq {
@@ -657,40 +707,84 @@ impl Scheduler {
             }
             let mut ev = Event {
                 id: s.id,
-                tokens: Vec::new(),
+                tokens: std::mem::take(&mut r.unreported),
                 finished: None,
                 logprobs: Vec::new(),
+                accepted: 0,
             };
             let mut accepted = 0;
+            let mut masked = Vec::new();
+            if r.generated() >= r.spec.max_tokens {
+                ev.finished = Some(FinishReason::Length); // forced tokens filled it
+            }
             for j in 0..=s.n_draft {
-                let Some(l) = logits(i, n_known - 1 + j) else {
+                if ev.finished.is_some() {
+                    break;
+                }
+                let Some(raw) = logits(i, n_known - 1 + j) else {
                     break;
                 };
+                let mut l = raw;
+                if let Some(c) = r.constraint.as_mut() {
+                    match constrain(c.as_mut(), raw, &r.spec.stop_tokens, &mut masked) {
+                        Ok(()) => l = &masked,
+                        Err(e) => {
+                            ev.finished = Some(FinishReason::Error(e));
+                            break;
+                        }
+                    }
+                }
                 let tok = r.sampler.sample(l, &r.tokens);
                 let agrees = j < s.n_draft && tok == s.tokens[n_known + j];
                 if r.spec.stop_tokens.contains(&tok) {
                     ev.finished = Some(FinishReason::Stop);
                     break;
                 }
-                r.tokens.push(tok);
-                if let Some(d) = r.drafter.as_mut() {
-                    d.push(tok);
+                let mut emitted = vec![tok];
+                let mut done = false;
+                if let Some(c) = r.constraint.as_mut() {
+                    match c.advance(tok) {
+                        Ok(a) => {
+                            done = a.finished;
+                            emitted.extend(a.forced);
+                        }
+                        Err(e) => {
+                            ev.finished = Some(FinishReason::Error(e));
+                            break;
+                        }
+                    }
                 }
-                ev.tokens.push(tok);
-                if let Some(top) = r.spec.sampling.logprobs {
-                    ev.logprobs.push(logprobs(l, tok, top));
+                for (k, &t) in emitted.iter().enumerate() {
+                    r.tokens.push(t);
+                    if let Some(d) = r.drafter.as_mut() {
+                        d.push(t);
+                    }
+                    ev.tokens.push(t);
+                    if k == 0 {
+                        if let Some(top) = r.spec.sampling.logprobs {
+                            ev.logprobs.push(logprobs(l, t, top));
+                        }
+                    }
+                    if r.generated() >= r.spec.max_tokens {
+                        ev.finished = Some(FinishReason::Length);
+                    } else if r.tokens.len() >= cap {
+                        ev.finished = Some(FinishReason::ContextLimit);
+                    }
+                    if ev.finished.is_some() {
+                        break;
+                    }
                 }
-                if r.generated() >= r.spec.max_tokens {
-                    ev.finished = Some(FinishReason::Length);
-                } else if r.tokens.len() >= cap {
-                    ev.finished = Some(FinishReason::ContextLimit);
+                if done && ev.finished.is_none() {
+                    ev.finished = Some(FinishReason::Stop);
                 }
-                if !agrees || ev.finished.is_some() {
+                // Forced tokens are computed in the next step: the drafts after them go.
+                if !agrees || ev.finished.is_some() || emitted.len() > 1 {
                     break;
                 }
                 accepted += 1;
                 r.computed += 1; // the accepted draft's KV is already in place
             }
+            ev.accepted = accepted;
             if s.n_draft > 0 {
                 if let (Some(d), Some(cfg)) = (r.drafter.as_mut(), self.cfg.draft.as_ref()) {
                     d.record(cfg, s.n_draft, accepted);
@@ -763,4 +857,32 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Writes `raw` logits with what `c` does not allow set to minus infinity into `out`; the stop
+/// tokens are allowed exactly when the constraint lets the output end. Refuses a position where
+/// nothing is allowed.
+fn constrain(
+    c: &mut dyn TokenConstraint,
+    raw: &[f32],
+    stop_tokens: &[TokenId],
+    out: &mut Vec<f32>,
+) -> Result<(), String> {
+    let allowed = c.allowed()?;
+    out.clear();
+    out.extend_from_slice(raw);
+    allowed.mask.apply(out);
+    for &t in stop_tokens {
+        if let Some(l) = out.get_mut(t as usize) {
+            *l = if allowed.may_end {
+                raw[t as usize]
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+    }
+    if out.iter().all(|l| *l == f32::NEG_INFINITY) {
+        return Err("the output constraint allows no token here".into());
+    }
+    Ok(())
 }

@@ -3,10 +3,12 @@
 //! lengths (with shared prefixes), cancellations and small KV budgets; after every step the
 //! invariants hold, and every request's output equals the output of the same request run alone
 //! with ample memory and no prefix cache: preemption and prefix reuse change nothing, and a reused
-//! block never serves other tokens.
+//! block never serves other tokens. Some requests carry an output constraint (a small automaton
+//! that also forces tokens): their output obeys it, and is the same alone and batched, with and
+//! without speculation.
 use axle_core::{
-    DraftConfig, FinishReason, Phase, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig, StepPlan,
+    Advanced, Allowed, ConstraintTiming, DraftConfig, FinishReason, Phase, RequestId, RequestSpec,
+    SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -70,6 +72,92 @@ impl FakeModel {
     }
 }
 
+/// The toy constraint's alphabet: every token but the stop token.
+const ALPHABET: u32 = VOCAB as u32 - 1;
+
+/// Tokens the toy automaton allows after `last`.
+fn toy_next(last: Option<u32>) -> Vec<u32> {
+    match last {
+        None => vec![0, 1, 2],
+        Some(t) => vec![(t + 1) % ALPHABET, (t + 3) % ALPHABET, (t + 4) % ALPHABET],
+    }
+}
+
+/// Tokens the toy automaton forces after `t` (a chain it also allows).
+fn toy_forced(t: u32) -> Vec<u32> {
+    if t.is_multiple_of(5) {
+        vec![(t + 1) % ALPHABET, (t + 2) % ALPHABET]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A toy output constraint: each token one of three successors of the last, a forced chain after
+/// multiples of 5, may end after 3 tokens, complete after 9; forces token 1 at the start.
+#[derive(Debug, Default)]
+struct ToyConstraint {
+    last: Option<u32>,
+    emitted: usize,
+}
+
+impl ToyConstraint {
+    fn take(&mut self, t: u32) {
+        self.last = Some(t);
+        self.emitted += 1;
+    }
+}
+
+impl TokenConstraint for ToyConstraint {
+    fn start(&mut self) -> Result<Vec<u32>, String> {
+        self.take(1);
+        Ok(vec![1])
+    }
+    fn allowed(&mut self) -> Result<Allowed, String> {
+        Ok(Allowed {
+            mask: TokenMask::of(&toy_next(self.last)),
+            may_end: self.emitted >= 3,
+        })
+    }
+    fn advance(&mut self, token: u32) -> Result<Advanced, String> {
+        if !toy_next(self.last).contains(&token) {
+            return Err(format!("token {token} not allowed after {:?}", self.last));
+        }
+        self.take(token);
+        let forced = if self.emitted < 9 {
+            toy_forced(token)
+        } else {
+            Vec::new()
+        };
+        for &f in &forced {
+            self.take(f);
+        }
+        Ok(Advanced {
+            finished: self.emitted >= 9,
+            forced,
+        })
+    }
+    fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        let mut last = self.last;
+        let mut n = 0;
+        for &t in tokens {
+            if !toy_next(last).contains(&t) {
+                break;
+            }
+            last = Some(t);
+            n += 1;
+        }
+        n
+    }
+    fn timing(&self) -> ConstraintTiming {
+        ConstraintTiming::default()
+    }
+}
+
+/// Whether `out` obeys the toy automaton (from its forced start).
+fn obeys_toy(out: &[u32]) -> bool {
+    out.first() == Some(&1) && out.windows(2).all(|w| toy_next(Some(w[0])).contains(&w[1]))
+}
+
 #[derive(Debug, Clone)]
 struct Arrival {
     at_step: usize,
@@ -78,6 +166,7 @@ struct Arrival {
     temperature: f32,
     seed: u64,
     cancel_after: Option<usize>,
+    constrained: bool,
 }
 
 fn arrival() -> impl Strategy<Value = Arrival> {
@@ -90,9 +179,20 @@ fn arrival() -> impl Strategy<Value = Arrival> {
         prop::bool::ANY,
         0u64..1000,
         prop::option::weighted(0.2, 0usize..8),
+        prop::bool::weighted(0.4),
     )
         .prop_map(
-            |(at_step, prefix_sel, shared, tail, max_tokens, sample, seed, cancel_after)| {
+            |(
+                at_step,
+                prefix_sel,
+                shared,
+                tail,
+                max_tokens,
+                sample,
+                seed,
+                cancel_after,
+                constrained,
+            )| {
                 // Shared prefixes across requests exercise the prefix cache.
                 let shared_prefix: Vec<u32> = (0..shared * 5)
                     .map(|i| (i as u32 * 7 + prefix_sel.len() as u32) % VOCAB as u32)
@@ -106,6 +206,7 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                     temperature: if sample { 0.8 } else { 0.0 },
                     seed,
                     cancel_after,
+                    constrained,
                 }
             },
         )
@@ -148,7 +249,10 @@ fn simulate_observed(
     for step in 0..2000 {
         for (i, a) in arrivals.iter().enumerate() {
             if a.at_step == step {
-                ids[i] = Some(s.add(spec(a)).expect("fits"));
+                let constraint: Option<Box<dyn TokenConstraint>> = a
+                    .constrained
+                    .then(|| Box::new(ToyConstraint::default()) as Box<dyn TokenConstraint>);
+                ids[i] = Some(s.add_constrained(spec(a), constraint).expect("fits"));
             }
         }
         if cancels {
@@ -239,6 +343,12 @@ proptest! {
                 prop_assert_eq!(got, want, "request {} ({:?})", i, a);
                 prop_assert_eq!(reason, want_reason);
             }
+            if a.constrained {
+                prop_assert!(obeys_toy(got), "request {i}: {got:?} breaks the constraint");
+                if *reason == FinishReason::Stop {
+                    prop_assert!(got.len() >= 3, "request {i} ended before the constraint allowed");
+                }
+            }
         }
     }
 }
@@ -293,6 +403,7 @@ fn exhausted_kv_preempts_the_newest_and_everything_completes() {
             temperature: 0.0,
             seed: 0,
             cancel_after: None,
+            constrained: false,
         })
         .collect();
     let mut s = Scheduler::new(cfg(6, true, 32, 4));
@@ -461,4 +572,52 @@ fn prefix_reuse_skips_cached_blocks() {
     // 17 tokens = 4 full blocks + 1; all 4 full blocks are reused, only the last token is computed.
     assert_eq!((b_computed, b_cached), (1, 16));
     assert_eq!(a_out, b_out);
+}
+
+/// Arrivals whose prompts are paths of the toy automaton (so n-gram drafts follow it and often
+/// cross its forced chains), all constrained.
+fn constrained_arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0usize..6,
+        prop::collection::vec(0usize..3, 4..16),
+        4usize..12,
+        prop::bool::ANY,
+        0u64..1000,
+    )
+        .prop_map(|(at_step, picks, max_tokens, sample, seed)| {
+            let mut prompt = vec![1];
+            for p in picks {
+                let last = *prompt.last().expect("non-empty");
+                prompt.push(toy_next(Some(last))[p]);
+            }
+            Arrival {
+                at_step,
+                prompt,
+                max_tokens,
+                temperature: if sample { 0.8 } else { 0.0 },
+                seed,
+                cancel_after: None,
+                constrained: true,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Constrained output (forced chains included) is the same with speculation on and off,
+    /// batched or alone.
+    #[test]
+    fn constrained_output_is_the_same_with_speculation(
+        arrivals in prop::collection::vec(constrained_arrival(), 1..5),
+        draft_len in 2usize..7,
+        max_seqs in 1usize..5,
+    ) {
+        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
+        let spec = simulate(&arrivals, with_drafts(cfg(512, true, 32, max_seqs), draft_len), false);
+        for (i, a) in arrivals.iter().enumerate() {
+            prop_assert_eq!(&spec[i], &reference[i], "request {} ({:?})", i, a);
+            prop_assert!(obeys_toy(&reference[i].0), "request {}: {:?}", i, reference[i].0);
+        }
+    }
 }

@@ -564,7 +564,7 @@ impl EngineCore {
                 let accepted = events
                     .iter()
                     .find(|e| e.id == s.id)
-                    .map_or(0, |e| e.tokens.len().saturating_sub(1));
+                    .map_or(0, |e| e.accepted);
                 if let Some(h) = st.held.get_mut(&s.id) {
                     h.1 = (s.n_draft - accepted.min(s.n_draft)) as u32;
                 }

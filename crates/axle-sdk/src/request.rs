@@ -318,6 +318,10 @@ pub enum Field {
     N,
     /// `ignore_eos`.
     IgnoreEos,
+    /// `response_format` (the output constraint).
+    ResponseFormat,
+    /// `tool_choice`.
+    ToolChoice,
 }
 
 impl Field {
@@ -335,6 +339,8 @@ impl Field {
             Field::TopLogprobs => "top_logprobs",
             Field::N => "n",
             Field::IgnoreEos => "ignore_eos",
+            Field::ResponseFormat => "response_format",
+            Field::ToolChoice => "tool_choice",
         }
     }
 }
@@ -427,6 +433,7 @@ impl From<AdmitError> for Rejection {
                 context,
             },
             AdmitError::Sampling(s) => Rejection::invalid(Field::Sampling(s.field), s.reason),
+            AdmitError::Constraint(e) => Rejection::invalid(Field::ResponseFormat, e),
         }
     }
 }

@@ -1,0 +1,401 @@
+//! The grammar engine (one per model) and the per-choice constraint. Each constraint owns its
+//! parser on a worker thread: after every emitted token the worker takes the token, takes what
+//! the grammar then forces, answers, and goes on to compute the next mask while the engine runs
+//! the model's forward pass. The engine thread only waits when it needs the mask before the
+//! worker has it.
+use crate::format::OutputConstraint;
+use crate::vocabulary::{TokenEnv, Vocabulary};
+use crate::StructuredError;
+use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, TokenMask};
+use llguidance::toktrie::TokEnv;
+use llguidance::{Matcher, ParserFactory};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Compiles constraints for one model's vocabulary.
+pub struct GrammarEngine {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for GrammarEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarEngine")
+            .field("vocab", &self.factory.tok_env().tok_trie().vocab_size())
+            .finish()
+    }
+}
+
+impl GrammarEngine {
+    /// An engine for `vocab` (builds the token trie: tens of milliseconds per 100k tokens).
+    pub fn new(vocab: Vocabulary) -> Result<GrammarEngine, StructuredError> {
+        let env: TokEnv = Arc::new(TokenEnv::new(vocab)?);
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| StructuredError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        Ok(GrammarEngine { factory })
+    }
+
+    /// Compiles a constraint; errors name what is wrong with the schema, pattern or grammar.
+    pub fn compile(&self, c: &OutputConstraint) -> Result<Grammar, StructuredError> {
+        let parser = self
+            .factory
+            .create_parser(c.grammar()?)
+            .map_err(|e| StructuredError::Invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(StructuredError::Invalid(e));
+        }
+        Ok(Grammar { matcher })
+    }
+}
+
+/// A compiled constraint, ready to start any number of choices.
+pub struct Grammar {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl Grammar {
+    /// A fresh constraint for one choice. With `force`, tokens the grammar allows alone are
+    /// emitted without sampling (off when a request wants log-probabilities of every token).
+    pub fn constraint(&self, force: bool) -> Result<Box<dyn TokenConstraint>, StructuredError> {
+        let (tx, rx) = mpsc::channel::<Command>();
+        let timing = Arc::new(Counters::default());
+        let mut worker = Worker {
+            matcher: self.matcher.deep_clone(),
+            force,
+            mask: None,
+            timing: timing.clone(),
+        };
+        std::thread::Builder::new()
+            .name("axle-grammar".into())
+            .spawn(move || worker.run(rx))
+            .map_err(|e| StructuredError::Worker(e.to_string()))?;
+        Ok(Box::new(GrammarConstraint {
+            tx,
+            timing,
+            wait_us: 0,
+        }))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    masks: AtomicU64,
+    compute_us: AtomicU64,
+}
+
+type Reply<T> = Sender<Result<T, String>>;
+
+enum Command {
+    Start(Reply<Vec<TokenId>>),
+    Allowed(Reply<Allowed>),
+    Advance(TokenId, Reply<Advanced>),
+    ValidPrefix(Vec<TokenId>, Sender<usize>),
+}
+
+struct Worker {
+    matcher: Matcher,
+    force: bool,
+    mask: Option<Result<Allowed, String>>,
+    timing: Arc<Counters>,
+}
+
+impl Worker {
+    fn run(&mut self, rx: Receiver<Command>) {
+        while let Ok(cmd) = rx.recv() {
+            match cmd {
+                Command::Start(reply) => {
+                    let forced = self.forced();
+                    let _ = reply.send(self.checked(forced));
+                    self.precompute();
+                }
+                Command::Allowed(reply) => {
+                    let mask = self.mask.take().unwrap_or_else(|| self.compute());
+                    let _ = reply.send(mask);
+                }
+                Command::Advance(token, reply) => {
+                    self.mask = None;
+                    let r = self
+                        .matcher
+                        .consume_token(token)
+                        .map_err(|e| e.to_string())
+                        .map(|()| {
+                            let forced = if self.matcher.is_stopped() {
+                                Vec::new()
+                            } else {
+                                self.forced()
+                            };
+                            Advanced {
+                                finished: self.matcher.is_stopped(),
+                                forced,
+                            }
+                        });
+                    let r = r.and_then(|a| self.checked(a));
+                    let ok = r.as_ref().is_ok_and(|a| !a.finished);
+                    let _ = reply.send(r);
+                    if ok {
+                        self.precompute();
+                    }
+                }
+                Command::ValidPrefix(tokens, reply) => {
+                    let n = self.matcher.validate_tokens(&tokens).unwrap_or(0);
+                    let _ = reply.send(n);
+                }
+            }
+        }
+    }
+
+    fn forced(&mut self) -> Vec<TokenId> {
+        if self.force {
+            self.matcher.consume_ff_tokens()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn checked<T>(&self, v: T) -> Result<T, String> {
+        match self.matcher.get_error() {
+            Some(e) => Err(e),
+            None => Ok(v),
+        }
+    }
+
+    fn precompute(&mut self) {
+        let m = self.compute();
+        self.mask = Some(m);
+    }
+
+    fn compute(&mut self) -> Result<Allowed, String> {
+        let t0 = Instant::now();
+        let r = self
+            .matcher
+            .compute_mask()
+            .map_err(|e| e.to_string())
+            .and_then(|vob| {
+                let may_end = self
+                    .matcher
+                    .tok_env()
+                    .map(|env| {
+                        env.tok_trie()
+                            .eos_tokens()
+                            .iter()
+                            .any(|&t| vob.is_allowed(t))
+                    })
+                    .map_err(|e| e.to_string())?;
+                Ok(Allowed {
+                    mask: TokenMask::from_words(vob.as_slice().to_vec()),
+                    may_end,
+                })
+            });
+        self.timing.masks.fetch_add(1, Ordering::Relaxed);
+        self.timing
+            .compute_us
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        r
+    }
+}
+
+/// The engine thread's handle on a worker.
+#[derive(Debug)]
+struct GrammarConstraint {
+    tx: Sender<Command>,
+    timing: Arc<Counters>,
+    wait_us: u64,
+}
+
+impl GrammarConstraint {
+    fn ask<T>(&mut self, cmd: impl FnOnce(Sender<T>) -> Command) -> Result<T, String> {
+        let t0 = Instant::now();
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(cmd(tx))
+            .map_err(|_| "the grammar worker stopped".to_string())?;
+        let r = rx
+            .recv()
+            .map_err(|_| "the grammar worker stopped".to_string());
+        self.wait_us += t0.elapsed().as_micros() as u64;
+        r
+    }
+}
+
+impl TokenConstraint for GrammarConstraint {
+    fn start(&mut self) -> Result<Vec<TokenId>, String> {
+        self.ask(Command::Start)?
+    }
+
+    fn allowed(&mut self) -> Result<Allowed, String> {
+        self.ask(Command::Allowed)?
+    }
+
+    fn advance(&mut self, token: TokenId) -> Result<Advanced, String> {
+        self.ask(|r| Command::Advance(token, r))?
+    }
+
+    fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
+        let tokens = tokens.to_vec();
+        self.ask(|r| Command::ValidPrefix(tokens, r)).unwrap_or(0)
+    }
+
+    fn timing(&self) -> ConstraintTiming {
+        ConstraintTiming {
+            masks: self.timing.masks.load(Ordering::Relaxed),
+            compute_us: self.timing.compute_us.load(Ordering::Relaxed),
+            wait_us: self.wait_us,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// Single bytes, a few words, and an end token (id 259).
+    fn engine() -> GrammarEngine {
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for w in ["{\"", "\": ", "\"name", "true"] {
+            tokens.push(w.as_bytes().to_vec());
+        }
+        tokens.push(b"<end>".to_vec());
+        let mut control = vec![false; tokens.len()];
+        control[260] = true;
+        let words = tokens.clone();
+        let tokenize: crate::vocabulary::Tokenize = Arc::new(move |s: &str| {
+            // Greedy longest match over the words.
+            let b = s.as_bytes();
+            let mut i = 0;
+            let mut out = Vec::new();
+            while i < b.len() {
+                let (id, len) = (0..260)
+                    .filter(|&t| b[i..].starts_with(&words[t]))
+                    .map(|t| (t as TokenId, words[t].len()))
+                    .max_by_key(|x| x.1)
+                    .expect("bytes cover everything");
+                out.push(id);
+                i += len;
+            }
+            out
+        });
+        GrammarEngine::new(Vocabulary {
+            tokens,
+            control,
+            eos: vec![260],
+            tokenize,
+            canonical: true,
+        })
+        .unwrap()
+    }
+
+    /// Runs a constraint with a "model" that picks the allowed token of highest `score`.
+    fn run(c: &mut dyn TokenConstraint, score: impl Fn(TokenId, usize) -> u64) -> Vec<u8> {
+        let mut out: Vec<TokenId> = c.start().unwrap();
+        for step in 0..200 {
+            let a = c.allowed().unwrap();
+            let pick = (0..261u32)
+                .filter(|&t| a.mask.allows(t) && t != 260)
+                .max_by_key(|&t| score(t, step));
+            let Some(t) = pick.filter(|_| !(a.may_end && step % 7 == 6)) else {
+                assert!(
+                    a.may_end,
+                    "nothing allowed but the end is not allowed either"
+                );
+                break;
+            };
+            out.push(t);
+            let adv = c.advance(t).unwrap();
+            out.extend(adv.forced);
+            if adv.finished {
+                break;
+            }
+        }
+        let words: Vec<Vec<u8>> = {
+            let mut w: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+            for s in ["{\"", "\": ", "\"name", "true"] {
+                w.push(s.as_bytes().to_vec());
+            }
+            w
+        };
+        out.iter()
+            .flat_map(|&t| words[t as usize].clone())
+            .collect()
+    }
+
+    #[test]
+    fn json_schema_output_is_valid_and_forced_parts_come_free() {
+        let e = engine();
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 3, "maximum": 9}},
+            "required": ["name", "ok", "n"], "additionalProperties": false});
+        let g = e.compile(&OutputConstraint::JsonSchema { schema }).unwrap();
+        for seed in 0..5u64 {
+            let mut c = g.constraint(true).unwrap();
+            let text = run(c.as_mut(), |t, step| {
+                (t as u64 ^ seed.wrapping_mul(0x9E37_79B9) ^ step as u64)
+                    .wrapping_mul(0x2545_F491_4F6C_DD1D)
+                    >> 7
+            });
+            let v: Value = serde_json::from_slice(&text)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&text)));
+            let n = v["n"].as_i64().unwrap();
+            assert!((3..=9).contains(&n), "{v}");
+            assert!(v["name"].as_str().unwrap().chars().count() <= 5, "{v}");
+            assert!(v["ok"].is_boolean());
+            assert!(
+                text.starts_with(b"{\"name\": \""),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
+            let t = c.timing();
+            assert!(t.masks > 0);
+        }
+        // The start is forced: `{"name": "` comes without sampling.
+        let mut c = g.constraint(true).unwrap();
+        let forced = c.start().unwrap();
+        assert!(!forced.is_empty());
+        let mut c = g.constraint(false).unwrap();
+        assert!(c.start().unwrap().is_empty());
+        assert_eq!(
+            c.valid_prefix(&[b'{' as TokenId, b'"' as TokenId, b'x' as TokenId]),
+            2
+        );
+    }
+
+    #[test]
+    fn bad_schemas_and_grammars_are_refused_with_reasons() {
+        let e = engine();
+        for (c, says) in [
+            (OutputConstraint::JsonSchema { schema: json!(3) }, "object"),
+            (
+                OutputConstraint::JsonSchema {
+                    schema: json!({"type": "strin"}),
+                },
+                "strin",
+            ),
+            (
+                OutputConstraint::Regex {
+                    pattern: "(a".into(),
+                },
+                "",
+            ),
+            (
+                OutputConstraint::Grammar {
+                    lark: "start: nope".into(),
+                },
+                "nope",
+            ),
+        ] {
+            let err = e.compile(&c).unwrap_err().to_string();
+            assert!(err.contains(says), "{c:?}: {err}");
+        }
+    }
+}
