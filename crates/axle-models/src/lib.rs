@@ -24,7 +24,7 @@ pub use model::{default_threads, DeviceChoice, Model, ModelOptions, Offload};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
 pub use sequence::Sequence;
-pub use tokenizer::{StreamDecoder, TokenId, Tokenizer};
+pub use tokenizer::{StreamDecoder, TokenId, TokenKind, Tokenizer};
 
 /// Errors of model loading and execution.
 #[derive(Debug, thiserror::Error)]

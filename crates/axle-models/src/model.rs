@@ -260,6 +260,11 @@ impl Model {
         self.family.hparams().n_ctx_train
     }
 
+    /// The chat template's source as the GGUF file carries it (None: no template in the file).
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_source.as_deref()
+    }
+
     /// The chat template (the model's, or the built-in one for its family).
     pub fn chat_template(&self) -> Result<ChatTemplate, ChatError> {
         let tok = &self.tokenizer;

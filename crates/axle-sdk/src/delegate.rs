@@ -222,6 +222,18 @@ impl Upstream {
         if req.tools.is_some() {
             return unsupported(Field::Tools, "tools are not passed to delegated backends");
         }
+        if req.tool_choice != axle_structured::tools::ToolChoice::Auto {
+            return unsupported(
+                Field::ToolChoice,
+                "tool_choice is not passed to delegated backends",
+            );
+        }
+        if req.format.is_some() {
+            return unsupported(
+                Field::ResponseFormat,
+                "response_format is not passed to delegated backends",
+            );
+        }
         if req.n != 1 {
             return unsupported(Field::N, "delegated backends take n = 1");
         }
@@ -340,6 +352,8 @@ impl Upstream {
                 ),
                 speculation: Speculation::default(),
                 upstream_reason: choice["finish_reason"].as_str().map(str::to_string),
+                tool_calls: Vec::new(),
+                constraint: Default::default(),
             },
             ..Completion::empty()
         })
@@ -519,6 +533,8 @@ impl DelegatedStream {
                             usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
                             speculation: Speculation::default(),
                             upstream_reason: self.finish.clone(),
+                            tool_calls: Vec::new(),
+                            constraint: Default::default(),
                         },
                     });
                 }

@@ -7,11 +7,12 @@ use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
     DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig, StepPlan, TokenLogprob, MAX_DRAFT,
+    SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::{
     Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StreamDecoder, TokenId,
 };
+use axle_structured::tools::{ToolCallParser, ToolFormat};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -124,6 +125,8 @@ pub struct RequestOptions {
     pub ignore_eos: bool,
     /// Use n-gram speculation when the engine has it on (the gate still decides per step).
     pub speculate: bool,
+    /// Look for tool calls of this format in the output.
+    pub tool_format: Option<ToolFormat>,
 }
 
 impl Default for RequestOptions {
@@ -135,6 +138,7 @@ impl Default for RequestOptions {
             stop_tokens: Vec::new(),
             ignore_eos: false,
             speculate: true,
+            tool_format: None,
         }
     }
 }
@@ -168,6 +172,17 @@ pub enum Output {
 struct TextState {
     decoder: StreamDecoder,
     stop: StopMatcher,
+    calls: Option<ToolCallParser>,
+}
+
+impl TextState {
+    /// Text after stop strings, with tool calls held back.
+    fn shown(&mut self, text: String) -> String {
+        match &mut self.calls {
+            Some(p) => p.push(&text),
+            None => text,
+        }
+    }
 }
 
 /// One model driven step by step.
@@ -411,6 +426,16 @@ impl EngineCore {
         prompt: Vec<TokenId>,
         opts: RequestOptions,
     ) -> Result<RequestId, SdkError> {
+        self.add_constrained(prompt, opts, None)
+    }
+
+    /// Queues a request whose output follows `constraint`.
+    pub fn add_constrained(
+        &mut self,
+        prompt: Vec<TokenId>,
+        opts: RequestOptions,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<RequestId, SdkError> {
         let mut stop_tokens = opts.stop_tokens.clone();
         if !opts.ignore_eos {
             stop_tokens.extend_from_slice(self.model.tokenizer.eog_tokens());
@@ -420,19 +445,23 @@ impl EngineCore {
         }
         let id = self
             .sched
-            .add(RequestSpec {
-                prompt,
-                sampling: opts.sampling,
-                max_tokens: opts.max_tokens,
-                stop_tokens,
-                speculate: opts.speculate,
-            })
+            .add_constrained(
+                RequestSpec {
+                    prompt,
+                    sampling: opts.sampling,
+                    max_tokens: opts.max_tokens,
+                    stop_tokens,
+                    speculate: opts.speculate,
+                },
+                constraint,
+            )
             .map_err(|e| SdkError::Rejected(e.into()))?;
         self.text.insert(
             id,
             TextState {
                 decoder: StreamDecoder::new(),
                 stop: StopMatcher::new(opts.stop_strings),
+                calls: opts.tool_format.map(ToolCallParser::new),
             },
         );
         Ok(id)
@@ -458,11 +487,18 @@ impl EngineCore {
         if let Some(st) = &mut self.states {
             st.release(id);
         }
+        let mut tool_calls = Vec::new();
         if let Some(mut t) = self.text.remove(&id) {
             if !matches!(reason, FinishReason::StopString) {
                 let rest = t.decoder.finish();
-                text.push_str(&t.stop.push(&rest).0);
-                text.push_str(&t.stop.finish());
+                let mut tail = t.stop.push(&rest).0;
+                tail.push_str(&t.stop.finish());
+                text.push_str(&t.shown(tail));
+            }
+            if let Some(p) = t.calls.take() {
+                let (rest, calls) = p.finish();
+                text.push_str(&rest);
+                tool_calls = calls;
             }
         }
         let stats = self.sched.stats(id);
@@ -485,6 +521,8 @@ impl EngineCore {
                     positions: s.positions,
                 },
                 upstream_reason: None,
+                tool_calls,
+                constraint: s.constraint,
             },
         }
     }
@@ -617,6 +655,7 @@ impl EngineCore {
                 };
                 let piece = t.decoder.push(&self.model.tokenizer, tok);
                 let (text, hit) = t.stop.push(&piece);
+                let text = t.shown(text);
                 if hit {
                     stopped = true;
                     self.sched.finish(ev.id, FinishReason::StopString);

@@ -1,8 +1,9 @@
 //! What a request produces, the same for every route: a stream of [`StreamEvent`]s ending in one
 //! [`Finish`], or, run to the end, one [`Completion`].
 use crate::SdkError;
-use axle_core::{FinishReason, PositionStats, TokenLogprob};
+use axle_core::{ConstraintTiming, FinishReason, PositionStats, TokenLogprob};
 use axle_models::TokenId;
+use axle_structured::tools::ToolCall;
 
 /// Token counts of a finished request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,6 +42,10 @@ pub struct Finish {
     /// The finish reason as a delegated upstream gave it (`tool_calls`, `content_filter`, ...),
     /// passed on as it is.
     pub upstream_reason: Option<String>,
+    /// Tool calls found in the output (their text is not part of the content).
+    pub tool_calls: Vec<ToolCall>,
+    /// Time spent on the output constraint's masks (native routes).
+    pub constraint: ConstraintTiming,
 }
 
 impl Finish {
@@ -48,6 +53,9 @@ impl Finish {
     pub fn openai_reason(&self) -> &str {
         if let Some(r) = &self.upstream_reason {
             return r;
+        }
+        if !self.tool_calls.is_empty() {
+            return "tool_calls";
         }
         match self.reason {
             FinishReason::Length | FinishReason::ContextLimit => "length",
@@ -128,6 +136,8 @@ impl Completion {
                 usage: None,
                 speculation: Speculation::default(),
                 upstream_reason: None,
+                tool_calls: Vec::new(),
+                constraint: ConstraintTiming::default(),
             },
         }
     }

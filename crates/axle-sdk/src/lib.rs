@@ -31,7 +31,10 @@ mod request;
 pub mod route;
 mod session;
 mod stop;
+mod structured;
 
+pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
+pub use axle_structured::OutputConstraint;
 pub use engine::{EngineConfig, EngineCore, EngineSizing, Output, RequestOptions};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};

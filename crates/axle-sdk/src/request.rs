@@ -9,6 +9,8 @@
 use crate::engine::RequestOptions;
 use axle_core::{AdmitError, SamplingField, SamplingParams};
 use axle_models::{ChatMessage, TokenId};
+use axle_structured::tools::ToolChoice;
+use axle_structured::OutputConstraint;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The defaults, each in one place.
@@ -94,8 +96,18 @@ pub struct SamplingOptions {
 pub struct GenerateRequest {
     /// What to generate from.
     pub prompt: Prompt,
-    /// Tool definitions (OpenAI's JSON), passed to the chat template; chat prompts only.
+    /// Tool definitions (OpenAI's JSON), shown to the model by its chat template (or by a
+    /// system prompt when the template has no tools); chat prompts only. Calls the model writes
+    /// come back as [`crate::Finish::tool_calls`].
     pub tools: Option<serde_json::Value>,
+    /// Which tool the model must call (`Required` and `Function` constrain decoding to a valid
+    /// call).
+    pub tool_choice: ToolChoice,
+    /// Whether a forced call may be several calls.
+    pub parallel_tool_calls: bool,
+    /// What the output must be (JSON for a schema, a pattern, a grammar); decoding is
+    /// constrained to it.
+    pub format: Option<OutputConstraint>,
     /// Most tokens to generate (default [`defaults::MAX_TOKENS`]).
     pub max_tokens: Option<usize>,
     /// Sampling options, as set.
@@ -127,6 +139,9 @@ impl GenerateRequest {
         GenerateRequest {
             prompt: prompt.into(),
             tools: None,
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+            format: None,
             max_tokens: None,
             sampling: SamplingOptions::default(),
             stop: Vec::new(),
@@ -176,6 +191,12 @@ impl GenerateRequest {
         };
         self.logit_bias = p.logit_bias.clone();
         self.logprobs = p.logprobs;
+        self
+    }
+
+    /// Constrains the output (JSON schema, JSON object, pattern, grammar).
+    pub fn format(mut self, f: OutputConstraint) -> Self {
+        self.format = Some(f);
         self
     }
 
@@ -236,6 +257,17 @@ impl GenerateRequest {
         if self.tools.is_some() && !matches!(self.prompt, Prompt::Chat(_)) {
             return invalid(Field::Tools, "tools go with chat messages".into());
         }
+        if self.tools.is_none()
+            && matches!(
+                self.tool_choice,
+                ToolChoice::Required | ToolChoice::Function(_)
+            )
+        {
+            return invalid(
+                Field::ToolChoice,
+                "a required tool call needs `tools`".into(),
+            );
+        }
         if let Prompt::Chat(m) = &self.prompt {
             if m.is_empty() {
                 return invalid(Field::Prompt, "messages must not be empty".into());
@@ -291,6 +323,7 @@ impl GenerateRequest {
             stop_tokens: self.stop_tokens.clone(),
             ignore_eos: self.ignore_eos,
             speculate: self.speculate,
+            tool_format: None,
         }
     }
 }

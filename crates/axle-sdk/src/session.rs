@@ -5,8 +5,9 @@
 use crate::engine::{EngineConfig, EngineCore, Output, RequestOptions};
 use crate::events::{Completion, StreamEvent};
 use crate::request::{check_vocab, Field, GenerateRequest, Prompt, Rejection};
+use crate::structured::{self, GrammarSlot};
 use crate::SdkError;
-use axle_core::{FinishReason, RequestId};
+use axle_core::{FinishReason, RequestId, TokenConstraint};
 use axle_models::{Model, TokenId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +24,7 @@ enum Command {
         ticket: u64,
         prompt: Vec<TokenId>,
         options: Box<RequestOptions>,
+        constraint: Option<Box<dyn TokenConstraint>>,
         events: events::UnboundedSender<StreamEvent>,
         ack: oneshot::Sender<Result<(), SdkError>>,
     },
@@ -48,6 +50,7 @@ pub struct Session {
     next_ticket: AtomicU64,
     thread: Option<JoinHandle<()>>,
     stats: Arc<std::sync::Mutex<EngineStats>>,
+    grammar: GrammarSlot,
 }
 
 /// The events of one choice of a native request, ending with `Done` or `Error`; dropping it
@@ -117,6 +120,7 @@ impl Session {
             next_ticket: AtomicU64::new(1),
             thread: Some(thread),
             stats,
+            grammar: GrammarSlot::default(),
         })
     }
 
@@ -131,21 +135,37 @@ impl Session {
     }
 
     /// The prompt's tokens, with the checks that need the model (the template renders, the ids
-    /// are in the vocabulary).
+    /// are in the vocabulary). Tools reach the prompt through the template, or through a system
+    /// prompt when the template has none.
     pub fn prompt_tokens(&self, req: &GenerateRequest) -> Result<Vec<TokenId>, SdkError> {
+        let plan = structured::plan(req, self.model.chat_template_source())?;
+        self.planned_tokens(req, &plan)
+    }
+
+    fn planned_tokens(
+        &self,
+        req: &GenerateRequest,
+        plan: &structured::Plan,
+    ) -> Result<Vec<TokenId>, SdkError> {
         let tok = &self.model.tokenizer;
         let vocab = tok.len();
-        let ids = match &req.prompt {
-            Prompt::Text(t) => tok.encode(t, true, false),
-            Prompt::Chat(m) => self.model.encode_chat(m, req.tools.as_ref()).map_err(|e| {
-                let field = if req.tools.is_some() {
-                    Field::Tools
-                } else {
-                    Field::Prompt
-                };
-                Rejection::invalid(field, e.to_string())
-            })?,
-            Prompt::Tokens(t) => {
+        let ids = match (&req.prompt, &plan.messages) {
+            (Prompt::Text(t), _) => tok.encode(t, true, false),
+            (Prompt::Chat(m), planned) => self
+                .model
+                .encode_chat(
+                    planned.as_deref().unwrap_or(m),
+                    plan.template_tools.as_ref(),
+                )
+                .map_err(|e| {
+                    let field = if req.tools.is_some() {
+                        Field::Tools
+                    } else {
+                        Field::Prompt
+                    };
+                    Rejection::invalid(field, e.to_string())
+                })?,
+            (Prompt::Tokens(t), _) => {
                 check_vocab(t, vocab, Field::Prompt)?;
                 t.clone()
             }
@@ -158,10 +178,23 @@ impl Session {
     }
 
     /// Checks a request and queues its choices; the acknowledgements come back through
-    /// `acks`.
+    /// `acks`. A constrained request compiles its grammar here, on the caller's thread.
     fn submit(&self, req: &GenerateRequest) -> Result<(Vec<TokenStream>, Vec<Ack>), SdkError> {
         req.validate()?;
-        let prompt = self.prompt_tokens(req)?;
+        let plan = structured::plan(req, self.model.chat_template_source())?;
+        let prompt = self.planned_tokens(req, &plan)?;
+        let grammar = match &plan.constraint {
+            Some((c, field)) => {
+                let engine = self.grammar.get(&self.model)?;
+                let compiled = if plan.json_grammar {
+                    engine.compile_with(c, Some(axle_structured::JSON_DIGIT_LIMIT))
+                } else {
+                    engine.compile(c)
+                };
+                Some(compiled.map_err(|e| Rejection::invalid(*field, e.to_string()))?)
+            }
+            None => None,
+        };
         let mut streams = Vec::with_capacity(req.n);
         let mut acks = Vec::with_capacity(req.n);
         let seed = req.base_seed();
@@ -169,11 +202,22 @@ impl Session {
             let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = events::unbounded_channel();
             let (ack, ack_rx) = oneshot::channel();
+            let mut options = req.options(choice, seed);
+            options.tool_format = plan.tool_format;
+            // Forced tokens have no log-probabilities: a request that wants them samples all.
+            let constraint = match &grammar {
+                Some(g) => Some(
+                    g.constraint(req.logprobs.is_none())
+                        .map_err(|e| SdkError::Config(e.to_string()))?,
+                ),
+                None => None,
+            };
             self.tx
                 .send(Command::Submit {
                     ticket,
                     prompt: prompt.clone(),
-                    options: Box::new(req.options(choice, seed)),
+                    options: Box::new(options),
+                    constraint,
                     events,
                     ack,
                 })
@@ -269,9 +313,10 @@ fn engine_loop(
                     ticket,
                     prompt,
                     options,
+                    constraint,
                     events,
                     ack,
-                } => match engine.add(prompt, *options) {
+                } => match engine.add_constrained(prompt, *options, constraint) {
                     Ok(id) => {
                         by_ticket.insert(ticket, id);
                         streams.insert(id, (ticket, events));

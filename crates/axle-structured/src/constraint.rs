@@ -17,6 +17,46 @@ use std::time::Instant;
 /// Compiles constraints for one model's vocabulary.
 pub struct GrammarEngine {
     factory: ParserFactory,
+    digits: Arc<DigitRuns>,
+}
+
+/// The longest run of ASCII digits a JSON answer may hold (llama.cpp's JSON grammars bound the
+/// integral and the fraction part of a number to 16 digits each): JSON grammars allow numbers of
+/// any length, and a small model that starts repeating a digit never stops.
+pub const JSON_DIGIT_LIMIT: usize = 16;
+
+/// The digits at the edges of every token, to bound runs of digits in the output.
+#[derive(Debug, Default)]
+struct DigitRuns {
+    /// Tokens that start with a digit, with their leading digits.
+    leading: Vec<(TokenId, u8)>,
+    /// Trailing digits of each token, and whether it is all digits.
+    trailing: Vec<(u8, bool)>,
+}
+
+impl DigitRuns {
+    fn new(tokens: &[Vec<u8>]) -> DigitRuns {
+        let mut d = DigitRuns::default();
+        for (t, b) in tokens.iter().enumerate() {
+            let lead = b.iter().take_while(|c| c.is_ascii_digit()).count();
+            let trail = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+            let all = !b.is_empty() && lead == b.len();
+            if lead > 0 {
+                d.leading.push((t as TokenId, lead.min(255) as u8));
+            }
+            d.trailing.push((trail.min(255) as u8, all));
+        }
+        d
+    }
+
+    /// The run of digits after `token`, given the run before it.
+    fn after(&self, run: usize, token: TokenId) -> usize {
+        match self.trailing.get(token as usize) {
+            Some(&(n, true)) => run + n as usize,
+            Some(&(n, false)) => n as usize,
+            None => 0,
+        }
+    }
 }
 
 impl std::fmt::Debug for GrammarEngine {
@@ -30,15 +70,32 @@ impl std::fmt::Debug for GrammarEngine {
 impl GrammarEngine {
     /// An engine for `vocab` (builds the token trie: tens of milliseconds per 100k tokens).
     pub fn new(vocab: Vocabulary) -> Result<GrammarEngine, StructuredError> {
+        let digits = Arc::new(DigitRuns::new(&vocab.tokens));
         let env: TokEnv = Arc::new(TokenEnv::new(vocab)?);
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| StructuredError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        Ok(GrammarEngine { factory })
+        Ok(GrammarEngine { factory, digits })
     }
 
     /// Compiles a constraint; errors name what is wrong with the schema, pattern or grammar.
+    /// JSON answers hold runs of at most [`JSON_DIGIT_LIMIT`] digits.
     pub fn compile(&self, c: &OutputConstraint) -> Result<Grammar, StructuredError> {
+        let limit = matches!(
+            c,
+            OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. }
+        )
+        .then_some(JSON_DIGIT_LIMIT);
+        self.compile_with(c, limit)
+    }
+
+    /// [`GrammarEngine::compile`] with a chosen bound on runs of digits (None: unbounded). The
+    /// bound gives way where the grammar needs more digits.
+    pub fn compile_with(
+        &self,
+        c: &OutputConstraint,
+        digit_limit: Option<usize>,
+    ) -> Result<Grammar, StructuredError> {
         let parser = self
             .factory
             .create_parser(c.grammar()?)
@@ -47,13 +104,17 @@ impl GrammarEngine {
         if let Some(e) = matcher.get_error() {
             return Err(StructuredError::Invalid(e));
         }
-        Ok(Grammar { matcher })
+        Ok(Grammar {
+            matcher,
+            digits: digit_limit.map(|l| (self.digits.clone(), l)),
+        })
     }
 }
 
 /// A compiled constraint, ready to start any number of choices.
 pub struct Grammar {
     matcher: Matcher,
+    digits: Option<(Arc<DigitRuns>, usize)>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -73,6 +134,8 @@ impl Grammar {
             force,
             mask: None,
             timing: timing.clone(),
+            digits: self.digits.clone(),
+            run: 0,
         };
         std::thread::Builder::new()
             .name("axle-grammar".into())
@@ -106,6 +169,9 @@ struct Worker {
     force: bool,
     mask: Option<Result<Allowed, String>>,
     timing: Arc<Counters>,
+    digits: Option<(Arc<DigitRuns>, usize)>,
+    /// Digits at the end of the output so far.
+    run: usize,
 }
 
 impl Worker {
@@ -114,6 +180,7 @@ impl Worker {
             match cmd {
                 Command::Start(reply) => {
                     let forced = self.forced();
+                    self.took(&forced);
                     let _ = reply.send(self.checked(forced));
                     self.precompute();
                 }
@@ -123,6 +190,7 @@ impl Worker {
                 }
                 Command::Advance(token, reply) => {
                     self.mask = None;
+                    self.took(&[token]);
                     let r = self
                         .matcher
                         .consume_token(token)
@@ -133,6 +201,7 @@ impl Worker {
                             } else {
                                 self.forced()
                             };
+                            self.took(&forced);
                             Advanced {
                                 finished: self.matcher.is_stopped(),
                                 forced,
@@ -149,6 +218,41 @@ impl Worker {
                     let n = self.matcher.validate_tokens(&tokens).unwrap_or(0);
                     let _ = reply.send(n);
                 }
+            }
+        }
+    }
+
+    fn took(&mut self, tokens: &[TokenId]) {
+        if let Some((d, _)) = &self.digits {
+            for &t in tokens {
+                self.run = d.after(self.run, t);
+            }
+        }
+    }
+
+    /// Clears the tokens that would make the run of digits longer than the limit, unless the
+    /// grammar then allows nothing else.
+    fn bound_digits(&self, words: &mut [u32]) {
+        let Some((d, limit)) = &self.digits else {
+            return;
+        };
+        let mut cleared = Vec::new();
+        for &(t, lead) in &d.leading {
+            let (w, bit) = (t as usize / 32, 1u32 << (t % 32));
+            let Some(word) = words.get_mut(w) else {
+                continue;
+            };
+            if *word & bit == 0 {
+                continue;
+            }
+            if self.run + lead as usize > *limit {
+                *word &= !bit;
+                cleared.push((w, bit));
+            }
+        }
+        if !cleared.is_empty() && words.iter().all(|&w| w == 0) {
+            for (w, bit) in cleared {
+                words[w] |= bit;
             }
         }
     }
@@ -190,8 +294,10 @@ impl Worker {
                             .any(|&t| vob.is_allowed(t))
                     })
                     .map_err(|e| e.to_string())?;
+                let mut words = vob.as_slice().to_vec();
+                self.bound_digits(&mut words);
                 Ok(Allowed {
-                    mask: TokenMask::from_words(vob.as_slice().to_vec()),
+                    mask: TokenMask::from_words(words),
                     may_end,
                 })
             });
@@ -292,6 +398,44 @@ mod tests {
             canonical: true,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn json_digit_runs_are_bounded() {
+        let e = engine();
+        let g = e
+            .compile(&OutputConstraint::JsonSchema {
+                schema: json!({"type": "object", "properties": {"n": {"type": "number"}},
+                    "required": ["n"], "additionalProperties": false}),
+            })
+            .unwrap();
+        // A "model" that always prefers the digit 9.
+        let mut c = g.constraint(true).unwrap();
+        let text = run(c.as_mut(), |t, _| {
+            if t == b'9' as TokenId {
+                1000
+            } else {
+                t as u64
+            }
+        });
+        let s = String::from_utf8(text).unwrap();
+        let v: Value = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
+        assert!(v["n"].is_number(), "{s}");
+        let longest = s
+            .split(|c: char| !c.is_ascii_digit())
+            .map(str::len)
+            .max()
+            .unwrap();
+        assert_eq!(longest, JSON_DIGIT_LIMIT, "{s}");
+        // A pattern that needs more digits still gets them.
+        let g = e
+            .compile(&OutputConstraint::JsonSchema {
+                schema: json!({"type": "string", "pattern": "^[0-9]{20}$"}),
+            })
+            .unwrap();
+        let mut c = g.constraint(true).unwrap();
+        let text = run(c.as_mut(), |t, _| t as u64);
+        assert_eq!(text.len(), 22, "{}", String::from_utf8_lossy(&text));
     }
 
     /// Runs a constraint with a "model" that picks the allowed token of highest `score`.

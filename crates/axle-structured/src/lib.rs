@@ -16,7 +16,7 @@ mod format;
 pub mod tools;
 mod vocabulary;
 
-pub use constraint::{Grammar, GrammarEngine};
+pub use constraint::{Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
 pub use format::OutputConstraint;
 pub use vocabulary::Vocabulary;
 

@@ -166,7 +166,7 @@ pub fn render_result(content: &str) -> String {
 }
 
 /// The constraint that makes the model call tools: one call (or one or more with `parallel`) of
-/// `tools`, or of the named one. With `or_answer`, a JSON answer of that schema is the other
+/// `tools`, or one call of the named one. With `or_answer`, a JSON answer of that schema is the other
 /// choice (`tool_choice: auto` with `response_format`).
 pub fn call_constraint(
     format: ToolFormat,
@@ -186,6 +186,8 @@ pub fn call_constraint(
         },
         _ => tools.iter().collect(),
     };
+    // A named function is one call of it.
+    let parallel = parallel && !matches!(choice, ToolChoice::Function(_));
     let args_key = match format {
         ToolFormat::Llama3 => "parameters",
         _ => "arguments",

@@ -308,6 +308,12 @@ impl Tokenizer {
         self.tokens.is_empty()
     }
 
+    /// Whether encoding puts a space before text that starts a string (SentencePiece's
+    /// `add_space_prefix`): then a piece of text does not encode the same everywhere.
+    pub fn adds_space_prefix(&self) -> bool {
+        self.algorithm == Algorithm::Spm && self.add_space_prefix
+    }
+
     /// Tokens that end generation (EOS, EOT and the chat end-of-turn markers).
     pub fn eog_tokens(&self) -> &[TokenId] {
         &self.eog
