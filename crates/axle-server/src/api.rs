@@ -7,8 +7,8 @@ use crate::openai::{
     names, AssistantMessage, ChatChoice, ChatCompletionRequest, ChatLogprobs, ChunkChoice,
     Completion as WireCompletion, CompletionRequest, Delta, DetokenizeRequest, GenerationFields,
     LogprobEntry, ModelCard, ModelList, Text, TextChoice, TextLogprobs, TokenChoice, TokenChunk,
-    TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, TopLogprob, UsageBody,
-    WireError,
+    TokenCompletion, TokenGenerationRequest, TokenizeRequest, Tokens, ToolCallBody, ToolCallDelta,
+    TopLogprob, UsageBody, WireError,
 };
 use crate::{ApiError, AppState};
 use axle_sdk::{
@@ -337,6 +337,16 @@ impl View {
         self.state.model_name.clone()
     }
 
+    /// The wire form of a choice's tool calls, with ids unique to this completion.
+    fn tool_calls(&self, choice: usize, calls: &[axle_sdk::ToolCall]) -> Vec<ToolCallBody> {
+        let stem = self.id.rsplit('-').next().unwrap_or("0");
+        calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| ToolCallBody::of(c, format!("call_{stem}_{choice}_{k}")))
+            .collect()
+    }
+
     fn runtime(&self) -> Arc<axle_sdk::RuntimeReport> {
         self.state.runtime.clone()
     }
@@ -353,7 +363,9 @@ impl View {
                             index,
                             message: AssistantMessage {
                                 role: "assistant".into(),
-                                content: c.text.clone(),
+                                content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
+                                    .then(|| c.text.clone()),
+                                tool_calls: self.tool_calls(index, &c.finish.tool_calls),
                             },
                             logprobs: self.chat_logprobs(&c.logprobs),
                             finish_reason: c.finish.openai_reason().into(),
@@ -460,10 +472,30 @@ impl View {
                 vec![self.text_chunk(index, text, &lps, offset, None)]
             }
             (_, StreamEvent::Done { text, finish: f }) => {
-                // The held-back text, then the finish.
+                // The held-back text, the tool calls, then the finish.
                 let mut out = Vec::new();
                 if !text.is_empty() {
                     out.push(self.text_chunk(index, text, &[], offset, None));
+                }
+                if self.flavor == Flavor::Chat && !f.tool_calls.is_empty() {
+                    let calls = self
+                        .tool_calls(index, &f.tool_calls)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, call)| ToolCallDelta { index: i, call })
+                        .collect();
+                    out.push(self.chunk(
+                        Some(ChunkChoice {
+                            index,
+                            delta: Delta {
+                                tool_calls: Some(calls),
+                                ..Delta::default()
+                            },
+                            logprobs: None,
+                            finish_reason: None,
+                        }),
+                        false,
+                    ));
                 }
                 out.push(self.text_chunk(index, "", &[], offset, finish(f.openai_reason())));
                 out
@@ -487,8 +519,8 @@ impl View {
                 Some(ChunkChoice {
                     index,
                     delta: Delta {
-                        role: None,
                         content,
+                        ..Delta::default()
                     },
                     logprobs: if lps.is_empty() {
                         None
@@ -562,6 +594,7 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) 
                         delta: Delta {
                             role: Some("assistant".into()),
                             content: Some(String::new()),
+                            tool_calls: None,
                         },
                         logprobs: None,
                         finish_reason: None,

@@ -3,7 +3,8 @@
 //! tests use these; nothing else writes OpenAI JSON by hand.
 use axle_models::ChatMessage;
 use axle_sdk::{
-    Field, GenerateRequest, Prompt, Rejection, RuntimeReport, SamplingField, SamplingOptions,
+    Field, GenerateRequest, OutputConstraint, Prompt, Rejection, RuntimeReport, SamplingField,
+    SamplingOptions, ToolCall, ToolChoice,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -64,6 +65,125 @@ pub struct Message {
     pub role: String,
     /// Its content.
     pub content: Option<Content>,
+    /// An assistant message's tool calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallBody>>,
+    /// A tool message's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A tool call, in messages and in responses.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ToolCallBody {
+    /// `call_...`.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The call.
+    pub function: FunctionCall,
+}
+
+/// A function call: its name and its arguments as JSON text.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct FunctionCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments (a JSON object, as text).
+    pub arguments: String,
+}
+
+impl ToolCallBody {
+    /// The wire form of a call found in the output (`id` from the completion id and index).
+    pub fn of(call: &ToolCall, id: String) -> ToolCallBody {
+        ToolCallBody {
+            id,
+            kind: "function".into(),
+            function: FunctionCall {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        }
+    }
+}
+
+/// A streamed tool call (OpenAI's `delta.tool_calls[]`): whole, in one chunk.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ToolCallDelta {
+    /// Position among the choice's calls.
+    pub index: usize,
+    /// The call.
+    #[serde(flatten)]
+    pub call: ToolCallBody,
+}
+
+/// `response_format` (OpenAI's `text`, `json_object`, `json_schema`; Axle's `regex` and
+/// `grammar`, a Lark grammar in llguidance's dialect).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON for a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+    /// Text matching a regular expression.
+    Regex {
+        /// The pattern.
+        regex: String,
+    },
+    /// Text of a Lark grammar.
+    Grammar {
+        /// The grammar.
+        grammar: String,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    pub name: String,
+    /// What it is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The schema (default: any JSON value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// OpenAI's strict mode; Axle always follows the schema exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The SDK's constraint (None for text).
+    pub fn constraint(&self) -> Option<OutputConstraint> {
+        match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(OutputConstraint::JsonObject),
+            ResponseFormat::JsonSchema { json_schema } => Some(OutputConstraint::JsonSchema {
+                schema: json_schema
+                    .schema
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({})),
+            }),
+            ResponseFormat::Regex { regex } => Some(OutputConstraint::Regex {
+                pattern: regex.clone(),
+            }),
+            ResponseFormat::Grammar { grammar } => Some(OutputConstraint::Grammar {
+                lark: grammar.clone(),
+            }),
+        }
+    }
 }
 
 /// `stream_options`.
@@ -107,6 +227,8 @@ pub struct GenerationFields {
     pub ignore_eos: Option<bool>,
     /// Allow n-gram speculation (default true; it never changes the output).
     pub ngram: Option<bool>,
+    /// What the output must be; decoding is constrained to it.
+    pub response_format: Option<Value>,
     /// Every other field: refused by name unless it is metadata (`user`, `metadata`) or null.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
@@ -162,7 +284,14 @@ impl GenerationFields {
             logit_bias.push((id, v));
         }
         logit_bias.sort_by_key(|b| b.0);
+        let format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(v) => serde_json::from_value::<ResponseFormat>(v.clone())
+                .map_err(|e| invalid(Field::ResponseFormat, e.to_string()))?
+                .constraint(),
+        };
         Ok(GenerateRequest {
+            format,
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
             sampling: self.sampling.clone(),
             stop: match &self.stop {
@@ -211,11 +340,13 @@ fn invalid(field: Field, reason: impl Into<String>) -> WireError {
 pub struct ChatCompletionRequest {
     /// The conversation.
     pub messages: Vec<Message>,
-    /// Tool definitions, passed to the chat template.
+    /// Tool definitions, shown to the model through its chat template (or a system prompt).
     pub tools: Option<Value>,
-    /// `auto` (or unset): the model decides from the template's tool prompt; other choices
-    /// (`none`, `required`, a named function) would need constrained decoding and are refused.
+    /// `auto` (default), `none`, `required`, or `{"type": "function", "function": {"name"}}`;
+    /// the last two constrain decoding to a valid call.
     pub tool_choice: Option<Value>,
+    /// Whether a required call may be several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Shared fields.
     #[serde(flatten)]
     pub fields: GenerationFields,
@@ -249,20 +380,44 @@ impl ChatCompletionRequest {
                     s
                 }
             };
-            msgs.push(ChatMessage::new(&m.role, &text));
+            let mut msg = ChatMessage::new(&m.role, &text);
+            if let Some(calls) = &m.tool_calls {
+                // Templates render arguments as JSON objects: parse the wire's text.
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .map(|c| {
+                        let args = serde_json::from_str::<Value>(&c.function.arguments)
+                            .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+                        serde_json::json!({"id": c.id, "type": "function",
+                            "function": {"name": c.function.name, "arguments": args}})
+                    })
+                    .collect();
+                msg.tool_calls = Some(Value::Array(calls));
+            }
+            msg.tool_call_id = m.tool_call_id.clone();
+            msg.name = m.name.clone();
+            msgs.push(msg);
         }
         let mut req = self.fields.request(Prompt::Chat(msgs))?;
         req.tools = self.tools.clone().filter(|t| !t.is_null());
-        match &self.tool_choice {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "auto" => {}
-            Some(other) => {
-                return Err(WireError::Unsupported {
-                    field: "tool_choice",
-                    reason: format!("only \"auto\" is supported, not {other}"),
-                })
-            }
-        }
+        req.tool_choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "none" => ToolChoice::None,
+            Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+                Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                    ToolChoice::Function(name.to_string())
+                }
+                _ => {
+                    return Err(invalid(
+                        Field::ToolChoice,
+                        format!("must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, not {v}"),
+                    ))
+                }
+            },
+        };
+        req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         Ok(req)
     }
 }
@@ -421,8 +576,11 @@ pub struct TextLogprobs {
 pub struct AssistantMessage {
     /// `assistant`.
     pub role: String,
-    /// Its text.
-    pub content: String,
+    /// Its text (null when the reply is only tool calls).
+    pub content: Option<String>,
+    /// Tool calls found in the reply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallBody>,
 }
 
 /// A chat choice.
@@ -447,6 +605,9 @@ pub struct Delta {
     /// Text to append.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls, each whole, in the choice's last chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// A streamed chat choice.
@@ -628,9 +789,8 @@ mod tests {
     #[test]
     fn unknown_and_malformed_fields_are_named() {
         let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
-        let e =
-            chat(serde_json::json!({"messages": msgs, "response_format": {"type": "json_object"}}));
-        assert_eq!(e, Err(WireError::Unknown("response_format".into())));
+        let e = chat(serde_json::json!({"messages": msgs, "guided_json": {"type": "object"}}));
+        assert_eq!(e, Err(WireError::Unknown("guided_json".into())));
         let field = |extra: Value| {
             let mut body = serde_json::json!({"messages": msgs});
             for (k, v) in extra.as_object().expect("object") {
@@ -659,5 +819,64 @@ mod tests {
             ),
             Field::Prompt
         );
+        for bad in [
+            serde_json::json!({"type": "xml"}),
+            serde_json::json!({"type": "json_schema"}),
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "a", "extra": 1}}),
+            serde_json::json!("json"),
+        ] {
+            assert_eq!(
+                field(serde_json::json!({"response_format": bad})),
+                Field::ResponseFormat
+            );
+        }
+        for bad in [
+            serde_json::json!("sometimes"),
+            serde_json::json!({"type": "function"}),
+            serde_json::json!({"type": "code", "function": {"name": "f"}}),
+        ] {
+            assert_eq!(
+                field(serde_json::json!({"tool_choice": bad})),
+                Field::ToolChoice
+            );
+        }
+    }
+
+    #[test]
+    fn formats_and_tool_choices_map_onto_the_request() {
+        let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let r = chat(
+            serde_json::json!({"messages": msgs, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "p", "strict": true, "schema": {"type": "object"}}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.format,
+            Some(OutputConstraint::JsonSchema {
+                schema: serde_json::json!({"type": "object"})
+            })
+        );
+        let r = chat(serde_json::json!({"messages": msgs, "response_format": {"type": "text"}}))
+            .unwrap();
+        assert_eq!(r.format, None);
+        let r = chat(
+            serde_json::json!({"messages": msgs, "tools": [], "parallel_tool_calls": false,
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        )
+        .unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Function("f".into()));
+        assert!(!r.parallel_tool_calls);
+        // A tool call in the history reaches the template with its arguments as an object.
+        let r = chat(serde_json::json!({"messages": [
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"}]}))
+        .unwrap();
+        let Prompt::Chat(m) = r.prompt else { panic!() };
+        assert_eq!(
+            m[0].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["a"],
+            1
+        );
+        assert_eq!(m[1].tool_call_id.as_deref(), Some("c1"));
     }
 }
