@@ -14,6 +14,7 @@ pub mod scenario;
 pub mod server;
 pub mod soak;
 pub mod stats;
+pub mod structured;
 
 /// The libllama oracle's `n_gpu_layers` that puts the same layers on the GPU as `model` has:
 /// 0 on the CPU, every layer and the head (999) when the model is wholly offloaded.

@@ -108,6 +108,11 @@ pub struct GenerateRequest {
     /// What the output must be (JSON for a schema, a pattern, a grammar); decoding is
     /// constrained to it.
     pub format: Option<OutputConstraint>,
+    /// Emit tokens the constraint forces (the only ones it allows) without sampling them; they
+    /// are computed with the next step. Off, every token is sampled under its mask (the model
+    /// may then spell forced text with other tokens; the bench uses it to measure the mask's
+    /// cost alone). Off as well when the request wants log-probabilities.
+    pub fast_forward: bool,
     /// Most tokens to generate (default [`defaults::MAX_TOKENS`]).
     pub max_tokens: Option<usize>,
     /// Sampling options, as set.
@@ -142,6 +147,7 @@ impl GenerateRequest {
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
             format: None,
+            fast_forward: true,
             max_tokens: None,
             sampling: SamplingOptions::default(),
             stop: Vec::new(),

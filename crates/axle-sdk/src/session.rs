@@ -51,6 +51,9 @@ pub struct Session {
     thread: Option<JoinHandle<()>>,
     stats: Arc<std::sync::Mutex<EngineStats>>,
     grammar: GrammarSlot,
+    /// Compute constraint masks on worker threads, overlapping the forward pass (when a core is
+    /// left over by the model's threads, or the model runs on a GPU).
+    overlap: bool,
 }
 
 /// The events of one choice of a native request, ending with `Done` or `Error`; dropping it
@@ -115,12 +118,13 @@ impl Session {
             .spawn(move || engine_loop(&mut engine, rx, &stats_thread))
             .map_err(|e| SdkError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Session {
-            model,
+            model: model.clone(),
             tx,
             next_ticket: AtomicU64::new(1),
             thread: Some(thread),
             stats,
             grammar: GrammarSlot::default(),
+            overlap: structured::overlap_masks(&model),
         })
     }
 
@@ -207,7 +211,7 @@ impl Session {
             // Forced tokens have no log-probabilities: a request that wants them samples all.
             let constraint = match &grammar {
                 Some(g) => Some(
-                    g.constraint(req.logprobs.is_none())
+                    g.constraint(req.fast_forward && req.logprobs.is_none(), self.overlap)
                         .map_err(|e| SdkError::Config(e.to_string()))?,
                 ),
                 None => None,

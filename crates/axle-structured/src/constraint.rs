@@ -126,8 +126,14 @@ impl std::fmt::Debug for Grammar {
 impl Grammar {
     /// A fresh constraint for one choice. With `force`, tokens the grammar allows alone are
     /// emitted without sampling (off when a request wants log-probabilities of every token).
-    pub fn constraint(&self, force: bool) -> Result<Box<dyn TokenConstraint>, StructuredError> {
-        let (tx, rx) = mpsc::channel::<Command>();
+    /// With `overlap`, a worker thread computes each next mask while the model runs (worth it
+    /// where a core is free of the model's threads; on a machine whose cores all run the model,
+    /// the worker only takes a core from it, so the mask is computed in place).
+    pub fn constraint(
+        &self,
+        force: bool,
+        overlap: bool,
+    ) -> Result<Box<dyn TokenConstraint>, StructuredError> {
         let timing = Arc::new(Counters::default());
         let mut worker = Worker {
             matcher: self.matcher.deep_clone(),
@@ -137,11 +143,15 @@ impl Grammar {
             digits: self.digits.clone(),
             run: 0,
         };
+        if !overlap {
+            return Ok(Box::new(GrammarConstraint::Inline(Box::new(worker))));
+        }
+        let (tx, rx) = mpsc::channel::<Command>();
         std::thread::Builder::new()
             .name("axle-grammar".into())
             .spawn(move || worker.run(rx))
             .map_err(|e| StructuredError::Worker(e.to_string()))?;
-        Ok(Box::new(GrammarConstraint {
+        Ok(Box::new(GrammarConstraint::Threaded {
             tx,
             timing,
             wait_us: 0,
@@ -174,40 +184,29 @@ struct Worker {
     run: usize,
 }
 
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("run", &self.run).finish()
+    }
+}
+
 impl Worker {
     fn run(&mut self, rx: Receiver<Command>) {
         while let Ok(cmd) = rx.recv() {
             match cmd {
                 Command::Start(reply) => {
-                    let forced = self.forced();
-                    self.took(&forced);
-                    let _ = reply.send(self.checked(forced));
-                    self.precompute();
+                    let r = self.start();
+                    let ok = r.is_ok();
+                    let _ = reply.send(r);
+                    if ok {
+                        self.precompute();
+                    }
                 }
                 Command::Allowed(reply) => {
-                    let mask = self.mask.take().unwrap_or_else(|| self.compute());
-                    let _ = reply.send(mask);
+                    let _ = reply.send(self.allowed());
                 }
                 Command::Advance(token, reply) => {
-                    self.mask = None;
-                    self.took(&[token]);
-                    let r = self
-                        .matcher
-                        .consume_token(token)
-                        .map_err(|e| e.to_string())
-                        .map(|()| {
-                            let forced = if self.matcher.is_stopped() {
-                                Vec::new()
-                            } else {
-                                self.forced()
-                            };
-                            self.took(&forced);
-                            Advanced {
-                                finished: self.matcher.is_stopped(),
-                                forced,
-                            }
-                        });
-                    let r = r.and_then(|a| self.checked(a));
+                    let r = self.advance(token);
                     let ok = r.as_ref().is_ok_and(|a| !a.finished);
                     let _ = reply.send(r);
                     if ok {
@@ -215,11 +214,43 @@ impl Worker {
                     }
                 }
                 Command::ValidPrefix(tokens, reply) => {
-                    let n = self.matcher.validate_tokens(&tokens).unwrap_or(0);
-                    let _ = reply.send(n);
+                    let _ = reply.send(self.valid_prefix(&tokens));
                 }
             }
         }
+    }
+
+    fn start(&mut self) -> Result<Vec<TokenId>, String> {
+        let forced = self.forced();
+        self.took(&forced);
+        self.checked(forced)
+    }
+
+    fn allowed(&mut self) -> Result<Allowed, String> {
+        self.mask.take().unwrap_or_else(|| self.compute())
+    }
+
+    fn advance(&mut self, token: TokenId) -> Result<Advanced, String> {
+        self.mask = None;
+        self.took(&[token]);
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| e.to_string())?;
+        let forced = if self.matcher.is_stopped() {
+            Vec::new()
+        } else {
+            self.forced()
+        };
+        self.took(&forced);
+        let a = Advanced {
+            finished: self.matcher.is_stopped(),
+            forced,
+        };
+        self.checked(a)
+    }
+
+    fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
     }
 
     fn took(&mut self, tokens: &[TokenId]) {
@@ -309,52 +340,81 @@ impl Worker {
     }
 }
 
-/// The engine thread's handle on a worker.
+/// The engine thread's handle on a constraint: a worker thread that computes ahead, or the
+/// worker's state used in place.
 #[derive(Debug)]
-struct GrammarConstraint {
-    tx: Sender<Command>,
-    timing: Arc<Counters>,
-    wait_us: u64,
+enum GrammarConstraint {
+    Threaded {
+        tx: Sender<Command>,
+        timing: Arc<Counters>,
+        wait_us: u64,
+    },
+    Inline(Box<Worker>),
 }
 
 impl GrammarConstraint {
     fn ask<T>(&mut self, cmd: impl FnOnce(Sender<T>) -> Command) -> Result<T, String> {
+        let GrammarConstraint::Threaded { tx, wait_us, .. } = self else {
+            return Err("not threaded".into());
+        };
         let t0 = Instant::now();
-        let (tx, rx) = mpsc::channel();
-        self.tx
-            .send(cmd(tx))
+        let (reply, rx) = mpsc::channel();
+        tx.send(cmd(reply))
             .map_err(|_| "the grammar worker stopped".to_string())?;
         let r = rx
             .recv()
             .map_err(|_| "the grammar worker stopped".to_string());
-        self.wait_us += t0.elapsed().as_micros() as u64;
+        *wait_us += t0.elapsed().as_micros() as u64;
         r
     }
 }
 
 impl TokenConstraint for GrammarConstraint {
     fn start(&mut self) -> Result<Vec<TokenId>, String> {
-        self.ask(Command::Start)?
+        match self {
+            GrammarConstraint::Inline(w) => w.start(),
+            _ => self.ask(Command::Start)?,
+        }
     }
 
     fn allowed(&mut self) -> Result<Allowed, String> {
-        self.ask(Command::Allowed)?
+        match self {
+            GrammarConstraint::Inline(w) => w.allowed(),
+            _ => self.ask(Command::Allowed)?,
+        }
     }
 
     fn advance(&mut self, token: TokenId) -> Result<Advanced, String> {
-        self.ask(|r| Command::Advance(token, r))?
+        match self {
+            GrammarConstraint::Inline(w) => w.advance(token),
+            _ => self.ask(|r| Command::Advance(token, r))?,
+        }
     }
 
     fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
-        let tokens = tokens.to_vec();
-        self.ask(|r| Command::ValidPrefix(tokens, r)).unwrap_or(0)
+        match self {
+            GrammarConstraint::Inline(w) => w.valid_prefix(tokens),
+            _ => {
+                let tokens = tokens.to_vec();
+                self.ask(|r| Command::ValidPrefix(tokens, r)).unwrap_or(0)
+            }
+        }
     }
 
     fn timing(&self) -> ConstraintTiming {
+        let (timing, wait_us) = match self {
+            GrammarConstraint::Threaded {
+                timing, wait_us, ..
+            } => (timing, *wait_us),
+            // Inline, the engine waits for every mask it computes.
+            GrammarConstraint::Inline(w) => {
+                (&w.timing, w.timing.compute_us.load(Ordering::Relaxed))
+            }
+        };
         ConstraintTiming {
-            masks: self.timing.masks.load(Ordering::Relaxed),
-            compute_us: self.timing.compute_us.load(Ordering::Relaxed),
-            wait_us: self.wait_us,
+            masks: timing.masks.load(Ordering::Relaxed),
+            compute_us: timing.compute_us.load(Ordering::Relaxed),
+            wait_us,
         }
     }
 }
@@ -410,7 +470,7 @@ mod tests {
             })
             .unwrap();
         // A "model" that always prefers the digit 9.
-        let mut c = g.constraint(true).unwrap();
+        let mut c = g.constraint(true, true).unwrap();
         let text = run(c.as_mut(), |t, _| {
             if t == b'9' as TokenId {
                 1000
@@ -433,7 +493,7 @@ mod tests {
                 schema: json!({"type": "string", "pattern": "^[0-9]{20}$"}),
             })
             .unwrap();
-        let mut c = g.constraint(true).unwrap();
+        let mut c = g.constraint(true, true).unwrap();
         let text = run(c.as_mut(), |t, _| t as u64);
         assert_eq!(text.len(), 22, "{}", String::from_utf8_lossy(&text));
     }
@@ -482,7 +542,7 @@ mod tests {
             "required": ["name", "ok", "n"], "additionalProperties": false});
         let g = e.compile(&OutputConstraint::JsonSchema { schema }).unwrap();
         for seed in 0..5u64 {
-            let mut c = g.constraint(true).unwrap();
+            let mut c = g.constraint(true, true).unwrap();
             let text = run(c.as_mut(), |t, step| {
                 (t as u64 ^ seed.wrapping_mul(0x9E37_79B9) ^ step as u64)
                     .wrapping_mul(0x2545_F491_4F6C_DD1D)
@@ -503,10 +563,10 @@ mod tests {
             assert!(t.masks > 0);
         }
         // The start is forced: `{"name": "` comes without sampling.
-        let mut c = g.constraint(true).unwrap();
+        let mut c = g.constraint(true, true).unwrap();
         let forced = c.start().unwrap();
         assert!(!forced.is_empty());
-        let mut c = g.constraint(false).unwrap();
+        let mut c = g.constraint(false, false).unwrap();
         assert!(c.start().unwrap().is_empty());
         assert_eq!(
             c.valid_prefix(&[b'{' as TokenId, b'"' as TokenId, b'x' as TokenId]),

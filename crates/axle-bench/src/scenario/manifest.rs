@@ -99,6 +99,8 @@ pub enum Workload {
     Ngram(NgramSpec),
     /// One stream through the HTTP server against the SDK directly.
     Server(ServerSpec),
+    /// Constrained (JSON schema) decoding against free decoding on the same prompts.
+    Structured(StructuredSpec),
 }
 
 impl Workload {
@@ -111,6 +113,7 @@ impl Workload {
             Workload::Prefix(_) => "prefix",
             Workload::Ngram(_) => "ngram",
             Workload::Server(_) => "server",
+            Workload::Structured(_) => "structured",
         }
     }
 }
@@ -189,6 +192,20 @@ pub struct BatchedSpec {
 pub struct PrefixSpec {
     /// Shared prefix length.
     pub prefix_tokens: usize,
+}
+
+/// `structured`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredSpec {
+    /// Schema prompts (JSON, `{"schemas": [{prompt, schema}]}`), relative to the manifest's
+    /// folder.
+    pub schemas: String,
+    /// Most tokens per answer.
+    pub max_tokens: usize,
+    /// Longest draft of the speculative mode.
+    #[serde(default = "four")]
+    pub draft_len: usize,
 }
 
 /// `ngram`.

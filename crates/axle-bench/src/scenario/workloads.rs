@@ -4,7 +4,7 @@
 use super::manifest::{GenerateSpec, Manifest, Workload};
 use super::Row;
 use crate::stats::{median, synthetic_tokens};
-use crate::{batched, compare, ngram, prefix, server, BenchError};
+use crate::{batched, compare, ngram, prefix, server, structured, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::Model;
 use axle_sdk::{EngineConfig, GenerateRequest, SamplingParams, Session, StreamEvent};
@@ -160,6 +160,61 @@ pub fn run(
                 }
             }
             rows
+        }
+        Workload::Structured(st) => {
+            let schemas = structured::load_schemas(&super::manifest::resolve(&st.schemas, dir))?;
+            let r = structured::run(
+                model.clone(),
+                &schemas,
+                st.max_tokens,
+                st.draft_len,
+                reps,
+                progress,
+            )?;
+            let per = |m: usize| -> Vec<f64> { r.reps.iter().map(|t| t[m].tok_s()).collect() };
+            let sum = |m: usize, f: &dyn Fn(&structured::ModeTotals) -> f64| -> f64 {
+                r.reps.iter().map(|t| f(&t[m])).sum()
+            };
+            let n = (r.prompts * r.reps.len()) as f64;
+            let labels = [
+                "",
+                "masked (mask on every token)",
+                "forced (grammar-forced tokens unsampled)",
+                "forced + n-gram speculation",
+            ];
+            (1..structured::MODES.len())
+                .map(|m| {
+                    let masks = sum(m, &|t| t.masks as f64).max(1.0);
+                    let mut row = Row::new(
+                        labels[m],
+                        "decode_tok_s",
+                        per(m),
+                        Some(("free decoding", per(0))),
+                    )
+                    .with(
+                        "mask_compute_us",
+                        sum(m, &|t| t.mask_compute_us as f64) / masks,
+                    )
+                    .with("mask_wait_us", sum(m, &|t| t.mask_wait_us as f64) / masks)
+                    .with(
+                        "sampled_share",
+                        masks / sum(m, &|t| t.tokens as f64).max(1.0),
+                    )
+                    .with("valid_share", sum(m, &|t| t.valid as f64) / n)
+                    .with("tokens_per_answer", sum(m, &|t| t.tokens as f64) / n)
+                    .with("free_tokens_per_answer", sum(0, &|t| t.tokens as f64) / n);
+                    if structured::MODES[m] == "forced+ngram" {
+                        let drafted = sum(m, &|t| t.drafted as f64).max(1.0);
+                        row = row
+                            .with("acceptance_rate", sum(m, &|t| t.accepted as f64) / drafted)
+                            .with(
+                                "identical_to_forced",
+                                if r.speculation_identical { 1.0 } else { 0.0 },
+                            );
+                    }
+                    row
+                })
+                .collect()
         }
         Workload::Server(s) => {
             let r = server::run(model, s.tokens, reps)?;

@@ -2,7 +2,8 @@
 //! flags of the quick commands), printed as a table and written as an artifact.
 use anyhow::Context;
 use axle_bench::scenario::manifest::{
-    BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec, Workload,
+    BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec, StructuredSpec,
+    Workload,
 };
 use axle_bench::scenario::{self, report, Artifact, Manifest, RunOptions};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,9 @@ pub enum BenchCommand {
     Prefix(PrefixArgs),
     /// Decode tok/s with n-gram speculation vs plain, on the checked-in workloads.
     Ngram(NgramArgs),
+    /// Decode tok/s of JSON-schema answers (masked, forced tokens, with speculation) vs free
+    /// decoding on the same prompts, with the mask time per step.
+    Structured(StructuredArgs),
     /// A long hostile run through the HTTP server: many clients, random requests, clients that
     /// leave, preemption, a repeated greedy canary and a restart; writes a JSON artifact.
     Soak(SoakArgs),
@@ -288,6 +292,32 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
 }
 
 #[derive(Debug, clap::Args)]
+pub struct StructuredArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Schema prompts.
+    #[arg(long, default_value = "benchmarks/workloads/schemas.json")]
+    schemas: PathBuf,
+    /// Most tokens per answer.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Longest draft of the speculative mode.
+    #[arg(long, default_value_t = axle_sdk::defaults::DRAFT_LEN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=axle_sdk::MAX_DRAFT as u64))]
+    draft_len: usize,
+    /// Repetitions of the whole set.
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// The artifact goes to DIR/<scenario>.json.
+    #[arg(long, default_value = "bench-artifacts")]
+    output_root: PathBuf,
+    /// Device choice.
+    #[command(flatten)]
+    device: super::DeviceArgs,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct NgramArgs {
     /// GGUF model file.
     #[arg(long)]
@@ -460,6 +490,26 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     llama_server: a.llama_server,
                     repack: a.repack,
                     device: Some(a.device),
+                },
+            )
+        }
+        BenchCommand::Structured(a) => {
+            let schemas = std::fs::canonicalize(&a.schemas)
+                .with_context(|| format!("cannot read {}", a.schemas.display()))?;
+            quick(
+                "structured",
+                &a.model,
+                a.device.threads,
+                a.reps,
+                Workload::Structured(StructuredSpec {
+                    schemas: schemas.display().to_string(),
+                    max_tokens: a.max_tokens,
+                    draft_len: a.draft_len,
+                }),
+                &a.output_root,
+                QuickExtras {
+                    device: Some(a.device),
+                    ..Default::default()
                 },
             )
         }
