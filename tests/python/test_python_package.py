@@ -117,6 +117,46 @@ def test_logprobs_and_choices(engine):
     assert isinstance(many, list) and len(many) == 3
 
 
+def test_structured_output_and_tools(engine):
+    import json
+
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        name: str
+        legs: int = pydantic.Field(ge=0, le=8)
+        kind: str
+
+    c = engine.chat([{"role": "user", "content": "Describe a pet as JSON."}], response_format=Pet,
+                    temperature=0, max_tokens=120, repetition_penalty=1.2)
+    pet = Pet.model_validate_json(c.text)
+    assert 0 <= pet.legs <= 8 and c.finish_reason == "stop"
+    c = engine.generate("A phone number: ", response_format={"type": "regex", "regex": r"[0-9]{3}-[0-9]{4}"},
+                        temperature=0, max_tokens=20)
+    assert len(c.text) == 8 and c.text[3] == "-", c.text
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"]}}}]
+    c = engine.chat([{"role": "user", "content": "Add 2 and 3."}], tools=tools,
+                    tool_choice={"type": "function", "function": {"name": "add"}}, temperature=0, max_tokens=60)
+    assert c.finish_reason == "tool_calls" and len(c.tool_calls) == 1
+    name, args = c.tool_calls[0]
+    assert name == "add" and set(json.loads(args)) == {"a", "b"}
+    # The call and its result go back.
+    history = [{"role": "user", "content": "Add 2 and 3."},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    assert engine.chat(history, tools=tools, tool_choice="none", temperature=0, max_tokens=10).text
+    for kw, field in [(dict(response_format={"type": "yaml"}), "response_format"),
+                      (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}),
+                       "response_format"),
+                      (dict(tool_choice="required"), "tool_choice")]:
+        with pytest.raises(axle.RequestError) as e:
+            engine.chat([{"role": "user", "content": "hi"}], max_tokens=4, **kw)
+        assert e.value.field == field, kw
+
+
 def test_every_error_class(engine, tmp_path):
     with pytest.raises(axle.ModelError, match="missing.gguf"):
         axle.Engine(str(tmp_path / "missing.gguf"))

@@ -12,9 +12,9 @@
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
-    defaults, EngineConfig, EngineSizing, EventStream, GenerateRequest, Generator, Model,
-    ModelOptions, Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions, SdkError,
-    StreamEvent, TokenLogprob, MAX_DRAFT,
+    defaults, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest, Generator, Model,
+    ModelOptions, OutputConstraint, Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions,
+    SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -104,6 +104,8 @@ struct Completion {
     accepted: usize,
     /// Per token: (token id, log-probability, [(alternative id, log-probability), ...]).
     logprobs: Vec<LogprobTuple>,
+    /// Tool calls found in the output: (function name, arguments as JSON text).
+    tool_calls: Vec<(String, String)>,
 }
 
 #[pymethods]
@@ -130,6 +132,11 @@ impl Completion {
             drafted: f.speculation.drafted,
             accepted: f.speculation.accepted,
             logprobs: c.logprobs.iter().map(logprob_tuple).collect(),
+            tool_calls: f
+                .tool_calls
+                .iter()
+                .map(|t| (t.name.clone(), t.arguments.clone()))
+                .collect(),
             text: c.text,
             tokens: c.tokens,
         }
@@ -196,14 +203,43 @@ fn prompt_of(prompt: &Bound<'_, PyAny>) -> PyResult<Prompt> {
         let mut msgs = Vec::with_capacity(list.len());
         for m in list.iter() {
             let d = m.downcast::<PyDict>().map_err(|_| bad_prompt())?;
-            let get = |k: &str| -> PyResult<String> {
-                d.get_item(k)?
-                    .ok_or_else(|| {
-                        RequestError::new_err(format!("messages: a message has no `{k}`"))
-                    })?
-                    .extract::<String>()
+            let role: String = d
+                .get_item("role")?
+                .ok_or_else(|| RequestError::new_err("messages: a message has no `role`"))?
+                .extract()?;
+            // Content may be null in an assistant message that only calls tools.
+            let content: Option<String> = match d.get_item("content")? {
+                Some(c) if !c.is_none() => Some(c.extract()?),
+                _ => None,
             };
-            msgs.push(ChatMessage::new(&get("role")?, &get("content")?));
+            let mut msg = ChatMessage::new(&role, content.as_deref().unwrap_or(""));
+            if let Some(calls) = d.get_item("tool_calls")? {
+                let json: String = prompt
+                    .py()
+                    .import_bound("json")?
+                    .call_method1("dumps", (calls,))?
+                    .extract()?;
+                let mut v: serde_json::Value = serde_json::from_str(&json)
+                    .map_err(|e| RequestError::new_err(format!("messages: tool_calls: {e}")))?;
+                // Templates render arguments as objects: parse OpenAI's JSON text.
+                for c in v.as_array_mut().into_iter().flatten() {
+                    if let Some(a) = c.pointer_mut("/function/arguments") {
+                        if let Some(parsed) = a.as_str().and_then(|t| serde_json::from_str(t).ok())
+                        {
+                            *a = parsed;
+                        }
+                    }
+                }
+                msg.tool_calls = Some(v);
+            } else if content.is_none() {
+                return Err(RequestError::new_err(
+                    "messages: a message has no `content`",
+                ));
+            }
+            if let Some(id) = d.get_item("tool_call_id")? {
+                msg.tool_call_id = Some(id.extract()?);
+            }
+            msgs.push(msg);
         }
         return Ok(Prompt::Chat(msgs));
     }
@@ -321,7 +357,8 @@ impl Engine {
     #[pyo3(signature = (
         prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
-        stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true
+        stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true, response_format=None,
+        tools=None, tool_choice=None, parallel_tool_calls=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn _start(
@@ -342,8 +379,41 @@ impl Engine {
         n: usize,
         ignore_eos: bool,
         ngram: bool,
+        response_format: Option<String>,
+        tools: Option<String>,
+        tool_choice: Option<String>,
+        parallel_tool_calls: bool,
     ) -> PyResult<Vec<TextStream>> {
+        let bad = |field: Field, e: serde_json::Error| {
+            py_err(
+                py,
+                SdkError::Rejected(Rejection::invalid(field, e.to_string())),
+            )
+        };
+        let format = match response_format {
+            None => None,
+            Some(j) => Some(
+                serde_json::from_str::<OutputConstraint>(&j)
+                    .map_err(|e| bad(Field::ResponseFormat, e))?,
+            ),
+        };
+        let tools = match tools {
+            None => None,
+            Some(j) => Some(
+                serde_json::from_str::<serde_json::Value>(&j).map_err(|e| bad(Field::Tools, e))?,
+            ),
+        };
+        let tool_choice = match tool_choice.as_deref() {
+            None | Some("auto") => ToolChoice::Auto,
+            Some("none") => ToolChoice::None,
+            Some("required") => ToolChoice::Required,
+            Some(name) => ToolChoice::Function(name.to_string()),
+        };
         let req = GenerateRequest {
+            format,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
             max_tokens,
             sampling: SamplingOptions {
                 temperature,

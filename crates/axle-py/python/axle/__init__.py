@@ -88,6 +88,14 @@ class Engine:
         ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``seed``,
         ``stop`` (a string or a list), ``logprobs`` (alternatives per token), ``ignore_eos``,
         ``ngram``. With ``n=k`` it returns a list of k completions.
+
+        Structured output: ``response_format`` is a pydantic model class, or OpenAI's dict
+        (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": ...}}``)
+        or Axle's (``{"type": "regex", "regex": ...}``, ``{"type": "grammar", "grammar": LARK}``);
+        decoding is constrained to it. Tools: ``tools`` (OpenAI's list), ``tool_choice``
+        (``"auto"``, ``"none"``, ``"required"``, a function name or OpenAI's dict) and
+        ``parallel_tool_calls``; calls come back in ``completion.tool_calls`` as
+        ``(name, arguments_json)`` and ``finish_reason == "tool_calls"``.
         """
         n = sampling.get("n", 1)
         out = []
@@ -157,10 +165,56 @@ class Engine:
 
 
 def _normalize(sampling: Dict[str, Any]) -> Dict[str, Any]:
+    sampling = dict(sampling)
     stop = sampling.get("stop")
     if isinstance(stop, str):
-        sampling = dict(sampling, stop=[stop])
+        sampling["stop"] = [stop]
+    if "response_format" in sampling:
+        fmt = _response_format(sampling["response_format"])
+        if fmt is None:
+            del sampling["response_format"]
+        else:
+            sampling["response_format"] = json.dumps(fmt)
+    if sampling.get("tools") is not None:
+        sampling["tools"] = json.dumps(sampling["tools"])
+    choice = sampling.get("tool_choice")
+    if isinstance(choice, dict):
+        sampling["tool_choice"] = _field(choice, "tool_choice", "function", "name")
     return sampling
+
+
+def _field(d: Dict[str, Any], name: str, *path: str) -> Any:
+    v: Any = d
+    for k in path:
+        if not isinstance(v, dict) or k not in v:
+            err = RequestError(f"{name}: `{'.'.join(path)}` is missing")
+            err.field, err.reason = name, f"`{'.'.join(path)}` is missing"
+            raise err
+        v = v[k]
+    return v
+
+
+def _response_format(fmt: Any) -> Optional[Dict[str, Any]]:
+    """Axle's constraint (as sent to the engine) for a pydantic model or a format dict."""
+    if fmt is None:
+        return None
+    if isinstance(fmt, type) and hasattr(fmt, "model_json_schema"):
+        return {"type": "json_schema", "schema": fmt.model_json_schema()}
+    kind = _field(fmt, "response_format", "type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        spec = _field(fmt, "response_format", "json_schema")
+        return {"type": "json_schema", "schema": spec.get("schema", {}) if isinstance(spec, dict) else {}}
+    if kind == "regex":
+        return {"type": "regex", "pattern": _field(fmt, "response_format", "regex")}
+    if kind == "grammar":
+        return {"type": "grammar", "lark": _field(fmt, "response_format", "grammar")}
+    err = RequestError(f"response_format: unknown type {kind!r}")
+    err.field, err.reason = "response_format", f"unknown type {kind!r}"
+    raise err
 
 
 def _next_or_none(stream: TextStream) -> Optional[str]:

@@ -22,6 +22,7 @@ class Completion:
     drafted: int
     accepted: int
     logprobs: List[Tuple[int, float, List[Tuple[int, float]]]]
+    tool_calls: List[Tuple[str, str]]
 
 class TextStream:
     def __iter__(self) -> "TextStream": ...
