@@ -193,6 +193,47 @@ def test_delegated_to_llama_cpp_server(llama_cpp_upstream):
     check_delegation(llama_cpp_upstream, "smol-llamacpp", "llama-cpp", "llama_cpp")
 
 
+def test_formats_and_tools_pass_through(native_upstream):
+    """`response_format`, `tools` and `tool_choice` reach an upstream that supports them (a native
+    Axle), and its calls come back, blocking and streamed, as the upstream's own."""
+    proc, base = start_axle("--backend", "openai", "--upstream", native_upstream, "--model-alias", "delegated")
+    try:
+        up, dl = client(native_upstream), client(base)
+        ask = [{"role": "user", "content": "Add 2 and 3."}]
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"]}}}]
+        kw = dict(messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "add"}},
+                  temperature=0, max_tokens=60)
+        direct = up.chat.completions.create(model="smol-native", **kw)
+        via = dl.chat.completions.create(model="delegated", **kw)
+        assert via.choices[0].finish_reason == "tool_calls"
+        got = [(c.function.name, c.function.arguments) for c in via.choices[0].message.tool_calls]
+        want = [(c.function.name, c.function.arguments) for c in direct.choices[0].message.tool_calls]
+        assert got == want and got[0][0] == "add"
+        calls, reason = {}, None
+        for ev in dl.chat.completions.create(model="delegated", stream=True, **kw):
+            for tc in (ev.choices[0].delta.tool_calls or []) if ev.choices else []:
+                calls.setdefault(tc.index, ["", ""])
+                calls[tc.index][0] += tc.function.name or ""
+                calls[tc.index][1] += tc.function.arguments or ""
+            if ev.choices and ev.choices[0].finish_reason:
+                reason = ev.choices[0].finish_reason
+        assert reason == "tool_calls" and [tuple(v) for v in calls.values()] == want
+        schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+        fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        via = dl.chat.completions.create(model="delegated", messages=ask, response_format=fmt, temperature=0,
+                                         max_tokens=30)
+        assert isinstance(json.loads(via.choices[0].message.content)["answer"], int)
+        # What OpenAI's API has no field for is refused here, by name.
+        with pytest.raises(openai.BadRequestError) as e:
+            dl.chat.completions.create(model="delegated", messages=ask, max_tokens=5,
+                                       response_format={"type": "regex", "regex": "a+"})
+        assert e.value.body["param"] == "response_format"
+    finally:
+        stop(proc)
+
+
 def test_cli_generate_through_upstream(native_upstream):
     client(native_upstream).completions.create(model="smol-native", prompt="Once upon a time", max_tokens=1)
     direct = client(native_upstream).completions.create(model="smol-native", prompt="Once upon a time",

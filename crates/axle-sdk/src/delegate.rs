@@ -7,6 +7,8 @@ use crate::events::{Completion, Finish, Speculation, StreamEvent, Usage};
 use crate::request::{Field, GenerateRequest, Prompt, Rejection};
 use crate::route::RuntimeKind;
 use axle_core::FinishReason;
+use axle_structured::tools::{ToolCall, ToolChoice};
+use axle_structured::OutputConstraint;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -66,6 +68,15 @@ enum Chunk {
     Text(String),
     /// The choice finished.
     Finish(String),
+    /// A piece of a streamed tool call.
+    ToolCall {
+        /// Which call.
+        index: u64,
+        /// Its name (in the call's first piece).
+        name: Option<String>,
+        /// More of its arguments.
+        arguments: String,
+    },
     /// Token counts (when the upstream sends them).
     Usage {
         /// Prompt tokens.
@@ -209,8 +220,10 @@ impl Upstream {
     }
 
     /// Refuses what no delegated route can honour, naming the field: token ids (prompt, stop
-    /// tokens, logit bias) and log-probabilities need our own vocabulary, tools are not passed
-    /// on, several choices are not supported, and `ignore_eos` is passed to llama.cpp only.
+    /// tokens, logit bias) and log-probabilities need our own vocabulary, several choices are not
+    /// supported, `ignore_eos` is passed to llama.cpp only, and of the output formats only the
+    /// JSON ones are OpenAI's (tools, `tool_choice` and JSON formats are passed on as they are:
+    /// the upstream refuses what it cannot do).
     pub fn check(&self, req: &GenerateRequest) -> Result<(), Rejection> {
         let unsupported = |field, reason: &str| Err(Rejection::unsupported(field, reason));
         if matches!(req.prompt, Prompt::Tokens(_)) {
@@ -219,20 +232,17 @@ impl Upstream {
                 "delegated backends have no token-id routes: they take text or messages",
             );
         }
-        if req.tools.is_some() {
-            return unsupported(Field::Tools, "tools are not passed to delegated backends");
-        }
-        if req.tool_choice != axle_structured::tools::ToolChoice::Auto {
-            return unsupported(
-                Field::ToolChoice,
-                "tool_choice is not passed to delegated backends",
-            );
-        }
-        if req.format.is_some() {
+        if matches!(
+            req.format,
+            Some(OutputConstraint::Regex { .. } | OutputConstraint::Grammar { .. })
+        ) {
             return unsupported(
                 Field::ResponseFormat,
-                "response_format is not passed to delegated backends",
+                "delegated backends take JSON formats (json_object, json_schema) only",
             );
+        }
+        if req.tools.is_some() && !matches!(req.prompt, Prompt::Chat(_)) {
+            return unsupported(Field::Tools, "tools go with chat messages");
         }
         if req.n != 1 {
             return unsupported(Field::N, "delegated backends take n = 1");
@@ -271,10 +281,7 @@ impl Upstream {
         b.insert("model".into(), json!(self.model));
         match &req.prompt {
             Prompt::Chat(msgs) => {
-                let m: Vec<Value> = msgs
-                    .iter()
-                    .map(|m| json!({"role": m.role, "content": m.content}))
-                    .collect();
+                let m: Vec<Value> = msgs.iter().map(wire_message).collect();
                 b.insert("messages".into(), m.into());
             }
             Prompt::Text(p) => {
@@ -313,6 +320,31 @@ impl Upstream {
             (!req.stop.is_empty()).then(|| json!(req.stop.clone())),
         );
         put("ignore_eos", req.ignore_eos.then_some(Value::Bool(true)));
+        put(
+            "response_format",
+            req.format.as_ref().and_then(|f| match f {
+                OutputConstraint::JsonObject => Some(json!({"type": "json_object"})),
+                OutputConstraint::JsonSchema { schema } => Some(json!({"type": "json_schema",
+                    "json_schema": {"name": "response", "schema": schema, "strict": true}})),
+                _ => None, // refused by `check`
+            }),
+        );
+        put("tools", req.tools.clone());
+        put(
+            "tool_choice",
+            match &req.tool_choice {
+                ToolChoice::Auto => None,
+                ToolChoice::None => Some(json!("none")),
+                ToolChoice::Required => Some(json!("required")),
+                ToolChoice::Function(name) => {
+                    Some(json!({"type": "function", "function": {"name": name}}))
+                }
+            },
+        );
+        put(
+            "parallel_tool_calls",
+            (req.tools.is_some() && !req.parallel_tool_calls).then_some(Value::Bool(false)),
+        );
         if stream {
             put("stream", Some(json!(true)));
             put("stream_options", Some(json!({"include_usage": true})));
@@ -337,8 +369,11 @@ impl Upstream {
         );
         let v = self.json_of(self.send(r).await?).await?;
         let choice = &v["choices"][0];
+        let tool_calls = calls_of(&choice["message"]["tool_calls"]);
         let text = match req.prompt {
-            Prompt::Chat(_) => choice["message"]["content"].as_str(),
+            Prompt::Chat(_) => choice["message"]["content"]
+                .as_str()
+                .or_else(|| (!tool_calls.is_empty()).then_some("")),
             _ => choice["text"].as_str(),
         }
         .ok_or_else(|| self.protocol("the response has no choices[0] text"))?;
@@ -352,7 +387,7 @@ impl Upstream {
                 ),
                 speculation: Speculation::default(),
                 upstream_reason: choice["finish_reason"].as_str().map(str::to_string),
-                tool_calls: Vec::new(),
+                tool_calls,
                 constraint: Default::default(),
             },
             ..Completion::empty()
@@ -375,6 +410,7 @@ impl Upstream {
             parser: SseParser::new(matches!(req.prompt, Prompt::Chat(_))),
             finish: None,
             usage: None,
+            calls: Default::default(),
             over: false,
         })
     }
@@ -465,6 +501,53 @@ impl Upstream {
     }
 }
 
+/// A chat message in OpenAI's wire shape (tool-call arguments as JSON text).
+fn wire_message(m: &axle_models::ChatMessage) -> Value {
+    let mut v = json!({"role": m.role, "content": m.content});
+    if let Some(Value::Array(calls)) = &m.tool_calls {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(a) = c.pointer_mut("/function/arguments") {
+                    if !a.is_string() {
+                        *a = Value::String(a.to_string());
+                    }
+                }
+                c
+            })
+            .collect();
+        v["tool_calls"] = Value::Array(calls);
+        if m.content.is_empty() {
+            v["content"] = Value::Null;
+        }
+    }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = json!(id);
+    }
+    if let Some(name) = &m.name {
+        v["name"] = json!(name);
+    }
+    v
+}
+
+/// The calls of an OpenAI `tool_calls` list.
+fn calls_of(v: &Value) -> Vec<ToolCall> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some(ToolCall {
+                name: c["function"]["name"].as_str()?.to_string(),
+                arguments: match &c["function"]["arguments"] {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                },
+            })
+        })
+        .collect()
+}
+
 /// The message in an OpenAI-shaped (or llama.cpp-shaped) error body, else the body itself.
 fn error_message(body: &str) -> String {
     let v: Option<Value> = serde_json::from_str(body).ok();
@@ -497,6 +580,8 @@ pub struct DelegatedStream {
     /// The finish reason, held until the stream ends (usage may follow it).
     finish: Option<String>,
     usage: Option<(u64, u64)>,
+    /// Streamed tool calls by index: name and arguments so far.
+    calls: std::collections::BTreeMap<u64, (String, String)>,
     over: bool,
 }
 
@@ -516,6 +601,17 @@ impl DelegatedStream {
                     })
                 }
                 Some(Ok(Chunk::Finish(r))) => self.finish = Some(r),
+                Some(Ok(Chunk::ToolCall {
+                    index,
+                    name,
+                    arguments,
+                })) => {
+                    let call = self.calls.entry(index).or_default();
+                    if let Some(n) = name {
+                        call.0.push_str(&n);
+                    }
+                    call.1.push_str(&arguments);
+                }
                 Some(Ok(Chunk::Usage {
                     prompt_tokens,
                     completion_tokens,
@@ -533,7 +629,10 @@ impl DelegatedStream {
                             usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
                             speculation: Speculation::default(),
                             upstream_reason: self.finish.clone(),
-                            tool_calls: Vec::new(),
+                            tool_calls: std::mem::take(&mut self.calls)
+                                .into_values()
+                                .map(|(name, arguments)| ToolCall { name, arguments })
+                                .collect(),
                             constraint: Default::default(),
                         },
                     });
@@ -663,6 +762,21 @@ impl SseParser {
             if let Some(t) = text.filter(|t| !t.is_empty()) {
                 self.pending.push_back(Ok(Chunk::Text(t.to_string())));
             }
+            for (k, c) in choice["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                self.pending.push_back(Ok(Chunk::ToolCall {
+                    index: c["index"].as_u64().unwrap_or(k as u64),
+                    name: c["function"]["name"].as_str().map(str::to_string),
+                    arguments: c["function"]["arguments"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                }));
+            }
             if let Some(r) = choice["finish_reason"].as_str() {
                 self.ended = true;
                 self.pending.push_back(Ok(Chunk::Finish(r.to_string())));
@@ -741,9 +855,13 @@ mod tests {
         let field = |r: GenerateRequest| up.check(&r).expect_err("refused").field();
         assert!(up.check(&GenerateRequest::new("hi")).is_ok());
         assert_eq!(field(GenerateRequest::new(vec![1u32, 2])), Field::Prompt);
-        let mut r = GenerateRequest::new(vec![ChatMessage::new("user", "q")]);
+        let mut r = GenerateRequest::new("hi");
         r.tools = Some(json!([]));
         assert_eq!(field(r), Field::Tools);
+        let r = GenerateRequest::new("hi").format(OutputConstraint::Regex {
+            pattern: "a+".into(),
+        });
+        assert_eq!(field(r), Field::ResponseFormat);
         let mut r = GenerateRequest::new("hi");
         r.n = 2;
         assert_eq!(field(r), Field::N);
@@ -805,6 +923,70 @@ mod tests {
                 ]
             );
         }
+    }
+
+    #[test]
+    fn tools_and_json_formats_pass_through() {
+        let up = upstream(RuntimeKind::LlamaCpp);
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = Some(json!([{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": {"a": 1}}}]));
+        let mut result = ChatMessage::new("tool", "2");
+        result.tool_call_id = Some("c1".into());
+        let mut r = GenerateRequest::new(vec![ChatMessage::new("user", "q"), call, result]).format(
+            OutputConstraint::JsonSchema {
+                schema: json!({"type": "object"}),
+            },
+        );
+        r.tools = Some(json!([{"type": "function", "function": {"name": "f"}}]));
+        r.tool_choice = ToolChoice::Function("f".into());
+        r.parallel_tool_calls = false;
+        assert!(up.check(&r).is_ok());
+        let b = up.body(&r, false);
+        assert_eq!(
+            b["response_format"]["json_schema"]["schema"],
+            json!({"type": "object"})
+        );
+        assert_eq!(b["tool_choice"]["function"]["name"], "f");
+        assert_eq!(b["parallel_tool_calls"], false);
+        assert_eq!(b["messages"][1]["content"], Value::Null);
+        assert_eq!(
+            b["messages"][1]["tool_calls"][0]["function"]["arguments"],
+            "{\"a\":1}"
+        );
+        assert_eq!(b["messages"][2]["tool_call_id"], "c1");
+        // Streamed calls come in pieces by index.
+        let body = concat!(
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"x\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut p = SseParser::new(true);
+        p.buf.extend_from_slice(body.as_bytes());
+        let got = drain(&mut p);
+        assert_eq!(
+            got,
+            vec![
+                Ok(Chunk::ToolCall {
+                    index: 0,
+                    name: Some("f".into()),
+                    arguments: "{\"a".into()
+                }),
+                Ok(Chunk::ToolCall {
+                    index: 0,
+                    name: None,
+                    arguments: "\":1}".into()
+                }),
+                Ok(Chunk::Finish("tool_calls".into())),
+            ]
+        );
+        assert_eq!(
+            calls_of(&json!([{"function": {"name": "f", "arguments": "{}"}}])),
+            vec![ToolCall {
+                name: "f".into(),
+                arguments: "{}".into()
+            }]
+        );
     }
 
     #[test]
