@@ -71,6 +71,24 @@ def test_json_object_and_streamed_json_schema(client):
     assert isinstance(json.loads(text)["answer"], int), text
 
 
+def test_token_route_takes_a_format(client):
+    import urllib.request
+
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+
+    def post(path, body):
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read().decode())
+
+    ids = post("/tokenize", {"text": "A JSON object about a dog:"})["tokens"]
+    out = post("/v1/generate", {"tokens": ids, "max_tokens": 60, "temperature": 0,
+                                "response_format": {"type": "json_object"}, "frequency_penalty": 0.5})
+    text = post("/detokenize", {"tokens": out["choices"][0]["tokens"]})["text"]
+    assert isinstance(json.loads(text), dict), text
+
+
 def call_args(call):
     args = json.loads(call.function.arguments)
     assert isinstance(args, dict)
