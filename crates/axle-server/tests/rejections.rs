@@ -134,10 +134,12 @@ fn common_cases() -> Vec<(Value, &'static str)> {
         (json!({"logprobs": "yes"}), "logprobs"),
         (json!({"logit_bias": {"x": 1}}), "logit_bias"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "yaml"}}),
             "response_format",
         ),
+        (json!({"response_format": "json"}), "response_format"),
         (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tool_choice": {"type": "code"}}), "tool_choice"),
     ]
 }
 
@@ -162,6 +164,31 @@ async fn native_rejections_name_their_field() {
         ),
         (json!({"logit_bias": {"1": 101}}), "logit_bias"),
         (json!({"logit_bias": {"999999": 1}}), "logit_bias"),
+        // Constraints the grammar compiler refuses, tools that do not fit.
+        (
+            json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "strnig"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "regex", "regex": "(a"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "grammar", "grammar": "start: nope"}}),
+            "response_format",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
     ]);
     expect_fields(&s, "/v1/chat/completions", chat, &cases).await;
 
@@ -216,8 +243,11 @@ async fn delegated_rejections_name_their_field() {
         (json!({"logprobs": true}), "logprobs"),
         (json!({"n": 2}), "n"),
         (json!({"logit_bias": {"1": 1}}), "logit_bias"),
-        (json!({"tools": [{"type": "function"}]}), "tools"),
         (json!({"ignore_eos": true}), "ignore_eos"),
+        (
+            json!({"response_format": {"type": "regex", "regex": "a+"}}),
+            "response_format",
+        ),
     ];
     cases.extend(unsupported.iter().cloned());
     expect_fields(&s, "/v1/chat/completions", chat.clone(), &cases).await;
