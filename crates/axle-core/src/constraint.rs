@@ -93,8 +93,9 @@ pub struct ConstraintTiming {
 /// A constraint on one request's output. Errors are internal failures of the constraint; they
 /// finish the request with an error.
 pub trait TokenConstraint: Send + std::fmt::Debug {
-    /// Tokens forced before the first generated one (already taken by the constraint).
-    fn start(&mut self) -> Result<Vec<TokenId>, String>;
+    /// Tokens forced before the first generated one (already taken by the constraint), and
+    /// whether they complete it.
+    fn start(&mut self) -> Result<Advanced, String>;
     /// The tokens allowed next.
     fn allowed(&mut self) -> Result<Allowed, String>;
     /// Moves past an emitted token (one that `allowed` allowed).

@@ -333,7 +333,12 @@ pub fn logprobs(logits: &[f32], token: TokenId, top: usize) -> TokenLogprob {
     TokenLogprob {
         token,
         logprob: lp(token),
-        top: best.into_iter().map(|(t, l)| (t, l - log_z)).collect(),
+        // Tokens a constraint ruled out are no alternatives (and minus infinity has no JSON).
+        top: best
+            .into_iter()
+            .filter(|b| b.1.is_finite())
+            .map(|(t, l)| (t, l - log_z))
+            .collect(),
     }
 }
 

@@ -6,7 +6,7 @@
 //! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
 //! `apply` takes the logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
-use crate::constraint::{ConstraintTiming, TokenConstraint};
+use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
@@ -178,6 +178,9 @@ struct Request {
     constraint: Option<Box<dyn TokenConstraint>>,
     /// Tokens forced before the first sampled one, emitted with the first event.
     unreported: Vec<TokenId>,
+    /// How the request ends at its first step, decided at admission (the forced tokens complete
+    /// the constraint or fill the request).
+    ends: Option<FinishReason>,
 }
 
 impl Request {
@@ -296,13 +299,22 @@ impl Scheduler {
             });
         }
         spec.sampling.validate()?;
-        let mut unreported = match constraint.as_mut() {
+        let started = match constraint.as_mut() {
             Some(c) => c.start().map_err(AdmitError::Constraint)?,
-            None => Vec::new(),
+            None => Advanced::default(),
         };
-        // Forced tokens up to max_tokens (the request then ends without sampling), leaving one
-        // position of context for a sampled token.
-        unreported.truncate(spec.max_tokens.min(cap - spec.prompt.len() - 1));
+        // Forced tokens up to max_tokens, leaving one position of context; a request they fill
+        // or complete ends at its first step without sampling.
+        let mut unreported = started.forced;
+        let room = cap - spec.prompt.len() - 1;
+        let mut ends = started.finished.then_some(FinishReason::Stop);
+        if unreported.len() >= spec.max_tokens {
+            unreported.truncate(spec.max_tokens);
+            ends = Some(FinishReason::Length);
+        } else if unreported.len() > room {
+            unreported.truncate(room);
+            ends = Some(FinishReason::ContextLimit);
+        }
         let id = self.next_id;
         self.next_id += 1;
         self.clock += 1;
@@ -332,6 +344,7 @@ impl Scheduler {
                 drafter,
                 constraint,
                 unreported,
+                ends,
             },
         );
         self.waiting.push_back(id);
@@ -705,18 +718,19 @@ impl Scheduler {
                 Self::register_full(&mut self.pool, r, bs, self.cfg.model_id);
                 continue;
             }
+            let unreported = std::mem::take(&mut r.unreported);
             let mut ev = Event {
                 id: s.id,
-                tokens: std::mem::take(&mut r.unreported),
-                finished: None,
-                logprobs: Vec::new(),
+                logprobs: match r.spec.sampling.logprobs {
+                    Some(_) => unreported.iter().map(|&t| forced_logprob(t)).collect(),
+                    None => Vec::new(),
+                },
+                tokens: unreported,
+                finished: r.ends.take(),
                 accepted: 0,
             };
             let mut accepted = 0;
             let mut masked = Vec::new();
-            if r.generated() >= r.spec.max_tokens {
-                ev.finished = Some(FinishReason::Length); // forced tokens filled it
-            }
             for j in 0..=s.n_draft {
                 if ev.finished.is_some() {
                     break;
@@ -760,10 +774,12 @@ impl Scheduler {
                         d.push(t);
                     }
                     ev.tokens.push(t);
-                    if k == 0 {
-                        if let Some(top) = r.spec.sampling.logprobs {
-                            ev.logprobs.push(logprobs(l, t, top));
-                        }
+                    if let Some(top) = r.spec.sampling.logprobs {
+                        ev.logprobs.push(if k == 0 {
+                            logprobs(l, t, top)
+                        } else {
+                            forced_logprob(t)
+                        });
                     }
                     if r.generated() >= r.spec.max_tokens {
                         ev.finished = Some(FinishReason::Length);
@@ -856,6 +872,16 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+}
+
+/// The log-probability of a token the constraint forced: certain under the constrained
+/// distribution, with no alternatives.
+fn forced_logprob(token: TokenId) -> TokenLogprob {
+    TokenLogprob {
+        token,
+        logprob: 0.0,
+        top: Vec::new(),
     }
 }
 

@@ -108,9 +108,12 @@ impl ToyConstraint {
 }
 
 impl TokenConstraint for ToyConstraint {
-    fn start(&mut self) -> Result<Vec<u32>, String> {
+    fn start(&mut self) -> Result<Advanced, String> {
         self.take(1);
-        Ok(vec![1])
+        Ok(Advanced {
+            finished: false,
+            forced: vec![1],
+        })
     }
     fn allowed(&mut self) -> Result<Allowed, String> {
         Ok(Allowed {

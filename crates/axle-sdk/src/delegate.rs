@@ -607,8 +607,9 @@ impl DelegatedStream {
                     arguments,
                 })) => {
                     let call = self.calls.entry(index).or_default();
-                    if let Some(n) = name {
-                        call.0.push_str(&n);
+                    // The name comes whole (some upstreams repeat it in every piece).
+                    if let Some(n) = name.filter(|_| call.0.is_empty()) {
+                        call.0 = n;
                     }
                     call.1.push_str(&arguments);
                 }

@@ -125,8 +125,8 @@ pub struct RequestOptions {
     pub ignore_eos: bool,
     /// Use n-gram speculation when the engine has it on (the gate still decides per step).
     pub speculate: bool,
-    /// Look for tool calls of this format in the output.
-    pub tool_format: Option<ToolFormat>,
+    /// Look for tool calls of this format, of these functions, in the output.
+    pub tool_format: Option<(ToolFormat, Vec<String>)>,
 }
 
 impl Default for RequestOptions {
@@ -461,7 +461,9 @@ impl EngineCore {
             TextState {
                 decoder: StreamDecoder::new(),
                 stop: StopMatcher::new(opts.stop_strings),
-                calls: opts.tool_format.map(ToolCallParser::new),
+                calls: opts
+                    .tool_format
+                    .map(|(format, names)| ToolCallParser::new(format, names)),
             },
         );
         Ok(id)

@@ -207,7 +207,7 @@ impl Session {
             let (events, rx) = events::unbounded_channel();
             let (ack, ack_rx) = oneshot::channel();
             let mut options = req.options(choice, seed);
-            options.tool_format = plan.tool_format;
+            options.tool_format = plan.tool_format.clone();
             // Forced tokens have no log-probabilities: a request that wants them samples all.
             let constraint = match &grammar {
                 Some(g) => Some(

@@ -20,8 +20,8 @@ pub(crate) struct Plan {
     pub template_tools: Option<Value>,
     /// The output constraint and the field it came from.
     pub constraint: Option<(OutputConstraint, Field)>,
-    /// The call format to look for in the output.
-    pub tool_format: Option<ToolFormat>,
+    /// The call format to look for in the output, and the functions that exist.
+    pub tool_format: Option<(ToolFormat, Vec<String>)>,
     /// The constraint is a grammar of JSON (tool calls): bound its runs of digits as for JSON.
     pub json_grammar: bool,
 }
@@ -43,7 +43,10 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
         _ => None,
     };
     let mut msgs = messages.clone();
-    if !support.template_renders_tools {
+    let has_tool_turns = msgs
+        .iter()
+        .any(|m| m.role == "tool" || m.tool_calls.is_some());
+    if !support.template_renders_tools && has_tool_turns {
         msgs = without_tool_roles(&msgs);
     }
     let Some(tools) = tools else {
@@ -56,7 +59,10 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
         msgs = with_system_prompt(msgs, &system_prompt(&tools));
     }
     plan.messages = Some(msgs);
-    plan.tool_format = Some(support.format);
+    plan.tool_format = Some((
+        support.format,
+        tools.iter().map(|t| t.name.clone()).collect(),
+    ));
     let forced = matches!(
         req.tool_choice,
         ToolChoice::Required | ToolChoice::Function(_)
@@ -64,7 +70,13 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
     let answer_schema = match &req.format {
         None => None,
         Some(OutputConstraint::JsonObject) => Some(serde_json::json!({"type": "object"})),
-        Some(OutputConstraint::JsonSchema { schema }) => Some(schema.clone()),
+        Some(OutputConstraint::JsonSchema { schema }) if schema.is_object() => Some(schema.clone()),
+        Some(OutputConstraint::JsonSchema { .. }) => {
+            return Err(Rejection::invalid(
+                Field::ResponseFormat,
+                "a JSON schema must be an object",
+            ))
+        }
         Some(_) => {
             return Err(Rejection::unsupported(
                 Field::ResponseFormat,
@@ -234,7 +246,7 @@ mod tests {
         req.tools = Some(tools);
         let p = plan(&req, None).unwrap();
         assert!(p.constraint.is_none(), "auto: no constraint");
-        assert_eq!(p.tool_format, Some(ToolFormat::Hermes));
+        assert_eq!(p.tool_format.map(|f| f.0), Some(ToolFormat::Hermes));
         assert!(p.messages.unwrap()[0].content.contains("<tools>"));
         req.tool_choice = ToolChoice::Required;
         assert_eq!(

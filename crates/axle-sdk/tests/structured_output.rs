@@ -202,6 +202,26 @@ fn patterns_tool_calls_and_bad_schemas() {
     let args: Value = serde_json::from_str(&c.finish.tool_calls[0].arguments).unwrap();
     assert!(args["a"].is_number() && args["b"].is_number(), "{args}");
     assert_eq!(c.finish.openai_reason(), "tool_calls");
+    // A call the grammar forces whole (a tool without arguments): it ends without sampling.
+    let mut req = GenerateRequest::new(vec![ChatMessage::new("user", "What time is it?")])
+        .greedy()
+        .max_tokens(80);
+    req.tools = Some(
+        serde_json::json!([{"type": "function", "function": {"name": "now",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}]),
+    );
+    req.tool_choice = ToolChoice::Function("now".into());
+    let c = s.generate(&req).unwrap();
+    assert_eq!(c.finish.reason, FinishReason::Stop, "{c:?}");
+    assert_eq!(c.finish.tool_calls.len(), 1, "{c:?}");
+    assert_eq!(c.finish.tool_calls[0].arguments, "{}");
+    assert_eq!(c.finish.constraint.masks, 0, "nothing was sampled");
+    // So does a schema with one possible answer, with log-probabilities (forced tokens: 0).
+    let mut req = request("Anything.", &serde_json::json!({"const": "yes"}));
+    req.logprobs = Some(2);
+    let c = s.generate(&req).unwrap();
+    assert_eq!(c.text, "\"yes\"");
+    assert_eq!(c.logprobs.len(), c.tokens.len());
     // Bad schemas are refused, naming the field.
     for bad in [serde_json::json!(7), serde_json::json!({"type": "strnig"})] {
         let e = s

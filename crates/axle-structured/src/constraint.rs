@@ -25,36 +25,62 @@ pub struct GrammarEngine {
 /// any length, and a small model that starts repeating a digit never stops.
 pub const JSON_DIGIT_LIMIT: usize = 16;
 
-/// The digits at the edges of every token, to bound runs of digits in the output.
+/// What bounding runs of digits needs: each token's bytes, and the tokens that start with a
+/// digit.
 #[derive(Debug, Default)]
 struct DigitRuns {
     /// Tokens that start with a digit, with their leading digits.
     leading: Vec<(TokenId, u8)>,
-    /// Trailing digits of each token, and whether it is all digits.
-    trailing: Vec<(u8, bool)>,
+    /// Each token's bytes as text.
+    bytes: Vec<Vec<u8>>,
 }
 
 impl DigitRuns {
     fn new(tokens: &[Vec<u8>]) -> DigitRuns {
-        let mut d = DigitRuns::default();
-        for (t, b) in tokens.iter().enumerate() {
-            let lead = b.iter().take_while(|c| c.is_ascii_digit()).count();
-            let trail = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
-            let all = !b.is_empty() && lead == b.len();
-            if lead > 0 {
-                d.leading.push((t as TokenId, lead.min(255) as u8));
-            }
-            d.trailing.push((trail.min(255) as u8, all));
+        let leading = tokens
+            .iter()
+            .enumerate()
+            .filter_map(|(t, b)| {
+                let lead = b.iter().take_while(|c| c.is_ascii_digit()).count();
+                (lead > 0).then_some((t as TokenId, lead.min(255) as u8))
+            })
+            .collect();
+        DigitRuns {
+            leading,
+            bytes: tokens.to_vec(),
         }
-        d
     }
+}
 
-    /// The run of digits after `token`, given the run before it.
-    fn after(&self, run: usize, token: TokenId) -> usize {
-        match self.trailing.get(token as usize) {
-            Some(&(n, true)) => run + n as usize,
-            Some(&(n, false)) => n as usize,
-            None => 0,
+/// Where the output stands for the digit bound: the run of digits at its end, outside JSON
+/// strings (digits inside a string, an id or a phone number, are the text's own and unbounded).
+#[derive(Debug, Default, Clone, Copy)]
+struct DigitState {
+    run: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl DigitState {
+    fn push(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                }
+                self.run = 0;
+            } else if b == b'"' {
+                self.in_string = true;
+                self.run = 0;
+            } else if b.is_ascii_digit() {
+                self.run += 1;
+            } else {
+                self.run = 0;
+            }
         }
     }
 }
@@ -141,7 +167,7 @@ impl Grammar {
             mask: None,
             timing: timing.clone(),
             digits: self.digits.clone(),
-            run: 0,
+            run: DigitState::default(),
         };
         if !overlap {
             return Ok(Box::new(GrammarConstraint::Inline(Box::new(worker))));
@@ -168,7 +194,7 @@ struct Counters {
 type Reply<T> = Sender<Result<T, String>>;
 
 enum Command {
-    Start(Reply<Vec<TokenId>>),
+    Start(Reply<Advanced>),
     Allowed(Reply<Allowed>),
     Advance(TokenId, Reply<Advanced>),
     ValidPrefix(Vec<TokenId>, Sender<usize>),
@@ -181,12 +207,12 @@ struct Worker {
     timing: Arc<Counters>,
     digits: Option<(Arc<DigitRuns>, usize)>,
     /// Digits at the end of the output so far.
-    run: usize,
+    run: DigitState,
 }
 
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker").field("run", &self.run).finish()
+        f.debug_struct("Worker").field("digits", &self.run).finish()
     }
 }
 
@@ -196,7 +222,7 @@ impl Worker {
             match cmd {
                 Command::Start(reply) => {
                     let r = self.start();
-                    let ok = r.is_ok();
+                    let ok = r.as_ref().is_ok_and(|a| !a.finished);
                     let _ = reply.send(r);
                     if ok {
                         self.precompute();
@@ -220,10 +246,14 @@ impl Worker {
         }
     }
 
-    fn start(&mut self) -> Result<Vec<TokenId>, String> {
+    fn start(&mut self) -> Result<Advanced, String> {
         let forced = self.forced();
         self.took(&forced);
-        self.checked(forced)
+        let a = Advanced {
+            finished: self.matcher.is_stopped(),
+            forced,
+        };
+        self.checked(a)
     }
 
     fn allowed(&mut self) -> Result<Allowed, String> {
@@ -256,7 +286,9 @@ impl Worker {
     fn took(&mut self, tokens: &[TokenId]) {
         if let Some((d, _)) = &self.digits {
             for &t in tokens {
-                self.run = d.after(self.run, t);
+                if let Some(b) = d.bytes.get(t as usize) {
+                    self.run.push(b);
+                }
             }
         }
     }
@@ -267,6 +299,9 @@ impl Worker {
         let Some((d, limit)) = &self.digits else {
             return;
         };
+        if self.run.in_string {
+            return;
+        }
         let mut cleared = Vec::new();
         for &(t, lead) in &d.leading {
             let (w, bit) = (t as usize / 32, 1u32 << (t % 32));
@@ -276,7 +311,7 @@ impl Worker {
             if *word & bit == 0 {
                 continue;
             }
-            if self.run + lead as usize > *limit {
+            if self.run.run + lead as usize > *limit {
                 *word &= !bit;
                 cleared.push((w, bit));
             }
@@ -370,7 +405,7 @@ impl GrammarConstraint {
 }
 
 impl TokenConstraint for GrammarConstraint {
-    fn start(&mut self) -> Result<Vec<TokenId>, String> {
+    fn start(&mut self) -> Result<Advanced, String> {
         match self {
             GrammarConstraint::Inline(w) => w.start(),
             _ => self.ask(Command::Start)?,
@@ -487,20 +522,38 @@ mod tests {
             .max()
             .unwrap();
         assert_eq!(longest, JSON_DIGIT_LIMIT, "{s}");
-        // A pattern that needs more digits still gets them.
+        // Digits inside a string are the text's own: a 20-digit pattern gets them all.
         let g = e
             .compile(&OutputConstraint::JsonSchema {
                 schema: json!({"type": "string", "pattern": "^[0-9]{20}$"}),
             })
             .unwrap();
-        let mut c = g.constraint(true, true).unwrap();
-        let text = run(c.as_mut(), |t, _| t as u64);
-        assert_eq!(text.len(), 22, "{}", String::from_utf8_lossy(&text));
+        for overlap in [true, false] {
+            let mut c = g.constraint(true, overlap).unwrap();
+            let text = run(c.as_mut(), |t, _| t as u64);
+            assert_eq!(text.len(), 22, "{}", String::from_utf8_lossy(&text));
+        }
+        // A free string of a digit-loving model is not cut either.
+        let g = e
+            .compile(&OutputConstraint::JsonSchema {
+                schema: json!({"type": "string", "maxLength": 30}),
+            })
+            .unwrap();
+        let mut c = g.constraint(true, false).unwrap();
+        let text = run(c.as_mut(), |t, _| {
+            if t == b'9' as TokenId {
+                1000
+            } else {
+                t as u64
+            }
+        });
+        let s = String::from_utf8(text).unwrap();
+        assert!(s.contains(&"9".repeat(20)), "{s}");
     }
 
     /// Runs a constraint with a "model" that picks the allowed token of highest `score`.
     fn run(c: &mut dyn TokenConstraint, score: impl Fn(TokenId, usize) -> u64) -> Vec<u8> {
-        let mut out: Vec<TokenId> = c.start().unwrap();
+        let mut out: Vec<TokenId> = c.start().unwrap().forced;
         for step in 0..200 {
             let a = c.allowed().unwrap();
             let pick = (0..261u32)
@@ -564,10 +617,10 @@ mod tests {
         }
         // The start is forced: `{"name": "` comes without sampling.
         let mut c = g.constraint(true, true).unwrap();
-        let forced = c.start().unwrap();
+        let forced = c.start().unwrap().forced;
         assert!(!forced.is_empty());
         let mut c = g.constraint(false, false).unwrap();
-        assert!(c.start().unwrap().is_empty());
+        assert!(c.start().unwrap().forced.is_empty());
         assert_eq!(
             c.valid_prefix(&[b'{' as TokenId, b'"' as TokenId, b'x' as TokenId]),
             2

@@ -244,6 +244,8 @@ pub struct ToolCall {
 #[derive(Debug)]
 pub struct ToolCallParser {
     format: ToolFormat,
+    /// The functions that exist (a call of another one stays text).
+    names: Vec<String>,
     held: String,
     released_any: bool,
     holding: bool,
@@ -255,10 +257,11 @@ const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
 
 impl ToolCallParser {
-    /// A parser for `format`.
-    pub fn new(format: ToolFormat) -> ToolCallParser {
+    /// A parser for `format` that accepts calls of the functions `names`.
+    pub fn new(format: ToolFormat, names: Vec<String>) -> ToolCallParser {
         ToolCallParser {
             format,
+            names,
             held: String::new(),
             released_any: false,
             holding: false,
@@ -314,19 +317,40 @@ impl ToolCallParser {
         out
     }
 
-    /// The rest of the content (text that was held but is not a call) and the calls.
+    /// The rest of the content (text that was held but is not a call) and the calls. A reply
+    /// that calls a function not among the tools is text.
     pub fn finish(self) -> (String, Vec<ToolCall>) {
-        let text = self.held;
+        let (content, calls) = self.parse();
+        if calls.iter().all(|c| self.names.contains(&c.name)) {
+            (content, calls)
+        } else {
+            (self.held, Vec::new())
+        }
+    }
+
+    fn parse(&self) -> (String, Vec<ToolCall>) {
+        let text = self.held.clone();
         match self.format {
             ToolFormat::Hermes => parse_hermes(&text),
             ToolFormat::Llama3 => {
-                let body = text.trim().trim_start_matches(PYTHON_TAG).trim();
+                // One or more objects separated by `;` (a `;` inside a string is the string's).
+                let mut body = text.trim().trim_start_matches(PYTHON_TAG).trim();
                 let mut calls = Vec::new();
-                for part in body.split("; ") {
-                    match call_of(part.trim(), "parameters") {
-                        Some(c) => calls.push(c),
-                        None => return (text, Vec::new()),
-                    }
+                while !body.is_empty() {
+                    let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+                    let call = match values.next() {
+                        Some(Ok(v)) => call_of_value(&v, "parameters"),
+                        _ => None,
+                    };
+                    let Some(call) = call else {
+                        return (text, Vec::new());
+                    };
+                    calls.push(call);
+                    body = body[values.byte_offset()..].trim_start();
+                    body = body.strip_prefix(';').unwrap_or(body).trim_start();
+                }
+                if calls.is_empty() {
+                    return (text, Vec::new());
                 }
                 (String::new(), calls)
             }
@@ -358,7 +382,10 @@ fn partial_suffix(s: &str, tag: &str) -> usize {
 
 /// `{"name": ..., <args_key>: {...}}` (or `arguments` in any case) as a call.
 fn call_of(text: &str, args_key: &str) -> Option<ToolCall> {
-    let v: Value = serde_json::from_str(text).ok()?;
+    call_of_value(&serde_json::from_str(text).ok()?, args_key)
+}
+
+fn call_of_value(v: &Value, args_key: &str) -> Option<ToolCall> {
     let name = v.get("name")?.as_str()?.to_string();
     let args = v.get(args_key).or_else(|| v.get("arguments"))?;
     let arguments = match args {
@@ -411,6 +438,10 @@ mod tests {
         .unwrap()
     }
 
+    fn names() -> Vec<String> {
+        vec!["get_weather".into(), "add".into()]
+    }
+
     #[test]
     fn tool_definitions_are_checked() {
         assert_eq!(tools().len(), 2);
@@ -435,7 +466,7 @@ mod tests {
 
     #[test]
     fn hermes_calls_stream_and_parse() {
-        let mut p = ToolCallParser::new(ToolFormat::Hermes);
+        let mut p = ToolCallParser::new(ToolFormat::Hermes, names());
         let mut shown = String::new();
         for piece in [
             "Let me ",
@@ -456,32 +487,43 @@ mod tests {
             }]
         );
         // Text with a broken block stays text.
-        let mut p = ToolCallParser::new(ToolFormat::Hermes);
+        let mut p = ToolCallParser::new(ToolFormat::Hermes, names());
         p.push("<tool_call>not json</tool_call>");
         assert_eq!(
             p.finish(),
             ("<tool_call>not json</tool_call>".into(), vec![])
         );
         // A tag-like tail is released when it turns out not to be a tag.
-        let mut p = ToolCallParser::new(ToolFormat::Hermes);
+        let mut p = ToolCallParser::new(ToolFormat::Hermes, names());
         assert_eq!(p.push("a <to"), "a ");
         assert_eq!(p.push("p>"), "<top>");
     }
 
     #[test]
     fn llama3_and_mistral_calls_parse() {
-        let mut p = ToolCallParser::new(ToolFormat::Llama3);
+        let mut p = ToolCallParser::new(ToolFormat::Llama3, names());
         assert_eq!(
             p.push("{\"name\": \"add\", \"parameters\": {\"a\": 1}}"),
             ""
         );
         assert_eq!(p.finish().1[0].arguments, "{\"a\":1}");
-        let mut p = ToolCallParser::new(ToolFormat::Llama3);
+        let mut p = ToolCallParser::new(ToolFormat::Llama3, names());
         assert_eq!(p.push("Hello"), "Hello");
         assert!(p.finish().1.is_empty());
-        let mut p = ToolCallParser::new(ToolFormat::Mistral);
+        let mut p = ToolCallParser::new(ToolFormat::Mistral, names());
         p.push("[{\"name\": \"add\", \"arguments\": {\"a\": 1}}, {\"name\": \"add\", \"arguments\": {}}]");
         assert_eq!(p.finish().1.len(), 2);
+        // `;` inside a string is the string's; two calls are split at the `;` between them.
+        let mut p = ToolCallParser::new(ToolFormat::Llama3, names());
+        p.push("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"a; b\"}}; {\"name\": \"add\", \"parameters\": {}}");
+        let calls = p.finish().1;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, "{\"city\":\"a; b\"}");
+        // A call of a function that does not exist is text.
+        let mut p = ToolCallParser::new(ToolFormat::Hermes, names());
+        p.push("<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>");
+        let (text, calls) = p.finish();
+        assert!(calls.is_empty() && text.contains("rm"), "{text}");
     }
 
     #[test]
