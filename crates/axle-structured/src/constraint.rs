@@ -504,16 +504,7 @@ mod tests {
                     "required": ["n"], "additionalProperties": false}),
             })
             .unwrap();
-        // A "model" that always prefers the digit 9.
-        let mut c = g.constraint(true, true).unwrap();
-        let text = run(c.as_mut(), |t, _| {
-            if t == b'9' as TokenId {
-                1000
-            } else {
-                t as u64
-            }
-        });
-        let s = String::from_utf8(text).unwrap();
+        let s = nines(&g, true);
         let v: Value = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
         assert!(v["n"].is_number(), "{s}");
         let longest = s
@@ -539,7 +530,13 @@ mod tests {
                 schema: json!({"type": "string", "maxLength": 30}),
             })
             .unwrap();
-        let mut c = g.constraint(true, false).unwrap();
+        let s = nines(&g, false);
+        assert!(s.contains(&"9".repeat(20)), "{s}");
+    }
+
+    /// The output of a "model" that always prefers the digit 9.
+    fn nines(g: &Grammar, overlap: bool) -> String {
+        let mut c = g.constraint(true, overlap).unwrap();
         let text = run(c.as_mut(), |t, _| {
             if t == b'9' as TokenId {
                 1000
@@ -547,8 +544,7 @@ mod tests {
                 t as u64
             }
         });
-        let s = String::from_utf8(text).unwrap();
-        assert!(s.contains(&"9".repeat(20)), "{s}");
+        String::from_utf8(text).unwrap()
     }
 
     /// Runs a constraint with a "model" that picks the allowed token of highest `score`.
