@@ -149,7 +149,7 @@ def test_structured_output_and_tools(engine):
                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
     assert engine.chat(history, tools=tools, tool_choice="none", temperature=0, max_tokens=10).text
     for kw, field in [(dict(response_format={"type": "yaml"}), "response_format"),
-                      (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}),
+                      (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}),
                        "response_format"),
                       (dict(tool_choice="required"), "tool_choice")]:
         with pytest.raises(axle.RequestError) as e:

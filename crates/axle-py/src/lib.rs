@@ -13,7 +13,7 @@ use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
     defaults, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest, Generator, Model,
-    ModelOptions, OutputConstraint, Prompt, Rejection, RoutePolicy, RuntimeReport, SamplingOptions,
+    ModelOptions, Prompt, Rejection, ResponseFormat, RoutePolicy, RuntimeReport, SamplingOptions,
     SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT,
 };
 use pyo3::create_exception;
@@ -392,10 +392,9 @@ impl Engine {
         };
         let format = match response_format {
             None => None,
-            Some(j) => Some(
-                serde_json::from_str::<OutputConstraint>(&j)
-                    .map_err(|e| bad(Field::ResponseFormat, e))?,
-            ),
+            Some(j) => serde_json::from_str::<ResponseFormat>(&j)
+                .map_err(|e| bad(Field::ResponseFormat, e))?
+                .constraint(),
         };
         let tools = match tools {
             None => None,

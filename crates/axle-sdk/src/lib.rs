@@ -34,7 +34,7 @@ mod stop;
 mod structured;
 
 pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
-pub use axle_structured::OutputConstraint;
+pub use axle_structured::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use engine::{EngineConfig, EngineCore, EngineSizing, Output, RequestOptions};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};

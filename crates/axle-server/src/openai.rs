@@ -3,7 +3,7 @@
 //! tests use these; nothing else writes OpenAI JSON by hand.
 use axle_models::ChatMessage;
 use axle_sdk::{
-    Field, GenerateRequest, OutputConstraint, Prompt, Rejection, RuntimeReport, SamplingField,
+    Field, GenerateRequest, Prompt, Rejection, ResponseFormat, RuntimeReport, SamplingField,
     SamplingOptions, ToolCall, ToolChoice,
 };
 use serde::{Deserialize, Serialize};
@@ -119,71 +119,6 @@ pub struct ToolCallDelta {
     /// The call.
     #[serde(flatten)]
     pub call: ToolCallBody,
-}
-
-/// `response_format` (OpenAI's `text`, `json_object`, `json_schema`; Axle's `regex` and
-/// `grammar`, a Lark grammar in llguidance's dialect).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ResponseFormat {
-    /// Free text.
-    Text,
-    /// Any JSON object.
-    JsonObject,
-    /// JSON for a schema.
-    JsonSchema {
-        /// The schema and its name.
-        json_schema: JsonSchemaFormat,
-    },
-    /// Text matching a regular expression.
-    Regex {
-        /// The pattern.
-        regex: String,
-    },
-    /// Text of a Lark grammar.
-    Grammar {
-        /// The grammar.
-        grammar: String,
-    },
-}
-
-/// `response_format.json_schema`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct JsonSchemaFormat {
-    /// The schema's name.
-    pub name: String,
-    /// What it is for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// The schema (default: any JSON value).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema: Option<Value>,
-    /// OpenAI's strict mode; Axle always follows the schema exactly.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strict: Option<bool>,
-}
-
-impl ResponseFormat {
-    /// The SDK's constraint (None for text).
-    pub fn constraint(&self) -> Option<OutputConstraint> {
-        match self {
-            ResponseFormat::Text => None,
-            ResponseFormat::JsonObject => Some(OutputConstraint::JsonObject),
-            ResponseFormat::JsonSchema { json_schema } => Some(OutputConstraint::JsonSchema {
-                schema: json_schema
-                    .schema
-                    .clone()
-                    .unwrap_or_else(|| serde_json::json!({})),
-            }),
-            ResponseFormat::Regex { regex } => Some(OutputConstraint::Regex {
-                pattern: regex.clone(),
-            }),
-            ResponseFormat::Grammar { grammar } => Some(OutputConstraint::Grammar {
-                lark: grammar.clone(),
-            }),
-        }
-    }
 }
 
 /// `stream_options`.
@@ -852,7 +787,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.format,
-            Some(OutputConstraint::JsonSchema {
+            Some(axle_sdk::OutputConstraint::JsonSchema {
                 schema: serde_json::json!({"type": "object"})
             })
         );

@@ -17,7 +17,7 @@ pub mod tools;
 mod vocabulary;
 
 pub use constraint::{Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
-pub use format::OutputConstraint;
+pub use format::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use vocabulary::Vocabulary;
 
 /// Why a constraint cannot be built.

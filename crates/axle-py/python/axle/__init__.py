@@ -195,26 +195,11 @@ def _field(d: Dict[str, Any], name: str, *path: str) -> Any:
 
 
 def _response_format(fmt: Any) -> Optional[Dict[str, Any]]:
-    """Axle's constraint (as sent to the engine) for a pydantic model or a format dict."""
-    if fmt is None:
-        return None
+    """OpenAI's ``response_format`` dict for a pydantic model class; a dict goes as it is (the
+    engine reads it as the server does)."""
     if isinstance(fmt, type) and hasattr(fmt, "model_json_schema"):
-        return {"type": "json_schema", "schema": fmt.model_json_schema()}
-    kind = _field(fmt, "response_format", "type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        spec = _field(fmt, "response_format", "json_schema")
-        return {"type": "json_schema", "schema": spec.get("schema", {}) if isinstance(spec, dict) else {}}
-    if kind == "regex":
-        return {"type": "regex", "pattern": _field(fmt, "response_format", "regex")}
-    if kind == "grammar":
-        return {"type": "grammar", "lark": _field(fmt, "response_format", "grammar")}
-    err = RequestError(f"response_format: unknown type {kind!r}")
-    err.field, err.reason = "response_format", f"unknown type {kind!r}"
-    raise err
+        return {"type": "json_schema", "json_schema": {"name": fmt.__name__, "schema": fmt.model_json_schema()}}
+    return fmt
 
 
 def _next_or_none(stream: TextStream) -> Optional[str]:
