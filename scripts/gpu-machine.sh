@@ -22,7 +22,7 @@ case "$cmd" in
     gunzip -c "$root/.device/axle.gz" >"$w/bin/axle" && chmod +x "$w/bin/axle"
     python3 -m pip install -q --no-index --no-deps --target "$w/site" "$root"/.device/gguf-*.whl
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-    setsid nohup bash -c "'$root/scripts/build-cuda-backend.sh' --src '$w/llama-src.tgz' \
+    setsid nohup bash -c "'$root/scripts/build-backend.sh' cuda --src '$w/llama-src.tgz' \
       --out '$w/bin/backends' --arch 90-real >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
       >/dev/null 2>&1 &
     # A byte-level BPE vocabulary for the random 8B files (the fixtures are not in git).

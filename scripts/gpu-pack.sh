@@ -16,7 +16,7 @@ gzip -c "${AXLE_BIN:-$root/target/release/axle}" >"$out/axle.gz"
 git -C "$root" rev-parse HEAD >"$out/commit"
 # A vocabulary for the random 8B files on the device (fixtures are written by setup-tests.sh, not in git).
 cp "$root/fixtures/llama-tiny.gguf" "$out/"
-"$root/scripts/build-cuda-backend.sh" --pack "$out/llama-src.tgz"
+"$root/scripts/build-backend.sh" --pack "$out/llama-src.tgz"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$out" gguf==0.19.0
 (cd "$models" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf) >"$out/models.sha256"
 i=0

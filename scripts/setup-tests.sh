@@ -51,4 +51,11 @@ fi
 # later ones take seconds).
 echo "installing the axle Python package (crates/axle-py) into $venv" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$here/../crates/axle-py"
+# ggml's RPC backend (libggml-rpc.so) beside target/release/axle, for the test that splits a model
+# across `axle rpc-server` processes (crates/axle/tests/rpc_split.rs): about 20 s, from the same
+# vendored ggml source as the binary (fetched first, so that the source is in the registry).
+if [ ! -e "$here/../target/release/backends/libggml-rpc.so" ]; then
+  (cd "$here/.." && cargo fetch --locked -q)
+  "$here/build-backend.sh" rpc >/dev/null
+fi
 echo "test setup done; models in $("$here/fetch-models.sh")" >&2

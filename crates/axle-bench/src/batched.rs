@@ -29,6 +29,8 @@ pub struct BatchedOptions {
     /// Also run the engine with ggml's shape-dependent kernels (`Kernels::LikeLlamaCpp`): what
     /// batch invariance costs.
     pub fast_kernels: bool,
+    /// How libllama spreads layers over several GPUs.
+    pub oracle_split: axle_ggml::oracle::SplitMode,
 }
 
 /// One row.
@@ -168,6 +170,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             n_seq_max: max_b as u32,
             n_batch: (max_b * opts.prompt).max(512) as u32,
             n_gpu_layers: crate::oracle_gpu_layers(model),
+            split_mode: opts.oracle_split,
             ..Default::default()
         },
     )?;

@@ -24,6 +24,8 @@ pub struct CompareOptions {
     pub reps: usize,
     /// Show a progress bar.
     pub progress: bool,
+    /// How libllama spreads layers over several GPUs.
+    pub oracle_split: axle_ggml::oracle::SplitMode,
 }
 
 /// One row of the result.
@@ -119,6 +121,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
             n_ctx: kv_slots,
             n_threads: opts.threads,
             n_gpu_layers: crate::oracle_gpu_layers(model),
+            split_mode: opts.oracle_split,
             ..Default::default()
         },
     )?;

@@ -16,13 +16,13 @@ pub mod soak;
 pub mod stats;
 pub mod structured;
 
-/// The libllama oracle's `n_gpu_layers` that puts the same layers on the GPU as `model` has:
-/// 0 on the CPU, every layer and the head (999) when the model is wholly offloaded.
+/// The libllama oracle's `n_gpu_layers` that puts the same layers on accelerators as `model`
+/// has: 0 on the CPU, every layer and the head (999) when the model is wholly offloaded.
 pub fn oracle_gpu_layers(model: &axle_models::Model) -> i32 {
-    match model.offload() {
-        None => 0,
-        Some(o) if o.first_layer == 0 => 999,
-        Some(o) => (model.family().hparams().n_layer as i32 - o.first_layer as i32).max(0),
+    let p = model.placement();
+    match p.head_device() {
+        Some(_) => 999,
+        None => p.accelerator_layers() as i32,
     }
 }
 

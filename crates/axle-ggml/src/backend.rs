@@ -6,7 +6,7 @@ use crate::{Error, Graph, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{CStr, CString};
 
-fn cstr(p: *const std::ffi::c_char) -> String {
+pub(crate) fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         return String::new();
     }
@@ -31,7 +31,7 @@ pub enum DeviceKind {
 
 /// A ggml backend device (owned by ggml's registry for the whole program).
 #[derive(Clone, Copy)]
-pub struct Device(sys::ggml_backend_dev_t);
+pub struct Device(pub(crate) sys::ggml_backend_dev_t);
 
 // SAFETY: devices are immutable registry entries that live for the whole program.
 unsafe impl Send for Device {}
@@ -255,6 +255,8 @@ impl PartialEq for Device {
         self.0 == other.0
     }
 }
+
+impl Eq for Device {}
 
 /// A ggml buffer type (where tensor memory lives, and in which layout).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,6 +14,7 @@ pub mod few_columns;
 mod gguf;
 mod log;
 pub mod oracle;
+pub mod rpc;
 mod store;
 mod sysinfo;
 mod tensor;

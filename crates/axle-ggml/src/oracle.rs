@@ -52,6 +52,46 @@ pub struct OracleOptions {
     pub n_gpu_layers: i32,
     /// Flash attention (on, as Axle runs; off to see how libllama disagrees with itself).
     pub flash_attn: bool,
+    /// How libllama spreads the offloaded layers over several GPUs.
+    pub split_mode: SplitMode,
+}
+
+/// libllama's ways of using several GPUs (`llama_split_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SplitMode {
+    /// Contiguous layer ranges per device (`--split-mode layer`, the default).
+    #[default]
+    Layer,
+    /// Matrix rows across devices through the backend's split buffers (`--split-mode row`;
+    /// libllama refuses it where the backend has none).
+    Row,
+    /// Tensor parallelism through ggml's meta device (`--split-mode tensor`).
+    Tensor,
+}
+
+impl std::str::FromStr for SplitMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "layer" => Ok(SplitMode::Layer),
+            "row" => Ok(SplitMode::Row),
+            "tensor" => Ok(SplitMode::Tensor),
+            _ => Err(Error::Oracle(format!(
+                "unknown split mode `{s}` (layer, row or tensor)"
+            ))),
+        }
+    }
+}
+
+impl SplitMode {
+    /// The name llama.cpp's tools take.
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
+        }
+    }
 }
 
 impl Default for OracleOptions {
@@ -64,6 +104,7 @@ impl Default for OracleOptions {
             n_batch: 512,
             n_gpu_layers: 0,
             flash_attn: true,
+            split_mode: SplitMode::Layer,
         }
     }
 }
@@ -80,6 +121,11 @@ impl LlamaOracle {
             sys::llama_backend_init();
             let mut mp = sys::llama_model_default_params();
             mp.n_gpu_layers = opts.n_gpu_layers;
+            mp.split_mode = match opts.split_mode {
+                SplitMode::Layer => sys::LLAMA_SPLIT_MODE_LAYER,
+                SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
+                SplitMode::Tensor => sys::LLAMA_SPLIT_MODE_TENSOR,
+            };
             mp.vocab_only = opts.vocab_only;
             let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
             if model.is_null() {

@@ -73,7 +73,7 @@ impl std::fmt::Debug for StoredTensor {
 }
 
 /// Where model weights go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WeightPlacement {
     /// Host memory: used in place from the mmap, except matmul weights that a CPU repacking buffer
     /// type takes (copied once into its faster layout, as llama.cpp does).
@@ -81,17 +81,16 @@ pub enum WeightPlacement {
         /// Whether to use the repacking buffer types.
         repack: bool,
     },
-    /// Offload to a device (a GPU): the weights of layers `first_layer..` copied to `buft`, and,
-    /// when every layer is there (`first_layer == 0`), the output norm and head too. The rest stays
-    /// in host memory, used in place: earlier layers (run on the CPU through the backend
-    /// scheduler) and the token embedding, of which a step reads a few rows (as llama.cpp keeps
-    /// its input layer on the CPU). A model whose head is its token embedding (tied) gets a device
-    /// copy of it as `output.weight`.
-    Device {
-        /// The device's buffer type.
-        buft: BufferType,
-        /// First layer whose weights go to the device.
-        first_layer: u32,
+    /// Layers on devices (GPUs, RPC devices), each layer's weights copied to the memory of the
+    /// device that runs it (`layers[il]`; None: host memory, used in place), and the output norm
+    /// and head to `head`. The token embedding stays in host memory (a step reads a few of its
+    /// rows, as llama.cpp keeps its input layer on the CPU). A model whose head is its token
+    /// embedding (tied) gets a device copy of it as `output.weight`.
+    Layers {
+        /// Memory of each layer's weights (None: host memory).
+        layers: Vec<Option<BufferType>>,
+        /// Memory of the output norm and head (None: host memory).
+        head: Option<BufferType>,
     },
 }
 
@@ -153,7 +152,7 @@ impl TensorStore {
         let mut by_name = HashMap::new();
         let mut groups: HashMap<Option<BufferType>, Vec<(usize, *mut sys::ggml_tensor)>> =
             HashMap::new();
-        let extras = match placement {
+        let extras = match &placement {
             WeightPlacement::Host { repack: true } => backend.device().extra_buffer_types(),
             _ => Vec::new(),
         };
@@ -167,14 +166,12 @@ impl TensorStore {
                 });
             }
             by_name.insert(info.name.clone(), t.raw());
-            let target = match placement {
-                WeightPlacement::Device { buft, first_layer } => {
-                    let on_device = match info.layer() {
-                        Some(il) => il >= first_layer,
-                        None => info.name != TOKEN_EMBD && first_layer == 0,
-                    };
-                    on_device.then_some(buft)
-                }
+            let target = match &placement {
+                WeightPlacement::Layers { layers, head } => match info.layer() {
+                    Some(il) => layers.get(il as usize).copied().flatten(),
+                    None if info.name != TOKEN_EMBD => *head,
+                    None => None,
+                },
                 WeightPlacement::Host { .. } => {
                     // 2-D product weights and 3-D expert weights (mul_mat_id); other 3-D weights
                     // (MLA's per-head absorption matrices) feed plain batched products, which
@@ -192,11 +189,10 @@ impl TensorStore {
         // A tied head on the device: a device copy of the token embedding, bound as the head. On
         // the host with repacking, a repacked copy where the CPU has a layout for its type (as
         // libllama loads a tied head: the embedding itself only feeds get_rows).
-        let head_copy = match placement {
-            WeightPlacement::Device {
-                buft,
-                first_layer: 0,
-            } => Some(buft),
+        let head_copy = match &placement {
+            WeightPlacement::Layers {
+                head: Some(buft), ..
+            } => Some(*buft),
             WeightPlacement::Host { repack: true } => {
                 infos.iter().find(|t| t.name == TOKEN_EMBD).and_then(|t| {
                     extras

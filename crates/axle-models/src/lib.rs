@@ -13,6 +13,7 @@ pub mod kv;
 pub mod layers;
 pub mod model;
 pub mod moe;
+pub mod placement;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;
@@ -20,7 +21,8 @@ pub mod tokenizer;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::Kernels;
-pub use model::{default_threads, DeviceChoice, Model, ModelOptions, Offload};
+pub use model::{default_threads, Model, ModelOptions};
+pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
 pub use sequence::Sequence;

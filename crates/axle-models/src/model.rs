@@ -3,81 +3,11 @@
 //! reports it as one clear error.
 use crate::arch::{self, Family};
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::placement::{DeviceChoice, Placement, PlacementRequest};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
-use axle_ggml::{Backend, Device, DeviceKind, GgufFile, TensorStore, WeightPlacement};
+use axle_ggml::{Backend, GgufFile, TensorStore, WeightPlacement};
 use std::path::{Path, PathBuf};
-
-/// Which device runs a model (`--device`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum DeviceChoice {
-    /// The first GPU when a GPU backend is registered, else the CPU.
-    #[default]
-    Auto,
-    /// The CPU only.
-    Cpu,
-    /// A device by ggml's name (`cuda0`, `cuda1`, `metal`, `vulkan0`; any case).
-    Named(String),
-}
-
-impl std::str::FromStr for DeviceChoice {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "auto" => DeviceChoice::Auto,
-            "cpu" => DeviceChoice::Cpu,
-            _ => DeviceChoice::Named(s.to_string()),
-        })
-    }
-}
-
-impl std::fmt::Display for DeviceChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DeviceChoice::Auto => f.write_str("auto"),
-            DeviceChoice::Cpu => f.write_str("cpu"),
-            DeviceChoice::Named(n) => f.write_str(n),
-        }
-    }
-}
-
-impl DeviceChoice {
-    /// The accelerator this choice means (None: the CPU alone), after loading the shared-library
-    /// backends ([`axle_ggml::load_dynamic_backends`]).
-    pub fn resolve(&self) -> Result<Option<Device>, ModelError> {
-        axle_ggml::load_dynamic_backends();
-        match self {
-            DeviceChoice::Auto => Ok(Device::first_gpu()),
-            DeviceChoice::Cpu => Ok(None),
-            DeviceChoice::Named(n) => match Device::find(n) {
-                Some(d) if d.kind() == DeviceKind::Cpu => Ok(None),
-                Some(d) => Ok(Some(d)),
-                None => Err(ModelError::NoDevice {
-                    asked: n.clone(),
-                    available: Device::all()
-                        .iter()
-                        .map(|d| d.name().to_ascii_lowercase())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    searched: axle_ggml::backend_search_dirs()
-                        .iter()
-                        .map(|d| d.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                }),
-            },
-        }
-    }
-}
-
-/// Layers of a model on an accelerator (the rest, and the token embedding, on the CPU).
-#[derive(Debug, Clone, Copy)]
-pub struct Offload {
-    /// The accelerator.
-    pub device: Device,
-    /// First layer on it (layers before it run on the CPU).
-    pub first_layer: u32,
-}
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -91,9 +21,13 @@ pub struct ModelOptions {
     pub repack: bool,
     /// The device that runs the model.
     pub device: DeviceChoice,
-    /// Layers on the accelerator, counted from the last (None: all of them, with the output
-    /// head; fewer leave the first layers on the CPU, for models larger than the card).
+    /// Layers on the accelerators, counted from the last (None: all of them, with the output
+    /// head; fewer leave the first layers on the CPU, for models larger than the cards).
     pub gpu_layers: Option<u32>,
+    /// Share of the layers per device of a device list (None: by free memory).
+    pub split: Option<Vec<f32>>,
+    /// RPC servers (`host:port`) whose devices join the registry before devices are chosen.
+    pub rpc: Vec<String>,
 }
 
 impl Default for ModelOptions {
@@ -103,6 +37,8 @@ impl Default for ModelOptions {
             repack: false,
             device: DeviceChoice::Auto,
             gpu_layers: None,
+            split: None,
+            rpc: Vec::new(),
         }
     }
 }
@@ -135,7 +71,7 @@ pub struct Model {
     _weights: TensorStore,
     file_size: u64,
     threads: usize,
-    offload: Option<Offload>,
+    placement: Placement,
 }
 
 impl Model {
@@ -157,27 +93,32 @@ impl Model {
         let loader = arch::loader_for(&arch_name)?;
         // Layers counted from the tensors themselves (`blk.N.*`), before any family reads them.
         let n_layer = file.layers_in_tensors();
-        let offload = match opts.device.resolve()? {
-            Some(device) if opts.gpu_layers != Some(0) => Some(Offload {
-                device,
-                first_layer: n_layer - opts.gpu_layers.unwrap_or(n_layer).min(n_layer),
-            }),
-            _ => None,
-        };
-        let placement = match offload {
-            Some(o) => WeightPlacement::Device {
-                buft: o.device.buffer_type(),
-                first_layer: o.first_layer,
+        let placement = Placement::resolve(
+            &PlacementRequest {
+                device: opts.device.clone(),
+                gpu_layers: opts.gpu_layers,
+                split: opts.split.clone(),
+                rpc: opts.rpc.clone(),
             },
-            None => WeightPlacement::Host {
+            n_layer,
+        )?;
+        let weight_placement = if placement.uses_accelerator() {
+            WeightPlacement::Layers {
+                layers: (0..n_layer)
+                    .map(|il| placement.layer_device(il).map(|d| d.buffer_type()))
+                    .collect(),
+                head: placement.head_device().map(|d| d.buffer_type()),
+            }
+        } else {
+            WeightPlacement::Host {
                 repack: opts.repack,
-            },
+            }
         };
         // Used for placement queries while loading; each runner owns the backend it computes with.
         let backend = Backend::cpu(opts.threads)?;
         let weights = TensorStore::load_weights(
             &file,
-            placement,
+            weight_placement,
             &backend,
             |name| name != "token_embd.weight",
             progress,
@@ -201,33 +142,19 @@ impl Model {
             _weights: weights,
             file_size: file.file_size(),
             threads: opts.threads,
-            offload,
+            placement,
         })
     }
 
-    /// The layers on an accelerator, if any.
-    pub fn offload(&self) -> Option<Offload> {
-        self.offload
+    /// Where the layers run.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
-    /// Where the model runs, for reports: `CPU`, `CUDA0 (NVIDIA H100 80GB HBM3)`, or
-    /// `CUDA0 (...), layers 8.. of 32` when some layers stay on the CPU.
+    /// Where the model runs, for reports: `CPU`, `CUDA0 (NVIDIA H100 80GB HBM3)`, or each
+    /// device with its layers when several share the model.
     pub fn device_summary(&self) -> String {
-        match self.offload {
-            None => "CPU".into(),
-            Some(o) => {
-                let n_layer = self.family.hparams().n_layer;
-                let head = format!("{} ({})", o.device.name(), o.device.description());
-                if o.first_layer == 0 {
-                    head
-                } else {
-                    format!(
-                        "{head}, layers {}.. of {n_layer} (the rest on the CPU)",
-                        o.first_layer
-                    )
-                }
-            }
-        }
+        self.placement.summary()
     }
 
     /// The model file.

@@ -247,25 +247,18 @@ impl Runner {
             )));
         }
         // Each layer's KV lives with the device that runs the layer; the scheduler gets the
-        // accelerator first and the CPU last (it runs what the accelerator cannot, and the layers
-        // left on the host).
+        // accelerators first, in layer order, and the CPU last (it runs what the accelerators
+        // cannot, and the layers left on the host).
         let dims = model.family().kv_dims();
-        let mut backends = Vec::new();
-        let bufts: Vec<BufferType> = match model.offload() {
-            Some(o) => {
-                backends.push(Backend::on(o.device)?);
-                (0..dims.len() as u32)
-                    .map(|il| {
-                        if il >= o.first_layer {
-                            o.device.buffer_type()
-                        } else {
-                            BufferType::cpu()
-                        }
-                    })
-                    .collect()
-            }
-            None => vec![BufferType::cpu(); dims.len()],
-        };
+        let placement = model.placement();
+        let mut backends = placement
+            .accelerators()
+            .into_iter()
+            .map(Backend::on)
+            .collect::<Result<Vec<_>, _>>()?;
+        let bufts: Vec<BufferType> = (0..dims.len() as u32)
+            .map(|il| placement.layer_buffer(il))
+            .collect();
         backends.push(Backend::cpu(model.threads())?);
         check_kv_fits(&model, &bufts, &dims, opts.kv_slots)?;
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
@@ -278,11 +271,10 @@ impl Runner {
                     "a recurrent model needs at least one state group and snapshot".into(),
                 ));
             }
-            let layer_buft = |il: usize| match model.offload() {
-                Some(o) if il as u32 >= o.first_layer => o.device.buffer_type(),
-                _ => BufferType::cpu(),
-            };
-            let bufts: Vec<BufferType> = state_dims.iter().map(|d| layer_buft(d.0)).collect();
+            let bufts: Vec<BufferType> = state_dims
+                .iter()
+                .map(|d| placement.layer_buffer(d.0 as u32))
+                .collect();
             let widths: Vec<(i64, i64)> = state_dims.iter().map(|d| (d.1, d.2)).collect();
             Some(RecurrentCache::new(
                 &bufts,
@@ -302,9 +294,11 @@ impl Runner {
             base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
         let sched = GraphScheduler::new(backends, base_nodes)?;
+        // Logits come from the head's device (the last layer's, or the CPU).
         let pinned = model
-            .offload()
-            .and_then(|o| PinnedHost::for_device(&o.device));
+            .placement()
+            .head_device()
+            .and_then(|d| PinnedHost::for_device(&d));
         Ok(Runner {
             model,
             kv,
@@ -751,33 +745,46 @@ fn check_kv_fits(
     dims: &[(i64, i64)],
     slots: u32,
 ) -> Result<(), ModelError> {
-    let bytes = |on_host: bool| -> usize {
-        dims.iter()
-            .zip(bufts)
-            .filter(|(_, b)| (**b == BufferType::cpu()) == on_host)
-            .map(|(&(k, v), _)| (k + v) as usize * DType::F16.row_size(1) * slots as usize)
-            .sum()
-    };
-    let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    let refuse = |need: usize, free: usize, where_: &str| {
-        ModelError::Invalid(format!(
-            "the KV pool needs {:.0} MiB on {where_} ({slots} slots), but only {:.0} MiB are free \
-             there; ask for fewer KV slots or a shorter context",
-            mib(need),
-            mib(free)
-        ))
-    };
-    let host = bytes(true);
-    if let Some(free) = axle_ggml::host_available_memory() {
-        if host > free {
-            return Err(refuse(host, free, "the host"));
+    // Bytes of one slot in each memory (every layer has every slot).
+    let mut per_slot: Vec<(BufferType, usize)> = Vec::new();
+    for (&(k, v), &b) in dims.iter().zip(bufts) {
+        let row = (k + v) as usize * DType::F16.row_size(1);
+        match per_slot.iter_mut().find(|(x, _)| *x == b) {
+            Some((_, n)) => *n += row,
+            None => per_slot.push((b, row)),
         }
     }
-    if let Some(o) = model.offload() {
-        let device = bytes(false);
-        let (free, total) = o.device.memory();
-        if total > 0 && device > free {
-            return Err(refuse(device, free, &o.device.name()));
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    for (buft, row) in per_slot {
+        let (free, where_) = if buft == BufferType::cpu() {
+            match axle_ggml::host_available_memory() {
+                Some(free) => (free, "the host".to_string()),
+                None => continue,
+            }
+        } else {
+            let Some(d) = model
+                .placement()
+                .accelerators()
+                .into_iter()
+                .find(|d| d.buffer_type() == buft)
+            else {
+                continue;
+            };
+            let (free, total) = d.memory();
+            if total == 0 {
+                continue;
+            }
+            (free, d.name())
+        };
+        let need = row * slots as usize;
+        if need > free {
+            return Err(ModelError::Invalid(format!(
+                "the KV pool needs {:.0} MiB on {where_} ({slots} slots), but only {:.0} MiB are \
+                 free there (at most {} slots fit); ask for fewer KV slots or a shorter context",
+                mib(need),
+                mib(free),
+                free / row.max(1)
+            )));
         }
     }
     Ok(())

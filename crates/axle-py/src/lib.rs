@@ -318,6 +318,7 @@ impl Engine {
             repack,
             device,
             gpu_layers,
+            ..Default::default()
         };
         let spec = RouteSpec {
             model: model_path,

@@ -186,7 +186,7 @@ pub(crate) fn vocabulary(model: &Arc<Model>) -> Vocabulary {
 /// so masks are computed in place and a request holds no thread.
 pub(crate) fn overlap_masks(model: &Model) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    model.offload().is_some() || cores > model.threads()
+    model.placement().uses_accelerator() || cores > model.threads()
 }
 
 /// A model's grammar engine, built once on first use.

@@ -1,4 +1,5 @@
-//! `axle`: run local LLMs. Subcommands: generate, chat, serve, tokenize, doctor, bench.
+//! `axle`: run local LLMs. Subcommands: generate, chat, serve, tokenize, doctor, bench,
+//! rpc-server.
 #![forbid(unsafe_code)]
 
 mod cmd;
@@ -28,6 +29,8 @@ enum Command {
     /// Benchmarks against libllama in the same process.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Serve this machine's devices to other processes over ggml's RPC protocol (`--rpc` there).
+    RpcServer(cmd::rpc_server::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::RpcServer(a) => cmd::rpc_server::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

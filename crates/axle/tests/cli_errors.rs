@@ -189,3 +189,43 @@ fn unknown_device() {
     assert!(err.contains("devices here: cpu"), "{err}");
     assert!(err.contains("GPU backends load from"), "{err}");
 }
+
+/// Several devices asked wrongly: each a clear error before anything loads. An RPC server that
+/// is not there is an error naming it (ggml's client would abort the process: Axle checks the
+/// address first); so is a split whose shares do not match the devices, and a device twice.
+#[test]
+fn bad_device_lists_and_rpc_servers() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let free_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let nobody = format!("127.0.0.1:{free_port}");
+    let err = fails(&["generate", "--model", m, "--prompt", "Hi", "--rpc", &nobody]);
+    assert!(
+        err.contains(&format!("RPC server {nobody}: nothing accepts connections")),
+        "{err}"
+    );
+    let err = fails(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--rpc",
+        "not-an-address",
+    ]);
+    assert!(err.contains("not a host:port address"), "{err}");
+    let err = fails(&[
+        "generate", "--model", m, "--prompt", "Hi", "--device", "cpu", "--split", "1,2",
+    ]);
+    assert!(
+        err.contains("--split needs one non-negative share per device"),
+        "{err}"
+    );
+    let err = fails(&[
+        "generate", "--model", m, "--prompt", "Hi", "--device", "cpu,cpu",
+    ]);
+    assert!(err.contains("device cpu is listed twice"), "{err}");
+}

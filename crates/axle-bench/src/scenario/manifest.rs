@@ -63,6 +63,29 @@ pub struct ModelSpec {
     /// Layers on the GPU, counted from the last (absent: all).
     #[serde(default)]
     pub gpu_layers: Option<u32>,
+    /// Share of the layers per device of a device list (`device = "cuda0,cuda1"`; absent: by
+    /// free memory, as libllama splits).
+    #[serde(default)]
+    pub split: Option<Vec<f32>>,
+    /// RPC servers (`host:port`) whose devices to attach.
+    #[serde(default)]
+    pub rpc: Vec<String>,
+    /// libllama's `--split-mode` over several GPUs: `layer` (absent), `row` or `tensor`.
+    #[serde(default)]
+    pub oracle_split_mode: Option<String>,
+}
+
+impl ModelSpec {
+    /// libllama's split mode for the references, and the reference's name in the artifact.
+    pub fn oracle_split(&self) -> Result<(axle_ggml::oracle::SplitMode, String), String> {
+        match self.oracle_split_mode.as_deref() {
+            None => Ok((Default::default(), "libllama".into())),
+            Some(m) => {
+                let mode: axle_ggml::oracle::SplitMode = m.parse().map_err(|e| format!("{e}"))?;
+                Ok((mode, format!("libllama split-mode {}", mode.name())))
+            }
+        }
+    }
 }
 
 fn auto_device() -> String {

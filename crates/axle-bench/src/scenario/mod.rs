@@ -66,6 +66,8 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
             repack: m.model.repack,
             device: m.model.device.parse().unwrap_or_default(),
             gpu_layers: m.model.gpu_layers,
+            split: m.model.split.clone(),
+            rpc: m.model.rpc.clone(),
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));

@@ -22,6 +22,7 @@ pub fn run(
 ) -> Result<Vec<Row>, BenchError> {
     let progress = opts.progress;
     let (threads, reps, path) = (m.model.threads, m.repetitions, path.to_path_buf());
+    let (oracle_split, reference) = m.model.oracle_split().map_err(BenchError::Invalid)?;
     Ok(match &m.workload {
         Workload::Generate(g) => generate(g, reps, model, &path, threads, progress)?,
         Workload::Compare(c) => {
@@ -34,6 +35,7 @@ pub fn run(
                     decode: c.decode,
                     reps,
                     progress,
+                    oracle_split,
                 },
             )?;
             r.rows
@@ -45,7 +47,7 @@ pub fn run(
                         "decode_tok_s"
                     };
                     let (profile, llama_us) = (row.profile, 1e6 / row.llama_median);
-                    let mut r = Row::new(row.test, metric, row.axle, Some(("libllama", row.llama)));
+                    let mut r = Row::new(row.test, metric, row.axle, Some((&reference, row.llama)));
                     if let Some(p) = profile {
                         let names = ["prepare", "build", "inputs", "compute", "logits"];
                         for (k, v) in names.iter().zip(p.per_step_us()) {
@@ -72,6 +74,7 @@ pub fn run(
                     steps: b.steps,
                     reps,
                     fast_kernels: b.fast_kernels,
+                    oracle_split,
                 },
             )?;
             r.rows
@@ -83,7 +86,7 @@ pub fn run(
                         format!("seqs={}", row.sequences),
                         "aggregate_decode_tok_s",
                         row.axle,
-                        Some(("libllama", row.llama)),
+                        Some((&reference, row.llama)),
                     );
                     if let Some(fast) = fast {
                         r.extra.insert("shape_kernels_tok_s".into(), fast);

@@ -644,6 +644,13 @@ fn quick(
                 .as_ref()
                 .map_or_else(|| "auto".into(), |d| d.device.to_string()),
             gpu_layers: extras.device.as_ref().and_then(|d| d.gpu_layers),
+            split: extras.device.as_ref().and_then(|d| d.split.clone()),
+            rpc: extras
+                .device
+                .as_ref()
+                .map(|d| d.rpc.clone())
+                .unwrap_or_default(),
+            oracle_split_mode: None,
         },
         route: None,
         workload,

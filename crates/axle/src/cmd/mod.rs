@@ -4,6 +4,7 @@ pub mod chat;
 pub mod doctor;
 pub mod generate;
 pub mod route;
+pub mod rpc_server;
 pub mod serve;
 pub mod tokenize;
 
@@ -20,16 +21,27 @@ pub struct DeviceArgs {
     /// CPU threads.
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
-    /// Device: `auto` (the first GPU when a GPU backend is loaded, else the CPU), `cpu`, or a
-    /// device name from `axle doctor` (`cuda0`, `cuda1`, `vulkan0`, `metal`, ...). GPU backends are
+    /// Device: `auto` (the first GPU when a GPU backend is loaded, else the CPU), `cpu`, `all`
+    /// (every GPU and RPC device), a device name from `axle doctor` (`cuda0`, `vulkan0`,
+    /// `metal`, `rpc0`, ...), or several in layer order (`cuda0,cuda1`; `cpu` among them takes
+    /// host layers): each gets a contiguous range of layers with their KV. GPU backends are
     /// shared libraries (`libggml-cuda.so`) loaded from $AXLE_BACKENDS_DIR, or from the folder of
     /// the axle binary and its `backends/` subfolder.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, alias = "devices", default_value = "auto")]
     pub device: DeviceChoice,
-    /// Layers on the GPU, counted from the last (default: all, with the output head); the first
-    /// ones stay on the CPU, for models larger than the card.
+    /// Layers on the GPUs, counted from the last (default: all, with the output head); the first
+    /// ones stay on the CPU, for models larger than the cards.
     #[arg(long)]
     pub gpu_layers: Option<u32>,
+    /// Share of the layers per device when `--device` lists several (`3,1`: three quarters on
+    /// the first); default: in proportion to each device's free memory.
+    #[arg(long, value_delimiter = ',')]
+    pub split: Option<Vec<f32>>,
+    /// RPC servers (`host:port`, comma-separated) whose devices join this run as `rpc0`,
+    /// `rpc1`, ... (`axle rpc-server` or llama.cpp's `rpc-server` serves them). With
+    /// `--device auto` the model spreads over them and the first local GPU (or the CPU).
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -196,6 +208,8 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         repack,
         device: device.device.clone(),
         gpu_layers: device.gpu_layers,
+        split: device.split.clone(),
+        rpc: device.rpc.clone(),
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
@@ -215,7 +229,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
     });
     bar.finish_and_clear();
     let model = model.with_context(|| format!("cannot load model {}", path.display()))?;
-    if model.offload().is_some() {
+    if model.placement().uses_accelerator() {
         eprintln!("device: {}", model.device_summary());
     }
     Ok(model)
