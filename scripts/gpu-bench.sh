@@ -4,7 +4,8 @@
 # one device call; run them one by one or together:
 #
 #   scripts/gpu-bench.sh OUT_DIR dc [MODEL...]   device-check (logits vs libllama, speculation and
-#                                               batching identity) of the real models and fixtures
+#                                               batching identity) of the real models and fixtures,
+#                                               on $DC_DEVICE (default cuda0; cuda0,cuda1 splits)
 #   scripts/gpu-bench.sh OUT_DIR scenario NAME...  the manifests benchmarks/manifests/gpu/NAME.toml
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,11 +29,11 @@ case "$step" in
       case "$m" in
         smollm2) f="$w/models/SmolLM2-135M-Instruct.Q4_1.gguf" ;;
         gemma3) f="$w/models/gemma-3-270m-q4_k_m.gguf" ;;
-        *) f="$root/fixtures/$m.gguf" ;;
+        *) f="$root/fixtures/$m.gguf"; [ -e "$f" ] || f="$root/.device/$m.gguf" ;;
       esac
       echo "== device-check $m" >&2
-      "$axle" bench device-check --model "$f" --device cuda0 --threads 8 \
-        --output "$out/dc-$m.json" 2>"$w/logs/dc-$m.log" | tail -n 12 || status=1
+      "$axle" bench device-check --model "$f" --device "${DC_DEVICE:-cuda0}" --threads 8 \
+        --output "$out/dc-$m${DC_SUFFIX:-}.json" 2>"$w/logs/dc-$m.log" | tail -n 12 || status=1
     done
     ;;
   scenario)

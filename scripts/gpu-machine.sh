@@ -4,8 +4,9 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start      unpack, build the CUDA backend in the background, write the
-#                                     random-weight 8B files in the background
+#   scripts/gpu-machine.sh start [8b|70b]  unpack, build the CUDA backend in the background, write
+#                                     the random-weight 8B files (or the 70B Q4_K_M one, for the
+#                                     several-GPU benchmarks) in the background
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
 #   scripts/gpu-machine.sh models     assemble and sha256-check the real models, write the fixtures
@@ -17,7 +18,8 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   start)
-    rm -f "$w/logs/"*.rc "$w/models/llama3-8b-"*
+    size="${1:-8b}"
+    rm -f "$w/logs/"*.rc "$w/models/llama3-"*
     cp "$root/.device/llama-src.tgz" "$root/.device/models.sha256" "$w/"
     gunzip -c "$root/.device/axle.gz" >"$w/bin/axle" && chmod +x "$w/bin/axle"
     python3 -m pip install -q --no-index --no-deps --target "$w/site" "$root"/.device/gguf-*.whl
@@ -27,13 +29,22 @@ case "$cmd" in
       >/dev/null 2>&1 &
     # A byte-level BPE vocabulary for the random 8B files (the fixtures are not in git).
     vocab="$root/.device/llama-tiny.gguf"
-    setsid nohup bash "$root/scripts/gpu-machine.sh" gen8b "$vocab" >/dev/null 2>&1 &
-    echo "started: build and 8B files in the background"
+    setsid nohup bash "$root/scripts/gpu-machine.sh" gen "$size" "$vocab" >/dev/null 2>&1 &
+    echo "started: build and $size files in the background"
     ;;
-  gen8b)
-    for t in q4_0 q4_k_m; do
-      PYTHONPATH="$w/site" python3 "$root/scripts/make-bench-model.py" --shape llama3-8b --type "$t" \
-        --vocab-from "$1" --out "$w/models/llama3-8b-$t.gguf" || { echo 1 >"$w/logs/models.rc"; exit 1; }
+  gen)
+    size="$1" vocab="$2"
+    case "$size" in
+      8b) files=("llama3-8b q4_0" "llama3-8b q4_k_m") extra=() ;;
+      # 40 GiB: the same random bytes in every layer (--reuse-layers), written in about a minute.
+      70b) files=("llama3-70b q4_k_m") extra=(--reuse-layers) ;;
+      *) echo "unknown size $size" >&2; exit 2 ;;
+    esac
+    for f in "${files[@]}"; do
+      read -r shape t <<<"$f"
+      PYTHONPATH="$w/site" python3 "$root/scripts/make-bench-model.py" --shape "$shape" --type "$t" \
+        "${extra[@]}" --vocab-from "$vocab" --out "$w/models/$shape-$t.gguf" \
+        || { echo 1 >"$w/logs/models.rc"; exit 1; }
     done >"$w/logs/models.log" 2>&1
     echo 0 >"$w/logs/models.rc"
     ;;

@@ -2,7 +2,8 @@
 # Packs what a GPU machine without Rust needs into .device/ (git-ignored): the release axle binary
 # ($AXLE_BIN, default target/release/axle; build a portable one for a machine whose CPU differs)
 # (gzip), the vendored llama.cpp source, the gguf wheel and the real models' sha256 sums; and the
-# real models cut into chunks of CHUNK_MB (default 40) megabytes in .chunks/, numbered in order.
+# real models cut into chunks of CHUNK_MB (default 40) megabytes in .chunks/, numbered in order
+# (MODELS=0: no real models, for runs on random-weight files only).
 # Each device call carries one chunk in .devcall/ (`scripts/gpu-machine.sh chunks` appends it
 # there): what travels in one call is limited to 64 MiB.
 set -euo pipefail
@@ -20,6 +21,7 @@ cp "$root/fixtures/llama-tiny.gguf" "$out/"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$out" gguf==0.19.0
 (cd "$models" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf) >"$out/models.sha256"
 i=0
+[ "${MODELS:-1}" = 0 ] && { ls -la "$out"; exit 0; }
 for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
   tmp="$(mktemp -d)"
   split -b "${CHUNK_MB:-40}M" -d -a 2 "$models/$m" "$tmp/p"

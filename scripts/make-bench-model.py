@@ -27,6 +27,10 @@ SHAPES = {
     # Llama 3 8B: hidden 4096, 32 layers, 32 query / 8 KV heads of 128, FFN 14336, vocab 128256.
     "llama3-8b": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336,
                       n_vocab=128256, rope_base=500000.0, n_ctx=8192),
+    # Llama 3 70B: hidden 8192, 80 layers, 64 query / 8 KV heads of 128, FFN 28672 (about 40 GiB
+    # at Q4_K_M): a model that people split over two GPUs.
+    "llama3-70b": dict(n_embd=8192, n_layer=80, n_head=64, n_head_kv=8, n_ff=28672,
+                       n_vocab=128256, rope_base=500000.0, n_ctx=8192),
     # A tiny one, to check the writer itself.
     "tiny": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512,
                  n_vocab=50000, rope_base=10000.0, n_ctx=2048),
@@ -64,6 +68,9 @@ def main():
     ap.add_argument("--vocab-from", required=True, help="a GGUF whose byte-level BPE vocabulary is reused")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--reuse-layers", action="store_true",
+                    help="every layer gets the same random bytes per tensor kind and type (a 70B "
+                         "file in about a minute instead of ten; speed does not depend on them)")
     a = ap.parse_args()
     cfg = SHAPES[a.shape]
     fx = load_fixture_helpers()
@@ -119,8 +126,16 @@ def main():
         # llama.cpp's use_more_bits: the first and last eighth, and every third layer between.
         return il < nl // 8 or il >= 7 * nl // 8 or (il - nl // 8) % 3 == 2
 
+    shared = {}
+
     def matrix(name, qtype, shape):
-        data = fx.random_blocks(rng, qtype, shape)
+        # With --reuse-layers, blk.N.KIND shares its bytes with every other layer's KIND.
+        key = (name.split(".", 2)[-1] if name.startswith("blk.") else name, qtype, tuple(shape))
+        data = shared.get(key) if a.reuse_layers else None
+        if data is None:
+            data = fx.random_blocks(rng, qtype, shape)
+            if a.reuse_layers:
+                shared[key] = data
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
 
     def ones(name, n):
