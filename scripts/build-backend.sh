@@ -45,7 +45,7 @@ vendored() {
 if [ -n "$pack" ]; then
   d="$(vendored)"
   tar czf "$pack" -C "$d" --exclude=./models --exclude=./docs --exclude=./tests \
-    --exclude=./gguf-py --exclude=./tools/ui .
+    --exclude=./gguf-py --exclude=./tools/ui --exclude='./build*' .
   echo "packed $d -> $pack ($(du -h "$pack" | cut -f1))"
   exit 0
 fi
