@@ -59,11 +59,13 @@ def add_vocab(w, vocab):
 
 # (bytes per block, elements per block, [(f16 field offset, value)]) of the quantized types written
 # as random bytes (gguf-py cannot quantize K-quants): the f16 scale fields get a small value so
-# that weights come out around +-0.02.
+# that weights come out around +-0.02. MXFP4's scale is one E8M0 byte (a power of two): an int
+# value is written as that byte (2^(120-127) halved, so that weights are at most about +-0.05).
 BLOCKS = {
     Q.Q4_0: (18, 32, [(0, 0.005)]),
     Q.Q4_K: (144, 256, [(0, 2e-5), (2, 2e-5)]),
     Q.Q6_K: (210, 256, [(208, 5e-6)]),
+    Q.MXFP4: (17, 32, [(0, 120)]),
 }
 
 
@@ -75,7 +77,10 @@ def random_blocks(rng, qtype, shape):
     assert shape[0] % per == 0, (shape, qtype)
     data = rng.integers(0, 256, size=(n_el // per, size), dtype=np.uint8)
     for off, value in fields:
-        data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+        if isinstance(value, int):
+            data[:, off] = value
+        else:
+            data[:, off:off + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
     return data.reshape(*reversed(shape[1:]), -1) if len(shape) > 1 else data.reshape(1, -1)
 
 
@@ -453,7 +458,57 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
 
 
 # Files main() writes (setup-tests.sh regenerates them when some are missing).
-FIXTURES = 14
+def write_gpt_oss(path, vocab, seed):
+    """gpt-oss: 4 layers alternating sliding-window (16) and global attention, QKV and output
+    biases, per-head attention sinks, YaRN RoPE (factor 32 over 4096, as the released files),
+    4 MXFP4 experts of which each token uses 2, with router and per-expert biases. SmolLM2's
+    vocabulary with gpt-oss's pre-tokenizer (`gpt-4o`, o200k's regex), which the tokenizer test
+    checks against libllama."""
+    rng = np.random.default_rng(seed)
+    arch = "gpt-oss"
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    e, nl, nh, nkv, hd, x, used, eff = 64, 4, 4, 2, 16, 4, 2, 64
+    w = writer(path, arch, "axle-fixture-gpt-oss", e, nl, eff, nh, nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(150000.0)
+    w.add_string(f"{arch}.rope.scaling.type", "yarn")
+    w.add_float32(f"{arch}.rope.scaling.factor", 32.0)
+    w.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_uint32(f"{arch}.attention.sliding_window", 16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_moe_keys(w, x, used, eff)
+    t_pre, _, _ = vocab["tokenizer.ggml.pre"]
+    add_vocab(w, dict(vocab, **{"tokenizer.ggml.pre": (t_pre, None, "gpt-4o")}))
+    t = Tensors(w, rng)
+    mat, vec = t.mat, t.vec
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    vec("output_norm.weight", e)
+    mat("output.weight", n_vocab, e)
+    for i in range(nl):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", e)
+        for name, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            mat(p + f"attn_{name}.weight", rows, e)
+            vec(p + f"attn_{name}.bias", rows, 0.0, 0.5)
+        mat(p + "attn_output.weight", e, nh * hd)
+        vec(p + "attn_output.bias", e, 0.0, 0.1)
+        vec(p + "attn_sinks.weight", nh, 0.0, 1.0)
+        vec(p + "post_attention_norm.weight", e)
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+        vec(p + "ffn_gate_inp.bias", x, 0.0, 0.5)
+        for name, shape in (("gate", [e, eff, x]), ("up", [e, eff, x]), ("down", [eff, e, x])):
+            data = random_blocks(rng, Q.MXFP4, shape)
+            w.add_tensor(p + f"ffn_{name}_exps.weight", data, raw_shape=data.shape, raw_dtype=Q.MXFP4)
+            out = shape[1]
+            w.add_tensor(p + f"ffn_{name}_exps.bias",
+                         (rng.standard_normal((x, out)) * 0.1).astype(np.float32))
+    finish(w, path)
+
+
+FIXTURES = 15
 
 
 def main():
@@ -496,6 +551,7 @@ def main():
     write_qwen35(os.path.join(a.out, "qwen35moe-tiny.gguf"), vocab, 11, moe=True)
     write_qwen35(os.path.join(a.out, "qwen35-tied-tiny.gguf"), vocab, 12, tied=True)
     write_qwen35(os.path.join(a.out, "qwen3next-tiny.gguf"), vocab, 13, next_=True)
+    write_gpt_oss(os.path.join(a.out, "gpt-oss-tiny.gguf"), vocab, 15)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ pub enum GluOp {
     SwiGlu,
     /// gelu_tanh(gate) * up (Gemma).
     GeGlu,
+    /// gpt-oss's clamped SwiGLU: `gate * sigmoid(1.702 gate) * (up + 1)`, gate clamped above
+    /// at 7 and up to +-7 (the constants of llama.cpp's gpt-oss graph).
+    SwiGluOai,
 }
 
 /// Position sections of multi-section RoPE ([`Context::rope_multi`]).
@@ -600,6 +603,12 @@ impl Context {
         let op = match op {
             GluOp::SwiGlu => sys::GGML_GLU_OP_SWIGLU,
             GluOp::GeGlu => sys::GGML_GLU_OP_GEGLU,
+            GluOp::SwiGluOai => {
+                // SAFETY: as above.
+                return Tensor::from_raw(unsafe {
+                    sys::ggml_swiglu_oai(self.raw(), gate.raw(), up.raw(), 1.702, 7.0)
+                });
+            }
         };
         // SAFETY: as above.
         Tensor::from_raw(unsafe { sys::ggml_glu_split(self.raw(), gate.raw(), up.raw(), op) })
@@ -691,5 +700,19 @@ impl Context {
         // SAFETY: t is a fresh flash-attn node.
         unsafe { sys::ggml_prec_set_acc(t, sys::GGML_PREC_F32) };
         Tensor::from_raw(t)
+    }
+    /// Attention sinks (gpt-oss): one learned logit per head [n_head] (F32) that joins every
+    /// row's softmax without a value, attached to the flash-attention node `fa` (before any
+    /// view or reshape of it).
+    pub fn flash_attn_add_sinks<'a>(&'a self, fa: Tensor<'a>, sinks: Tensor<'a>) {
+        // SAFETY: fa is a flash-attn node of this context and sinks a live F32 tensor; the call
+        // only sets the node's sink source.
+        unsafe { sys::ggml_flash_attn_ext_add_sinks(fa.raw(), sinks.raw()) }
+    }
+    /// `a + b[:, ids]`: adds to each row slot of `a` [n, n_used, t] the column of `b`
+    /// [n, n_expert] chosen by `ids` [n_used, t] (per-expert biases of the chosen experts).
+    pub fn add_id<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        Tensor::from_raw(unsafe { sys::ggml_add_id(self.raw(), a.raw(), b.raw(), ids.raw()) })
     }
 }

@@ -293,6 +293,20 @@ impl<'a> Step<'a> {
         v: Tensor<'a>,
         spec: &AttnSpec,
     ) -> Tensor<'a> {
+        self.attention_with_sinks(il, q, k, v, spec, None)
+    }
+
+    /// [`Step::attention`] with attention sinks (gpt-oss): `sinks` [n_head] F32, one extra
+    /// logit per head in every row's softmax.
+    pub fn attention_with_sinks(
+        &mut self,
+        il: usize,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        spec: &AttnSpec,
+        sinks: Option<Tensor<'a>>,
+    ) -> Tensor<'a> {
         let g = self.ctx;
         let n = self.n_tokens;
         let kc = self.kv.k[il].t();
@@ -317,7 +331,7 @@ impl<'a> Step<'a> {
         self.graph.expand(k_written);
         self.graph.expand(v_written);
         self.kv_written.push((il, k_written, v_written));
-        self.attend(il, q, spec)
+        self.attend_sinks(il, q, spec, sinks)
     }
 
     /// Multi-head latent attention (DeepSeek V2/V3, GLM-4.7-Flash): stores this step's rows of
@@ -344,6 +358,16 @@ impl<'a> Step<'a> {
     /// [`Step::attention`] or [`Step::attention_latent`]): for layers that reuse an earlier
     /// layer's keys and values (Gemma 4's KV-shared layers). Returns [head_dim_v * n_head, n].
     pub fn attend(&self, il: usize, q: Tensor<'a>, spec: &AttnSpec) -> Tensor<'a> {
+        self.attend_sinks(il, q, spec, None)
+    }
+
+    fn attend_sinks(
+        &self,
+        il: usize,
+        q: Tensor<'a>,
+        spec: &AttnSpec,
+        sinks: Option<Tensor<'a>>,
+    ) -> Tensor<'a> {
         let g = self.ctx;
         let n = self.n_tokens;
         let kc = self.kv.k[il].t();
@@ -359,7 +383,7 @@ impl<'a> Step<'a> {
                 None => (kc, vc),
                 Some(_) => (k_written, v_written),
             };
-            return self.attention_device(d, q, ks, vs, spec);
+            return self.attention_device(d, q, ks, vs, spec, sinks);
         }
         let (kview, vview) = match self.kv_ids {
             None => {
@@ -447,6 +471,9 @@ impl<'a> Step<'a> {
                 spec.scale,
                 spec.softcap,
             );
+            if let Some(s) = sinks {
+                g.flash_attn_add_sinks(o, s);
+            }
             let o = if twice {
                 g.view(o, &[width, 1], &[o.nb()[2]], 0)
             } else {
@@ -480,6 +507,7 @@ impl<'a> Step<'a> {
         k_src: Tensor<'a>,
         v_src: Tensor<'a>,
         spec: &AttnSpec,
+        sinks: Option<Tensor<'a>>,
     ) -> Tensor<'a> {
         let g = self.ctx;
         let il_mask = self.layer_mask(spec);
@@ -534,6 +562,9 @@ impl<'a> Step<'a> {
                 spec.scale,
                 spec.softcap,
             );
+            if let Some(s) = sinks {
+                g.flash_attn_add_sinks(o, s);
+            }
             outs.push(g.reshape(o, &[width, op.rows]));
         }
         concat_all(g, outs, 1)

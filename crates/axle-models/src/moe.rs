@@ -24,6 +24,9 @@ pub enum Gating {
     Softmax,
     /// Independent sigmoid per expert (DeepSeek V3, GLM-4.5+).
     Sigmoid,
+    /// The raw logits choose the experts; the weights are a softmax over the chosen ones only
+    /// (gpt-oss).
+    SoftmaxWeight,
 }
 
 /// The routing and expert shape of a MoE layer, read from GGUF metadata.
@@ -223,9 +226,16 @@ enum GateUp {
 pub struct MoeLayer {
     /// [n_embd, n_expert]
     router: StoredTensor,
+    /// [n_expert]: the router's bias, added to its logits (gpt-oss).
+    router_bias: Option<StoredTensor>,
     /// [n_expert]: added to the scores for choosing experts only (DeepSeek V3, GLM-4.5+), not
     /// to the weights of the chosen ones.
     selection_bias: Option<StoredTensor>,
+    /// Per-expert biases of the gate, up ([n_ff_exp, n_expert]) and down ([n_embd, n_expert])
+    /// products, added for the chosen experts (gpt-oss).
+    gate_bias: Option<StoredTensor>,
+    up_bias: Option<StoredTensor>,
+    down_bias: Option<StoredTensor>,
     gate_up: GateUp,
     /// [n_ff_exp, n_embd, n_expert]
     down: StoredTensor,
@@ -237,9 +247,9 @@ pub struct MoeLayer {
 }
 
 impl MoeLayer {
-    /// Binds layer `il`'s router (`ffn_gate_inp`) and experts (`ffn_gate_exps` and
-    /// `ffn_up_exps`, or `ffn_gate_up_exps`; `ffn_down_exps`; optional per-expert `.scale`s;
-    /// an optional selection bias `exp_probs_b.bias`)
+    /// Binds layer `il`'s router (`ffn_gate_inp`, with an optional `.bias`) and experts
+    /// (`ffn_gate_exps` and `ffn_up_exps`, or `ffn_gate_up_exps`; `ffn_down_exps`; optional
+    /// per-expert `.scale`s and `.bias`es; an optional selection bias `exp_probs_b.bias`)
     /// and, when `shared` is set, its shared expert (`ffn_{gate,up,down}_shexp`, gate
     /// `ffn_gate_inp_shexp` if the file has one).
     pub fn bind(
@@ -269,7 +279,11 @@ impl MoeLayer {
         };
         Ok(MoeLayer {
             router: w.req(&n("ffn_gate_inp.weight"), &[e, x])?,
+            router_bias: w.opt(&n("ffn_gate_inp.bias"), &[x])?,
             selection_bias: w.opt(&n("exp_probs_b.bias"), &[x])?,
+            gate_bias: w.opt(&n("ffn_gate_exps.bias"), &[ff, x])?,
+            up_bias: w.opt(&n("ffn_up_exps.bias"), &[ff, x])?,
+            down_bias: w.opt(&n("ffn_down_exps.bias"), &[e, x])?,
             gate_up,
             down: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
             gate_scale: w.opt(&n("ffn_gate_exps.scale"), &[x])?,
@@ -339,9 +353,14 @@ impl<'a> Step<'a> {
     ) -> Tensor<'a> {
         let g = self.ctx;
         let [n_embd, n, ..] = x.ne();
+        let logits = match &l.router_bias {
+            Some(b) => g.add(logits, b.t()),
+            None => logits,
+        };
         let probs = match cfg.gating {
             Gating::Softmax => g.soft_max(logits),
             Gating::Sigmoid => g.sigmoid(logits),
+            Gating::SoftmaxWeight => logits,
         };
         let mut selection = match &l.selection_bias {
             Some(b) => g.add(probs, b.t()),
@@ -362,6 +381,10 @@ impl<'a> Step<'a> {
         }
         let selected = g.argsort_top_k(selection, cfg.n_used);
         let mut weights = g.get_rows(g.reshape(probs, &[1, cfg.n_expert, n]), selected);
+        if cfg.gating == Gating::SoftmaxWeight {
+            let w2 = g.soft_max(g.reshape(weights, &[cfg.n_used, n]));
+            weights = g.reshape(w2, &[1, cfg.n_used, n]);
+        }
         if cfg.norm_weights {
             let w2 = g.reshape(weights, &[cfg.n_used, n]);
             // Clamped away from 0 (the smallest normal F16) as libllama does.
@@ -373,10 +396,16 @@ impl<'a> Step<'a> {
         }
         self.graph.expand(weights);
         let cur = g.reshape(x, &[n_embd, 1, n]);
+        let biased = |y: Tensor<'a>, b: &'a Option<StoredTensor>| match b {
+            Some(b) => g.add_id(y, b.t(), selected),
+            None => y,
+        };
         let (gate, up) = match &l.gate_up {
             GateUp::Separate { gate, up } => {
                 let up = self.expert_product(up, cur, selected, l.up_scale.as_ref(), cfg);
+                let up = biased(up, &l.up_bias);
                 let gate = self.expert_product(gate, cur, selected, l.gate_scale.as_ref(), cfg);
+                let gate = biased(gate, &l.gate_bias);
                 (gate, up)
             }
             GateUp::Merged(gu) => {
@@ -389,6 +418,7 @@ impl<'a> Step<'a> {
         };
         let act = g.glu(gate, up, cfg.act);
         let down = self.expert_product(&l.down, act, selected, l.down_scale.as_ref(), cfg);
+        let down = biased(down, &l.down_bias);
         let experts = g.mul(down, weights);
         self.graph.expand(experts);
         let nb = experts.nb();

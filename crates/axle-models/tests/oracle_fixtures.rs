@@ -169,3 +169,15 @@ fn sliding_window_matches_truncated_full_attention() {
         assert!(d_full > 1e-2, "the window had no effect");
     }
 }
+
+/// gpt-oss: attention sinks, QKV and output biases, alternating sliding-window (16) and global
+/// layers, YaRN RoPE, MXFP4 experts chosen by raw router logits and weighted by a softmax over
+/// the chosen ones, per-expert biases, the clamped SwiGLU; 10 prompts, two past the window.
+#[test]
+fn gpt_oss_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("gpt-oss-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}

@@ -211,7 +211,11 @@ fn corpus() -> Vec<String> {
 }
 
 fn check(model_file: &str) {
-    let path = model(model_file);
+    check_path(&model(model_file), model_file);
+}
+
+fn check_path(path: &std::path::Path, model_file: &str) {
+    let path = path.to_path_buf();
     let file = GgufFile::open(&path).expect("open");
     let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
     let oracle = LlamaOracle::load(
@@ -286,4 +290,11 @@ fn smollm2_bpe_matches_libllama() {
 #[test]
 fn gemma3_spm_matches_libllama() {
     check(GEMMA3);
+}
+
+/// o200k's pre-tokenizer (`gpt-4o`: gpt-oss, Llama 4) over SmolLM2's merges, in the gpt-oss
+/// fixture: the pre-tokenizer's splits are what is checked (the real vocabulary is not here).
+#[test]
+fn gpt4o_pretokenizer_matches_libllama() {
+    check_path(&fixture("gpt-oss-tiny.gguf"), "gpt-oss-tiny.gguf");
 }

@@ -135,6 +135,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "gemma4moe-tiny.gguf",
         "gemma4-tiny.gguf",
         "deepseek2-tiny.gguf",
+        "gpt-oss-tiny.gguf",
     ] {
         let d = max_diff_by_width(name, false, 63, (0, 1), false);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);

@@ -276,6 +276,12 @@ fn greedy_speculation_is_exact_gemma4moe_fixture() {
     greedy_exactness("gemma4moe-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// gpt-oss: attention sinks, alternating sliding-window layers, MXFP4 experts with biases.
+#[test]
+fn greedy_speculation_is_exact_gpt_oss_fixture() {
+    greedy_exactness("gpt-oss-tiny.gguf", Drafts::AsTheyCome);
+}
+
 /// Multi-head latent attention over a K-only cache, sigmoid-routed experts.
 #[test]
 fn greedy_speculation_is_exact_deepseek2_fixture() {

@@ -53,7 +53,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         .filter(|&w| w > 0)
         .map(|w| w as u32);
     let sliding = match window {
-        Some(_) => sliding_layers(f, "gemma3", hp.n_layer)?,
+        Some(_) => sliding_layers(f, "gemma3", hp.n_layer, 6)?,
         None => vec![false; hp.n_layer],
     };
     let rope_swa = RopeParams {

@@ -127,7 +127,7 @@ fn key(k: &str) -> String {
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
     let hp = Hparams::from_gguf(f, ARCH, 2)?;
     let nl = hp.n_layer;
-    let sliding = sliding_layers(f, ARCH, nl)?;
+    let sliding = sliding_layers(f, ARCH, nl, 6)?;
     let n_head = per_layer(f, &key("attention.head_count"), nl)?.unwrap_or(vec![hp.n_head; nl]);
     let n_head_kv = per_layer(f, &key("attention.head_count_kv"), nl)?.unwrap_or(n_head.clone());
     let n_ff = per_layer(f, &key("feed_forward_length"), nl)?.unwrap_or(vec![hp.n_ff; nl]);

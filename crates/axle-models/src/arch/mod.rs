@@ -4,6 +4,7 @@
 pub mod deepseek2;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gpt_oss;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen2moe;
@@ -273,9 +274,14 @@ const MAX_VOCAB: i64 = 1 << 24;
 const MAX_CONTEXT: i64 = 1 << 27;
 
 /// Which layers use the sliding window: the per-layer array `{arch}.attention.sliding_window_pattern`
-/// (booleans or integers), or, when it is one integer `p` (default 6), every layer except each
-/// `p`-th (five local layers, then one global).
-pub fn sliding_layers(f: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+/// (booleans or integers), or, when it is one integer `p` (default `default_pattern`: the
+/// family's), every layer except each `p`-th (with 6: five local layers, then one global).
+pub fn sliding_layers(
+    f: &GgufFile,
+    arch: &str,
+    n_layer: usize,
+    default_pattern: i64,
+) -> Result<Vec<bool>, ModelError> {
     let key = format!("{arch}.attention.sliding_window_pattern");
     if let Some(arr) = f.array_opt(&key).ok().flatten() {
         if arr.len() != n_layer {
@@ -289,7 +295,12 @@ pub fn sliding_layers(f: &GgufFile, arch: &str, n_layer: usize) -> Result<Vec<bo
             .map(|v| matches!(v, MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
             .collect());
     }
-    let pattern = f.int_opt(&key).ok().flatten().unwrap_or(6).max(0) as usize;
+    let pattern = f
+        .int_opt(&key)
+        .ok()
+        .flatten()
+        .unwrap_or(default_pattern)
+        .max(0) as usize;
     Ok((0..n_layer)
         .map(|il| pattern == 0 || il % pattern < pattern - 1)
         .collect())
@@ -414,6 +425,7 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("qwen35", qwen35::load),
     ("qwen35moe", qwen35::load_moe),
     ("qwen3next", qwen35::load_next),
+    ("gpt-oss", gpt_oss::load),
 ];
 
 /// Names of the supported architectures.
