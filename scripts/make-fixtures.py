@@ -458,6 +458,15 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
 
 
 # Files main() writes (setup-tests.sh regenerates them when some are missing).
+def biased_attention(t, p, e, nh, nkv, hd):
+    """A layer's attention norm, Q/K/V projections with biases and output projection."""
+    t.vec(p + "attn_norm.weight", e)
+    for name, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+        t.mat(p + f"attn_{name}.weight", rows, e)
+        t.vec(p + f"attn_{name}.bias", rows, 0.0, 0.5)
+    t.mat(p + "attn_output.weight", e, nh * hd)
+
+
 def write_gpt_oss(path, vocab, seed):
     """gpt-oss: 4 layers alternating sliding-window (16) and global attention, QKV and output
     biases, per-head attention sinks, YaRN RoPE (factor 32 over 4096, as the released files),
@@ -489,11 +498,7 @@ def write_gpt_oss(path, vocab, seed):
     mat("output.weight", n_vocab, e)
     for i in range(nl):
         p = f"blk.{i}."
-        vec(p + "attn_norm.weight", e)
-        for name, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
-            mat(p + f"attn_{name}.weight", rows, e)
-            vec(p + f"attn_{name}.bias", rows, 0.0, 0.5)
-        mat(p + "attn_output.weight", e, nh * hd)
+        biased_attention(t, p, e, nh, nkv, hd)
         vec(p + "attn_output.bias", e, 0.0, 0.1)
         vec(p + "attn_sinks.weight", nh, 0.0, 1.0)
         vec(p + "post_attention_norm.weight", e)
@@ -508,7 +513,63 @@ def write_gpt_oss(path, vocab, seed):
     finish(w, path)
 
 
-FIXTURES = 15
+def write_glm4moe(path, vocab, seed):
+    """GLM-4.5: 3 trunk layers and 1 multi-token-prediction layer (`nextn`, loaded, not run);
+    QKV biases, QK norm, partial NeoX RoPE (16 of 32 dims); layer 0 dense, layers 1-2 with 6
+    sigmoid-routed experts (selection bias, top-2 renormalised, scaled by 2.5) and one ungated
+    shared expert."""
+    rng = np.random.default_rng(seed)
+    arch = "glm4moe"
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
+    e, nl, nh, nkv, hd, ff, x, used, eff = 64, 4, 4, 2, 32, 128, 6, 2, 64
+    w = writer(path, arch, "axle-fixture-glm4moe", e, nl, ff, nh, nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd // 2)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_moe_keys(w, x, used, eff)
+    w.add_uint32(f"{arch}.expert_shared_count", 1)
+    w.add_uint32(f"{arch}.leading_dense_block_count", 1)
+    w.add_bool(f"{arch}.expert_weights_norm", True)
+    w.add_float32(f"{arch}.expert_weights_scale", 2.5)
+    w.add_uint32(f"{arch}.expert_gating_func", 2)
+    w.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    add_vocab(w, vocab)
+    t = Tensors(w, rng)
+    mat, vec = t.mat, t.vec
+    mat("token_embd.weight", n_vocab, e, scale=1.0)
+    vec("output_norm.weight", e)
+    mat("output.weight", n_vocab, e)
+    for i in range(nl):
+        p = f"blk.{i}."
+        biased_attention(t, p, e, nh, nkv, hd)
+        vec(p + "attn_q_norm.weight", hd)
+        vec(p + "attn_k_norm.weight", hd)
+        vec(p + "post_attention_norm.weight", e)
+        if i == 0:
+            mat(p + "ffn_gate.weight", ff, e)
+            mat(p + "ffn_up.weight", ff, e)
+            mat(p + "ffn_down.weight", e, ff)
+            continue
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.5).astype(np.float32))
+        vec(p + "exp_probs_b.bias", x, 0.0, 0.2)
+        for name, shape in (("gate", (x, eff, e)), ("up", (x, eff, e)), ("down", (x, e, eff))):
+            data = (rng.standard_normal(shape) / np.sqrt(shape[2])).astype(np.float32)
+            w.add_tensor(p + f"ffn_{name}_exps.weight", gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+        mat(p + "ffn_gate_shexp.weight", eff, e)
+        mat(p + "ffn_up_shexp.weight", eff, e)
+        mat(p + "ffn_down_shexp.weight", e, eff)
+        if i == nl - 1:
+            mat(p + "nextn.eh_proj.weight", e, 2 * e)
+            vec(p + "nextn.enorm.weight", e)
+            vec(p + "nextn.hnorm.weight", e)
+            vec(p + "nextn.shared_head_norm.weight", e)
+    finish(w, path)
+
+
+FIXTURES = 16
 
 
 def main():
@@ -552,6 +613,7 @@ def main():
     write_qwen35(os.path.join(a.out, "qwen35-tied-tiny.gguf"), vocab, 12, tied=True)
     write_qwen35(os.path.join(a.out, "qwen3next-tiny.gguf"), vocab, 13, next_=True)
     write_gpt_oss(os.path.join(a.out, "gpt-oss-tiny.gguf"), vocab, 15)
+    write_glm4moe(os.path.join(a.out, "glm4moe-tiny.gguf"), vocab, 16)
 
 
 if __name__ == "__main__":

@@ -181,3 +181,15 @@ fn gpt_oss_fixture_matches_libllama() {
         10,
     );
 }
+
+/// GLM-4.5: QKV biases, QK norm, partial NeoX RoPE, a leading dense layer, sigmoid-routed
+/// experts with a selection bias, renormalised and scaled weights, an ungated shared expert, and
+/// a multi-token-prediction layer in the file that the next-token graph leaves out.
+#[test]
+fn glm4moe_fixture_matches_libllama() {
+    common::run_oracle_suite_path(
+        &common::fixture("glm4moe-tiny.gguf"),
+        &common::prompts(),
+        10,
+    );
+}

@@ -136,6 +136,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "gemma4-tiny.gguf",
         "deepseek2-tiny.gguf",
         "gpt-oss-tiny.gguf",
+        "glm4moe-tiny.gguf",
     ] {
         let d = max_diff_by_width(name, false, 63, (0, 1), false);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);

@@ -282,6 +282,12 @@ fn greedy_speculation_is_exact_gpt_oss_fixture() {
     greedy_exactness("gpt-oss-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// GLM-4.5: a leading dense layer, sigmoid-routed experts with a shared expert.
+#[test]
+fn greedy_speculation_is_exact_glm4moe_fixture() {
+    greedy_exactness("glm4moe-tiny.gguf", Drafts::AsTheyCome);
+}
+
 /// Multi-head latent attention over a K-only cache, sigmoid-routed experts.
 #[test]
 fn greedy_speculation_is_exact_deepseek2_fixture() {

@@ -1,8 +1,9 @@
 //! Llama family (`llama` GGUF architecture: Llama 2/3, SmolLM, Mistral): RMSNorm, rotary
 //! embeddings (with llama3 frequency factors when the file has them), grouped-query attention
 //! (sliding-window on every layer when the file sets `llama.attention.sliding_window`, as Mistral
-//! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families are this graph with
-//! a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2, per-head QK norm for Qwen3).
+//! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families and GLM-4.5 are
+//! this graph with a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2 and GLM, per-head QK
+//! norm for Qwen3 and some GLM files; mixtures of experts, after leading dense layers for GLM).
 use super::{Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
@@ -54,8 +55,12 @@ pub struct Variant {
     pub arch: &'static str,
     /// RoPE mode: 0 normal (Llama), 2 NeoX (Qwen).
     pub rope_mode: i32,
-    /// Per-head RMSNorm of Q and K before RoPE (required when set).
+    /// Per-head RMSNorm of Q and K before RoPE: required when set, used when the file has it
+    /// otherwise.
     pub qk_norm: bool,
+    /// Name of the norm before the feed-forward block (`ffn_norm`; `post_attention_norm` in
+    /// GLM-4.5's files).
+    pub ffn_norm: &'static str,
     /// Every layer's FFN is a mixture of experts (the MoE variants), or dense.
     pub moe: Option<MoeVariant>,
 }
@@ -73,6 +78,8 @@ pub struct MoeVariant {
     pub shared_expert: bool,
     /// How the shared expert's gate is written.
     pub shared_gate: SharedGate,
+    /// The first `{arch}.leading_dense_block_count` layers have a dense FFN (GLM-4.5).
+    pub leading_dense: bool,
 }
 
 /// Reads the config and binds the weights.
@@ -84,6 +91,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "llama",
             rope_mode: 0,
             qk_norm: false,
+            ffn_norm: "ffn_norm",
             moe: None,
         },
     )
@@ -95,7 +103,19 @@ pub fn load_variant(
     store: &TensorStore,
     variant: Variant,
 ) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, variant.arch, variant.rope_mode)?;
+    let mut hp = Hparams::from_gguf(f, variant.arch, variant.rope_mode)?;
+    // Multi-token-prediction layers (GLM-4.5's `nextn`) follow the trunk in the file; the trunk
+    // alone makes the next-token graph.
+    let nextn = f
+        .int_opt(&format!("{}.nextn_predict_layers", variant.arch))?
+        .unwrap_or(0);
+    if nextn < 0 || nextn as usize >= hp.n_layer {
+        return Err(super::bad(
+            &format!("{}.nextn_predict_layers", variant.arch),
+            &format!("= {nextn} leaves no trunk of the {} layers", hp.n_layer),
+        ));
+    }
+    hp.n_layer -= nextn as usize;
     let window = f
         .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
         .filter(|&w| w > 0)
@@ -115,16 +135,53 @@ impl Llama {
         let (e, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
         let (q_dim, kv_dim) = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k);
         let vv_dim = hp.n_head_kv * hp.head_dim_v;
+        let key = |k: &str| format!("{}.{k}", variant.arch);
         let moe = match variant.moe {
             None => None,
-            Some(m) => Some(MoeConfig {
-                shared_gate: m.shared_gate,
-                ..MoeConfig::from_gguf(f, variant.arch, ff, m.gating, m.norm_default)?
-            }),
+            Some(m) => {
+                let gating = match f.int_opt(&key("expert_gating_func"))?.unwrap_or(0) {
+                    0 => m.gating,
+                    1 => Gating::Softmax,
+                    2 => Gating::Sigmoid,
+                    v => {
+                        return Err(ModelError::Unsupported(format!(
+                            "{} = {v}: only softmax (1) and sigmoid (2) routing are implemented",
+                            key("expert_gating_func")
+                        )))
+                    }
+                };
+                Some(MoeConfig {
+                    shared_gate: m.shared_gate,
+                    ..MoeConfig::from_gguf(f, variant.arch, ff, gating, m.norm_default)?
+                })
+            }
         };
+        // The shared expert's width: its own key, else the routed width times the shared count
+        // (GLM-4.5), else the dense width.
+        let n_shared = f.int_opt(&key("expert_shared_count"))?;
+        if let Some(c) = n_shared {
+            if !(0..=64).contains(&c) {
+                return Err(super::bad(
+                    &key("expert_shared_count"),
+                    &format!("= {c} is outside 0..=64"),
+                ));
+            }
+        }
         let shared_ff = match (variant.moe, &moe) {
-            (Some(m), Some(c)) if m.shared_expert => Some(c.n_ff_shared.unwrap_or(ff)),
+            (Some(m), Some(c)) if m.shared_expert => match (c.n_ff_shared, n_shared) {
+                (Some(w), _) => Some(w),
+                (None, Some(0)) => None,
+                (None, Some(k)) => Some(c.n_ff_exp * k),
+                (None, None) => Some(ff),
+            },
             _ => None,
+        };
+        let n_dense = match variant.moe {
+            Some(m) if m.leading_dense => f
+                .int_opt(&key("leading_dense_block_count"))?
+                .unwrap_or(0)
+                .clamp(0, hp.n_layer as i64) as usize,
+            _ => 0,
         };
         let head = Head::bind(&w, e, v)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
@@ -142,19 +199,19 @@ impl Llama {
                 q_norm: if variant.qk_norm {
                     Some(w.req(&n("attn_q_norm.weight"), &[hp.head_dim_k])?)
                 } else {
-                    None
+                    w.opt(&n("attn_q_norm.weight"), &[hp.head_dim_k])?
                 },
                 k_norm: if variant.qk_norm {
                     Some(w.req(&n("attn_k_norm.weight"), &[hp.head_dim_k])?)
                 } else {
-                    None
+                    w.opt(&n("attn_k_norm.weight"), &[hp.head_dim_k])?
                 },
-                ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
+                ffn_norm: w.req(&n(&format!("{}.weight", variant.ffn_norm)), &[e])?,
                 ffn: match &moe {
-                    Some(cfg) => {
+                    Some(cfg) if i >= n_dense => {
                         FeedForward::Moe(Box::new(MoeLayer::bind(&w, i, e, cfg, shared_ff)?), *cfg)
                     }
-                    None => FeedForward::dense(&w, i, e, ff)?,
+                    _ => FeedForward::dense(&w, i, e, ff)?,
                 },
             });
         }

@@ -4,6 +4,7 @@
 pub mod deepseek2;
 pub mod gemma3;
 pub mod gemma4;
+pub mod glm4moe;
 pub mod gpt_oss;
 pub mod llama;
 pub mod qwen2;
@@ -426,6 +427,7 @@ pub const REGISTRY: &[(&str, Loader)] = &[
     ("qwen35moe", qwen35::load_moe),
     ("qwen3next", qwen35::load_next),
     ("gpt-oss", gpt_oss::load),
+    ("glm4moe", glm4moe::load),
 ];
 
 /// Names of the supported architectures.

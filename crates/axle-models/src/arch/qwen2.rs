@@ -14,6 +14,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "qwen2",
             rope_mode: 2,
             qk_norm: false,
+            ffn_norm: "ffn_norm",
             moe: None,
         },
     )

@@ -16,11 +16,13 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "qwen2moe",
             rope_mode: 2,
             qk_norm: false,
+            ffn_norm: "ffn_norm",
             moe: Some(MoeVariant {
                 gating: Gating::Softmax,
                 norm_default: false,
                 shared_gate: SharedGate::SiluOverInput,
                 shared_expert: true,
+                leading_dense: false,
             }),
         },
     )

@@ -15,6 +15,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "qwen3",
             rope_mode: 2,
             qk_norm: true,
+            ffn_norm: "ffn_norm",
             moe: None,
         },
     )

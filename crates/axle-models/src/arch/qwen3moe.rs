@@ -16,11 +16,13 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             arch: "qwen3moe",
             rope_mode: 2,
             qk_norm: true,
+            ffn_norm: "ffn_norm",
             moe: Some(MoeVariant {
                 gating: Gating::Softmax,
                 norm_default: true,
                 shared_gate: SharedGate::Sigmoid,
                 shared_expert: false,
+                leading_dense: false,
             }),
         },
     )
