@@ -17,6 +17,11 @@ for shape in qwen3moe-1b qwen35moe-1b; do
       --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$models/$shape-q4_k_m.gguf"
   fi
 done
+# gpt-oss shapes are written as the released files are (MXFP4 experts, Q8_0 elsewhere).
+if [ ! -f "$models/gpt-oss-1b-mxfp4.gguf" ]; then
+  "$venv/bin/python" scripts/make-bench-model.py --shape gpt-oss-1b --type q4_0 \
+    --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$models/gpt-oss-1b-mxfp4.gguf"
+fi
 $axle bench doctor
 status=0
 for m in benchmarks/manifests/*.toml; do

@@ -4,9 +4,10 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start [8b|70b]  unpack, build the CUDA backend in the background, write
-#                                     the random-weight 8B files (or the 70B Q4_K_M one, for the
-#                                     several-GPU benchmarks) in the background
+#   scripts/gpu-machine.sh start [8b|70b|gpt-oss]  unpack, build the CUDA backend in the
+#                                     background, write the random-weight 8B files (or the 70B
+#                                     Q4_K_M one for the several-GPU benchmarks, or a gpt-oss-20b
+#                                     one) in the background
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
 #   scripts/gpu-machine.sh models     assemble and sha256-check the real models, write the fixtures
@@ -38,11 +39,15 @@ case "$cmd" in
       8b) files=("llama3-8b q4_0" "llama3-8b q4_k_m") extra=() ;;
       # 40 GiB: the same random bytes in every layer (--reuse-layers), written in about a minute.
       70b) files=("llama3-70b q4_k_m") extra=(--reuse-layers) ;;
+      # 12 GiB, MXFP4 experts (the writer's gpt-oss shapes ignore --type).
+      gpt-oss) files=("gpt-oss-20b mxfp4") extra=(--reuse-layers) ;;
       *) echo "unknown size $size" >&2; exit 2 ;;
     esac
     for f in "${files[@]}"; do
       read -r shape t <<<"$f"
-      PYTHONPATH="$w/site" python3 "$root/scripts/make-bench-model.py" --shape "$shape" --type "$t" \
+      wt="$t"
+      [ "$t" = mxfp4 ] && wt=q4_0
+      PYTHONPATH="$w/site" python3 "$root/scripts/make-bench-model.py" --shape "$shape" --type "$wt" \
         "${extra[@]}" --vocab-from "$vocab" --out "$w/models/$shape-$t.gguf" \
         || { echo 1 >"$w/logs/models.rc"; exit 1; }
     done >"$w/logs/models.log" 2>&1

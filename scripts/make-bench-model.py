@@ -12,7 +12,8 @@ vocabulary size, so both libllama and Axle load it like a downloaded file.
 
 Types follow llama.cpp's quantization mixes: `q4_0` (Q4_0 matrices, Q6_K output head) and
 `q4_k_m` (Q4_K, with Q6_K for the head and for attn_v / ffn_down of the layers llama.cpp gives more
-bits).
+bits). The gpt-oss shapes are written as the released files are, whatever `--type` says: MXFP4
+experts, Q8_0 for the rest.
 """
 import argparse
 import importlib.util
@@ -31,6 +32,16 @@ SHAPES = {
     # at Q4_K_M): a model that people split over two GPUs.
     "llama3-70b": dict(n_embd=8192, n_layer=80, n_head=64, n_head_kv=8, n_ff=28672,
                        n_vocab=128256, rope_base=500000.0, n_ctx=8192),
+    # gpt-oss-20b: hidden 2880, 24 layers alternating a 128-token window and global attention,
+    # 64 query / 8 KV heads of 64, 32 MXFP4 experts of 2880, top-4, vocab 201088 (about 12 GiB).
+    "gpt-oss-20b": dict(arch="gpt-oss", n_embd=2880, n_layer=24, n_head=64, n_head_kv=8,
+                        head_dim=64, n_ff=2880, n_vocab=201088, rope_base=150000.0, n_ctx=131072,
+                        moe=dict(n_expert=32, n_used=4, n_ff_exp=2880)),
+    # gpt-oss-20b scaled to about 1 GB for CPU measurements: hidden 1024, 16 layers, 16 experts
+    # of 1024, top-4 (its structure otherwise).
+    "gpt-oss-1b": dict(arch="gpt-oss", n_embd=1024, n_layer=16, n_head=16, n_head_kv=4,
+                       head_dim=64, n_ff=1024, n_vocab=201088, rope_base=150000.0, n_ctx=131072,
+                       moe=dict(n_expert=16, n_used=4, n_ff_exp=1024)),
     # A tiny one, to check the writer itself.
     "tiny": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512,
                  n_vocab=50000, rope_base=10000.0, n_ctx=2048),
@@ -112,6 +123,12 @@ def main():
         w.add_uint32(f"{arch}.ssm.group_count", ssm["n_k_heads"])
         w.add_uint32(f"{arch}.full_attention_interval", 4)
     w.add_rope_freq_base(cfg["rope_base"])
+    gpt_oss = arch == "gpt-oss"
+    if gpt_oss:
+        w.add_uint32(f"{arch}.attention.sliding_window", 128)
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", 32.0)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(2 if a.type == "q4_0" else 15)
@@ -121,6 +138,11 @@ def main():
     q_dim = cfg["n_head"] * hd
     kv = cfg["n_head_kv"] * hd
     base = Q.Q4_0 if a.type == "q4_0" else Q.Q4_K
+    head_type = Q.Q6_K
+    if arch == "gpt-oss":
+        # Rows of 2880 values fit no K-quant (256-value blocks): the released files keep
+        # attention, embedding and head in Q8_0 beside MXFP4 experts, and so does this.
+        base = head_type = Q.Q8_0
 
     def more_bits(il):
         # llama.cpp's use_more_bits: the first and last eighth, and every third layer between.
@@ -167,10 +189,14 @@ def main():
             matrix(p + "attn_k.weight", base, [e, kv])
             matrix(p + "attn_v.weight", Q.Q6_K if hi else base, [e, kv])
             matrix(p + "attn_output.weight", base, [q_dim, e])
+            if gpt_oss:
+                for name, n_out in (("q", q_dim), ("k", kv), ("v", kv), ("output", e)):
+                    w.add_tensor(p + f"attn_{name}.bias", np.zeros(n_out, dtype=np.float32))
+                w.add_tensor(p + "attn_sinks.weight", np.zeros(cfg["n_head"], dtype=np.float32))
             if arch in ("qwen3moe", "qwen35moe"):
                 ones(p + "attn_q_norm.weight", hd)
                 ones(p + "attn_k_norm.weight", hd)
-        if ssm:
+        if ssm or gpt_oss:
             ones(p + "post_attention_norm.weight", e)
         else:
             ones(p + "ffn_norm.weight", e)
@@ -178,9 +204,16 @@ def main():
             x, eff = moe["n_expert"], moe["n_ff_exp"]
             # The router in F32 (as converters write it), random so that tokens spread over experts.
             w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((x, e)) * 0.05).astype(np.float32))
-            matrix(p + "ffn_gate_exps.weight", base, [e, eff, x])
-            matrix(p + "ffn_up_exps.weight", base, [e, eff, x])
-            matrix(p + "ffn_down_exps.weight", Q.Q6_K if hi else base, [eff, e, x])
+            if gpt_oss:
+                # MXFP4 experts with biases, as the released files have them.
+                w.add_tensor(p + "ffn_gate_inp.bias", np.zeros(x, dtype=np.float32))
+                for name, shape in (("gate", [e, eff, x]), ("up", [e, eff, x]), ("down", [eff, e, x])):
+                    matrix(p + f"ffn_{name}_exps.weight", Q.MXFP4, shape)
+                    w.add_tensor(p + f"ffn_{name}_exps.bias", np.zeros((x, shape[1]), dtype=np.float32))
+            else:
+                matrix(p + "ffn_gate_exps.weight", base, [e, eff, x])
+                matrix(p + "ffn_up_exps.weight", base, [e, eff, x])
+                matrix(p + "ffn_down_exps.weight", Q.Q6_K if hi else base, [eff, e, x])
             if moe.get("shared_ff"):
                 sff = moe["shared_ff"]
                 matrix(p + "ffn_gate_shexp.weight", base, [e, sff])
@@ -193,7 +226,7 @@ def main():
             matrix(p + "ffn_up.weight", base, [e, ff])
             matrix(p + "ffn_down.weight", Q.Q6_K if hi else base, [ff, e])
     ones("output_norm.weight", e)
-    matrix("output.weight", Q.Q6_K, [e, n_vocab])
+    matrix("output.weight", head_type, [e, n_vocab])
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
