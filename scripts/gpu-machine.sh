@@ -4,7 +4,7 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start [8b|70b|gpt-oss]  unpack, build the CUDA backend in the
+#   scripts/gpu-machine.sh start [8b|70b|gpt-oss|none]  unpack, build the CUDA backend in the
 #                                     background, write the random-weight 8B files (or the 70B
 #                                     Q4_K_M one for the several-GPU benchmarks, or a gpt-oss-20b
 #                                     one) in the background
@@ -41,9 +41,10 @@ case "$cmd" in
       70b) files=("llama3-70b q4_k_m") extra=(--reuse-layers) ;;
       # 12 GiB, MXFP4 experts (the writer's gpt-oss shapes ignore --type).
       gpt-oss) files=("gpt-oss-20b mxfp4") extra=(--reuse-layers) ;;
+      none) files=() extra=() ;;
       *) echo "unknown size $size" >&2; exit 2 ;;
     esac
-    for f in "${files[@]}"; do
+    for f in ${files[@]+"${files[@]}"}; do
       read -r shape t <<<"$f"
       wt="$t"
       [ "$t" = mxfp4 ] && wt=q4_0
