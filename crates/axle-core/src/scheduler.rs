@@ -3,8 +3,11 @@
 //! prefill a catch-up of many, done in chunks under a token budget. Running requests go first
 //! (decodes, then unfinished prefills), then waiting ones in arrival order. When KV blocks run out,
 //! the newest running request is preempted: its blocks are released and it recomputes later, so the
-//! engine never fails for lack of memory. The output of `schedule` is a plain-data [`StepPlan`];
-//! `apply` takes the logits the runner computed for it.
+//! engine never fails for lack of memory. Models with recurrent layers also hold one state slot
+//! per running sequence (a fixed pool, `SchedulerConfig::state_slots`): a request is admitted only
+//! with a free slot, and gives it back when it finishes or is preempted (it then recomputes its
+//! state with its KV). The output of `schedule` is a plain-data [`StepPlan`]; `apply` takes the
+//! logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
 use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
@@ -103,6 +106,9 @@ pub struct SchedulerConfig {
     pub model_id: u64,
     /// N-gram speculation settings (None: off for every request).
     pub draft: Option<DraftConfig>,
+    /// Recurrent models: per-sequence state slots (conv window and delta-rule state of every
+    /// linear-attention layer), one per running sequence; None for attention-only models.
+    pub state_slots: Option<u32>,
 }
 
 /// One sequence's share of a step.
@@ -121,6 +127,9 @@ pub struct PlannedSeq {
     /// How many of `tokens` (at the end) are draft tokens to verify; when non-zero, logits are
     /// needed for the last `n_draft + 1` tokens.
     pub n_draft: usize,
+    /// The sequence's recurrent state slot (recurrent models). It changes only when the sequence
+    /// starts over (admitted, or re-admitted after preemption).
+    pub state_slot: Option<u32>,
 }
 
 /// A step: what to compute.
@@ -181,6 +190,8 @@ struct Request {
     /// How the request ends at its first step, decided at admission (the forced tokens complete
     /// the constraint or fill the request).
     ends: Option<FinishReason>,
+    /// Its recurrent state slot while running (recurrent models).
+    state_slot: Option<u32>,
 }
 
 impl Request {
@@ -224,6 +235,8 @@ pub struct Scheduler {
     clock: u64,
     /// Block hashes a cached prefix may end at (with `reuse_marked_only`).
     reusable: HashSet<u64>,
+    /// Free recurrent state slots (the last is handed out first).
+    free_states: Vec<u32>,
 }
 
 impl Scheduler {
@@ -231,7 +244,6 @@ impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
         let pool = BlockPool::new(cfg.n_blocks, cfg.block_size, cfg.prefix_caching);
         Scheduler {
-            cfg,
             pool,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -239,6 +251,8 @@ impl Scheduler {
             next_id: 1,
             clock: 0,
             reusable: HashSet::new(),
+            free_states: (0..cfg.state_slots.unwrap_or(0)).rev().collect(),
+            cfg,
         }
     }
 
@@ -345,6 +359,7 @@ impl Scheduler {
                 constraint,
                 unreported,
                 ends,
+                state_slot: None,
             },
         );
         self.waiting.push_back(id);
@@ -423,6 +438,9 @@ impl Scheduler {
         for b in r.blocks.drain(..) {
             self.pool.release(b);
         }
+        if let Some(s) = r.state_slot.take() {
+            self.free_states.push(s);
+        }
         r.phase = Phase::Finished(reason);
         self.running.retain(|&x| x != id);
         self.waiting.retain(|&x| x != id);
@@ -441,6 +459,9 @@ impl Scheduler {
         r.keys.clear();
         r.phase = Phase::Waiting;
         r.preemptions += 1;
+        if let Some(s) = r.state_slot.take() {
+            self.free_states.push(s);
+        }
         self.running.retain(|&x| x != id);
         // Back in arrival order, ahead of newer requests.
         let arrival = r.arrival;
@@ -590,9 +611,13 @@ impl Scheduler {
             }
             plan.seqs.push(self.planned(id, n));
         }
-        // Waiting requests, first come first served; stop at the first that does not fit.
+        // Waiting requests, first come first served; stop at the first that does not fit (its
+        // chunk, its blocks, or a recurrent state slot).
         while let Some(&id) = self.waiting.front() {
             if plan.seqs.len() >= self.cfg.max_seqs || budget == 0 {
+                break;
+            }
+            if self.cfg.state_slots.is_some() && self.free_states.is_empty() {
                 break;
             }
             if self.pool.caching() && self.requests[&id].blocks.is_empty() {
@@ -610,7 +635,13 @@ impl Scheduler {
                 break;
             }
             self.waiting.pop_front();
-            self.requests.get_mut(&id).expect("known").phase = Phase::Running;
+            let state_slot = match self.cfg.state_slots {
+                Some(_) => self.free_states.pop(),
+                None => None,
+            };
+            let r = self.requests.get_mut(&id).expect("known");
+            r.phase = Phase::Running;
+            r.state_slot = state_slot;
             self.running.push(id);
             budget -= n;
             plan.seqs.push(self.planned(id, n));
@@ -686,6 +717,7 @@ impl Scheduler {
             block_table: r.blocks.clone(),
             wants_logits: r.computed + n == r.tokens.len(),
             n_draft: 0,
+            state_slot: r.state_slot,
         }
     }
 
@@ -842,25 +874,43 @@ impl Scheduler {
     pub fn check(&self) -> Result<(), String> {
         self.pool.check()?;
         let mut owners: HashMap<BlockId, u32> = HashMap::new();
+        let mut states: Vec<u32> = self.free_states.clone();
         for (id, r) in &self.requests {
             match r.phase {
                 Phase::Running => {
                     if !self.running.contains(id) {
                         return Err(format!("running request {id} not in the running list"));
                     }
+                    if self.cfg.state_slots.is_some() && r.state_slot.is_none() {
+                        return Err(format!("running request {id} holds no state slot"));
+                    }
                 }
                 _ => {
                     if !r.blocks.is_empty() {
                         return Err(format!("request {id} holds blocks while {:?}", r.phase));
                     }
+                    if r.state_slot.is_some() {
+                        return Err(format!(
+                            "request {id} holds a state slot while {:?}",
+                            r.phase
+                        ));
+                    }
                 }
             }
+            states.extend(r.state_slot);
             for &b in &r.blocks {
                 *owners.entry(b).or_default() += 1;
             }
             if r.computed > r.tokens.len() {
                 return Err(format!("request {id} computed past its tokens"));
             }
+        }
+        states.sort_unstable();
+        let all: Vec<u32> = (0..self.cfg.state_slots.unwrap_or(0)).collect();
+        if states != all {
+            return Err(format!(
+                "state slots held or free {states:?}, not each of {all:?} once"
+            ));
         }
         for b in 0..self.pool.n_blocks() {
             let want = owners.get(&b).copied().unwrap_or(0);

@@ -11,7 +11,7 @@ use axle_core::{
     SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
 };
 use proptest::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 const VOCAB: usize = 12;
 const BS: u32 = 4;
@@ -307,6 +307,7 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         reuse_marked_only: false,
         model_id: 9,
         draft: None,
+        state_slots: None,
     }
 }
 
@@ -352,6 +353,57 @@ proptest! {
                     prop_assert!(got.len() >= 3, "request {i} ended before the constraint allowed");
                 }
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Recurrent models: with a pool of state slots smaller than the requests (and than
+    /// `max_seqs`), no step runs more sequences than slots, every planned sequence has a slot
+    /// of its own, a sequence keeps its slot until it starts over (preempted and recomputed from
+    /// position 0), slots are all given back (`check` every step), and the output is the same as
+    /// with ample memory and no slot limit.
+    #[test]
+    fn state_slots_cap_concurrency_and_change_no_output(
+        arrivals in prop::collection::vec(arrival(), 1..7),
+        n_blocks in 7u32..16,
+        budget in 3usize..24,
+        max_seqs in 1usize..5,
+        slots in 1u32..4,
+        draft_len in 0usize..6,
+    ) {
+        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
+        let mut c = cfg(n_blocks, false, budget, max_seqs);
+        c.state_slots = Some(slots);
+        if draft_len > 0 {
+            c = with_drafts(c, draft_len);
+        }
+        let mut holder: HashMap<RequestId, u32> = HashMap::new();
+        let mut violations = Vec::new();
+        let got = simulate_observed(&arrivals, c, false, |plan, _| {
+            if plan.seqs.len() > slots as usize {
+                violations.push(format!("{} sequences in a step, {slots} slots", plan.seqs.len()));
+            }
+            let mut seen = HashSet::new();
+            for p in &plan.seqs {
+                let Some(s) = p.state_slot else {
+                    violations.push(format!("request {} planned without a slot", p.id));
+                    continue;
+                };
+                if !seen.insert(s) {
+                    violations.push(format!("slot {s} planned twice in one step"));
+                }
+                if holder.insert(p.id, s).is_some_and(|old| old != s) && p.start_pos != 0 {
+                    violations.push(format!("request {} changed slot mid-sequence", p.id));
+                }
+            }
+        });
+        prop_assert!(violations.is_empty(), "{violations:?}");
+        for (i, ((want, want_reason), (g, reason))) in reference.iter().zip(&got).enumerate() {
+            prop_assert_eq!(g, want, "request {}", i);
+            prop_assert_eq!(reason, want_reason);
         }
     }
 }
@@ -484,6 +536,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             reuse_marked_only: false,
             model_id: 1,
             draft: None,
+            state_slots: None,
         };
         if d {
             with_drafts(c, 4)

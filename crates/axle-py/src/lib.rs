@@ -341,6 +341,7 @@ impl Engine {
             kv_contexts: 2, // as `axle serve`
             max_seqs: max_batch_size,
             max_batch_tokens,
+            state_slots: None,
             max_draft: if ngram { draft_len } else { 0 },
             kernels,
         };

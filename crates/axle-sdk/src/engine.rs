@@ -40,6 +40,12 @@ pub struct EngineConfig {
     /// Hybrid (recurrent) models with prefix caching: how many recurrent states to keep for reuse,
     /// one per prefix ending at a prefill-chunk boundary (least recently used ones go first).
     pub state_cache: u32,
+    /// Hybrid (recurrent) models: sequences that may hold a recurrent state at once (None: one
+    /// per `max_seqs`). Each slot is a fixed block of device memory (every linear layer's
+    /// convolution window and delta-rule state, times the verify window); the scheduler admits a
+    /// sequence only with a slot free, so fewer slots cap concurrency instead of memory running
+    /// out.
+    pub state_slots: Option<usize>,
     /// Kernel choice. Batch-invariant (the default): a request's output does not depend on what
     /// shares its steps, and n-gram speculation reproduces plain decoding. `LikeLlamaCpp` gives
     /// each step ggml's fastest kernels for its shape, as libllama does: more throughput for
@@ -60,6 +66,7 @@ impl Default for EngineConfig {
             max_draft: defaults::DRAFT_LEN,
             verify_cost: None,
             state_cache: 16,
+            state_slots: None,
             kernels: Kernels::BatchInvariant,
         }
     }
@@ -79,6 +86,8 @@ pub struct EngineSizing {
     pub max_seqs: usize,
     /// Most tokens per step; raised to fit one token per sequence and a full draft.
     pub max_batch_tokens: usize,
+    /// Hybrid models: recurrent state slots (default: one per `max_seqs`).
+    pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
     pub max_draft: usize,
     /// Kernel choice.
@@ -104,6 +113,7 @@ impl EngineConfig {
                 .max(max_seqs),
             max_draft: sizing.max_draft,
             kernels: sizing.kernels,
+            state_slots: sizing.state_slots,
             ..Default::default()
         }
     }
@@ -196,13 +206,13 @@ pub struct EngineCore {
     states: Option<StateGroups>,
 }
 
-/// Which running sequence holds which group of recurrent state rows, and where its next step
-/// starts (see `axle_models::recurrent`). A sequence gets a group when it starts at position 0
-/// (new, or recomputing after preemption: its KV is gone, so its state is recomputed with it) and
-/// gives it back when it finishes or is preempted.
+/// Where each running sequence's recurrent state is: the group of state rows the scheduler gave
+/// it (`PlannedSeq::state_slot`) and the row its next step starts from (see
+/// `axle_models::recurrent`). The scheduler owns the slots (admission waits for a free one;
+/// finishing or preemption frees it, and a preempted sequence recomputes its state with its KV);
+/// this only follows them.
 #[derive(Debug)]
 struct StateGroups {
-    free: Vec<u32>,
     held: HashMap<RequestId, (u32, u32)>,
     /// Saved states by the hash of the prefix they end (prefix reuse), least recently used
     /// first in `lru`.
@@ -212,9 +222,8 @@ struct StateGroups {
 }
 
 impl StateGroups {
-    fn new(groups: u32, saved: u32) -> StateGroups {
+    fn new(saved: u32) -> StateGroups {
         StateGroups {
-            free: (0..groups).rev().collect(),
             held: HashMap::new(),
             saved: HashMap::new(),
             lru: std::collections::VecDeque::new(),
@@ -229,24 +238,25 @@ impl StateGroups {
     }
 
     fn release(&mut self, id: RequestId) {
-        if let Some((g, _)) = self.held.remove(&id) {
-            self.free.push(g);
-        }
+        self.held.remove(&id);
     }
 
-    /// The rows of a planned sequence: its group and the row to start from. A sequence gets a
-    /// group when it starts: at position 0, or past a reused prefix, whose saved state is then
-    /// copied in (`restore`: the saved slot, to copy before the step; `prefix` gives the hash of
-    /// the reused prefix, asked only then).
+    /// The rows of a planned sequence in its group `group`: the row to start from. A sequence
+    /// starts over when it starts at position 0, or past a reused prefix, whose saved state is
+    /// then copied in (`restore`: the saved slot, to copy before the step; `prefix` gives the hash
+    /// of the reused prefix, asked only then).
     fn slots(
         &mut self,
         id: RequestId,
+        group: Option<u32>,
         start_pos: u32,
         keep: u32,
         prefix: impl FnOnce() -> Option<u64>,
     ) -> Result<(StateSlots, Option<u32>), String> {
+        let group =
+            group.ok_or("the scheduler planned a recurrent sequence without a state slot")?;
         let mut restore = None;
-        if start_pos == 0 || !self.held.contains_key(&id) {
+        if start_pos == 0 || self.held.get(&id).map(|h| h.0) != Some(group) {
             self.release(id);
             if start_pos > 0 {
                 let prefix = prefix();
@@ -258,8 +268,7 @@ impl StateGroups {
                 }
                 restore = Some(slot);
             }
-            let g = self.free.pop().ok_or("no recurrent state group free")?;
-            self.held.insert(id, (g, 0));
+            self.held.insert(id, (group, 0));
         }
         let &(group, from) = self.held.get(&id).ok_or("no recurrent state group")?;
         Ok((StateSlots { group, from, keep }, restore))
@@ -359,6 +368,8 @@ impl EngineCore {
         // recurrent state at that point, so prefix caching is off for them.
         let recurrent = !model.family().state_dims().is_empty();
         let max_draft = cfg.max_draft.min(MAX_DRAFT);
+        // Recurrent state slots: the scheduler admits a sequence only with one free.
+        let state_slots = cfg.state_slots.unwrap_or(cfg.max_seqs).max(1) as u32;
         let saved_states = if recurrent && cfg.prefix_caching {
             cfg.state_cache
         } else {
@@ -372,7 +383,7 @@ impl EngineCore {
                 max_batch_tokens: cfg.max_batch_tokens,
                 kernels: cfg.kernels,
                 force_device_layout: false,
-                state_groups: cfg.max_seqs as u32,
+                state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
             },
@@ -400,13 +411,14 @@ impl EngineCore {
             reuse_marked_only: recurrent,
             model_id: model_id(&model),
             draft,
+            state_slots: recurrent.then_some(state_slots),
         });
         Ok(EngineCore {
             model,
             runner,
             sched,
             text: HashMap::new(),
-            states: recurrent.then(|| StateGroups::new(cfg.max_seqs as u32, saved_states)),
+            states: recurrent.then(|| StateGroups::new(saved_states)),
         })
     }
 
@@ -565,7 +577,13 @@ impl EngineCore {
                     let sched = &self.sched;
                     let prefix = || sched.prefix_hash(s.id, s.start_pos as usize);
                     let restored = st
-                        .slots(s.id, s.start_pos, s.n_draft as u32 + 1, prefix)
+                        .slots(
+                            s.id,
+                            s.state_slot,
+                            s.start_pos,
+                            s.n_draft as u32 + 1,
+                            prefix,
+                        )
                         .and_then(|(slots, restore)| match restore {
                             Some(slot) => self
                                 .runner

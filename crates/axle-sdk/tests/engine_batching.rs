@@ -143,6 +143,49 @@ fn exhausted_kv_preempts_and_completes_correctly_with_recurrent_state() {
     ));
 }
 
+/// A hybrid model with fewer recurrent state slots than requests: the scheduler runs at most
+/// that many sequences at once (the others wait for a slot), and each output is the one it has
+/// alone, with n-gram speculation off and on.
+#[test]
+fn hybrid_state_slots_cap_running_sequences() {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/qwen35-tied-tiny.gguf");
+    assert!(p.is_file(), "fixture {} is missing", p.display());
+    let m = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
+    let prompts = encoded(&m);
+    for max_draft in [0, 4] {
+        let base = EngineConfig {
+            kv_slots: 1024,
+            prefix_caching: false,
+            max_batch_tokens: 32,
+            max_draft,
+            verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
+            ..Default::default()
+        };
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                run_together(&m, &base, std::slice::from_ref(p), 24)
+                    .0
+                    .remove(0)
+            })
+            .collect();
+        let capped = EngineConfig {
+            state_slots: Some(3),
+            ..base
+        };
+        let (together, max_running) = run_together(&m, &capped, &prompts, 24);
+        assert_eq!(
+            max_running, 3,
+            "3 state slots should cap running sequences at 3"
+        );
+        assert_eq!(
+            alone, together,
+            "state slots changed outputs (drafts {max_draft})"
+        );
+    }
+}
+
 fn preemption_keeps_outputs(m: Arc<Model>) {
     let prompts = encoded(&m);
     let alone_cfg = EngineConfig {

@@ -90,6 +90,11 @@ pub struct EngineArgs {
     /// one token per sequence and a full draft.
     #[arg(long, default_value_t = EngineConfig::default().max_batch_tokens)]
     pub max_batch_tokens: usize,
+    /// Hybrid (linear-attention) models: sequences that may hold a recurrent state at once
+    /// (default: one per running sequence). Each is a fixed block of memory; fewer slots cap
+    /// concurrency (the others wait) instead of memory.
+    #[arg(long)]
+    pub state_slots: Option<usize>,
     /// N-gram self-speculation (the gate still turns it off where it would not pay; it never
     /// changes the output).
     #[arg(long, value_enum, default_value_t = Switch::On)]
@@ -174,6 +179,7 @@ impl EngineArgs {
             kv_contexts: kv_seqs,
             max_seqs,
             max_batch_tokens: self.max_batch_tokens,
+            state_slots: self.state_slots,
             max_draft: match self.ngram {
                 Switch::On => self.draft_len,
                 Switch::Off => 0,
