@@ -186,6 +186,13 @@ def test_every_error_class(engine, tmp_path):
     assert issubclass(axle.RequestError, axle.AxleError) and issubclass(axle.ModelError, axle.AxleError)
     with pytest.raises(ValueError):
         axle.Engine(str(MODEL), backend="nope")
+    # Several devices asked wrongly: an RPC server that is not there (or, where the Python
+    # process finds no libggml-rpc.so, the RPC backend itself: both name RPC), shares that do not
+    # match the devices.
+    with pytest.raises(axle.ModelError, match="RPC (server 127.0.0.1:9: nothing accepts|backend is not loaded)"):
+        axle.Engine(str(MODEL), threads=2, rpc=["127.0.0.1:9"])
+    with pytest.raises(axle.ModelError, match="one non-negative share per device"):
+        axle.Engine(str(MODEL), threads=2, device="cpu", split=[1, 2])
 
 
 def test_the_delegated_route(engine):

@@ -261,7 +261,7 @@ impl Engine {
         threads=None, max_batch_size=16, max_batch_tokens=512, kv_slots=None, ngram=true,
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
-        upstream_timeout=60.0, allow_delegation=false
+        upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -284,6 +284,9 @@ impl Engine {
         upstream_api_key: Option<String>,
         upstream_timeout: f64,
         allow_delegation: bool,
+        split: Option<Vec<f32>>,
+        rpc: Option<Vec<String>>,
+        state_slots: Option<usize>,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -318,7 +321,8 @@ impl Engine {
             repack,
             device,
             gpu_layers,
-            ..Default::default()
+            split,
+            rpc: rpc.unwrap_or_default(),
         };
         let spec = RouteSpec {
             model: model_path,
@@ -341,7 +345,7 @@ impl Engine {
             kv_contexts: 2, // as `axle serve`
             max_seqs: max_batch_size,
             max_batch_tokens,
-            state_slots: None,
+            state_slots,
             max_draft: if ngram { draft_len } else { 0 },
             kernels,
         };

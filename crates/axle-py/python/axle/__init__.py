@@ -51,7 +51,9 @@ class Engine:
     ``Engine(model_path, upstream=..., allow_delegation=True)`` for a file Axle cannot run.
     Keyword arguments are those of ``axle serve`` (``max_batch_size``, ``max_batch_tokens``,
     ``kv_slots``, ``draft_len``, ``kernels``, ``repack``, ``gpu_layers``, ``upstream_model``,
-    ``upstream_api_key``, ``upstream_timeout``).
+    ``upstream_api_key``, ``upstream_timeout``, ``state_slots``). Several devices:
+    ``device="cuda0,cuda1"`` (or ``"all"``), ``split=[3, 1]`` for shares other than by free
+    memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves.
     """
 
     def __init__(self, model_path: Optional[str] = None, **options: Any) -> None:
