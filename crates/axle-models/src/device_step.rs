@@ -21,6 +21,12 @@
 /// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
 pub const GROUP_COLS: i64 = 4;
 
+/// Columns per op of an F32 weight (MoE routers): ggml's CUDA backend takes its float mat-vec
+/// kernel (MMVF) for F32 weights at 1 to 3 columns only on GPUs with tensor cores (Ampere and
+/// newer; 4 on Turing), and a tensor-core or cuBLAS product from there, which rounds
+/// differently; a group of 4 would give a router's logits other bits than a one-token step.
+pub const FLOAT_GROUP_COLS: i64 = 3;
+
 /// A sequence with at most this many tokens in a step (a decode, a verify step of up to 8
 /// drafts, a short prefill chunk) is "small": its columns go through MMVQ groups and its rows get
 /// attention ops of their own. Longer ones (prefill chunks, or a long run of tokens asking for

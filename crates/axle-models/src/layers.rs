@@ -1,7 +1,7 @@
 //! Graph pieces shared by the architecture files: the per-step inputs ([`Step`]), weighted RMS
 //! norm, attention through the KV slots, and gated feed-forward. Models call these with small
 //! structs; they never see block tables or slot arithmetic.
-use crate::device_step::{DeviceStep, GROUP_COLS};
+use crate::device_step::{DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS};
 use crate::kv::KvCache;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
@@ -157,7 +157,8 @@ impl<'a> Step<'a> {
 
     /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
     /// the step's small columns (decode and verify rows, and every column of a product after the
-    /// output rows were picked) in groups of [`GROUP_COLS`], each prefill chunk as one product.
+    /// output rows were picked) in groups of [`GROUP_COLS`] ([`FLOAT_GROUP_COLS`] for F32
+    /// weights), each prefill chunk as one product.
     fn matmul_device(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         let g = self.ctx;
         let [k, n, ..] = x.ne();
@@ -169,8 +170,14 @@ impl<'a> Step<'a> {
                 g.view(x, &[k, cols], &[nb1], first as usize * nb1)
             }
         };
+        // Quantized weights take MMVQ up to 4 columns, F32 ones MMVF up to 3.
+        let group = if w.dtype() == DType::F32 {
+            FLOAT_GROUP_COLS
+        } else {
+            GROUP_COLS
+        };
         if n != self.n_tokens || d.runs.iter().all(|r| r.small) {
-            return self.mul_mat_grouped(w, x, GROUP_COLS);
+            return self.mul_mat_grouped(w, x, group);
         }
         let pieces = d
             .runs
@@ -178,7 +185,7 @@ impl<'a> Step<'a> {
             .map(|r| {
                 let xs = cols(r.first, r.cols);
                 if r.small {
-                    self.mul_mat_grouped(w, xs, GROUP_COLS)
+                    self.mul_mat_grouped(w, xs, group)
                 } else {
                     g.mul_mat(w, xs)
                 }
