@@ -78,7 +78,8 @@ impl Default for EngineConfig {
 pub struct EngineSizing {
     /// Context length per sequence (default: the model's, capped at [`defaults::CONTEXT`]).
     pub context: Option<usize>,
-    /// KV slots shared by all sequences (default: `kv_contexts` full contexts).
+    /// KV slots shared by all sequences (default: `kv_contexts` full contexts, or fewer where
+    /// the devices holding the KV have room for less, as long as one full context fits).
     pub kv_slots: Option<u32>,
     /// Full contexts the KV pool holds when `kv_slots` is not given.
     pub kv_contexts: usize,
@@ -101,10 +102,18 @@ impl EngineConfig {
             .context
             .unwrap_or_else(|| (model.n_ctx_train() as usize).min(defaults::CONTEXT));
         let max_seqs = sizing.max_seqs.max(1);
+        let block_size = EngineConfig::default().block_size;
+        let kv_slots = sizing.kv_slots.unwrap_or_else(|| {
+            let wanted = (ctx * sizing.kv_contexts.max(1)) as u32;
+            // The tightest memory (a device's share of the layers, or the host's) caps the default
+            // pool; below one full context the runner refuses with the count that would fit.
+            match axle_models::runner::kv_slots_that_fit(model, block_size) {
+                Some(fit) if fit as usize >= ctx => wanted.min(fit),
+                _ => wanted,
+            }
+        });
         EngineConfig {
-            kv_slots: sizing
-                .kv_slots
-                .unwrap_or((ctx * sizing.kv_contexts.max(1)) as u32),
+            kv_slots,
             context_len: ctx,
             max_seqs,
             max_batch_tokens: sizing
