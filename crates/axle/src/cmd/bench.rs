@@ -153,23 +153,31 @@ pub struct CheckArgs {
     tolerance: f64,
 }
 
+/// What every quick bench command runs on and where its artifact goes.
 #[derive(Debug, clap::Args)]
-pub struct ServerArgs {
+pub struct QuickTarget {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// Tokens per generation.
-    #[arg(long, default_value_t = 128)]
-    tokens: usize,
-    /// Repetitions (medians reported).
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
     /// The artifact goes to DIR/<scenario>.json.
     #[arg(long, default_value = "bench-artifacts")]
     output_root: PathBuf,
     /// Device choice.
     #[command(flatten)]
     device: super::DeviceArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
+    /// Tokens per generation.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Repetitions (medians reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
 }
 
 #[derive(Debug, clap::Args)]
@@ -293,9 +301,9 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
 
 #[derive(Debug, clap::Args)]
 pub struct StructuredArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
     /// Schema prompts.
     #[arg(long, default_value = "benchmarks/workloads/schemas.json")]
     schemas: PathBuf,
@@ -309,19 +317,13 @@ pub struct StructuredArgs {
     /// Repetitions of the whole set.
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    /// The artifact goes to DIR/<scenario>.json.
-    #[arg(long, default_value = "bench-artifacts")]
-    output_root: PathBuf,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct NgramArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
     /// Workload file.
     #[arg(long, default_value = "benchmarks/workloads/ngram.json")]
     workloads: PathBuf,
@@ -350,19 +352,13 @@ pub struct NgramArgs {
     /// differently from 1-row decode, so speculation is then not bit-exact).
     #[arg(long)]
     repack: bool,
-    /// The artifact goes to DIR/<scenario>.json.
-    #[arg(long, default_value = "bench-artifacts")]
-    output_root: PathBuf,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct BatchedArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
     /// Concurrency levels (comma separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8, 16])]
     concurrency: Vec<usize>,
@@ -378,38 +374,26 @@ pub struct BatchedArgs {
     /// Also time the engine with ggml's shape-dependent kernels (what batch invariance costs).
     #[arg(long)]
     fast_kernels: bool,
-    /// The artifact goes to DIR/<scenario>.json.
-    #[arg(long, default_value = "bench-artifacts")]
-    output_root: PathBuf,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct PrefixArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
     /// Shared prefix length in tokens.
     #[arg(long, default_value_t = 1000)]
     prefix: usize,
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    /// The artifact goes to DIR/<scenario>.json.
-    #[arg(long, default_value = "bench-artifacts")]
-    output_root: PathBuf,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
-    /// GGUF model file.
-    #[arg(long)]
-    model: PathBuf,
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
     /// Prompt lengths to prefill (comma separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![128usize, 512])]
     prefill: Vec<usize>,
@@ -419,35 +403,23 @@ pub struct CompareArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// The artifact goes to DIR/<scenario>.json.
-    #[arg(long, default_value = "bench-artifacts")]
-    output_root: PathBuf,
-    /// Device choice.
-    #[command(flatten)]
-    device: super::DeviceArgs,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Compare(a) => quick(
             "compare",
-            &a.model,
-            a.device.threads,
+            a.target,
             a.reps,
             Workload::Compare(CompareSpec {
                 prefill: a.prefill,
                 decode: a.decode,
             }),
-            &a.output_root,
-            QuickExtras {
-                device: Some(a.device),
-                ..Default::default()
-            },
+            QuickExtras::default(),
         ),
         BenchCommand::Batched(a) => quick(
             "batched",
-            &a.model,
-            a.device.threads,
+            a.target,
             a.reps,
             Workload::Batched(BatchedSpec {
                 concurrency: a.concurrency,
@@ -455,16 +427,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
                 fast_kernels: a.fast_kernels,
             }),
-            &a.output_root,
-            QuickExtras {
-                device: Some(a.device),
-                ..Default::default()
-            },
+            QuickExtras::default(),
         ),
         BenchCommand::Ngram(a) => {
-            if !(1..=8).contains(&a.draft_len) {
-                anyhow::bail!("--draft-len must be between 1 and 8");
-            }
             let workloads = std::fs::canonicalize(&a.workloads)
                 .with_context(|| format!("cannot read {}", a.workloads.display()))?;
             if let Some(bin) = &a.llama_server {
@@ -476,8 +441,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             quick(
                 "ngram",
-                &a.model,
-                a.device.threads,
+                a.target,
                 a.reps,
                 Workload::Ngram(NgramSpec {
                     workloads: workloads.display().to_string(),
@@ -485,11 +449,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     draft_len: a.draft_len,
                     llama_server_modes: a.llama_server_modes,
                 }),
-                &a.output_root,
                 QuickExtras {
                     llama_server: a.llama_server,
                     repack: a.repack,
-                    device: Some(a.device),
                 },
             )
         }
@@ -498,46 +460,31 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot read {}", a.schemas.display()))?;
             quick(
                 "structured",
-                &a.model,
-                a.device.threads,
+                a.target,
                 a.reps,
                 Workload::Structured(StructuredSpec {
                     schemas: schemas.display().to_string(),
                     max_tokens: a.max_tokens,
                     draft_len: a.draft_len,
                 }),
-                &a.output_root,
-                QuickExtras {
-                    device: Some(a.device),
-                    ..Default::default()
-                },
+                QuickExtras::default(),
             )
         }
         BenchCommand::Server(a) => quick(
             "server",
-            &a.model,
-            a.device.threads,
+            a.target,
             a.reps,
             Workload::Server(ServerSpec { tokens: a.tokens }),
-            &a.output_root,
-            QuickExtras {
-                device: Some(a.device),
-                ..Default::default()
-            },
+            QuickExtras::default(),
         ),
         BenchCommand::Prefix(a) => quick(
             "prefix",
-            &a.model,
-            a.device.threads,
+            a.target,
             a.reps,
             Workload::Prefix(PrefixSpec {
                 prefix_tokens: a.prefix,
             }),
-            &a.output_root,
-            QuickExtras {
-                device: Some(a.device),
-                ..Default::default()
-            },
+            QuickExtras::default(),
         ),
         BenchCommand::Scenario(a) => {
             let (artifact, written) = scenario::run(
@@ -610,21 +557,17 @@ struct QuickExtras {
     llama_server: Option<PathBuf>,
     /// Repack weights for ggml's GEMM kernels.
     repack: bool,
-    /// Device choice.
-    device: Option<super::DeviceArgs>,
 }
 
 fn quick(
     name: &str,
-    model: &Path,
-    threads: usize,
+    target: QuickTarget,
     reps: usize,
     workload: Workload,
-    output_root: &Path,
     extras: QuickExtras,
 ) -> anyhow::Result<()> {
-    let model = std::fs::canonicalize(model)
-        .with_context(|| format!("cannot open model {}", model.display()))?;
+    let model = std::fs::canonicalize(&target.model)
+        .with_context(|| format!("cannot open model {}", target.model.display()))?;
     let stem = model
         .file_stem()
         .map(|s| {
@@ -632,24 +575,18 @@ fn quick(
                 .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         })
         .unwrap_or_default();
+    let d = target.device;
     let m = Manifest {
         name: format!("{name}-{stem}"),
         description: format!("axle bench {name} (quick command)"),
         model: ModelSpec {
             path: model.display().to_string(),
-            threads,
+            threads: d.threads,
             repack: extras.repack,
-            device: extras
-                .device
-                .as_ref()
-                .map_or_else(|| "auto".into(), |d| d.device.to_string()),
-            gpu_layers: extras.device.as_ref().and_then(|d| d.gpu_layers),
-            split: extras.device.as_ref().and_then(|d| d.split.clone()),
-            rpc: extras
-                .device
-                .as_ref()
-                .map(|d| d.rpc.clone())
-                .unwrap_or_default(),
+            device: d.device.to_string(),
+            gpu_layers: d.gpu_layers,
+            split: d.split,
+            rpc: d.rpc,
             oracle_split_mode: None,
         },
         route: None,
@@ -667,7 +604,7 @@ fn quick(
             llama_server: extras.llama_server,
         },
     )?;
-    let out = output_root.join(format!("{}.json", m.name));
+    let out = target.output_root.join(format!("{}.json", m.name));
     artifact.save(&out)?;
     finish(&artifact, Some(&out))
 }
