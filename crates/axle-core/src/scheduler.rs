@@ -435,12 +435,7 @@ impl Scheduler {
         if matches!(r.phase, Phase::Finished(_)) {
             return false;
         }
-        for b in r.blocks.drain(..) {
-            self.pool.release(b);
-        }
-        if let Some(s) = r.state_slot.take() {
-            self.free_states.push(s);
-        }
+        give_back(r, &mut self.pool, &mut self.free_states);
         r.phase = Phase::Finished(reason);
         self.running.retain(|&x| x != id);
         self.waiting.retain(|&x| x != id);
@@ -452,16 +447,11 @@ impl Scheduler {
             .requests
             .get_mut(&id)
             .expect("preempting a known request");
-        for b in r.blocks.drain(..) {
-            self.pool.release(b);
-        }
+        give_back(r, &mut self.pool, &mut self.free_states);
         r.computed = 0;
         r.keys.clear();
         r.phase = Phase::Waiting;
         r.preemptions += 1;
-        if let Some(s) = r.state_slot.take() {
-            self.free_states.push(s);
-        }
         self.running.retain(|&x| x != id);
         // Back in arrival order, ahead of newer requests.
         let arrival = r.arrival;
@@ -922,6 +912,17 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+}
+
+/// Returns what a request holds while running, its KV blocks and its recurrent state slot, when
+/// it finishes or is preempted.
+fn give_back(r: &mut Request, pool: &mut BlockPool, free_states: &mut Vec<u32>) {
+    for b in r.blocks.drain(..) {
+        pool.release(b);
+    }
+    if let Some(s) = r.state_slot.take() {
+        free_states.push(s);
     }
 }
 

@@ -126,15 +126,7 @@ impl Placement {
             }
             DeviceChoice::All => {
                 let mut d: Vec<Option<Device>> = remote.iter().copied().map(Some).collect();
-                d.extend(
-                    Device::all()
-                        .into_iter()
-                        .filter(|x| {
-                            matches!(x.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu)
-                                && !remote.contains(x)
-                        })
-                        .map(Some),
-                );
+                d.extend(local_gpus().into_iter().map(Some));
                 if d.is_empty() {
                     vec![None]
                 } else {
@@ -288,9 +280,15 @@ impl Placement {
 
 /// The device called `name` (None for the CPU), or an error listing what there is.
 fn find(name: &str) -> Result<Option<Device>, ModelError> {
+    let d = find_device(name)?;
+    Ok((d.kind() != DeviceKind::Cpu).then_some(d))
+}
+
+/// The registered device called `name` (ggml's name, any case; the CPU too), or the error that
+/// names the devices there are and where backends were looked for.
+pub fn find_device(name: &str) -> Result<Device, ModelError> {
     match Device::find(name) {
-        Some(d) if d.kind() == DeviceKind::Cpu => Ok(None),
-        Some(d) => Ok(Some(d)),
+        Some(d) => Ok(d),
         None => Err(ModelError::NoDevice {
             asked: name.to_string(),
             available: Device::all()
@@ -305,6 +303,17 @@ fn find(name: &str) -> Result<Option<Device>, ModelError> {
                 .join(", "),
         }),
     }
+}
+
+/// The local GPUs (discrete and integrated), not the ones attached over RPC.
+pub fn local_gpus() -> Vec<Device> {
+    Device::all()
+        .into_iter()
+        .filter(|d| {
+            matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu)
+                && !axle_ggml::rpc::is_remote(d)
+        })
+        .collect()
 }
 
 /// Free memory of a device (the host's available memory for the CPU), for the default split.

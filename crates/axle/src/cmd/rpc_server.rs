@@ -1,7 +1,7 @@
 //! `axle rpc-server`: serves this machine's devices to other Axle (or llama.cpp) processes over
 //! ggml's RPC protocol, so that one model can spread over several machines (`--rpc host:port`
 //! on the client). What llama.cpp's `rpc-server` program does, with the same ggml as the client.
-use axle_models::DeviceChoice;
+use axle_models::{placement, DeviceChoice};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -25,33 +25,17 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     axle_ggml::load_dynamic_backends();
-    let all = axle_ggml::Device::all();
-    let gpus: Vec<_> = all
-        .iter()
-        .copied()
-        .filter(|d| d.kind() != axle_ggml::DeviceKind::Cpu && !axle_ggml::rpc::is_remote(d))
-        .collect();
+    let gpus = placement::local_gpus();
     let cpu = axle_ggml::Device::cpu()?;
-    let find = |n: &str| {
-        axle_ggml::Device::find(n).ok_or_else(|| {
-            anyhow::anyhow!(
-                "no device `{n}` here (devices: {})",
-                all.iter()
-                    .map(|d| d.name().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-    };
     let devices = match &a.device {
         DeviceChoice::Cpu => vec![cpu],
         DeviceChoice::Auto | DeviceChoice::All if gpus.is_empty() => vec![cpu],
         DeviceChoice::Auto | DeviceChoice::All => gpus,
-        DeviceChoice::Named(n) => vec![find(n)?],
+        DeviceChoice::Named(n) => vec![placement::find_device(n)?],
         DeviceChoice::List(names) => names
             .iter()
-            .map(|n| find(n))
-            .collect::<anyhow::Result<_>>()?,
+            .map(|n| placement::find_device(n))
+            .collect::<Result<_, _>>()?,
     };
     if let Some(dir) = &a.cache {
         std::fs::create_dir_all(dir)?;
