@@ -66,6 +66,33 @@ impl DType {
         )
     }
 
+    /// Whether ggml's CUDA backend multiplies weights of this type with its tiled MMQ kernel (on
+    /// GPUs with int8 tensor cores, from 9 columns on; the mat-vec kernel below that).
+    pub fn has_cuda_mmq(self) -> bool {
+        matches!(
+            self.0,
+            sys::GGML_TYPE_Q4_0
+                | sys::GGML_TYPE_Q4_1
+                | sys::GGML_TYPE_Q5_0
+                | sys::GGML_TYPE_Q5_1
+                | sys::GGML_TYPE_Q8_0
+                | sys::GGML_TYPE_Q2_K
+                | sys::GGML_TYPE_Q3_K
+                | sys::GGML_TYPE_Q4_K
+                | sys::GGML_TYPE_Q5_K
+                | sys::GGML_TYPE_Q6_K
+                | sys::GGML_TYPE_IQ1_S
+                | sys::GGML_TYPE_IQ2_XXS
+                | sys::GGML_TYPE_IQ2_XS
+                | sys::GGML_TYPE_IQ2_S
+                | sys::GGML_TYPE_IQ3_XXS
+                | sys::GGML_TYPE_IQ3_S
+                | sys::GGML_TYPE_IQ4_XS
+                | sys::GGML_TYPE_IQ4_NL
+                | sys::GGML_TYPE_MXFP4
+        )
+    }
+
     /// Whether the type is a quantized block format.
     pub fn is_quantized(self) -> bool {
         // SAFETY: pure function of a valid type id.

@@ -593,6 +593,17 @@ impl Context {
         // SAFETY: as above; ggml asserts the other dimensions match.
         Tensor::from_raw(unsafe { sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim) })
     }
+    /// `a` with `cols` zero columns appended (dimension 1).
+    pub fn pad_cols<'a>(&'a self, a: Tensor<'a>, cols: i64) -> Tensor<'a> {
+        let cols = i32::try_from(cols).expect("padding fits in i32");
+        // SAFETY: as above; ggml_pad appends zeros at the end of each dimension.
+        Tensor::from_raw(unsafe { sys::ggml_pad(self.raw(), a.raw(), 0, cols, 0, 0) })
+    }
+    /// Index of the largest element of each row (I32 [rows]).
+    pub fn argmax<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts `a` is F32 and 2-D.
+        Tensor::from_raw(unsafe { sys::ggml_argmax(self.raw(), a.raw()) })
+    }
     /// A contiguous copy.
     pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.

@@ -17,6 +17,15 @@
 //! at its position 0) padded to a length that depends only on the row's position. A row's numbers
 //! then depend on its sequence alone, and decode, verify and batched steps agree bit for bit.
 //! Prefill chunks keep their wide kernels: their numbers depend on how the prompt was chunked.
+//!
+//! On CUDA ([`DeviceProducts::Wide`]) the small columns of quantized products go through MMQ
+//! instead, which reads the weights once for up to 128 columns rather than once per 4. MMQ's
+//! arithmetic for a column depends on how the K range of each tile of output rows is split across
+//! thread blocks (stream-k), and that split depends only on the number of tiles: with all of an
+//! op's columns in one column tile (at most 128 columns) and no batch dimension, it is the number
+//! of row tiles, a property of the weight. So every small column gets the same numbers in an op of
+//! 9 to 128 columns; ops of fewer are padded with zero columns to [`WIDE_MIN_COLS`] (below that
+//! ggml takes MMVQ), and wider runs are cut into ops of at most [`WIDE_MAX_COLS`].
 
 /// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
 pub const GROUP_COLS: i64 = 4;
@@ -33,6 +42,25 @@ pub const FLOAT_GROUP_COLS: i64 = 3;
 /// every row's logits) get one product and one attention op: the classification depends on the
 /// sequence alone, so a row is treated the same way whatever shares its step.
 pub const SMALL_TOKENS: usize = 9;
+
+/// Fewest columns of a [`DeviceProducts::Wide`] op: ggml's CUDA backend takes MMVQ up to 8.
+pub const WIDE_MIN_COLS: i64 = 9;
+
+/// Most columns of a [`DeviceProducts::Wide`] op: MMQ's widest column tile, so that an op's
+/// columns share one tile and its stream-k split depends on the weight alone.
+pub const WIDE_MAX_COLS: i64 = 128;
+
+/// How a step's small columns multiply quantized weights on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceProducts {
+    /// Groups of [`GROUP_COLS`] through the mat-vec kernel: one pass over the weights per group.
+    /// For devices whose tiled kernel is not known to be column-invariant.
+    #[default]
+    Groups,
+    /// Ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns through CUDA's tiled MMQ kernel: one
+    /// pass over the weights per 128 columns (see the module notes).
+    Wide,
+}
 
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
 pub const KV_ALIGN: u32 = 256;
@@ -75,6 +103,8 @@ pub struct DeviceStep {
     pub mask_len: i64,
     /// Slots gathered into a KV of the step's own (`None`: ops read the cache directly).
     pub gathered: Option<i64>,
+    /// How small columns multiply quantized weights (the runner's choice for its devices).
+    pub products: DeviceProducts,
 }
 
 impl DeviceStep {
@@ -198,6 +228,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
             attn,
             mask_len: mask.len() as i64,
             gathered: (!direct).then_some(kv_ids.len() as i64),
+            products: DeviceProducts::default(),
         },
         mask,
         mask_swa,

@@ -1,7 +1,9 @@
 //! Graph pieces shared by the architecture files: the per-step inputs ([`Step`]), weighted RMS
 //! norm, attention through the KV slots, and gated feed-forward. Models call these with small
 //! structs; they never see block tables or slot arithmetic.
-use crate::device_step::{DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS};
+use crate::device_step::{
+    DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
+};
 use crate::kv::KvCache;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
@@ -170,14 +172,23 @@ impl<'a> Step<'a> {
                 g.view(x, &[k, cols], &[nb1], first as usize * nb1)
             }
         };
-        // Quantized weights take MMVQ up to 4 columns, F32 ones MMVF up to 3.
+        // Quantized weights take MMVQ up to 4 columns (or MMQ from 9 to 128 on CUDA), F32 ones
+        // MMVF up to 3.
+        let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
         let group = if w.dtype() == DType::F32 {
             FLOAT_GROUP_COLS
         } else {
             GROUP_COLS
         };
+        let small = |xs: Tensor<'a>| {
+            if wide {
+                self.mul_mat_wide(w, xs)
+            } else {
+                self.mul_mat_grouped(w, xs, group)
+            }
+        };
         if n != self.n_tokens || d.runs.iter().all(|r| r.small) {
-            return self.mul_mat_grouped(w, x, group);
+            return small(x);
         }
         let pieces = d
             .runs
@@ -185,7 +196,7 @@ impl<'a> Step<'a> {
             .map(|r| {
                 let xs = cols(r.first, r.cols);
                 if r.small {
-                    self.mul_mat_grouped(w, xs, group)
+                    small(xs)
                 } else {
                     g.mul_mat(w, xs)
                 }
@@ -213,6 +224,33 @@ impl<'a> Step<'a> {
         }
         let tail = g.view(x, &[k, left], &[nb1], (full * group) as usize * nb1);
         g.concat(y, g.mul_mat(w, tail), 1)
+    }
+
+    /// `w @ x` in ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns (MMQ with one column
+    /// tile on CUDA): runs of at most 128 columns, a shorter one padded with zero columns.
+    fn mul_mat_wide(&self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+        let g = self.ctx;
+        let [k, n, ..] = x.ne();
+        let nb1 = x.nb()[1];
+        let m = w.ne()[1];
+        let mut pieces = Vec::new();
+        let mut first = 0;
+        while first < n {
+            let cols = (n - first).min(WIDE_MAX_COLS);
+            let xs = if (first, cols) == (0, n) {
+                x
+            } else {
+                g.view(x, &[k, cols], &[nb1], first as usize * nb1)
+            };
+            pieces.push(if cols < WIDE_MIN_COLS {
+                let y = g.mul_mat(w, g.pad_cols(xs, WIDE_MIN_COLS - cols));
+                g.view(y, &[m, cols], &[y.nb()[1]], 0)
+            } else {
+                g.mul_mat(w, xs)
+            });
+            first += cols;
+        }
+        concat_all(g, pieces, 1)
     }
 
     /// `cap * tanh(x / cap)`: logit softcapping (Gemma); `x` itself when `cap` is 0.

@@ -3,7 +3,7 @@
 //! inputs (token ids, positions, slot indices, attention masks, output rows), lets the model family
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
-use crate::device_step::{self, DeviceStep, SeqSlots};
+use crate::device_step::{self, DeviceProducts, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
 use crate::layers::{Kernels, Step};
 use crate::model::Model;
@@ -96,6 +96,23 @@ impl StepOutput {
     }
 }
 
+/// The device layout's products for these accelerators: MMQ ops
+/// ([`DeviceProducts::Wide`]) when every one is a CUDA device, whose tiled kernel's column
+/// invariance the layout relies on, mat-vec groups otherwise. `AXLE_DEVICE_PRODUCTS=groups|wide`
+/// overrides it (a diagnostic: comparing the two on one device).
+pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
+    match std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() {
+        Ok("groups") => return DeviceProducts::Groups,
+        Ok("wide") => return DeviceProducts::Wide,
+        _ => {}
+    }
+    if !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA")) {
+        DeviceProducts::Wide
+    } else {
+        DeviceProducts::Groups
+    }
+}
+
 /// Options of a runner.
 #[derive(Debug, Clone)]
 pub struct RunnerOptions {
@@ -111,6 +128,9 @@ pub struct RunnerOptions {
     /// machines without an accelerator can test it. With batch-invariant kernels it is used
     /// whenever some layer's KV lives on an accelerator, whatever this says.
     pub force_device_layout: bool,
+    /// How the device layout multiplies small columns by quantized weights (`None`: by device,
+    /// see [`default_products`]).
+    pub device_products: Option<DeviceProducts>,
     /// Recurrent models: sequences that can hold state at once (state groups).
     pub state_groups: u32,
     /// Recurrent models: states kept per sequence (1 + the longest draft, for rollback).
@@ -127,6 +147,7 @@ impl Default for RunnerOptions {
             max_batch_tokens: 512,
             kernels: Kernels::default(),
             force_device_layout: false,
+            device_products: None,
             state_groups: 1,
             state_snapshots: 1,
             state_saved: 0,
@@ -213,6 +234,8 @@ pub struct Runner {
     profile: StepProfile,
     /// Page-locked host memory the logits are read back through, on an accelerator.
     pinned: Option<PinnedHost>,
+    /// How the device layout multiplies small columns.
+    products: DeviceProducts,
 }
 
 #[derive(Debug, Default)]
@@ -299,7 +322,11 @@ impl Runner {
             .placement()
             .head_device()
             .and_then(|d| PinnedHost::for_device(&d));
+        let products = opts
+            .device_products
+            .unwrap_or_else(|| default_products(&placement.accelerators()));
         Ok(Runner {
+            products,
             model,
             kv,
             state,
@@ -401,7 +428,10 @@ impl Runner {
             h.mask = d.mask;
             h.mask_swa = d.mask_swa;
             h.kv_ids = d.kv_ids;
-            h.device = Some(d.step);
+            h.device = Some(DeviceStep {
+                products: self.products,
+                ..d.step
+            });
         } else {
             h.device = None;
         }

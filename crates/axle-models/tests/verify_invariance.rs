@@ -40,6 +40,7 @@ fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Mo
         RunnerOptions {
             kv_slots,
             force_device_layout: device_layout,
+            device_products: None,
             ..Default::default()
         },
     )

@@ -392,6 +392,7 @@ impl EngineCore {
                 max_batch_tokens: cfg.max_batch_tokens,
                 kernels: cfg.kernels,
                 force_device_layout: false,
+                device_products: None,
                 state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
