@@ -50,6 +50,10 @@ pub struct BatchedRow {
     pub ratio: f64,
     /// Axle with shape-dependent kernels, per repetition (empty unless asked for).
     pub axle_fast: Vec<f64>,
+    /// Where Axle's decode steps spent their time (the last repetition).
+    pub split: StepSplit,
+    /// The same with shape-dependent kernels (when asked for).
+    pub fast_split: Option<StepSplit>,
 }
 
 /// The result.
@@ -68,12 +72,27 @@ impl BatchedReport {}
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
 const WARM: usize = 4;
 
+/// Where one of Axle's timed decode steps spent its time, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepSplit {
+    /// The whole step (wall time of `EngineCore::step`).
+    pub step_ms: f64,
+    /// Host work of the runner before computing: plan inputs, masks, layout, graph build.
+    pub host_ms: f64,
+    /// Computing the graph, until the device has finished.
+    pub compute_ms: f64,
+    /// Reading the logits back.
+    pub logits_ms: f64,
+    /// The rest: scheduling, sampling, detokenizing, bookkeeping.
+    pub engine_ms: f64,
+}
+
 fn axle_run(
     model: &Arc<Model>,
     prompts: &[Vec<u32>],
     steps: usize,
     kernels: Kernels,
-) -> Result<f64, BenchError> {
+) -> Result<(f64, StepSplit), BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
         kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
@@ -109,6 +128,7 @@ fn axle_run(
     for _ in 0..WARM {
         e.step();
     }
+    e.take_profile();
     let t = Instant::now();
     let mut tokens = 0;
     for _ in 0..steps {
@@ -118,7 +138,18 @@ fn axle_run(
             .filter(|o| matches!(o, Output::Token { .. }))
             .count();
     }
-    Ok(tokens as f64 / t.elapsed().as_secs_f64())
+    let wall = t.elapsed().as_secs_f64();
+    let p = e.take_profile();
+    let [prepare, build, inputs, compute, logits] = p.per_step_us().map(|us| us / 1e3);
+    let step_ms = wall * 1e3 / steps as f64;
+    let split = StepSplit {
+        step_ms,
+        host_ms: prepare + build + inputs,
+        compute_ms: compute,
+        logits_ms: logits,
+        engine_ms: step_ms - (prepare + build + inputs + compute + logits),
+    };
+    Ok((tokens as f64 / wall, split))
 }
 
 fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
@@ -181,25 +212,29 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
             .collect();
         let (mut a, mut l, mut f) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut split, mut fast_split) = (StepSplit::default(), None);
         let invariant = Kernels::BatchInvariant;
+        let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
+            let (tok_s, s) = axle_run(model, &prompts, opts.steps, invariant)?;
+            a.push(tok_s);
+            split = s;
+            Ok(())
+        };
         for rep in 0..opts.reps {
             bar.set_message(format!("{b} sequences, rep {}", rep + 1));
             if rep % 2 == 0 {
-                a.push(axle_run(model, &prompts, opts.steps, invariant)?);
+                exact(&mut a)?;
                 bar.inc(1);
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
             } else {
                 l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
                 bar.inc(1);
-                a.push(axle_run(model, &prompts, opts.steps, invariant)?);
+                exact(&mut a)?;
             }
             if opts.fast_kernels {
-                f.push(axle_run(
-                    model,
-                    &prompts,
-                    opts.steps,
-                    Kernels::LikeLlamaCpp,
-                )?);
+                let (tok_s, s) = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp)?;
+                f.push(tok_s);
+                fast_split = Some(s);
             }
             bar.inc(1);
         }
@@ -212,6 +247,8 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             llama_median: lm,
             ratio: am / lm,
             axle_fast: f,
+            split,
+            fast_split,
         });
     }
     bar.finish_and_clear();

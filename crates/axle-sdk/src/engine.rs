@@ -567,6 +567,11 @@ impl EngineCore {
             .collect()
     }
 
+    /// Where the runner's steps spent their time since the last call (and starts a new count).
+    pub fn take_profile(&mut self) -> axle_models::runner::StepProfile {
+        self.runner.take_profile()
+    }
+
     /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;
     /// the engine itself keeps going.
     pub fn step(&mut self) -> Vec<Output> {

@@ -92,6 +92,22 @@ pub fn run(
                         r.extra.insert("shape_kernels_tok_s".into(), fast);
                         r.extra.insert("shape_kernels_ratio".into(), fast / llama);
                     }
+                    // Where a decode step's time went (ms): the runner's phases and the rest.
+                    let s = row.split;
+                    for (k, v) in [
+                        ("step_ms", s.step_ms),
+                        ("compute_ms", s.compute_ms),
+                        ("logits_ms", s.logits_ms),
+                        ("host_ms", s.host_ms),
+                        ("engine_ms", s.engine_ms),
+                    ] {
+                        r.extra.insert(k.into(), v);
+                    }
+                    if let Some(s) = row.fast_split {
+                        r.extra.insert("shape_kernels_step_ms".into(), s.step_ms);
+                        r.extra
+                            .insert("shape_kernels_compute_ms".into(), s.compute_ms);
+                    }
                     r
                 })
                 .collect()
