@@ -96,20 +96,17 @@ impl StepOutput {
     }
 }
 
-/// The device layout's products for these accelerators: MMQ ops
-/// ([`DeviceProducts::Wide`]) when every one is a CUDA device, whose tiled kernel's column
-/// invariance the layout relies on, mat-vec groups otherwise. `AXLE_DEVICE_PRODUCTS=groups|wide`
-/// overrides it (a diagnostic: comparing the two on one device).
+/// The device layout's products for these accelerators: mat-vec groups
+/// ([`DeviceProducts::Groups`]), unless `AXLE_DEVICE_PRODUCTS=wide` asks for MMQ ops and every
+/// accelerator is a CUDA device (whose tiled kernel's column invariance they rely on). Wide ops
+/// pay off from about 16 concurrent sequences and cost half the speed of a lone one (measured on
+/// an H100: docs/gpu.md), so they are a choice for throughput serving, not the default.
 pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
+    let cuda =
+        !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA"));
     match std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() {
-        Ok("groups") => return DeviceProducts::Groups,
-        Ok("wide") => return DeviceProducts::Wide,
-        _ => {}
-    }
-    if !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA")) {
-        DeviceProducts::Wide
-    } else {
-        DeviceProducts::Groups
+        Ok("wide") if cuda => DeviceProducts::Wide,
+        _ => DeviceProducts::Groups,
     }
 }
 
