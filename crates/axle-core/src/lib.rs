@@ -16,7 +16,7 @@ pub mod scheduler;
 pub use blocks::{BlockId, BlockPool};
 pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
 pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
-pub use sampler::{Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
+pub use sampler::{RowLogits, Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
 pub use scheduler::{
     AdmitError, Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler,
     SchedulerConfig, StepPlan,

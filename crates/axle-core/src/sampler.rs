@@ -162,6 +162,16 @@ pub struct SamplingError {
     pub reason: &'static str,
 }
 
+/// What a step returns for one row that wanted logits.
+#[derive(Debug, Clone, Copy)]
+pub enum RowLogits<'l> {
+    /// The row's logits.
+    Full(&'l [f32]),
+    /// The index of the row's largest logit, picked by the model's step (asked for only by
+    /// sequences marked [`crate::PlannedSeq::pick`]).
+    Picked(TokenId),
+}
+
 /// The sampler of one request: its parameters and its RNG.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -222,8 +232,18 @@ impl Sampler {
         }
     }
 
+    /// Whether the pick is the largest raw logit: greedy, with no penalty and no bias. The
+    /// model's step may then pick it where the logits are (see [`RowLogits::Picked`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy() && !p.has_penalties() && p.logit_bias.is_empty()
+    }
+
     /// Picks the next token from raw logits, given the tokens so far (for penalties).
     pub fn sample(&mut self, logits: &[f32], history: &[TokenId]) -> TokenId {
+        if self.is_plain_greedy() {
+            return argmax(logits);
+        }
         let mut l = logits.to_vec();
         self.process(&mut l, history);
         if self.params.is_greedy() {

@@ -11,7 +11,7 @@
 use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
 use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
-use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
+use crate::sampler::{logprobs, RowLogits, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -130,6 +130,10 @@ pub struct PlannedSeq {
     /// The sequence's recurrent state slot (recurrent models). It changes only when the sequence
     /// starts over (admitted, or re-admitted after preemption).
     pub state_slot: Option<u32>,
+    /// Whether the step may return each wanted row's largest-logit index instead of its logits
+    /// ([`RowLogits::Picked`]): plain greedy sampling, no constraint, no logprobs. Fixed for the
+    /// request's life, so a row is picked the same way in every step.
+    pub pick: bool,
 }
 
 /// A step: what to compute.
@@ -708,6 +712,9 @@ impl Scheduler {
             wants_logits: r.computed + n == r.tokens.len(),
             n_draft: 0,
             state_slot: r.state_slot,
+            pick: r.sampler.is_plain_greedy()
+                && r.constraint.is_none()
+                && r.spec.sampling.logprobs.is_none(),
         }
     }
 
@@ -719,7 +726,7 @@ impl Scheduler {
     pub fn apply<'l>(
         &mut self,
         plan: &StepPlan,
-        mut logits: impl FnMut(usize, usize) -> Option<&'l [f32]>,
+        mut logits: impl FnMut(usize, usize) -> Option<RowLogits<'l>>,
     ) -> Vec<Event> {
         let bs = self.cfg.block_size as usize;
         let cap = self
@@ -757,20 +764,23 @@ impl Scheduler {
                 if ev.finished.is_some() {
                     break;
                 }
-                let Some(raw) = logits(i, n_known - 1 + j) else {
-                    break;
-                };
-                let mut l = raw;
-                if let Some(c) = r.constraint.as_mut() {
-                    match constrain(c.as_mut(), raw, &r.spec.stop_tokens, &mut masked) {
-                        Ok(()) => l = &masked,
-                        Err(e) => {
-                            ev.finished = Some(FinishReason::Error(e));
-                            break;
+                let (tok, l) = match logits(i, n_known - 1 + j) {
+                    None => break,
+                    Some(RowLogits::Picked(t)) => (t, None),
+                    Some(RowLogits::Full(raw)) => {
+                        let mut l = raw;
+                        if let Some(c) = r.constraint.as_mut() {
+                            match constrain(c.as_mut(), raw, &r.spec.stop_tokens, &mut masked) {
+                                Ok(()) => l = &masked,
+                                Err(e) => {
+                                    ev.finished = Some(FinishReason::Error(e));
+                                    break;
+                                }
+                            }
                         }
+                        (r.sampler.sample(l, &r.tokens), Some(l))
                     }
-                }
-                let tok = r.sampler.sample(l, &r.tokens);
+                };
                 let agrees = j < s.n_draft && tok == s.tokens[n_known + j];
                 if r.spec.stop_tokens.contains(&tok) {
                     ev.finished = Some(FinishReason::Stop);
@@ -797,10 +807,10 @@ impl Scheduler {
                     }
                     ev.tokens.push(t);
                     if let Some(top) = r.spec.sampling.logprobs {
-                        ev.logprobs.push(if k == 0 {
-                            logprobs(l, t, top)
-                        } else {
-                            forced_logprob(t)
+                        // Picked rows never have logprobs asked for (see `PlannedSeq::pick`).
+                        ev.logprobs.push(match l {
+                            Some(l) if k == 0 => logprobs(l, t, top),
+                            _ => forced_logprob(t),
                         });
                     }
                     if r.generated() >= r.spec.max_tokens {

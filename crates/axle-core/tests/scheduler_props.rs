@@ -8,7 +8,7 @@
 //! without speculation.
 use axle_core::{
     Advanced, Allowed, ConstraintTiming, DraftConfig, FinishReason, Phase, RequestId, RequestSpec,
-    SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
+    RowLogits, SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
 };
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -275,7 +275,7 @@ fn simulate_observed(
         assert!(plan.seqs.len() <= s.config().max_seqs);
         observe(&plan, &ids);
         let out = model.run(&plan);
-        s.apply(&plan, |i, j| out[i][j].as_deref());
+        s.apply(&plan, |i, j| out[i][j].as_deref().map(RowLogits::Full));
         s.check()
             .unwrap_or_else(|e| panic!("after apply at step {step}: {e}"));
         if step > 12 && !s.has_work() {
@@ -478,7 +478,7 @@ fn exhausted_kv_preempts_the_newest_and_everything_completes() {
         let plan = s.schedule();
         preempted.extend(plan.preempted.iter().copied());
         let out = model.run(&plan);
-        s.apply(&plan, |i, j| out[i][j].as_deref());
+        s.apply(&plan, |i, j| out[i][j].as_deref().map(RowLogits::Full));
         s.check().unwrap();
     }
     assert!(!preempted.is_empty(), "the budget should force preemption");
@@ -514,7 +514,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
         while s.has_work() {
             let p = s.schedule();
             let out = model.run(&p);
-            s.apply(&p, |i, j| out[i][j].as_deref());
+            s.apply(&p, |i, j| out[i][j].as_deref().map(RowLogits::Full));
             s.check().unwrap();
             steps += 1;
         }
@@ -577,7 +577,7 @@ fn run_one(
     let first = s.schedule();
     let computed = first.n_tokens();
     let out = model.run(&first);
-    s.apply(&first, |i, j| out[i][j].as_deref());
+    s.apply(&first, |i, j| out[i][j].as_deref().map(RowLogits::Full));
     if let Some(blocks) = mark {
         let h = s.prefix_hash(id, blocks * BS as usize).expect("registered");
         s.set_reusable(h, true);
@@ -585,7 +585,7 @@ fn run_one(
     while s.has_work() {
         let p = s.schedule();
         let out = model.run(&p);
-        s.apply(&p, |i, j| out[i][j].as_deref());
+        s.apply(&p, |i, j| out[i][j].as_deref().map(RowLogits::Full));
     }
     (
         computed,

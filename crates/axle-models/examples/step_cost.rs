@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start_pos: 0,
             block_table: table.clone(),
             logits: LogitRows::Last,
+            pick: false,
             state: Default::default(),
         }])?;
         println!("prefill {ctx}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
@@ -50,6 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             LogitRows::All
         },
+        pick: false,
         state: axle_models::StateSlots {
             keep: if keep_all { k as u32 + 1 } else { 1 },
             ..Default::default()

@@ -9,7 +9,7 @@ use crate::layers::{Kernels, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::ModelError;
-use axle_core::TokenId;
+use axle_core::{RowLogits, TokenId};
 use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler, PinnedHost};
 use half::f16;
 use std::sync::Arc;
@@ -57,6 +57,9 @@ pub struct SeqInput {
     pub block_table: Vec<u32>,
     /// Which logits to return.
     pub logits: LogitRows,
+    /// Return each wanted row's largest-logit index instead of its logits, where the head runs
+    /// on an accelerator (only the indices are read back); on the host, the logits as asked.
+    pub pick: bool,
     /// Recurrent state rows (models with linear-attention layers; ignored otherwise).
     pub state: StateSlots,
 }
@@ -70,6 +73,10 @@ pub struct StepOutput {
     pub n_vocab: usize,
     /// For each row: (sequence index in the step, token index within that sequence's input).
     pub rows: Vec<(usize, usize)>,
+    /// For each row, when its sequence asked for picks and the head runs on an accelerator: the
+    /// index of its largest logit (empty when no row was picked). Picked rows' logits may be
+    /// absent: `logits` is empty when every row was picked.
+    pub picked: Vec<Option<TokenId>>,
 }
 
 impl StepOutput {
@@ -93,6 +100,15 @@ impl StepOutput {
             .iter()
             .position(|&r| r == (seq, tok))
             .map(|i| self.row(i))
+    }
+
+    /// What (sequence, token index) returned, if requested: its pick or its logits.
+    pub fn find_row(&self, seq: usize, tok: usize) -> Option<RowLogits<'_>> {
+        let i = self.rows.iter().position(|&r| r == (seq, tok))?;
+        Some(match self.picked.get(i) {
+            Some(&Some(t)) => RowLogits::Picked(t),
+            _ => RowLogits::Full(self.row(i)),
+        })
     }
 }
 
@@ -246,6 +262,8 @@ struct HostInputs {
     kv_ids: Vec<i32>,
     out_ids: Vec<i32>,
     rows: Vec<(usize, usize)>,
+    /// Whether each row's sequence asked for picks.
+    row_picks: Vec<bool>,
     /// The step's device layout (see [`device_step`]), when it has one.
     device: Option<DeviceStep>,
     /// Recurrent models: each sequence's rows and the pool rows to read and write.
@@ -393,6 +411,7 @@ impl Runner {
         h.slots.clear();
         h.out_ids.clear();
         h.rows.clear();
+        h.row_picks.clear();
         // Each sequence's visible slots in logical order. When they ascend for every sequence,
         // attention reads a prefix of the cache and the mask picks each row's slots; a row then
         // visits its tokens in logical order. When some sequence's blocks lie out of order (after
@@ -443,6 +462,7 @@ impl Runner {
                 if s.logits.wants(ti, s.tokens.len()) {
                     h.out_ids.push(h.tokens.len() as i32 - 1);
                     h.rows.push((si, ti));
+                    h.row_picks.push(s.pick);
                 }
             }
         }
@@ -661,12 +681,30 @@ impl Runner {
             n_vocab: self.model.family().hparams().n_vocab as usize,
             rows: h.rows.clone(),
             logits: Vec::new(),
+            picked: Vec::new(),
         };
         if n_out > 0 {
-            let logits = input(LOGITS)?;
-            match &mut self.pinned {
-                Some(p) => p.read_f32(&logits, &mut out.logits)?,
-                None => logits.read(&mut out.logits)?,
+            // Picks are made on the head's accelerator: only their indices come back, and the
+            // logits only if some row wants them.
+            let picks = ctx.find(PICKS).filter(|t| t.is_allocated());
+            let mut full = true;
+            if let (Some(t), true) = (picks, h.row_picks.iter().any(|&p| p)) {
+                let mut ids: Vec<i32> = Vec::new();
+                t.read(&mut ids)?;
+                out.picked = h
+                    .row_picks
+                    .iter()
+                    .zip(&ids)
+                    .map(|(&p, &id)| p.then_some(id as TokenId))
+                    .collect();
+                full = h.row_picks.iter().any(|&p| !p);
+            }
+            if full {
+                let logits = input(LOGITS)?;
+                match &mut self.pinned {
+                    Some(p) => p.read_f32(&logits, &mut out.logits)?,
+                    None => logits.read(&mut out.logits)?,
+                }
             }
         }
         let p = &mut self.profile;
@@ -757,6 +795,12 @@ impl Runner {
                 .named(LOGITS)
                 .as_output();
             step.graph.expand(logits);
+            // With the head on an accelerator, each row's largest logit is picked there too (a
+            // greedy step then reads back one index a row instead of the vocabulary).
+            if self.pinned.is_some() {
+                let picks = ctx.argmax(logits).named(PICKS).as_output();
+                step.graph.expand(picks);
+            }
         }
         Ok(ctx)
     }
@@ -862,6 +906,8 @@ fn check_kv_fits(
 
 /// Name of the logits tensor in every graph.
 const LOGITS: &str = "axle_logits";
+/// Graph output: each logits row's largest index (I32), with the head on an accelerator.
+const PICKS: &str = "axle_picks";
 
 /// Query rows at or above which ggml's CPU flash attention switches to its tiled kernel.
 const FA_TILE_ROWS: usize = 64;

@@ -68,6 +68,7 @@ impl Sequence {
                 } else {
                     LogitRows::None
                 },
+                pick: false,
                 state: StateSlots {
                     from: std::mem::take(&mut self.state_from),
                     ..StateSlots::default()
@@ -100,6 +101,7 @@ impl Sequence {
             start_pos: self.tokens.len() as u32,
             block_table: self.table.clone(),
             logits: LogitRows::All,
+            pick: false,
             state: StateSlots {
                 from: std::mem::take(&mut self.state_from),
                 keep: tokens.len() as u32,

@@ -63,6 +63,7 @@ fn batched_logits_equal_libllama_batched_logits() {
             start_pos: 0,
             block_table: t.clone(),
             logits: LogitRows::Last,
+            pick: false,
             state: Default::default(),
         })
         .collect();
@@ -97,6 +98,7 @@ fn batched_logits_equal_libllama_batched_logits() {
                 start_pos: pos[s],
                 block_table: tables[s].clone(),
                 logits: LogitRows::Last,
+                pick: false,
                 state: Default::default(),
             };
         }

@@ -71,6 +71,7 @@ fn max_diff_by_width(
         start_pos: from as u32,
         block_table: table.clone(),
         logits,
+        pick: false,
         state: Default::default(),
     };
     runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
@@ -171,6 +172,7 @@ fn decode_logits(
         start_pos: from as u32,
         block_table: table.to_vec(),
         logits: LogitRows::Last,
+        pick: false,
         state: Default::default(),
     };
     runner.step(&[input(0, ctx)]).unwrap();
@@ -267,6 +269,7 @@ fn block_placement(device_layout: bool) {
             start_pos: from as u32,
             block_table: table.to_vec(),
             logits,
+            pick: false,
             state: Default::default(),
         };
         runner

@@ -314,6 +314,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
             start_pos: start as u32,
             block_table: table.clone(),
             logits: LogitRows::Last,
+            pick: false,
             state: StateSlots::default(),
         };
         runner.step(std::slice::from_ref(&fill))?;
@@ -327,6 +328,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
         } else {
             LogitRows::All
         },
+        pick: false,
         state: StateSlots {
             keep: k as u32 + 1,
             ..StateSlots::default()
@@ -622,6 +624,7 @@ impl EngineCore {
                     (true, 0) => LogitRows::Last,
                     (true, _) => LogitRows::All,
                 },
+                pick: s.pick,
                 state,
             });
         }
@@ -629,7 +632,7 @@ impl EngineCore {
             Ok(o) => o,
             Err(e) => return self.fail_all(&plan, e.to_string()),
         };
-        let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find(i, j));
+        let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find_row(i, j));
         if let Some(st) = &mut self.states {
             // Where each sequence's next step starts: after a verify step of d drafts with a
             // accepted, the state d - a tokens back from the step's end.
