@@ -6,6 +6,7 @@
 //! block never serves other tokens. Some requests carry an output constraint (a small automaton
 //! that also forces tokens): their output obeys it, and is the same alone and batched, with and
 //! without speculation.
+use axle_core::sampler::argmax;
 use axle_core::{
     Advanced, Allowed, ConstraintTiming, DraftConfig, FinishReason, Phase, RequestId, RequestSpec,
     RowLogits, SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
@@ -235,7 +236,7 @@ fn simulate(
     cfg: SchedulerConfig,
     cancels: bool,
 ) -> Vec<(Vec<u32>, FinishReason)> {
-    simulate_observed(arrivals, cfg, cancels, |_, _| {})
+    simulate_observed(arrivals, cfg, cancels, false, |_, _| {})
 }
 
 /// [`simulate`], showing each step's plan and the request id of each arrival to `observe`.
@@ -243,6 +244,7 @@ fn simulate_observed(
     arrivals: &[Arrival],
     cfg: SchedulerConfig,
     cancels: bool,
+    picks: bool,
     mut observe: impl FnMut(&StepPlan, &[Option<RequestId>]),
 ) -> Vec<(Vec<u32>, FinishReason)> {
     let mut s = Scheduler::new(cfg);
@@ -275,7 +277,16 @@ fn simulate_observed(
         assert!(plan.seqs.len() <= s.config().max_seqs);
         observe(&plan, &ids);
         let out = model.run(&plan);
-        s.apply(&plan, |i, j| out[i][j].as_deref().map(RowLogits::Full));
+        // With `picks`, rows of sequences that allow it come back as their largest index only,
+        // as a step whose head runs on an accelerator returns them.
+        s.apply(&plan, |i, j| {
+            let l = out[i][j].as_deref()?;
+            Some(if picks && plan.seqs[i].pick {
+                RowLogits::Picked(argmax(l))
+            } else {
+                RowLogits::Full(l)
+            })
+        });
         s.check()
             .unwrap_or_else(|e| panic!("after apply at step {step}: {e}"));
         if step > 12 && !s.has_work() {
@@ -322,6 +333,34 @@ fn with_drafts(mut c: SchedulerConfig, max_len: usize) -> SchedulerConfig {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn device_picks_change_no_output_and_only_plain_greedy_rows_allow_them(
+        arrivals in prop::collection::vec(arrival(), 1..7),
+        draft_len in 0usize..6,
+    ) {
+        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
+        let mut c = cfg(512, false, 64, 8);
+        if draft_len > 0 {
+            c = with_drafts(c, draft_len);
+        }
+        let mut picked = 0;
+        let got = simulate_observed(&arrivals, c, false, true, |plan, ids| {
+            for seq in plan.seqs.iter().filter(|q| q.pick) {
+                let a = ids.iter().position(|&id| id == Some(seq.id)).expect("arrived");
+                assert!(
+                    arrivals[a].temperature <= 0.0 && !arrivals[a].constrained,
+                    "request {a} (temperature {}, constrained {}) allowed picks",
+                    arrivals[a].temperature,
+                    arrivals[a].constrained
+                );
+                picked += 1;
+            }
+        });
+        prop_assert_eq!(got, reference);
+        let greedy = arrivals.iter().any(|a| a.temperature <= 0.0 && !a.constrained);
+        prop_assert!(!greedy || picked > 0, "no plain-greedy request was planned with picks");
+    }
 
     #[test]
     fn small_budgets_preemption_and_caching_change_no_output(
@@ -382,7 +421,7 @@ proptest! {
         }
         let mut holder: HashMap<RequestId, u32> = HashMap::new();
         let mut violations = Vec::new();
-        let got = simulate_observed(&arrivals, c, false, |plan, _| {
+        let got = simulate_observed(&arrivals, c, false, false, |plan, _| {
             if plan.seqs.len() > slots as usize {
                 violations.push(format!("{} sequences in a step, {slots} slots", plan.seqs.len()));
             }
@@ -411,7 +450,7 @@ proptest! {
 /// The prefill chunks (first position, tokens) of each arrival, in order.
 fn prefill_chunks(arrivals: &[Arrival], cfg: SchedulerConfig) -> Vec<Vec<(u32, usize)>> {
     let mut chunks = vec![Vec::new(); arrivals.len()];
-    simulate_observed(arrivals, cfg, false, |plan, ids| {
+    simulate_observed(arrivals, cfg, false, false, |plan, ids| {
         for p in &plan.seqs {
             let i = ids.iter().position(|&x| x == Some(p.id)).expect("known");
             if (p.start_pos as usize) < arrivals[i].prompt.len() {
