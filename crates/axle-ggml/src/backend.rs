@@ -405,9 +405,17 @@ impl Backend {
 
 /// The graph scheduler: allocates intermediates in compute buffers and runs a graph, splitting it
 /// across backends by where weights live (the last backend must be the CPU).
+///
+/// It has one or more slots, each a ggml scheduler of its own over the same backends, with its own
+/// compute buffers: a graph allocated in one slot stays valid while graphs run in the others. (One
+/// ggml scheduler cannot keep two graphs: it rewires a graph's inputs to copies that it frees when
+/// it schedules the next.) Keeping each step shape's graph in a slot lets an accelerator's backend
+/// replay what it recorded for it (CUDA graphs) when steps alternate shapes, as speculative decoding
+/// does.
 #[derive(Debug)]
 pub struct GraphScheduler {
-    raw: sys::ggml_backend_sched_t,
+    /// Each slot's ggml scheduler and the graph size it was made for.
+    slots: Vec<(sys::ggml_backend_sched_t, usize)>,
     _backends: Vec<Backend>,
 }
 
@@ -416,17 +424,21 @@ unsafe impl Send for GraphScheduler {}
 
 impl Drop for GraphScheduler {
     fn drop(&mut self) {
-        // SAFETY: raw came from ggml_backend_sched_new, freed once, before its backends (held below).
-        unsafe { sys::ggml_backend_sched_free(self.raw) }
+        for &(raw, _) in &self.slots {
+            // SAFETY: each raw came from ggml_backend_sched_new, freed once, before its backends
+            // (held below).
+            unsafe { sys::ggml_backend_sched_free(raw) }
+        }
     }
 }
 
 impl GraphScheduler {
-    /// A scheduler over `backends` (highest priority first, CPU last) for graphs of up to `max_nodes`.
+    /// A scheduler over `backends` (highest priority first, CPU last) with one slot for graphs of
+    /// up to `max_nodes`.
     pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<GraphScheduler> {
         let raw = Self::create(&backends, max_nodes)?;
         Ok(GraphScheduler {
-            raw,
+            slots: vec![(raw, max_nodes)],
             _backends: backends,
         })
     }
@@ -452,34 +464,54 @@ impl GraphScheduler {
         Ok(raw)
     }
 
-    /// Makes room for graphs of up to `max_nodes` (a new scheduler over the same backends; any
-    /// graph allocated by the old one must be allocated again). The scheduler clears tables of
-    /// its size at every allocation, so it is worth keeping no larger than the graphs need.
-    pub fn resize(&mut self, max_nodes: usize) -> Result<()> {
+    /// Slots made so far.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Adds a slot for graphs of up to `max_nodes`; returns its index.
+    pub fn add_slot(&mut self, max_nodes: usize) -> Result<usize> {
         let raw = Self::create(&self._backends, max_nodes)?;
+        self.slots.push((raw, max_nodes));
+        Ok(self.slots.len() - 1)
+    }
+
+    /// The graph size slot `slot` was made for.
+    pub fn capacity(&self, slot: usize) -> usize {
+        self.slots[slot].1
+    }
+
+    /// Makes room in `slot` for graphs of up to `max_nodes` (a new scheduler over the same
+    /// backends; any graph allocated by the old one must be allocated again). The scheduler
+    /// clears tables of its size at every allocation, so it is worth keeping no larger than the
+    /// graphs need.
+    pub fn resize(&mut self, slot: usize, max_nodes: usize) -> Result<()> {
+        let raw = Self::create(&self._backends, max_nodes)?;
+        let old = std::mem::replace(&mut self.slots[slot], (raw, max_nodes));
         // SAFETY: the old scheduler is ours, freed once; nothing allocated by it is used again
         // (the caller allocates its next graph on the new one).
-        unsafe { sys::ggml_backend_sched_free(self.raw) };
-        self.raw = raw;
+        unsafe { sys::ggml_backend_sched_free(old.0) };
         Ok(())
     }
 
-    /// Assigns memory to every node of `graph` (call before writing inputs).
-    pub fn alloc(&mut self, graph: &mut Graph<'_>) -> Result<()> {
+    /// Assigns memory to every node of `graph` in `slot` (call before writing inputs); the
+    /// slot's previous graph is dropped.
+    pub fn alloc(&mut self, slot: usize, graph: &mut Graph<'_>) -> Result<()> {
+        let raw = self.slots[slot].0;
         // SAFETY: live scheduler and graph. Reset drops the previous graph's assignment.
         unsafe {
-            sys::ggml_backend_sched_reset(self.raw);
-            if !sys::ggml_backend_sched_alloc_graph(self.raw, graph.raw()) {
+            sys::ggml_backend_sched_reset(raw);
+            if !sys::ggml_backend_sched_alloc_graph(raw, graph.raw()) {
                 return Err(Error::Alloc("ggml_backend_sched_alloc_graph".into()));
             }
         }
         Ok(())
     }
 
-    /// Runs an allocated graph to completion.
-    pub fn compute(&mut self, graph: &mut Graph<'_>) -> Result<()> {
-        // SAFETY: graph was allocated by `alloc` on this scheduler.
-        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.raw, graph.raw()) };
+    /// Runs a graph allocated in `slot` to completion.
+    pub fn compute(&mut self, slot: usize, graph: &mut Graph<'_>) -> Result<()> {
+        // SAFETY: graph was allocated by `alloc` in this slot.
+        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.slots[slot].0, graph.raw()) };
         if st != sys::GGML_STATUS_SUCCESS {
             return Err(Error::Compute(st));
         }

@@ -88,10 +88,10 @@ fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, th
         g.expand(whole);
         let mut sched =
             GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
-        sched.alloc(&mut g).expect("alloc");
+        sched.alloc(0, &mut g).expect("alloc");
         let xs: Vec<f32> = (0..k * n).map(|_| rng.unit() * 2.0).collect();
         x.write(&xs).expect("write x");
-        sched.compute(&mut g).expect("compute");
+        sched.compute(0, &mut g).expect("compute");
         let mut got: Vec<f32> = Vec::new();
         few.read(&mut got).expect("read");
         let mut all: Vec<f32> = Vec::new();

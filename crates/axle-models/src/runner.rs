@@ -144,6 +144,8 @@ pub struct RunnerOptions {
     /// How the device layout multiplies small columns by quantized weights (`None`: by device,
     /// see [`default_products`]).
     pub device_products: Option<DeviceProducts>,
+    /// Step shapes whose graphs are kept (`None`: by device, see `graph_slots`).
+    pub graph_slots: Option<usize>,
     /// Recurrent models: sequences that can hold state at once (state groups).
     pub state_groups: u32,
     /// Recurrent models: states kept per sequence (1 + the longest draft, for rollback).
@@ -161,6 +163,7 @@ impl Default for RunnerOptions {
             kernels: Kernels::default(),
             force_device_layout: false,
             device_products: None,
+            graph_slots: None,
             state_groups: 1,
             state_snapshots: 1,
             state_saved: 0,
@@ -235,15 +238,17 @@ pub struct Runner {
     sched: GraphScheduler,
     /// Graph nodes of a step without the device layout's ops of their own (see `MAX_NODES`).
     base_nodes: usize,
-    /// Graph nodes the scheduler has room for: grown to what the largest step so far needed.
-    sched_nodes: usize,
     opts: RunnerOptions,
     host: HostInputs,
-    /// The last graph built, with the shape it was built for. Only the last one: ggml's graph
-    /// scheduler rewires the nodes of a graph it splits across backends (their inputs point at
-    /// copies it owns and frees at the next split), so a graph cannot run again once another
-    /// graph has been scheduled (tried: CUDA steps then read freed memory).
-    cached: Option<(GraphKey, Context)>,
+    /// The graphs built for the latest step shapes, each in a scheduler slot of its own (ggml's
+    /// scheduler rewires the nodes of a graph it splits across backends to copies it frees at the
+    /// next split, so a graph runs again only in a slot no other graph has used since). With an
+    /// accelerator, several shapes are kept ([`graph_slots`]): speculative decoding alternates
+    /// decode and verify shapes, and a kept graph lets the backend replay what it recorded for it
+    /// (CUDA graphs) instead of launching every kernel again.
+    cached: Vec<CachedGraph>,
+    /// Graph shapes kept at most.
+    graph_slots: usize,
     profile: StepProfile,
     /// Page-locked host memory the logits are read back through, on an accelerator.
     pinned: Option<PinnedHost>,
@@ -331,6 +336,10 @@ impl Runner {
             let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
             base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
+        let graph_slots = opts
+            .graph_slots
+            .unwrap_or_else(|| graph_slots(!placement.accelerators().is_empty()))
+            .max(1);
         let sched = GraphScheduler::new(backends, base_nodes)?;
         // Logits come from the head's device (the last layer's, or the CPU).
         let pinned = model
@@ -347,10 +356,10 @@ impl Runner {
             state,
             sched,
             base_nodes,
-            sched_nodes: base_nodes,
             opts,
             host: HostInputs::default(),
-            cached: None,
+            cached: Vec::new(),
+            graph_slots,
             profile: StepProfile::default(),
             pinned,
         })
@@ -624,26 +633,14 @@ impl Runner {
             },
             state: self.host.state_seqs.clone(),
         };
-        let reuse = matches!(&self.cached, Some((k, _)) if *k == key);
         let t_prepared = std::time::Instant::now();
-        if !reuse {
-            self.profile.builds += 1;
-            self.cached = None;
-            let nodes = self.nodes_for(&key);
-            if nodes > self.sched_nodes {
-                self.sched_nodes = nodes.next_power_of_two();
-                self.sched.resize(self.sched_nodes)?;
-            }
-            let ctx = self.build(&key, nodes)?;
-            let mut graph = ctx
-                .existing_graph()
-                .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
-            self.sched.alloc(&mut graph)?;
-            self.cached = Some((key, ctx));
-        }
-        let Some((_, ctx)) = &self.cached else {
-            unreachable!("graph cached above")
+        let at = match self.cached.iter().position(|c| c.key == key) {
+            Some(i) => i,
+            None => self.build_in_slot(key)?,
         };
+        self.cached[at].last_used = self.profile.steps;
+        let slot = self.cached[at].slot;
+        let ctx = &self.cached[at].ctx;
         let input = |name: &str| {
             ctx.find(name)
                 .ok_or_else(|| ModelError::Batch(format!("graph input {name} missing")))
@@ -675,7 +672,7 @@ impl Runner {
             .existing_graph()
             .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
         let t_inputs = std::time::Instant::now();
-        self.sched.compute(&mut graph)?;
+        self.sched.compute(slot, &mut graph)?;
         let t_computed = std::time::Instant::now();
         let mut out = StepOutput {
             n_vocab: self.model.family().hparams().n_vocab as usize,
@@ -720,6 +717,40 @@ impl Runner {
     /// Where the steps since the last call spent their time (and starts a new count).
     pub fn take_profile(&mut self) -> StepProfile {
         std::mem::take(&mut self.profile)
+    }
+
+    /// Builds the graph of step shape `key` into a free slot, or the least recently used one's;
+    /// returns its index in `cached`.
+    fn build_in_slot(&mut self, key: GraphKey) -> Result<usize, ModelError> {
+        self.profile.builds += 1;
+        let slot = if self.cached.len() < self.graph_slots {
+            let free = self.cached.len();
+            if free >= self.sched.slots() {
+                self.sched.add_slot(self.base_nodes)?;
+            }
+            free
+        } else {
+            let lru = (0..self.cached.len())
+                .min_by_key(|&i| self.cached[i].last_used)
+                .unwrap_or(0);
+            self.cached.swap_remove(lru).slot
+        };
+        let nodes = self.nodes_for(&key);
+        if nodes > self.sched.capacity(slot) {
+            self.sched.resize(slot, nodes.next_power_of_two())?;
+        }
+        let ctx = self.build(&key, nodes)?;
+        let mut graph = ctx
+            .existing_graph()
+            .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
+        self.sched.alloc(slot, &mut graph)?;
+        self.cached.push(CachedGraph {
+            key,
+            ctx,
+            slot,
+            last_used: self.profile.steps,
+        });
+        Ok(self.cached.len() - 1)
     }
 
     /// Graph nodes a step of this shape needs: the base, plus a few dozen per layer for every op
@@ -950,6 +981,38 @@ fn attention_groups(lens: impl IntoIterator<Item = usize>) -> Vec<(i64, i64)> {
     }
     groups
 }
+
+/// A built graph kept for its step shape.
+#[derive(Debug)]
+struct CachedGraph {
+    key: GraphKey,
+    ctx: Context,
+    /// The scheduler slot it is allocated in.
+    slot: usize,
+    /// The step count when it last ran.
+    last_used: u64,
+}
+
+/// Step shapes whose graphs a runner keeps: several with an accelerator (see `Runner::cached`),
+/// one on the CPU alone (it records nothing to replay, and each kept graph holds compute buffers
+/// of its own). `AXLE_GRAPH_SLOTS=N` overrides it (a diagnostic: comparing on one device).
+fn graph_slots(accelerated: bool) -> usize {
+    if let Some(n) = std::env::var("AXLE_GRAPH_SLOTS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
+    if accelerated {
+        GRAPH_SLOTS
+    } else {
+        1
+    }
+}
+
+/// Step shapes kept with an accelerator: a decode step and verify steps of up to three drafts.
+const GRAPH_SLOTS: usize = 4;
 
 /// The shape of a step: graphs with equal keys are interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq)]

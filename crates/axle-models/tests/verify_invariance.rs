@@ -41,6 +41,7 @@ fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Mo
             kv_slots,
             force_device_layout: device_layout,
             device_products: None,
+            graph_slots: None,
             ..Default::default()
         },
     )
@@ -298,5 +299,72 @@ fn block_placement(device_layout: bool) {
             "{name}: batched rows differ by placement"
         );
         println!("{name}: identical logits for ascending, descending, shuffled and batched blocks");
+    }
+}
+
+/// Keeping several step shapes' graphs, as a runner with an accelerator does (so that its backend
+/// replays what it recorded for each), changes no logits: decode and verify steps alternate, each
+/// reusing its kept graph, and give the logits of a runner that rebuilds its one graph whenever
+/// the shape changes, bit for bit.
+#[test]
+fn kept_graphs_change_no_logits() {
+    for name in [common::SMOLLM2, "qwen3moe-tiny.gguf"] {
+        let path = if name.ends_with("-tiny.gguf") {
+            common::fixture(name)
+        } else {
+            common::model(name)
+        };
+        let model = Arc::new(Model::load(path, &ModelOptions::cpu(2)).unwrap());
+        let tokens = model.tokenizer.encode(TEXT, true, false);
+        let run = |slots: usize| {
+            let mut runner = Runner::new(
+                model.clone(),
+                RunnerOptions {
+                    kv_slots: 512,
+                    graph_slots: Some(slots),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let table: Vec<u32> = (0..512 / runner.options().block_size).collect();
+            let input = |from: usize, to: usize, logits| SeqInput {
+                tokens: tokens[from..to].to_vec(),
+                start_pos: from as u32,
+                block_table: table.clone(),
+                logits,
+                pick: false,
+                state: Default::default(),
+            };
+            let ctx = tokens.len() - 12;
+            runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
+            let mut logits = Vec::new();
+            // A decode step, then a verify step of 3 drafts over the next positions, in turn.
+            for i in (ctx..tokens.len() - 4).step_by(4) {
+                logits.push(
+                    runner
+                        .step(&[input(i, i + 1, LogitRows::Last)])
+                        .unwrap()
+                        .logits,
+                );
+                logits.push(
+                    runner
+                        .step(&[input(i + 1, i + 4, LogitRows::All)])
+                        .unwrap()
+                        .logits,
+                );
+            }
+            (logits, runner.take_profile())
+        };
+        let (one, one_profile) = run(1);
+        let (kept, kept_profile) = run(3);
+        assert_eq!(one, kept, "{name}: kept graphs changed the logits");
+        assert_eq!(
+            one_profile.builds, one_profile.steps,
+            "{name}: one slot rebuilds"
+        );
+        assert_eq!(
+            kept_profile.builds, 3,
+            "{name}: three slots build the prefill, decode and verify graphs once each"
+        );
     }
 }

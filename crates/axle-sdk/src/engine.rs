@@ -395,6 +395,7 @@ impl EngineCore {
                 kernels: cfg.kernels,
                 force_device_layout: false,
                 device_products: None,
+                graph_slots: None,
                 state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
