@@ -93,6 +93,14 @@ impl DType {
         )
     }
 
+    /// Whether the type is a float format (F32, F16, BF16).
+    pub fn is_float(self) -> bool {
+        matches!(
+            self.0,
+            sys::GGML_TYPE_F32 | sys::GGML_TYPE_F16 | sys::GGML_TYPE_BF16
+        )
+    }
+
     /// Whether the type is a quantized block format.
     pub fn is_quantized(self) -> bool {
         // SAFETY: pure function of a valid type id.

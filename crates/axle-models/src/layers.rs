@@ -72,6 +72,14 @@ pub enum Kernels {
 /// Columns per K-quant matrix product (below the 8 at which ggml's tiled GEMM takes over).
 const MATMUL_SLICE: i64 = 4;
 
+/// Columns from which ggml's CPU backend multiplies float (F32, F16, BF16) weights with one
+/// kernel: llamafile's tiled sgemm, whose per-column sums do not depend on the width, takes them
+/// from 2 columns on x86 (4 for F32 on NEON), and below that ggml's dot product, which sums in
+/// another order. So in a one-token step a float product (the routers of MoE layers are F32) gets
+/// zero columns beside its column: a router's logits then do not depend on how many tokens share
+/// the step, which a near tie in expert selection would turn into another expert.
+const FLOAT_MIN_COLS: i64 = 4;
+
 /// Visible slots from which ggml's CPU flash attention runs a one-row op with its split-KV kernel
 /// (each thread a chunk of the slots, partial softmaxes merged), which rounds differently from the
 /// one-pass kernel every wider op uses.
@@ -145,6 +153,9 @@ impl<'a> Step<'a> {
             if let Some(y) = g.mul_mat_few(w_t, x) {
                 return y;
             }
+            if let Some(y) = self.float_padded(w_t, x) {
+                return y;
+            }
         }
         if self.kernels != Kernels::BatchInvariant
             || n < 8
@@ -155,6 +166,22 @@ impl<'a> Step<'a> {
             return g.mul_mat(w_t, x);
         }
         self.mul_mat_grouped(w_t, x, MATMUL_SLICE)
+    }
+
+    /// `w @ x` for a float weight in host memory and fewer than [`FLOAT_MIN_COLS`] columns of
+    /// `x` [k, n, h]: padded with zero columns to that width, so that it takes the kernel a wider
+    /// step's product takes (see [`FLOAT_MIN_COLS`]); `None` for other weights and widths.
+    fn float_padded(&self, w: Tensor<'a>, x: Tensor<'a>) -> Option<Tensor<'a>> {
+        let [_, n, h, rest] = x.ne();
+        if !w.dtype().is_float() || n >= FLOAT_MIN_COLS || rest != 1 || !w.is_plain_host() {
+            return None;
+        }
+        let g = self.ctx;
+        let y = g.mul_mat(w, g.pad_cols(x, FLOAT_MIN_COLS - n));
+        let nb = y.nb();
+        let first = g.view(y, &[w.ne()[1], n, h], &[nb[1], nb[2]], 0);
+        // One head: the first n columns are contiguous already.
+        Some(if h == 1 { first } else { g.cont(first) })
     }
 
     /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
@@ -271,6 +298,11 @@ impl<'a> Step<'a> {
         let [k, n, h, _] = x.ne();
         let d = match &self.device {
             Some(d) if self.kernels == Kernels::BatchInvariant && w_t.is_on_device() && n > 1 => d,
+            _ if self.kernels == Kernels::BatchInvariant => {
+                return self
+                    .float_padded(w_t, x)
+                    .unwrap_or_else(|| g.mul_mat(w_t, x))
+            }
             _ => return g.mul_mat(w_t, x),
         };
         let nb = x.nb();

@@ -138,6 +138,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "gemma4moe-tiny.gguf",
         "gemma4-tiny.gguf",
         "deepseek2-tiny.gguf",
+        "deepseek2-v3-tiny.gguf",
         "gpt-oss-tiny.gguf",
         "glm4moe-tiny.gguf",
     ] {

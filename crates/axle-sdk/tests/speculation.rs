@@ -294,6 +294,15 @@ fn greedy_speculation_is_exact_deepseek2_fixture() {
     greedy_exactness("deepseek2-tiny.gguf", Drafts::AsTheyCome);
 }
 
+/// DeepSeek-V3 style: YaRN and grouped expert selection. One position of the test prompts has a
+/// near tie between experts, which the router's F32 product used to break differently in a
+/// one-token step (ggml's dot product) and a wider one (llamafile's sgemm): see
+/// `FLOAT_MIN_COLS` in `axle-models/src/layers.rs`.
+#[test]
+fn greedy_speculation_is_exact_deepseek2_v3_fixture() {
+    greedy_exactness("deepseek2-v3-tiny.gguf", Drafts::AsTheyCome);
+}
+
 /// Hybrid linear attention: a verify step keeps the recurrent state after each of its tokens,
 /// and the next step starts from the one the accepted tokens end at.
 #[test]
