@@ -194,22 +194,9 @@ impl LlamaOracle {
         parse_special: bool,
     ) -> Result<Vec<Token>> {
         let mut out = vec![0; text.len() + 8];
-        // SAFETY: text pointer/len pair is valid; out has the capacity passed.
-        let n = unsafe {
-            sys::llama_tokenize(
-                self.vocab(),
-                text.as_ptr().cast(),
-                text.len() as i32,
-                out.as_mut_ptr(),
-                out.len() as i32,
-                add_special,
-                parse_special,
-            )
-        };
-        if n < 0 {
-            out.resize((-n) as usize, 0);
-            // SAFETY: retried with the size libllama asked for.
-            let n2 = unsafe {
+        let tokenize = |out: &mut Vec<Token>| {
+            // SAFETY: text pointer/len pair is valid; out has the capacity passed.
+            unsafe {
                 sys::llama_tokenize(
                     self.vocab(),
                     text.as_ptr().cast(),
@@ -219,35 +206,27 @@ impl LlamaOracle {
                     add_special,
                     parse_special,
                 )
-            };
-            if n2 < 0 {
+            }
+        };
+        let mut n = tokenize(&mut out);
+        if n < 0 {
+            // Retried with the size libllama asked for.
+            out.resize((-n) as usize, 0);
+            n = tokenize(&mut out);
+            if n < 0 {
                 return Err(Error::Oracle("tokenize failed".into()));
             }
-            out.truncate(n2 as usize);
-        } else {
-            out.truncate(n as usize);
         }
+        out.truncate(n as usize);
         Ok(out)
     }
 
     /// libllama's bytes for one token (`special` renders control tokens).
     pub fn token_to_piece(&self, token: Token, special: bool) -> Vec<u8> {
         let mut buf = vec![0u8; 64];
-        // SAFETY: buf has the length passed; retried with the size requested.
-        let n = unsafe {
-            sys::llama_token_to_piece(
-                self.vocab(),
-                token,
-                buf.as_mut_ptr().cast(),
-                buf.len() as i32,
-                0,
-                special,
-            )
-        };
-        if n < 0 {
-            buf.resize((-n) as usize, 0);
-            // SAFETY: as above.
-            let n = unsafe {
+        let piece = |buf: &mut Vec<u8>| {
+            // SAFETY: buf has the length passed.
+            unsafe {
                 sys::llama_token_to_piece(
                     self.vocab(),
                     token,
@@ -256,11 +235,15 @@ impl LlamaOracle {
                     0,
                     special,
                 )
-            };
-            buf.truncate(n.max(0) as usize);
-        } else {
-            buf.truncate(n as usize);
+            }
+        };
+        let mut n = piece(&mut buf);
+        if n < 0 {
+            // Retried with the size libllama asked for.
+            buf.resize((-n) as usize, 0);
+            n = piece(&mut buf);
         }
+        buf.truncate(n.max(0) as usize);
         buf
     }
 

@@ -223,15 +223,21 @@ impl<'a> Tensor<'a> {
         Ok(())
     }
 
-    /// Copies `out.len()` raw bytes out of the tensor from byte `offset`.
-    pub fn read_bytes_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        if !self.is_allocated() || offset + out.len() > self.nbytes() {
+    /// Checks that bytes `offset..end` lie in the tensor's allocated memory.
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        if !self.is_allocated() || offset + len > self.nbytes() {
             return Err(Error::DataSize {
                 name: self.name(),
                 tensor: self.nbytes(),
-                given: offset + out.len(),
+                given: offset + len,
             });
         }
+        Ok(())
+    }
+
+    /// Copies `out.len()` raw bytes out of the tensor from byte `offset`.
+    pub fn read_bytes_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
         // SAFETY: bounds checked above; tensor is allocated.
         unsafe {
             sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
@@ -241,13 +247,7 @@ impl<'a> Tensor<'a> {
 
     /// Copies raw bytes into part of the tensor at byte `offset`.
     pub fn write_bytes_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        if !self.is_allocated() || offset + data.len() > self.nbytes() {
-            return Err(Error::DataSize {
-                name: self.name(),
-                tensor: self.nbytes(),
-                given: offset + data.len(),
-            });
-        }
+        self.check_range(offset, data.len())?;
         // SAFETY: bounds checked above; tensor is allocated.
         unsafe {
             sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())

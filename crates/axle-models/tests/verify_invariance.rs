@@ -49,6 +49,18 @@ fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Mo
     (model, runner)
 }
 
+/// One sequence's share of a step: tokens `from..to` of `tokens`, stored in the blocks `table`.
+fn seq_input(tokens: &[u32], from: usize, to: usize, table: &[u32], logits: LogitRows) -> SeqInput {
+    SeqInput {
+        tokens: tokens[from..to].to_vec(),
+        start_pos: from as u32,
+        block_table: table.to_vec(),
+        logits,
+        pick: false,
+        state: Default::default(),
+    }
+}
+
 /// Largest |difference| between the logits of each width-w verify step and the decode steps, for
 /// widths 1..=max_w, with the sequence's blocks at `first_block`, `first_block + stride`, ...
 fn max_diff_by_width(
@@ -67,14 +79,7 @@ fn max_diff_by_width(
     let table: Vec<u32> = (0..256 / runner.options().block_size)
         .map(|i| first_block + i * stride)
         .collect();
-    let input = |from: usize, to: usize, logits| SeqInput {
-        tokens: tokens[from..to].to_vec(),
-        start_pos: from as u32,
-        block_table: table.clone(),
-        logits,
-        pick: false,
-        state: Default::default(),
-    };
+    let input = |from: usize, to: usize, logits| seq_input(&tokens, from, to, &table, logits);
     runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
     // Reference: one token per step.
     let mut one: Vec<Vec<f32>> = Vec::new();
@@ -169,14 +174,7 @@ fn decode_logits(
     decode: usize,
 ) -> Vec<Vec<f32>> {
     let ctx = tokens.len() - decode;
-    let input = |from: usize, to: usize| SeqInput {
-        tokens: tokens[from..to].to_vec(),
-        start_pos: from as u32,
-        block_table: table.to_vec(),
-        logits: LogitRows::Last,
-        pick: false,
-        state: Default::default(),
-    };
+    let input = |from: usize, to: usize| seq_input(tokens, from, to, table, LogitRows::Last);
     runner.step(&[input(0, ctx)]).unwrap();
     (ctx..tokens.len())
         .map(|i| runner.step(&[input(i, i + 1)]).unwrap().row(0).to_vec())
@@ -266,13 +264,8 @@ fn block_placement(device_layout: bool) {
         let other: Vec<u32> = (0..need).map(|b| b + 40).collect();
         assert!(other.iter().all(|b| !shuffled.contains(b)));
         let ctx = tokens.len() - 1;
-        let seq = |table: &[u32], from: usize, to: usize, logits| SeqInput {
-            tokens: tokens[from..to].to_vec(),
-            start_pos: from as u32,
-            block_table: table.to_vec(),
-            logits,
-            pick: false,
-            state: Default::default(),
+        let seq = |table: &[u32], from: usize, to: usize, logits| {
+            seq_input(&tokens, from, to, table, logits)
         };
         runner
             .step(&[seq(&ascending, 0, ctx, LogitRows::None)])
@@ -328,14 +321,8 @@ fn kept_graphs_change_no_logits() {
             )
             .unwrap();
             let table: Vec<u32> = (0..512 / runner.options().block_size).collect();
-            let input = |from: usize, to: usize, logits| SeqInput {
-                tokens: tokens[from..to].to_vec(),
-                start_pos: from as u32,
-                block_table: table.clone(),
-                logits,
-                pick: false,
-                state: Default::default(),
-            };
+            let input =
+                |from: usize, to: usize, logits| seq_input(&tokens, from, to, &table, logits);
             let ctx = tokens.len() - 12;
             runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
             let mut logits = Vec::new();

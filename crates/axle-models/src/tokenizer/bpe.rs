@@ -81,17 +81,7 @@ struct Cand {
     rank: u32,
     text: String,
 }
-impl PartialEq for Cand {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Cand {}
-impl PartialOrd for Cand {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
+order_from_cmp!(Cand);
 impl Ord for Cand {
     // Max-heap order: the lowest rank, then the leftmost pair, comes out first.
     fn cmp(&self, o: &Self) -> Ordering {

@@ -6,6 +6,24 @@
 //! names, token types and scores, and its SPM path is a score-ordered bigram merge that differs from
 //! HF's Unigram model. The algorithms follow the published BPE and SentencePiece descriptions; the
 //! test suite checks every id against libllama.
+/// `PartialEq`, `Eq` and `PartialOrd` of a merge candidate from its `Ord` (the heap order both
+/// tokenizers define by hand).
+macro_rules! order_from_cmp {
+    ($t:ty) => {
+        impl PartialEq for $t {
+            fn eq(&self, o: &Self) -> bool {
+                self.cmp(o) == std::cmp::Ordering::Equal
+            }
+        }
+        impl Eq for $t {}
+        impl PartialOrd for $t {
+            fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(o))
+            }
+        }
+    };
+}
+
 mod bpe;
 mod spm;
 mod stream;

@@ -20,17 +20,7 @@ struct Cand {
     len: usize,
 }
 
-impl PartialEq for Cand {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Cand {}
-impl PartialOrd for Cand {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
+order_from_cmp!(Cand);
 impl Ord for Cand {
     // Max-heap: higher score first, then the leftmost pair.
     fn cmp(&self, o: &Self) -> Ordering {
