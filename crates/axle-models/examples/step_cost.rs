@@ -46,11 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokens: toks[ctx..ctx + k + 1].to_vec(),
         start_pos: ctx as u32,
         block_table: table.clone(),
-        logits: if k == 0 {
-            LogitRows::Last
-        } else {
-            LogitRows::All
-        },
+        logits: LogitRows::for_drafts(k),
         pick: false,
         state: axle_models::StateSlots {
             keep: if keep_all { k as u32 + 1 } else { 1 },

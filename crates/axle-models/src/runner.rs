@@ -26,6 +26,16 @@ pub enum LogitRows {
 }
 
 impl LogitRows {
+    /// The rows a decoding step of a sequence with `drafts` draft tokens wants: the last one for
+    /// a plain decode, every one to verify drafts.
+    pub fn for_drafts(drafts: usize) -> LogitRows {
+        if drafts == 0 {
+            LogitRows::Last
+        } else {
+            LogitRows::All
+        }
+    }
+
     /// Whether token `ti` of `n` wants its logits.
     fn wants(self, ti: usize, n: usize) -> bool {
         match self {

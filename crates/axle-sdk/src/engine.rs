@@ -323,11 +323,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
         tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
         start_pos: context,
         block_table: table.clone(),
-        logits: if k == 0 {
-            LogitRows::Last
-        } else {
-            LogitRows::All
-        },
+        logits: LogitRows::for_drafts(k),
         pick: false,
         state: StateSlots {
             keep: k as u32 + 1,
@@ -620,10 +616,10 @@ impl EngineCore {
                 tokens: s.tokens.clone(),
                 start_pos: s.start_pos,
                 block_table: s.block_table.clone(),
-                logits: match (s.wants_logits, s.n_draft) {
-                    (false, _) => LogitRows::None,
-                    (true, 0) => LogitRows::Last,
-                    (true, _) => LogitRows::All,
+                logits: if s.wants_logits {
+                    LogitRows::for_drafts(s.n_draft)
+                } else {
+                    LogitRows::None
                 },
                 pick: s.pick,
                 state,

@@ -37,8 +37,6 @@ pub struct Gemma3 {
     hp: Hparams,
     /// RoPE of the sliding-window layers (their own base, no scaling).
     rope_swa: RopeParams,
-    /// Window of the local layers (tokens), if any.
-    window: Option<u32>,
     /// Final logit softcap (0 = off).
     final_softcap: f32,
     head: Head,
@@ -47,11 +45,12 @@ pub struct Gemma3 {
 
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, "gemma3", 2)?;
+    let mut hp = Hparams::from_gguf(f, "gemma3", 2)?;
     let window = f
         .int_opt("gemma3.attention.sliding_window")?
         .filter(|&w| w > 0)
         .map(|w| w as u32);
+    hp.sliding_window = window;
     let sliding = match window {
         Some(_) => sliding_layers(f, "gemma3", hp.n_layer, 6)?,
         None => vec![false; hp.n_layer],
@@ -91,7 +90,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         head,
         layers,
         rope_swa,
-        window,
         final_softcap,
         hp,
     }))
@@ -100,10 +98,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
 impl Family for Gemma3 {
     fn hparams(&self) -> &Hparams {
         &self.hp
-    }
-
-    fn sliding_window(&self) -> Option<u32> {
-        self.window
     }
 
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {

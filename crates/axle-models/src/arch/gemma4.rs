@@ -107,7 +107,6 @@ pub struct Gemma4 {
     /// RoPE of the global layers (with the file's frequency factors) and of the local ones.
     rope_full: RopeParams,
     rope_swa: RopeParams,
-    window: u32,
     final_softcap: f32,
     moe: Option<MoeConfig>,
     head: Head,
@@ -125,7 +124,7 @@ fn key(k: &str) -> String {
 
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, ARCH, 2)?;
+    let mut hp = Hparams::from_gguf(f, ARCH, 2)?;
     let nl = hp.n_layer;
     let sliding = sliding_layers(f, ARCH, nl, 6)?;
     let n_head = per_layer(f, &key("attention.head_count"), nl)?.unwrap_or(vec![hp.n_head; nl]);
@@ -173,6 +172,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         .filter(|&w| w > 0)
         .ok_or_else(|| bad(&key("attention.sliding_window"), "must be set and positive"))?
         as u32;
+    hp.sliding_window = Some(window);
     let mut shapes = Vec::with_capacity(nl);
     for il in 0..nl {
         let (h, hkv) = (n_head[il], n_head_kv[il]);
@@ -332,7 +332,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         layers,
         rope_full,
         rope_swa,
-        window,
         final_softcap,
         moe,
         hp,
@@ -342,10 +341,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
 impl Family for Gemma4 {
     fn hparams(&self) -> &Hparams {
         &self.hp
-    }
-
-    fn sliding_window(&self) -> Option<u32> {
-        Some(self.window)
     }
 
     fn kv_dims(&self) -> Vec<(i64, i64)> {

@@ -49,14 +49,13 @@ pub struct GptOss {
     head: Head,
     layers: Vec<Layer>,
     moe: MoeConfig,
-    window: Option<u32>,
     /// RoPE of the sliding-window layers (`rope.freq_base_swa` when the file has it).
     rope_swa: RopeParams,
 }
 
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
-    let hp = Hparams::from_gguf(f, ARCH, 2)?;
+    let mut hp = Hparams::from_gguf(f, ARCH, 2)?;
     let w = Weights::new(store);
     let (e, v) = (hp.n_embd, hp.n_vocab);
     let (q_dim, kv_dim) = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k);
@@ -69,6 +68,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         .int_opt(&format!("{ARCH}.attention.sliding_window"))?
         .filter(|&w| w > 0)
         .map(|w| w as u32);
+    hp.sliding_window = window;
     let sliding = match window {
         Some(_) => sliding_layers(f, ARCH, hp.n_layer, 2)?,
         None => vec![false; hp.n_layer],
@@ -100,7 +100,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         head: Head::bind(&w, e, v)?,
         layers,
         moe,
-        window,
         rope_swa,
         hp,
     }))
@@ -109,10 +108,6 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
 impl Family for GptOss {
     fn hparams(&self) -> &Hparams {
         &self.hp
-    }
-
-    fn sliding_window(&self) -> Option<u32> {
-        self.window
     }
 
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {

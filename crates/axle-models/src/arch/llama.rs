@@ -44,8 +44,6 @@ pub struct Llama {
     rope_freqs: Option<StoredTensor>,
     layers: Vec<Layer>,
     attn: AttnSpec,
-    /// Sliding window of every layer (Mistral), if set.
-    window: Option<u32>,
 }
 
 /// What distinguishes the Llama-shaped families from each other.
@@ -116,11 +114,11 @@ pub fn load_variant(
         ));
     }
     hp.n_layer -= nextn as usize;
-    let window = f
+    hp.sliding_window = f
         .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
         .filter(|&w| w > 0)
         .map(|w| w as u32);
-    Ok(Box::new(Llama::new(f, hp, store, variant, window)?))
+    Ok(Box::new(Llama::new(f, hp, store, variant)?))
 }
 
 impl Llama {
@@ -129,7 +127,6 @@ impl Llama {
         hp: Hparams,
         store: &TensorStore,
         variant: Variant,
-        window: Option<u32>,
     ) -> Result<Llama, ModelError> {
         let w = Weights::new(store);
         let (e, v, ff) = (hp.n_embd, hp.n_vocab, hp.n_ff);
@@ -222,14 +219,13 @@ impl Llama {
             head_dim_v: hp.head_dim_v,
             scale: 1.0 / (hp.head_dim_k as f32).sqrt(),
             softcap: 0.0,
-            sliding: window.is_some(),
+            sliding: hp.sliding_window.is_some(),
         };
         Ok(Llama {
             head,
             rope_freqs: w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?,
             layers,
             attn,
-            window,
             hp,
         })
     }
@@ -238,10 +234,6 @@ impl Llama {
 impl Family for Llama {
     fn hparams(&self) -> &Hparams {
         &self.hp
-    }
-
-    fn sliding_window(&self) -> Option<u32> {
-        self.window
     }
 
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {

@@ -25,7 +25,7 @@ pub trait Family: Send + Sync + std::fmt::Debug {
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a>;
     /// Sliding window of the model's local-attention layers, if any.
     fn sliding_window(&self) -> Option<u32> {
-        None
+        self.hparams().sliding_window
     }
     /// (K, V) widths of each cache layer: one per layer by default; fewer where later layers
     /// reuse earlier layers' keys and values, and widths that differ where local and global
@@ -72,6 +72,9 @@ pub struct Hparams {
     pub n_ctx_train: u32,
     /// Rotary embedding parameters.
     pub rope: RopeParams,
+    /// Sliding window of the local-attention layers, if the family has them (set by the
+    /// family from its metadata).
+    pub sliding_window: Option<u32>,
 }
 
 impl Hparams {
@@ -197,6 +200,7 @@ impl Hparams {
                 .map_or(Ok(2048), u32::try_from)
                 .map_err(|_| bad(&key("context_length"), "is not a context length"))?,
             rope,
+            sliding_window: None,
         };
         hp.check(f)?;
         Ok(hp)
