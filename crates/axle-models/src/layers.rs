@@ -172,16 +172,27 @@ impl<'a> Step<'a> {
     /// `x` [k, n, h]: padded with zero columns to that width, so that it takes the kernel a wider
     /// step's product takes (see [`FLOAT_MIN_COLS`]); `None` for other weights and widths.
     fn float_padded(&self, w: Tensor<'a>, x: Tensor<'a>) -> Option<Tensor<'a>> {
-        let [_, n, h, rest] = x.ne();
+        let [_, n, _, rest] = x.ne();
         if !w.dtype().is_float() || n >= FLOAT_MIN_COLS || rest != 1 || !w.is_plain_host() {
             return None;
         }
+        Some(self.mul_mat_padded(w, x, FLOAT_MIN_COLS))
+    }
+
+    /// `w @ x` for `x` [k, n, h] with fewer than `cols` columns: `x` padded with zero columns to
+    /// `cols`, and the product's first `n` columns.
+    fn mul_mat_padded(&self, w: Tensor<'a>, x: Tensor<'a>, cols: i64) -> Tensor<'a> {
         let g = self.ctx;
-        let y = g.mul_mat(w, g.pad_cols(x, FLOAT_MIN_COLS - n));
+        let [_, n, h, _] = x.ne();
+        let y = g.mul_mat(w, g.pad_cols(x, cols - n));
         let nb = y.nb();
         let first = g.view(y, &[w.ne()[1], n, h], &[nb[1], nb[2]], 0);
         // One head: the first n columns are contiguous already.
-        Some(if h == 1 { first } else { g.cont(first) })
+        if h == 1 {
+            first
+        } else {
+            g.cont(first)
+        }
     }
 
     /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
@@ -259,7 +270,6 @@ impl<'a> Step<'a> {
         let g = self.ctx;
         let [k, n, ..] = x.ne();
         let nb1 = x.nb()[1];
-        let m = w.ne()[1];
         let mut pieces = Vec::new();
         let mut first = 0;
         while first < n {
@@ -270,8 +280,7 @@ impl<'a> Step<'a> {
                 g.view(x, &[k, cols], &[nb1], first as usize * nb1)
             };
             pieces.push(if cols < WIDE_MIN_COLS {
-                let y = g.mul_mat(w, g.pad_cols(xs, WIDE_MIN_COLS - cols));
-                g.view(y, &[m, cols], &[y.nb()[1]], 0)
+                self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
             } else {
                 g.mul_mat(w, xs)
             });

@@ -733,17 +733,32 @@ impl Runner {
     /// returns its index in `cached`.
     fn build_in_slot(&mut self, key: GraphKey) -> Result<usize, ModelError> {
         self.profile.builds += 1;
-        let slot = if self.cached.len() < self.graph_slots {
-            let free = self.cached.len();
-            if free >= self.sched.slots() {
-                self.sched.add_slot(self.base_nodes)?;
+        // Slot 0 holds the graph of the last wide step (a prefill chunk): wide steps' compute
+        // buffers are the large ones, so only one is kept. Small steps (decoding and verifying,
+        // alone or batched) keep theirs in the other slots, least recently used out.
+        let small = self.graph_slots > 1 && key.n_tokens <= KEPT_STEP_TOKENS;
+        let slot = if small {
+            let taken: Vec<usize> = self.cached.iter().map(|c| c.slot).collect();
+            match (1..self.graph_slots).find(|s| !taken.contains(s)) {
+                Some(free) => {
+                    while self.sched.slots() <= free {
+                        self.sched.add_slot(self.base_nodes)?;
+                    }
+                    free
+                }
+                None => {
+                    let lru = (0..self.cached.len())
+                        .filter(|&i| self.cached[i].slot > 0)
+                        .min_by_key(|&i| self.cached[i].last_used)
+                        .unwrap_or(0);
+                    self.cached.swap_remove(lru).slot
+                }
             }
-            free
         } else {
-            let lru = (0..self.cached.len())
-                .min_by_key(|&i| self.cached[i].last_used)
-                .unwrap_or(0);
-            self.cached.swap_remove(lru).slot
+            if let Some(i) = self.cached.iter().position(|c| c.slot == 0) {
+                self.cached.swap_remove(i);
+            }
+            0
         };
         let nodes = self.nodes_for(&key);
         if nodes > self.sched.capacity(slot) {
@@ -1021,8 +1036,13 @@ fn graph_slots(accelerated: bool) -> usize {
     }
 }
 
-/// Step shapes kept with an accelerator: a decode step and verify steps of up to three drafts.
-const GRAPH_SLOTS: usize = 4;
+/// Graphs kept with an accelerator: one wide step's and five small ones' (a decode step and
+/// verify steps of up to four drafts, or batched steps of as many shapes).
+const GRAPH_SLOTS: usize = 6;
+
+/// Steps of at most this many tokens count as small: their graphs are kept beside each other.
+/// Wider steps (prefill chunks) share one slot, so that kept compute buffers stay small.
+const KEPT_STEP_TOKENS: i64 = 256;
 
 /// The shape of a step: graphs with equal keys are interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq)]
