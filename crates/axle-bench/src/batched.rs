@@ -141,13 +141,13 @@ fn axle_run(
     let wall = t.elapsed().as_secs_f64();
     let p = e.take_profile();
     let [prepare, build, inputs, compute, logits] = p.per_step_us().map(|us| us / 1e3);
-    let step_ms = wall * 1e3 / steps as f64;
+    let (step_ms, host_ms) = (wall * 1e3 / steps as f64, prepare + build + inputs);
     let split = StepSplit {
         step_ms,
-        host_ms: prepare + build + inputs,
+        host_ms,
         compute_ms: compute,
         logits_ms: logits,
-        engine_ms: step_ms - (prepare + build + inputs + compute + logits),
+        engine_ms: step_ms - (host_ms + compute + logits),
     };
     Ok((tokens as f64 / wall, split))
 }
