@@ -1,7 +1,7 @@
 //! `axle bench batched`: aggregate decode throughput with N concurrent sequences, Axle's engine
 //! (scheduler + paged KV + one graph per step) against libllama's own multi-sequence batched decode
 //! with the same sequences, prompts and greedy token choice, in one process.
-use crate::stats::{median, synthetic_tokens};
+use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::{Kernels, Model};
@@ -38,16 +38,9 @@ pub struct BatchedOptions {
 pub struct BatchedRow {
     /// Sequences decoding together.
     pub sequences: usize,
-    /// Axle aggregate tok/s per repetition.
-    pub axle: Vec<f64>,
-    /// libllama aggregate tok/s per repetition.
-    pub llama: Vec<f64>,
-    /// Medians and ratio.
-    pub axle_median: f64,
-    /// Median libllama tok/s.
-    pub llama_median: f64,
-    /// axle / libllama.
-    pub ratio: f64,
+    /// Aggregate tok/s, Axle against libllama.
+    #[serde(flatten)]
+    pub tok_s: Paired,
     /// Axle with shape-dependent kernels, per repetition (empty unless asked for).
     pub axle_fast: Vec<f64>,
     /// Where Axle's decode steps spent their time (the last repetition).
@@ -238,14 +231,9 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             }
             bar.inc(1);
         }
-        let (am, lm) = (median(&a), median(&l));
         rows.push(BatchedRow {
             sequences: b,
-            axle: a,
-            llama: l,
-            axle_median: am,
-            llama_median: lm,
-            ratio: am / lm,
+            tok_s: Paired::new(a, l),
             axle_fast: f,
             split,
             fast_split,

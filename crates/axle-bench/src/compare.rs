@@ -1,6 +1,6 @@
 //! `axle bench compare`: prefill and decode throughput of Axle against libllama on one model, in
 //! one process, same threads, interleaved repetitions, medians and ratios.
-use crate::stats::{median, synthetic_tokens};
+use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::{Model, Runner, RunnerOptions, Sequence, StepProfile};
@@ -33,16 +33,9 @@ pub struct CompareOptions {
 pub struct CompareRow {
     /// "pp128", "tg128", ...
     pub test: String,
-    /// Axle tok/s per repetition.
-    pub axle: Vec<f64>,
-    /// libllama tok/s per repetition.
-    pub llama: Vec<f64>,
-    /// Median Axle tok/s.
-    pub axle_median: f64,
-    /// Median libllama tok/s.
-    pub llama_median: f64,
-    /// axle_median / llama_median.
-    pub ratio: f64,
+    /// Tok/s, Axle against libllama.
+    #[serde(flatten)]
+    pub tok_s: Paired,
     /// Decode rows: where Axle's steps spent their time, over every timed repetition.
     pub profile: Option<StepProfile>,
 }
@@ -173,14 +166,9 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
                 bar.inc(1);
             }
         }
-        let (am, lm) = (median(&a), median(&l));
         rows.push(CompareRow {
             test: name,
-            axle: a,
-            llama: l,
-            axle_median: am,
-            llama_median: lm,
-            ratio: am / lm,
+            tok_s: Paired::new(a, l),
             profile: (!prefill).then_some(profile),
         });
     }

@@ -6,10 +6,9 @@
 use crate::BenchError;
 use axle_core::TokenId;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Kernels, Model, Runner, RunnerOptions, Sequence};
-use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
+use axle_models::{Model, Runner, RunnerOptions, Sequence};
+use axle_sdk::{EngineConfig, EngineCore, RequestOptions};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Options of a device check.
@@ -145,24 +144,8 @@ fn engine_run(
         .iter()
         .map(|p| e.add(p.clone(), opts.clone()))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut toks: HashMap<u64, Vec<TokenId>> = HashMap::new();
-    let (mut drafted, mut accepted) = (0, 0);
-    while e.has_work() {
-        for o in e.step() {
-            match o {
-                Output::Token { id, token, .. } => toks.entry(id).or_default().push(token),
-                Output::Finished { finish, .. } => {
-                    drafted += finish.speculation.drafted;
-                    accepted += finish.speculation.accepted;
-                }
-            }
-        }
-    }
-    let out = ids
-        .iter()
-        .map(|id| toks.remove(id).unwrap_or_default())
-        .collect();
-    Ok((out, drafted, accepted))
+    let mut d = e.drain(|_| {});
+    Ok((d.outputs(&ids), d.drafted, d.accepted))
 }
 
 /// Runs the check on `model` (already loaded on its device) with `prompts`.
@@ -193,14 +176,7 @@ pub fn run(
     };
     let mut fa_on = oracle(true)?;
     let mut fa_off = oracle(false)?;
-    let mut runner = Runner::new(
-        model.clone(),
-        RunnerOptions {
-            kernels: Kernels::LikeLlamaCpp,
-            kv_slots: n_ctx,
-            ..Default::default()
-        },
-    )?;
+    let mut runner = Runner::new(model.clone(), RunnerOptions::like_llama_cpp(n_ctx))?;
     let bar = crate::progress_bar(progress, toks.len() as u64 * 2, "device check");
     let mut checks = Vec::new();
     for p in &toks {

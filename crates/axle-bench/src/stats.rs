@@ -1,5 +1,34 @@
 //! Small statistics and table helpers shared by the benchmarks.
 
+/// Axle against libllama on one measurement: tok/s per repetition, medians and their ratio.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Paired {
+    /// Axle tok/s per repetition.
+    pub axle: Vec<f64>,
+    /// libllama tok/s per repetition.
+    pub llama: Vec<f64>,
+    /// Median Axle tok/s.
+    pub axle_median: f64,
+    /// Median libllama tok/s.
+    pub llama_median: f64,
+    /// axle_median / llama_median.
+    pub ratio: f64,
+}
+
+impl Paired {
+    /// The medians and ratio of the two series.
+    pub fn new(axle: Vec<f64>, llama: Vec<f64>) -> Paired {
+        let (axle_median, llama_median) = (median(&axle), median(&llama));
+        Paired {
+            axle,
+            llama,
+            axle_median,
+            llama_median,
+            ratio: axle_median / llama_median,
+        }
+    }
+}
+
 /// Median of the samples (mean of the middle two for even counts); 0 for none.
 pub fn median(xs: &[f64]) -> f64 {
     if xs.is_empty() {

@@ -322,7 +322,11 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
     }
 }
 
+/// `c` with n-gram drafts of up to `max_len` tokens (0: speculation off).
 fn with_drafts(mut c: SchedulerConfig, max_len: usize) -> SchedulerConfig {
+    if max_len == 0 {
+        return c;
+    }
     c.draft = Some(DraftConfig {
         max_len,
         verify_cost: (0..=8).map(|k| 1.0 + 0.05 * k as f64).collect(),
@@ -331,8 +335,38 @@ fn with_drafts(mut c: SchedulerConfig, max_len: usize) -> SchedulerConfig {
     c
 }
 
+/// The prefill chunks (first position, tokens) of each arrival, in order.
+fn prefill_chunks(arrivals: &[Arrival], cfg: SchedulerConfig) -> Vec<Vec<(u32, usize)>> {
+    let mut chunks = vec![Vec::new(); arrivals.len()];
+    simulate_observed(arrivals, cfg, false, false, |plan, ids| {
+        for p in &plan.seqs {
+            let i = ids.iter().position(|&x| x == Some(p.id)).expect("known");
+            if (p.start_pos as usize) < arrivals[i].prompt.len() {
+                chunks[i].push((p.start_pos, p.tokens.len() - p.n_draft));
+            }
+        }
+    });
+    chunks
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Constrained output (forced chains included) is the same with speculation on and off,
+    /// batched or alone.
+    #[test]
+    fn constrained_output_is_the_same_with_speculation(
+        arrivals in prop::collection::vec(constrained_arrival(), 1..5),
+        draft_len in 2usize..7,
+        max_seqs in 1usize..5,
+    ) {
+        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
+        let spec = simulate(&arrivals, with_drafts(cfg(512, true, 32, max_seqs), draft_len), false);
+        for (i, a) in arrivals.iter().enumerate() {
+            prop_assert_eq!(&spec[i], &reference[i], "request {} ({:?})", i, a);
+            prop_assert!(obeys_toy(&reference[i].0), "request {}: {:?}", i, reference[i].0);
+        }
+    }
 
     #[test]
     fn device_picks_change_no_output_and_only_plain_greedy_rows_allow_them(
@@ -340,10 +374,7 @@ proptest! {
         draft_len in 0usize..6,
     ) {
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let mut c = cfg(512, false, 64, 8);
-        if draft_len > 0 {
-            c = with_drafts(c, draft_len);
-        }
+        let c = with_drafts(cfg(512, false, 64, 8), draft_len);
         let mut picked = 0;
         let got = simulate_observed(&arrivals, c, false, true, |plan, ids| {
             for seq in plan.seqs.iter().filter(|q| q.pick) {
@@ -373,10 +404,7 @@ proptest! {
     ) {
         // Reference: ample memory, no cache, no cancellations, no speculation.
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let mut c = cfg(n_blocks, caching, budget, max_seqs);
-        if draft_len > 0 {
-            c = with_drafts(c, draft_len);
-        }
+        let c = with_drafts(cfg(n_blocks, caching, budget, max_seqs), draft_len);
         let constrained = simulate(&arrivals, c, true);
         for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
             let (got, reason) = &constrained[i];
@@ -394,10 +422,6 @@ proptest! {
             }
         }
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
 
     /// Recurrent models: with a pool of state slots smaller than the requests (and than
     /// `max_seqs`), no step runs more sequences than slots, every planned sequence has a slot
@@ -414,11 +438,10 @@ proptest! {
         draft_len in 0usize..6,
     ) {
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let mut c = cfg(n_blocks, false, budget, max_seqs);
-        c.state_slots = Some(slots);
-        if draft_len > 0 {
-            c = with_drafts(c, draft_len);
-        }
+        let c = SchedulerConfig {
+            state_slots: Some(slots),
+            ..with_drafts(cfg(n_blocks, false, budget, max_seqs), draft_len)
+        };
         let mut holder: HashMap<RequestId, u32> = HashMap::new();
         let mut violations = Vec::new();
         let got = simulate_observed(&arrivals, c, false, false, |plan, _| {
@@ -445,24 +468,6 @@ proptest! {
             prop_assert_eq!(reason, want_reason);
         }
     }
-}
-
-/// The prefill chunks (first position, tokens) of each arrival, in order.
-fn prefill_chunks(arrivals: &[Arrival], cfg: SchedulerConfig) -> Vec<Vec<(u32, usize)>> {
-    let mut chunks = vec![Vec::new(); arrivals.len()];
-    simulate_observed(arrivals, cfg, false, false, |plan, ids| {
-        for p in &plan.seqs {
-            let i = ids.iter().position(|&x| x == Some(p.id)).expect("known");
-            if (p.start_pos as usize) < arrivals[i].prompt.len() {
-                chunks[i].push((p.start_pos, p.tokens.len() - p.n_draft));
-            }
-        }
-    });
-    chunks
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
 
     /// How a prompt is cut into prefill chunks depends on the prompt alone, not on the requests
     /// sharing its steps (with ample memory and no prefix cache): the condition for a prompt to
@@ -474,10 +479,7 @@ proptest! {
         max_seqs in 1usize..5,
         draft_len in 0usize..6,
     ) {
-        let mut c = cfg(512, false, budget, max_seqs);
-        if draft_len > 0 {
-            c = with_drafts(c, draft_len);
-        }
+        let c = with_drafts(cfg(512, false, budget, max_seqs), draft_len);
         let together = prefill_chunks(&arrivals, c.clone());
         for (i, a) in arrivals.iter().enumerate() {
             let alone = prefill_chunks(std::slice::from_ref(a), c.clone());
@@ -577,11 +579,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             draft: None,
             state_slots: None,
         };
-        if d {
-            with_drafts(c, 4)
-        } else {
-            c
-        }
+        with_drafts(c, if d { 4 } else { 0 })
     };
     let (plain, plain_stats, plain_steps, _) = run(big(false));
     let (fast, stats, steps, in_use) = run(big(true));
@@ -695,24 +693,4 @@ fn constrained_arrival() -> impl Strategy<Value = Arrival> {
                 constrained: true,
             }
         })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
-
-    /// Constrained output (forced chains included) is the same with speculation on and off,
-    /// batched or alone.
-    #[test]
-    fn constrained_output_is_the_same_with_speculation(
-        arrivals in prop::collection::vec(constrained_arrival(), 1..5),
-        draft_len in 2usize..7,
-        max_seqs in 1usize..5,
-    ) {
-        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let spec = simulate(&arrivals, with_drafts(cfg(512, true, 32, max_seqs), draft_len), false);
-        for (i, a) in arrivals.iter().enumerate() {
-            prop_assert_eq!(&spec[i], &reference[i], "request {} ({:?})", i, a);
-            prop_assert!(obeys_toy(&reference[i].0), "request {}: {:?}", i, reference[i].0);
-        }
-    }
 }

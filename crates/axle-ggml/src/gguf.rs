@@ -217,11 +217,11 @@ impl GgufFile {
         self.metadata.get(key)
     }
 
-    fn typed<T>(
-        &self,
+    fn typed<'s, T>(
+        &'s self,
         key: &str,
         expected: &'static str,
-        f: impl Fn(&MetaValue) -> Option<T>,
+        f: impl Fn(&'s MetaValue) -> Option<T>,
     ) -> Result<Option<T>> {
         match self.metadata.get(key) {
             None => Ok(None),
@@ -235,15 +235,10 @@ impl GgufFile {
 
     /// An optional string value.
     pub fn str_opt(&self, key: &str) -> Result<Option<&str>> {
-        match self.metadata.get(key) {
-            None => Ok(None),
-            Some(MetaValue::Str(s)) => Ok(Some(s)),
-            Some(v) => Err(Error::KeyType {
-                key: key.into(),
-                found: v.kind(),
-                expected: "string",
-            }),
-        }
+        self.typed(key, "string", |v| match v {
+            MetaValue::Str(s) => Some(s.as_str()),
+            _ => None,
+        })
     }
 
     /// A required string value.
@@ -278,15 +273,10 @@ impl GgufFile {
 
     /// An optional array value.
     pub fn array_opt(&self, key: &str) -> Result<Option<&[MetaValue]>> {
-        match self.metadata.get(key) {
-            None => Ok(None),
-            Some(MetaValue::Array(a)) => Ok(Some(a)),
-            Some(v) => Err(Error::KeyType {
-                key: key.into(),
-                found: v.kind(),
-                expected: "array",
-            }),
-        }
+        self.typed(key, "array", |v| match v {
+            MetaValue::Array(a) => Some(a.as_slice()),
+            _ => None,
+        })
     }
 }
 

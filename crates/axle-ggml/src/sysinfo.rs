@@ -11,49 +11,29 @@ pub struct CpuFeature {
     pub enabled: bool,
 }
 
+/// The features ggml checks for, with its query of each.
+const CPU_FEATURES: [(&str, unsafe extern "C" fn() -> std::os::raw::c_int); 9] = [
+    ("SSE3", sys::ggml_cpu_has_sse3),
+    ("AVX", sys::ggml_cpu_has_avx),
+    ("AVX2", sys::ggml_cpu_has_avx2),
+    ("F16C", sys::ggml_cpu_has_f16c),
+    ("FMA", sys::ggml_cpu_has_fma),
+    ("BMI2", sys::ggml_cpu_has_bmi2),
+    ("AVX512", sys::ggml_cpu_has_avx512),
+    ("AVX_VNNI", sys::ggml_cpu_has_avx_vnni),
+    ("NEON", sys::ggml_cpu_has_neon),
+];
+
 /// The SIMD features ggml's CPU backend was compiled with.
 pub fn cpu_features() -> Vec<CpuFeature> {
-    // SAFETY: pure queries of compile-time flags.
-    unsafe {
-        vec![
-            CpuFeature {
-                name: "SSE3",
-                enabled: sys::ggml_cpu_has_sse3() != 0,
-            },
-            CpuFeature {
-                name: "AVX",
-                enabled: sys::ggml_cpu_has_avx() != 0,
-            },
-            CpuFeature {
-                name: "AVX2",
-                enabled: sys::ggml_cpu_has_avx2() != 0,
-            },
-            CpuFeature {
-                name: "F16C",
-                enabled: sys::ggml_cpu_has_f16c() != 0,
-            },
-            CpuFeature {
-                name: "FMA",
-                enabled: sys::ggml_cpu_has_fma() != 0,
-            },
-            CpuFeature {
-                name: "BMI2",
-                enabled: sys::ggml_cpu_has_bmi2() != 0,
-            },
-            CpuFeature {
-                name: "AVX512",
-                enabled: sys::ggml_cpu_has_avx512() != 0,
-            },
-            CpuFeature {
-                name: "AVX_VNNI",
-                enabled: sys::ggml_cpu_has_avx_vnni() != 0,
-            },
-            CpuFeature {
-                name: "NEON",
-                enabled: sys::ggml_cpu_has_neon() != 0,
-            },
-        ]
-    }
+    CPU_FEATURES
+        .iter()
+        .map(|&(name, has)| CpuFeature {
+            name,
+            // SAFETY: pure queries of compile-time flags, no arguments.
+            enabled: unsafe { has() } != 0,
+        })
+        .collect()
 }
 
 /// llama.cpp's one-line system info string (backends and their features).

@@ -53,6 +53,15 @@ impl ModelOptions {
             ..Default::default()
         }
     }
+
+    /// The CPU alone with `threads` threads and weights repacked for its kernels where ggml
+    /// has a layout for them (what the engine uses by default).
+    pub fn cpu_repacked(threads: usize) -> ModelOptions {
+        ModelOptions {
+            repack: true,
+            ..ModelOptions::cpu(threads)
+        }
+    }
 }
 
 /// Physical cores are what ggml scales with; use all available parallelism by default.

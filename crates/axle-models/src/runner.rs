@@ -164,6 +164,17 @@ pub struct RunnerOptions {
     pub state_saved: u32,
 }
 
+impl RunnerOptions {
+    /// libllama's kernel choice and `kv_slots` slots: for comparisons with the oracle bit for bit.
+    pub fn like_llama_cpp(kv_slots: u32) -> Self {
+        RunnerOptions {
+            kernels: Kernels::LikeLlamaCpp,
+            kv_slots,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for RunnerOptions {
     fn default() -> Self {
         RunnerOptions {

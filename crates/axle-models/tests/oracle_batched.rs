@@ -6,22 +6,13 @@
 mod common;
 
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Kernels, LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
+use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 
 #[test]
 fn batched_logits_equal_libllama_batched_logits() {
     let path = common::model(common::SMOLLM2);
-    let model = Arc::new(
-        Model::load(
-            &path,
-            &ModelOptions {
-                repack: true,
-                ..ModelOptions::cpu(2)
-            },
-        )
-        .unwrap(),
-    );
+    let model = Arc::new(Model::load(&path, &ModelOptions::cpu_repacked(2)).unwrap());
     let texts = [
         "The capital of France is",
         "Water boils at",
@@ -33,16 +24,7 @@ fn batched_logits_equal_libllama_batched_logits() {
         .map(|i| model.tokenizer.encode(texts[i % texts.len()], true, false))
         .collect();
     let n_seq = prompts.len();
-    let mut runner = Runner::new(
-        model.clone(),
-        RunnerOptions {
-            // libllama's kernel choice: the comparison is bit for bit.
-            kernels: Kernels::LikeLlamaCpp,
-            kv_slots: 1024,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut runner = Runner::new(model.clone(), RunnerOptions::like_llama_cpp(1024)).unwrap();
     let mut oracle = LlamaOracle::load(
         &path,
         &OracleOptions {

@@ -429,12 +429,16 @@ impl Upstream {
         }
     }
 
+    fn timed_out(&self) -> DelegateError {
+        DelegateError::Timeout {
+            url: self.base.clone(),
+            secs: self.timeout.as_secs_f64(),
+        }
+    }
+
     fn transport(&self, e: reqwest::Error) -> DelegateError {
         if e.is_timeout() {
-            DelegateError::Timeout {
-                url: self.base.clone(),
-                secs: self.timeout.as_secs_f64(),
-            }
+            self.timed_out()
         } else {
             // The source chain carries the useful part ("Connection refused").
             let mut detail = e.to_string();
@@ -450,17 +454,20 @@ impl Upstream {
         }
     }
 
+    /// `f` within the upstream timeout, its transport errors mapped to ours.
+    async fn timed<T>(
+        &self,
+        f: impl std::future::Future<Output = reqwest::Result<T>>,
+    ) -> Result<T, DelegateError> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(r) => r.map_err(|e| self.transport(e)),
+        }
+    }
+
     /// Sends with the response-head timeout and maps a non-2xx status to an error of ours.
     async fn send(&self, r: reqwest::RequestBuilder) -> Result<reqwest::Response, DelegateError> {
-        let resp = match tokio::time::timeout(self.timeout, r.send()).await {
-            Err(_) => {
-                return Err(DelegateError::Timeout {
-                    url: self.base.clone(),
-                    secs: self.timeout.as_secs_f64(),
-                })
-            }
-            Ok(r) => r.map_err(|e| self.transport(e))?,
-        };
+        let resp = self.timed(r.send()).await?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -488,15 +495,7 @@ impl Upstream {
     }
 
     async fn json_of(&self, resp: reqwest::Response) -> Result<Value, DelegateError> {
-        let bytes = match tokio::time::timeout(self.timeout, resp.bytes()).await {
-            Err(_) => {
-                return Err(DelegateError::Timeout {
-                    url: self.base.clone(),
-                    secs: self.timeout.as_secs_f64(),
-                })
-            }
-            Ok(b) => b.map_err(|e| self.transport(e))?,
-        };
+        let bytes = self.timed(resp.bytes()).await?;
         serde_json::from_slice(&bytes).map_err(|e| self.protocol(format!("not JSON: {e}")))
     }
 }
@@ -651,20 +650,13 @@ impl DelegatedStream {
                 None if self.parser.done => return None,
                 None => {}
             }
-            match tokio::time::timeout(self.up.timeout, self.resp.chunk()).await {
-                Err(_) => {
+            match self.up.timed(self.resp.chunk()).await {
+                Err(e) => {
                     self.parser.done = true;
-                    return Some(Err(DelegateError::Timeout {
-                        url: self.up.base.clone(),
-                        secs: self.up.timeout.as_secs_f64(),
-                    }));
+                    return Some(Err(e));
                 }
-                Ok(Err(e)) => {
-                    self.parser.done = true;
-                    return Some(Err(self.up.transport(e)));
-                }
-                Ok(Ok(None)) => self.parser.finish(&self.up.base),
-                Ok(Ok(Some(bytes))) => self.parser.buf.extend_from_slice(&bytes),
+                Ok(None) => self.parser.finish(&self.up.base),
+                Ok(Some(bytes)) => self.parser.buf.extend_from_slice(&bytes),
             }
         }
     }

@@ -187,6 +187,27 @@ pub enum Output {
     },
 }
 
+/// The tokens and speculation counts of every request an engine ran to the end
+/// ([`EngineCore::drain`]).
+#[derive(Debug, Default)]
+pub struct Drained {
+    /// Each request's tokens.
+    pub tokens: HashMap<RequestId, Vec<TokenId>>,
+    /// Draft tokens proposed, over every request that finished.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl Drained {
+    /// The tokens of `ids`, in that order (empty for a request that produced none).
+    pub fn outputs(&mut self, ids: &[RequestId]) -> Vec<Vec<TokenId>> {
+        ids.iter()
+            .map(|id| self.tokens.remove(id).unwrap_or_default())
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 struct TextState {
     decoder: StreamDecoder,
@@ -569,6 +590,25 @@ impl EngineCore {
     /// Where the runner's steps spent their time since the last call (and starts a new count).
     pub fn take_profile(&mut self) -> axle_models::runner::StepProfile {
         self.runner.take_profile()
+    }
+
+    /// Steps until no work is left, collecting every request's tokens and speculation counts;
+    /// `after_step` sees the engine after each step (tests check its invariants there).
+    pub fn drain(&mut self, mut after_step: impl FnMut(&EngineCore)) -> Drained {
+        let mut d = Drained::default();
+        while self.has_work() {
+            for o in self.step() {
+                match o {
+                    Output::Token { id, token, .. } => d.tokens.entry(id).or_default().push(token),
+                    Output::Finished { finish, .. } => {
+                        d.drafted += finish.speculation.drafted;
+                        d.accepted += finish.speculation.accepted;
+                    }
+                }
+            }
+            after_step(self);
+        }
+        d
     }
 
     /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;

@@ -10,22 +10,12 @@ use axle_sdk::{
     EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, RequestOptions,
     Session, StreamEvent,
 };
-use std::collections::HashMap;
 use std::sync::Arc;
 
 fn model() -> Arc<Model> {
     let p = axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
         .unwrap_or_else(|e| panic!("{e}"));
-    Arc::new(
-        Model::load(
-            &p,
-            &ModelOptions {
-                repack: true,
-                ..ModelOptions::cpu(2)
-            },
-        )
-        .expect("load"),
-    )
+    Arc::new(Model::load(&p, &ModelOptions::cpu_repacked(2)).expect("load"))
 }
 
 const PROMPTS: [&str; 8] = [
@@ -59,24 +49,13 @@ fn run_together(
         .iter()
         .map(|p| e.add(p.clone(), opts(max_tokens)).unwrap())
         .collect();
-    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut max_running = 0;
-    while e.has_work() {
-        for o in e.step() {
-            if let Output::Token { id, token, .. } = o {
-                out.entry(id).or_default().push(token);
-            }
-        }
+    let mut d = e.drain(|e| {
         max_running = max_running.max(e.scheduler().n_running());
         assert_eq!(e.scheduler().check(), Ok(()));
-    }
+    });
     assert_eq!(e.scheduler().pool().in_use(), 0, "KV blocks leaked");
-    (
-        ids.iter()
-            .map(|id| out.remove(id).unwrap_or_default())
-            .collect(),
-        max_running,
-    )
+    (d.outputs(&ids), max_running)
 }
 
 fn encoded(m: &Model) -> Vec<Vec<u32>> {
@@ -86,33 +65,50 @@ fn encoded(m: &Model) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Steps of at most 32 tokens (prompts prefill in chunks and share steps with decodes).
+fn small_steps(kv_slots: u32, prefix_caching: bool, max_draft: usize) -> EngineConfig {
+    EngineConfig {
+        kv_slots,
+        prefix_caching,
+        max_batch_tokens: 32,
+        max_draft,
+        ..Default::default()
+    }
+}
+
+/// Each prompt's tokens, each run in an engine of its own.
+fn alone_outputs(
+    m: &Arc<Model>,
+    cfg: &EngineConfig,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| {
+            run_together(m, cfg, std::slice::from_ref(p), max_tokens)
+                .0
+                .remove(0)
+        })
+        .collect()
+}
+
+/// A random-weight fixture written by `scripts/setup-tests.sh`.
+fn fixture_model(name: &str) -> Arc<Model> {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name);
+    assert!(p.is_file(), "fixture {} is missing", p.display());
+    Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
+}
+
 #[test]
 fn batched_outputs_equal_single_runs_with_and_without_prefix_cache() {
     let m = model();
     let prompts = encoded(&m);
-    let alone_cfg = EngineConfig {
-        kv_slots: 1024,
-        prefix_caching: false,
-        max_batch_tokens: 32,
-        max_draft: 0,
-        ..Default::default()
-    };
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            run_together(&m, &alone_cfg, std::slice::from_ref(p), 32)
-                .0
-                .remove(0)
-        })
-        .collect();
+    let alone = alone_outputs(&m, &small_steps(1024, false, 0), &prompts, 32);
     for caching in [false, true] {
-        let cfg = EngineConfig {
-            kv_slots: 2048,
-            prefix_caching: caching,
-            max_batch_tokens: 32,
-            max_draft: 0,
-            ..Default::default()
-        };
+        let cfg = small_steps(2048, caching, 0);
         let (together, max_running) = run_together(&m, &cfg, &prompts, 32);
         assert_eq!(max_running, 8, "all eight should run in one batch");
         assert_eq!(together.iter().map(Vec::len).sum::<usize>(), 8 * 32);
@@ -135,12 +131,7 @@ fn exhausted_kv_preempts_and_completes_correctly() {
 /// and recomputes its state with its KV when it runs again.
 #[test]
 fn exhausted_kv_preempts_and_completes_correctly_with_recurrent_state() {
-    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/qwen35-tiny.gguf");
-    assert!(p.is_file(), "fixture {} is missing", p.display());
-    preemption_keeps_outputs(Arc::new(
-        Model::load(&p, &ModelOptions::cpu(2)).expect("load"),
-    ));
+    preemption_keeps_outputs(fixture_model("qwen35-tiny.gguf"));
 }
 
 /// A hybrid model with fewer recurrent state slots than requests: the scheduler runs at most
@@ -148,28 +139,14 @@ fn exhausted_kv_preempts_and_completes_correctly_with_recurrent_state() {
 /// alone, with n-gram speculation off and on.
 #[test]
 fn hybrid_state_slots_cap_running_sequences() {
-    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/qwen35-tied-tiny.gguf");
-    assert!(p.is_file(), "fixture {} is missing", p.display());
-    let m = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
+    let m = fixture_model("qwen35-tied-tiny.gguf");
     let prompts = encoded(&m);
     for max_draft in [0, 4] {
         let base = EngineConfig {
-            kv_slots: 1024,
-            prefix_caching: false,
-            max_batch_tokens: 32,
-            max_draft,
             verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
-            ..Default::default()
+            ..small_steps(1024, false, max_draft)
         };
-        let alone: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|p| {
-                run_together(&m, &base, std::slice::from_ref(p), 24)
-                    .0
-                    .remove(0)
-            })
-            .collect();
+        let alone = alone_outputs(&m, &base, &prompts, 24);
         let capped = EngineConfig {
             state_slots: Some(3),
             ..base
@@ -188,29 +165,11 @@ fn hybrid_state_slots_cap_running_sequences() {
 
 fn preemption_keeps_outputs(m: Arc<Model>) {
     let prompts = encoded(&m);
-    let alone_cfg = EngineConfig {
-        kv_slots: 1024,
-        prefix_caching: false,
-        max_batch_tokens: 32,
-        max_draft: 0,
-        ..Default::default()
-    };
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            run_together(&m, &alone_cfg, std::slice::from_ref(p), 40)
-                .0
-                .remove(0)
-        })
-        .collect();
+    let alone = alone_outputs(&m, &small_steps(1024, false, 0), &prompts, 40);
     // 8 requests need about 8 x 4 blocks of 16 slots at the end; give them 12 blocks.
     let tight = EngineConfig {
-        kv_slots: 192,
         block_size: 16,
-        prefix_caching: true,
-        max_batch_tokens: 32,
-        max_draft: 0,
-        ..Default::default()
+        ..small_steps(192, true, 0)
     };
     let (together, _) = run_together(&m, &tight, &prompts, 40);
     assert_eq!(alone, together, "preemption changed outputs");
@@ -263,10 +222,7 @@ fn dropped_streams_cancel_and_free_kv() {
 /// last such boundary and starts from the saved state. Its output equals a cold run's.
 #[test]
 fn hybrid_prefix_reuse_restores_the_recurrent_state() {
-    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/qwen35-tiny.gguf");
-    assert!(p.is_file(), "fixture {} is missing", p.display());
-    let m = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
+    let m = fixture_model("qwen35-tiny.gguf");
     // Prefill chunks of 36 - 4 = 32 tokens: each ends on a 16-slot block boundary.
     let cfg = EngineConfig {
         kv_slots: 2048,

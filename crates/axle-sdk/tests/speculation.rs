@@ -8,10 +8,7 @@
 //! Seeded sampling: on a tiny fixture, 200 seeds give identical samples with and without speculation (the draw order is the same, so
 //! the output distribution is exactly plain sampling's), with drafts both accepted and rejected.
 //! The verify cost is pinned low here so drafting really happens; the gate is tested in axle-core.
-use axle_sdk::{
-    EngineConfig, EngineCore, Model, ModelOptions, Output, RequestOptions, SamplingParams,
-};
-use std::collections::HashMap;
+use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions, SamplingParams};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -29,12 +26,13 @@ fn model(name: &str) -> Arc<Model> {
     Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
 }
 
+/// The 20 prompts of the exactness checks (`axle bench device-check` runs the same ones).
 fn prompts() -> Vec<String> {
     let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../benchmarks/workloads/ngram.json");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../benchmarks/workloads/check.json");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let mut out: Vec<String> = v["workloads"]
+    let out: Vec<String> = v["workloads"]
         .as_array()
         .unwrap()
         .iter()
@@ -46,19 +44,7 @@ fn prompts() -> Vec<String> {
                 .map(|p| p.as_str().unwrap().to_string())
         })
         .collect();
-    for p in [
-        "The capital of France is",
-        "def add(a, b):\n    return",
-        "1, 2, 3, 4, 5, 6,",
-        "The quick brown fox",
-        "Water boils at",
-        "A B C D E F G",
-        "Dear diary, today",
-        "for i in range(10):\n",
-    ] {
-        out.push(p.into());
-    }
-    assert!(out.len() >= 20);
+    assert_eq!(out.len(), 20);
     out
 }
 
@@ -86,28 +72,12 @@ fn run(m: &Arc<Model>, c: &EngineConfig, prompts: &[Vec<u32>], opts: &RequestOpt
         .iter()
         .map(|p| e.add(p.clone(), opts.clone()).unwrap())
         .collect();
-    let mut toks: HashMap<u64, Vec<u32>> = HashMap::new();
-    let (mut drafted, mut accepted) = (0, 0);
-    while e.has_work() {
-        for o in e.step() {
-            match o {
-                Output::Token { id, token, .. } => toks.entry(id).or_default().push(token),
-                Output::Finished { finish, .. } => {
-                    drafted += finish.speculation.drafted;
-                    accepted += finish.speculation.accepted;
-                }
-            }
-        }
-        assert_eq!(e.scheduler().check(), Ok(()));
-    }
+    let mut d = e.drain(|e| assert_eq!(e.scheduler().check(), Ok(())));
     assert_eq!(e.scheduler().pool().in_use(), 0);
     Run {
-        tokens: ids
-            .iter()
-            .map(|id| toks.remove(id).unwrap_or_default())
-            .collect(),
-        drafted,
-        accepted,
+        tokens: d.outputs(&ids),
+        drafted: d.drafted,
+        accepted: d.accepted,
     }
 }
 
@@ -332,16 +302,7 @@ fn greedy_speculation_is_exact_qwen3next_fixture() {
 #[test]
 fn seeded_sampling_with_speculation_matches_plain_sampling() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama-tiny.gguf");
-    let m = Arc::new(
-        Model::load(
-            &p,
-            &ModelOptions {
-                repack: true,
-                ..ModelOptions::cpu(2)
-            },
-        )
-        .unwrap(),
-    );
+    let m = Arc::new(Model::load(&p, &ModelOptions::cpu_repacked(2)).unwrap());
     let prompt = m
         .tokenizer
         .encode(&"alpha beta gamma delta ".repeat(6), true, false);

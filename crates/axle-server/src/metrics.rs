@@ -98,76 +98,67 @@ impl Metrics {
     pub fn render(&self, e: &EngineStats) -> String {
         self.observe_running(e.running);
         let mut out = String::new();
-        let c = |out: &mut String, name: &str, help: &str, v: u64| {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counters = [
+            (
+                "axle_requests_total",
+                "Requests received.",
+                r(&self.requests),
+            ),
+            (
+                "axle_request_errors_total",
+                "Requests that ended in an error.",
+                r(&self.errors),
+            ),
+            (
+                "axle_prompt_tokens_total",
+                "Prompt tokens processed.",
+                r(&self.prompt_tokens),
+            ),
+            (
+                "axle_completion_tokens_total",
+                "Tokens generated.",
+                r(&self.completion_tokens),
+            ),
+            (
+                "axle_ngram_drafted_tokens_total",
+                "Draft tokens proposed by n-gram speculation.",
+                r(&self.drafted),
+            ),
+            (
+                "axle_ngram_accepted_tokens_total",
+                "Draft tokens accepted.",
+                r(&self.accepted),
+            ),
+        ];
+        let gauges = [
+            ("axle_queue_depth", "Requests waiting.", e.waiting as u64),
+            (
+                "axle_running_sequences",
+                "Sequences holding KV.",
+                e.running as u64,
+            ),
+            (
+                "axle_running_sequences_max",
+                "Peak running sequences since start.",
+                r(&self.max_running),
+            ),
+            (
+                "axle_kv_blocks_used",
+                "KV blocks in use.",
+                e.kv_blocks_used as u64,
+            ),
+        ];
+        let typed = counters
+            .iter()
+            .map(|c| ("counter", c))
+            .chain(gauges.iter().map(|g| ("gauge", g)));
+        for (kind, (name, help, v)) in typed {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
-        };
-        let g = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        c(
-            &mut out,
-            "axle_requests_total",
-            "Requests received.",
-            r(&self.requests),
-        );
-        c(
-            &mut out,
-            "axle_request_errors_total",
-            "Requests that ended in an error.",
-            r(&self.errors),
-        );
-        c(
-            &mut out,
-            "axle_prompt_tokens_total",
-            "Prompt tokens processed.",
-            r(&self.prompt_tokens),
-        );
-        c(
-            &mut out,
-            "axle_completion_tokens_total",
-            "Tokens generated.",
-            r(&self.completion_tokens),
-        );
-        c(
-            &mut out,
-            "axle_ngram_drafted_tokens_total",
-            "Draft tokens proposed by n-gram speculation.",
-            r(&self.drafted),
-        );
-        c(
-            &mut out,
-            "axle_ngram_accepted_tokens_total",
-            "Draft tokens accepted.",
-            r(&self.accepted),
-        );
-        g(
-            &mut out,
-            "axle_queue_depth",
-            "Requests waiting.",
-            e.waiting as u64,
-        );
-        g(
-            &mut out,
-            "axle_running_sequences",
-            "Sequences holding KV.",
-            e.running as u64,
-        );
-        g(
-            &mut out,
-            "axle_running_sequences_max",
-            "Peak running sequences since start.",
-            r(&self.max_running),
-        );
-        g(
-            &mut out,
-            "axle_kv_blocks_used",
-            "KV blocks in use.",
-            e.kv_blocks_used as u64,
-        );
+        }
         if let Ok(h) = self.ttft.lock() {
             h.render(
                 &mut out,

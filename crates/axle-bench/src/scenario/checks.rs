@@ -5,7 +5,7 @@ use super::workloads::argmax;
 use super::CheckResult;
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Kernels, Model, Runner, RunnerOptions, Sequence};
+use axle_models::{Model, Runner, RunnerOptions, Sequence};
 use axle_sdk::{EngineConfig, GenerateRequest, RuntimeReport, SamplingParams, Session};
 use std::path::Path;
 use std::sync::Arc;
@@ -78,15 +78,7 @@ pub fn correctness(
                 ..Default::default()
             },
         )?;
-        let mut runner = Runner::new(
-            model.clone(),
-            RunnerOptions {
-                // libllama's kernel choice: the comparison is bit for bit.
-                kernels: Kernels::LikeLlamaCpp,
-                kv_slots: 2048,
-                ..Default::default()
-            },
-        )?;
+        let mut runner = Runner::new(model.clone(), RunnerOptions::like_llama_cpp(2048))?;
         let (mut same, mut worst) = (0, 0.0f32);
         for p in &prompts {
             let ids = model.tokenizer.encode(p, true, true);

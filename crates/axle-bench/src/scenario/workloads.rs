@@ -46,8 +46,9 @@ pub fn run(
                     } else {
                         "decode_tok_s"
                     };
-                    let (profile, llama_us) = (row.profile, 1e6 / row.llama_median);
-                    let mut r = Row::new(row.test, metric, row.axle, Some((&reference, row.llama)));
+                    let (profile, t) = (row.profile, row.tok_s);
+                    let llama_us = 1e6 / t.llama_median;
+                    let mut r = Row::new(row.test, metric, t.axle, Some((&reference, t.llama)));
                     if let Some(p) = profile {
                         let names = ["prepare", "build", "inputs", "compute", "logits"];
                         for (k, v) in names.iter().zip(p.per_step_us()) {
@@ -80,13 +81,13 @@ pub fn run(
             r.rows
                 .into_iter()
                 .map(|row| {
-                    let llama = median(&row.llama);
+                    let llama = row.tok_s.llama_median;
                     let fast = (!row.axle_fast.is_empty()).then(|| median(&row.axle_fast));
                     let mut r = Row::new(
                         format!("seqs={}", row.sequences),
                         "aggregate_decode_tok_s",
-                        row.axle,
-                        Some((&reference, row.llama)),
+                        row.tok_s.axle,
+                        Some((&reference, row.tok_s.llama)),
                     );
                     if let Some(fast) = fast {
                         r.extra.insert("shape_kernels_tok_s".into(), fast);

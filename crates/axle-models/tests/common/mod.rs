@@ -74,7 +74,7 @@ pub fn top2_gap(v: &[f32]) -> f32 {
 }
 
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Kernels, Model, ModelOptions, Runner, RunnerOptions, Sequence};
+use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
 use std::sync::Arc;
 
 const CONTINUATION: usize = 64;
@@ -117,26 +117,9 @@ pub fn run_oracle_suite(model_file: &str, prompts: &[String], min_identical: usi
 
 pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_identical: usize) {
     let path = path.to_path_buf();
-    let model = Arc::new(
-        Model::load(
-            &path,
-            &ModelOptions {
-                repack: true,
-                ..ModelOptions::cpu(2)
-            },
-        )
-        .expect("load"),
-    );
-    let mut runner = Runner::new(
-        model.clone(),
-        RunnerOptions {
-            // libllama's kernel choice: the comparison is bit for bit.
-            kernels: Kernels::LikeLlamaCpp,
-            kv_slots: 2048,
-            ..Default::default()
-        },
-    )
-    .expect("runner");
+    let model = Arc::new(Model::load(&path, &ModelOptions::cpu_repacked(2)).expect("load"));
+    let mut runner =
+        Runner::new(model.clone(), RunnerOptions::like_llama_cpp(2048)).expect("runner");
     let mut oracle = LlamaOracle::load(
         &path,
         &OracleOptions {

@@ -47,8 +47,9 @@ pub struct DeviceCheckArgs {
     /// Greedy tokens per prompt.
     #[arg(long, default_value_t = 32)]
     continuation: usize,
-    /// Prompts: the n-gram workloads' prompts and a few general ones (20 in all).
-    #[arg(long, default_value = "benchmarks/workloads/ngram.json")]
+    /// Prompts: every prompt of this workloads file (default: the n-gram workloads' prompts and
+    /// eight general ones, 20 in all).
+    #[arg(long, default_value = "benchmarks/workloads/check.json")]
     workloads: PathBuf,
     /// Write the report as JSON here.
     #[arg(long)]
@@ -64,26 +65,13 @@ fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read {}", a.workloads.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not JSON", a.workloads.display()))?;
-    let mut prompts: Vec<String> = v["workloads"]
+    let prompts: Vec<String> = v["workloads"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|w| w["prompts"].as_array().into_iter().flatten())
         .filter_map(|p| p.as_str().map(str::to_string))
         .collect();
-    for p in [
-        "The capital of France is",
-        "def add(a, b):\n    return",
-        "1, 2, 3, 4, 5, 6,",
-        "The quick brown fox",
-        "Water boils at",
-        "A B C D E F G",
-        "Dear diary, today",
-        "for i in range(10):\n",
-    ] {
-        prompts.push(p.into());
-    }
-    prompts.truncate(20);
     let report = axle_bench::device_check::run(
         &model,
         &prompts,
@@ -310,11 +298,19 @@ pub struct StructuredArgs {
     /// Most tokens per answer.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
+    /// Draft length and repetitions.
+    #[command(flatten)]
+    runs: SpeculativeRuns,
+}
+
+/// The draft length and repetitions of the benches with a speculative mode.
+#[derive(Debug, clap::Args)]
+pub struct SpeculativeRuns {
     /// Longest draft of the speculative mode.
     #[arg(long, default_value_t = axle_sdk::defaults::DRAFT_LEN,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=axle_sdk::MAX_DRAFT as u64))]
     draft_len: usize,
-    /// Repetitions of the whole set.
+    /// Repetitions of every prompt.
     #[arg(long, default_value_t = 1)]
     reps: usize,
 }
@@ -330,13 +326,9 @@ pub struct NgramArgs {
     /// Tokens to generate per prompt.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Longest draft.
-    #[arg(long, default_value_t = axle_sdk::defaults::DRAFT_LEN,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=axle_sdk::MAX_DRAFT as u64))]
-    draft_len: usize,
-    /// Repetitions per prompt.
-    #[arg(long, default_value_t = 1)]
-    reps: usize,
+    /// Draft length and repetitions.
+    #[command(flatten)]
+    runs: SpeculativeRuns,
     /// A llama.cpp `llama-server` binary: also run its n-gram speculative modes on the same
     /// prompts (`--spec-type` each of --llama-server-modes) and print them beside ours.
     #[arg(long, env = "AXLE_LLAMA_SERVER")]
@@ -442,11 +434,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             quick(
                 "ngram",
                 a.target,
-                a.reps,
+                a.runs.reps,
                 Workload::Ngram(NgramSpec {
                     workloads: workloads.display().to_string(),
                     max_tokens: a.max_tokens,
-                    draft_len: a.draft_len,
+                    draft_len: a.runs.draft_len,
                     llama_server_modes: a.llama_server_modes,
                 }),
                 QuickExtras {
@@ -461,11 +453,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             quick(
                 "structured",
                 a.target,
-                a.reps,
+                a.runs.reps,
                 Workload::Structured(StructuredSpec {
                     schemas: schemas.display().to_string(),
                     max_tokens: a.max_tokens,
-                    draft_len: a.draft_len,
+                    draft_len: a.runs.draft_len,
                 }),
                 QuickExtras::default(),
             )

@@ -2,7 +2,7 @@
 //! generator: our engine, or a delegated upstream.
 use super::{RunArgs, SamplingArgs};
 use axle_models::ChatMessage;
-use axle_sdk::{defaults, GenerateRequest, Generator, StreamEvent};
+use axle_sdk::{Generator, StreamEvent};
 use std::io::{BufRead, Write};
 
 #[derive(Debug, clap::Args)]
@@ -14,9 +14,6 @@ pub struct Args {
     /// Optional system message.
     #[arg(long)]
     system: Option<String>,
-    /// Most tokens per reply.
-    #[arg(long, default_value_t = defaults::MAX_TOKENS)]
-    max_tokens: usize,
 }
 
 /// Chat's temperature unless `--temperature` says otherwise.
@@ -63,10 +60,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         turn += 1;
         let mut sampling = a.sampling.clone();
         sampling.seed = a.sampling.seed.wrapping_add(turn);
-        let req = sampling.apply(
-            GenerateRequest::new(history.clone()).max_tokens(a.max_tokens),
-            CHAT_TEMPERATURE,
-        );
+        let req = sampling.request(history.clone(), CHAT_TEMPERATURE);
         let reply = rt.block_on(async {
             let mut reply = String::new();
             let mut stream = match generator.start(&req).await {

@@ -4,16 +4,12 @@
 use super::{RunArgs, SamplingArgs};
 use anyhow::bail;
 use axle_models::ChatMessage;
-use axle_sdk::{defaults, EventStream, GenerateRequest, Prompt, StreamEvent};
+use axle_sdk::{defaults, EventStream, Prompt, StreamEvent};
 use std::io::Write;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    #[command(flatten)]
-    run: RunArgs,
-    #[command(flatten)]
-    sampling: SamplingArgs,
     /// Plain prompt (continued as is).
     #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
     prompt: Option<String>,
@@ -23,14 +19,15 @@ pub struct Args {
     /// Optional system message for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = defaults::MAX_TOKENS)]
-    max_tokens: usize,
     /// Run this many choices of the prompt at once (seeds seed, seed+1, ...), continuously
     /// batched.
     #[arg(long, default_value_t = 1,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=defaults::MAX_CHOICES as u64))]
     parallel: usize,
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -46,9 +43,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give --prompt or --chat"),
     };
-    let mut req = a
-        .sampling
-        .apply(GenerateRequest::new(prompt).max_tokens(a.max_tokens), 0.0);
+    let mut req = a.sampling.request(prompt, 0.0);
     req.n = a.parallel;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -112,9 +112,12 @@ pub struct EngineArgs {
     pub kernels: KernelChoice,
 }
 
-/// Sampling options of the commands that generate (generate, chat).
+/// Sampling and length options of the commands that generate (generate, chat).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
+    /// Most tokens to generate (per reply, in chat).
+    #[arg(long, default_value_t = axle_sdk::defaults::MAX_TOKENS)]
+    pub max_tokens: usize,
     /// Sampling temperature, 0 for greedy (default: greedy for generate, 0.7 for chat).
     #[arg(long)]
     pub temperature: Option<f32>,
@@ -136,8 +139,13 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// Sets the request's sampling; an unset temperature is `default_temperature`.
-    pub fn apply(&self, mut req: GenerateRequest, default_temperature: f32) -> GenerateRequest {
+    /// A request for `prompt` with these options; an unset temperature is `default_temperature`.
+    pub fn request(
+        &self,
+        prompt: impl Into<axle_sdk::Prompt>,
+        default_temperature: f32,
+    ) -> GenerateRequest {
+        let mut req = GenerateRequest::new(prompt).max_tokens(self.max_tokens);
         req.sampling = axle_sdk::SamplingOptions {
             temperature: Some(self.temperature.unwrap_or(default_temperature)),
             top_k: self.top_k,
