@@ -109,6 +109,9 @@ pub struct NgramReport {
     pub threads: usize,
     /// Verify cost measured at start-up (k draft tokens -> cost vs one decode step).
     pub verify_cost: Vec<f64>,
+    /// Where those steps spent their time, per k: microseconds per step preparing, building,
+    /// writing inputs, computing and reading back.
+    pub verify_split_us: Vec<[f64; 5]>,
     /// Rows.
     pub rows: Vec<NgramRow>,
 }
@@ -282,6 +285,11 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         .draft_config()
         .map(|d| d.verify_cost.clone())
         .unwrap_or_default();
+    let verify_split_us = fast
+        .verify_profiles()
+        .iter()
+        .map(|p| p.per_step_us())
+        .collect();
     let per_pass: usize =
         workloads.iter().map(|w| w.prompts.len()).sum::<usize>() * opts.reps.max(1);
     let server_passes = if opts.llama_server.is_some() {
@@ -366,6 +374,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         model: opts.model.display().to_string(),
         threads: opts.threads,
         verify_cost,
+        verify_split_us,
         rows,
     })
 }

@@ -10,7 +10,8 @@ use axle_core::{
     SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::{
-    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StreamDecoder, TokenId,
+    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StepProfile,
+    StreamDecoder, TokenId,
 };
 use axle_structured::tools::{ToolCallParser, ToolFormat};
 use std::collections::HashMap;
@@ -234,6 +235,9 @@ pub struct EngineCore {
     text: HashMap<RequestId, TextState>,
     /// Recurrent models: the state group of each sequence holding state.
     states: Option<StateGroups>,
+    /// Where the verify-cost measurement's steps spent their time, per draft length (empty
+    /// when it did not run).
+    verify_profiles: Vec<StepProfile>,
 }
 
 /// Where each running sequence's recurrent state is: the group of state rows the scheduler gave
@@ -305,17 +309,30 @@ impl StateGroups {
     }
 }
 
+/// What a step verifying k draft tokens costs, for k = 0..=max_len ([`measure_verify_cost`]).
+#[derive(Debug, Clone, Default)]
+pub struct VerifyCost {
+    /// Time relative to a one-token decode step (index 0 is 1.0).
+    pub ratios: Vec<f64>,
+    /// Where the timed steps of each k spent their time.
+    pub profiles: Vec<StepProfile>,
+}
+
 /// Measures what a step verifying k draft tokens (k + 1 tokens of one sequence) costs relative to
 /// a one-token decode step, for k = 0..=max_len, on this machine and model: the input of the
-/// cost-aware draft length. Uses the first KV blocks as scratch (nothing runs yet).
-fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, SdkError> {
+/// cost-aware draft length. Uses the first KV blocks as scratch (nothing runs yet). The steps
+/// pick greedy tokens on the device where the head runs on one, as greedy requests' steps do.
+fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost, SdkError> {
     const REPS: usize = 9;
     let slots = runner.options().kv_slots;
     // A 64-token context, or what fits in a small cache next to the draft.
     let context: u32 = 64u32.min(slots.saturating_sub(max_len as u32 + 1));
     if context == 0 {
         // No room to measure: assume verifying costs as much as decoding each token (never drafts).
-        return Ok((0..=max_len).map(|k| (k + 1) as f64).collect());
+        return Ok(VerifyCost {
+            ratios: (0..=max_len).map(|k| (k + 1) as f64).collect(),
+            profiles: Vec::new(),
+        });
     }
     let bs = runner.options().block_size;
     let table: Vec<u32> = (0..(context + max_len as u32 + 1).div_ceil(bs)).collect();
@@ -345,7 +362,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
         start_pos: context,
         block_table: table.clone(),
         logits: LogitRows::for_drafts(k),
-        pick: false,
+        pick: true,
         state: StateSlots {
             keep: k as u32 + 1,
             ..StateSlots::default()
@@ -358,25 +375,29 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<Vec<f64>, 
     // while (another process, clock changes) weighs on all widths of that repetition alike; the
     // cost of k is the median over repetitions of time(k) / time(0) of the same repetition.
     let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(REPS); max_len + 1];
+    let mut profiles = vec![StepProfile::default(); max_len + 1];
+    runner.take_profile();
     for _ in 0..REPS {
         let mut times = Vec::with_capacity(max_len + 1);
-        for k in 0..=max_len {
+        for (k, profile) in profiles.iter_mut().enumerate() {
             let inp = input(k);
             let t = std::time::Instant::now();
             runner.step(std::slice::from_ref(&inp))?;
             times.push(t.elapsed().as_secs_f64());
+            profile.add(&runner.take_profile());
         }
         for (k, t) in times.iter().enumerate() {
             ratios[k].push(t / times[0]);
         }
     }
-    Ok(ratios
+    let ratios = ratios
         .into_iter()
         .map(|mut r| {
             r.sort_by(f64::total_cmp);
             r[r.len() / 2]
         })
-        .collect())
+        .collect();
+    Ok(VerifyCost { ratios, profiles })
 }
 
 /// A stable identity of the model file for prefix-cache keys.
@@ -418,13 +439,18 @@ impl EngineCore {
                 state_saved: saved_states,
             },
         )?;
+        let mut verify_profiles = Vec::new();
         let draft = if cfg.max_draft > 0 {
             let max_len = cfg.max_draft.min(MAX_DRAFT);
             Some(DraftConfig {
                 max_len,
                 verify_cost: match &cfg.verify_cost {
                     Some(c) => c.clone(),
-                    None => measure_verify_cost(&mut runner, max_len)?,
+                    None => {
+                        let m = measure_verify_cost(&mut runner, max_len)?;
+                        verify_profiles = m.profiles;
+                        m.ratios
+                    }
                 },
                 ..Default::default()
             })
@@ -449,6 +475,7 @@ impl EngineCore {
             sched,
             text: HashMap::new(),
             states: recurrent.then(|| StateGroups::new(saved_states)),
+            verify_profiles,
         })
     }
 
@@ -574,6 +601,12 @@ impl EngineCore {
     /// The scheduler's speculation settings (measured verify costs), if on.
     pub fn draft_config(&self) -> Option<&DraftConfig> {
         self.sched.config().draft.as_ref()
+    }
+
+    /// Where the steps that measured the verify cost spent their time, for k = 0.. drafts
+    /// (empty unless this engine measured it).
+    pub fn verify_profiles(&self) -> &[StepProfile] {
+        &self.verify_profiles
     }
 
     /// Finishes every request of a step with an error.

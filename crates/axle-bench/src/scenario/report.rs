@@ -19,7 +19,7 @@ fn fmt(v: f64) -> String {
 
 /// Extras rendered in tables of their own rather than in the "other" column.
 fn own_table(key: &str) -> bool {
-    key.starts_with("verify_cost")
+    key.starts_with("verify_")
         || key.starts_with("accept_pos")
         || key.starts_with("llama_server_")
         || key.starts_with("step_")
@@ -28,7 +28,7 @@ fn own_table(key: &str) -> bool {
 /// Where a decode step's time goes (compare runs): Axle's phases per step beside libllama's
 /// whole step, in microseconds.
 fn step_table(a: &Artifact) -> Option<String> {
-    let phases = ["prepare", "build", "inputs", "compute", "logits"];
+    let phases = super::workloads::STEP_PHASES;
     let rows: Vec<Vec<String>> = a
         .rows
         .iter()
@@ -55,6 +55,37 @@ fn step_table(a: &Artifact) -> Option<String> {
         "\nWhere a decode step's time goes (microseconds per step; prepare: block tables, positions and masks on the host; build: graph building and allocation, amortized; inputs: uploads; compute: the graph until the device is done; logits: the read-back):\n\n{}",
         markdown_table(
             &["workload", "prepare", "build", "inputs", "compute", "logits", "Axle step", "libllama step", "graphs built per step"],
+            &rows
+        )
+    ))
+}
+
+/// Where the steps of the verify-cost measurement spent their time (n-gram runs), by draft
+/// length, in microseconds per step.
+fn verify_step_table(a: &Artifact) -> Option<String> {
+    let extras = a
+        .rows
+        .iter()
+        .map(|r| &r.extra)
+        .find(|e| e.contains_key("verify_step_k0_compute_us"))?;
+    let rows: Vec<Vec<String>> = (0..)
+        .map_while(|k| {
+            let get = |p: &str| extras.get(&format!("verify_step_k{k}_{p}_us")).copied();
+            get("compute")?;
+            let vals: Vec<f64> = super::workloads::STEP_PHASES
+                .iter()
+                .map(|p| get(p).unwrap_or(0.0))
+                .collect();
+            let mut row = vec![k.to_string()];
+            row.extend(vals.iter().map(|v| format!("{v:.0}")));
+            row.push(format!("{:.0}", vals.iter().sum::<f64>()));
+            Some(row)
+        })
+        .collect();
+    Some(format!(
+        "\nWhere the verify-cost measurement's steps spent their time (microseconds per step; k drafts, k + 1 rows of one sequence; phases as in the step tables):\n\n{}",
+        markdown_table(
+            &["k", "prepare", "build", "inputs", "compute", "logits", "step"],
             &rows
         )
     ))
@@ -255,9 +286,14 @@ pub fn markdown(a: &Artifact) -> String {
     if let Some(line) = ngram_summary(a) {
         let _ = writeln!(out, "{line}");
     }
-    for t in [acceptance_table(a), llama_server_table(a), step_table(a)]
-        .into_iter()
-        .flatten()
+    for t in [
+        acceptance_table(a),
+        llama_server_table(a),
+        step_table(a),
+        verify_step_table(a),
+    ]
+    .into_iter()
+    .flatten()
     {
         out.push_str(&t);
         out.push('\n');

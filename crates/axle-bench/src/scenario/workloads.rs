@@ -12,6 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The runner's step phases, in `StepProfile::per_step_us` order.
+pub(crate) const STEP_PHASES: [&str; 5] = ["prepare", "build", "inputs", "compute", "logits"];
+
 /// Runs the manifest's workload.
 pub fn run(
     m: &Manifest,
@@ -50,8 +53,7 @@ pub fn run(
                     let llama_us = 1e6 / t.llama_median;
                     let mut r = Row::new(row.test, metric, t.axle, Some((&reference, t.llama)));
                     if let Some(p) = profile {
-                        let names = ["prepare", "build", "inputs", "compute", "logits"];
-                        for (k, v) in names.iter().zip(p.per_step_us()) {
+                        for (k, v) in STEP_PHASES.iter().zip(p.per_step_us()) {
                             r.extra.insert(format!("step_{k}_us"), v);
                         }
                         r.extra.insert(
@@ -177,6 +179,13 @@ pub fn run(
             if let Some(first) = rows.first_mut() {
                 for (k, c) in r.verify_cost.iter().enumerate() {
                     first.extra.insert(format!("verify_cost_k{k}"), *c);
+                }
+                for (k, split) in r.verify_split_us.iter().enumerate() {
+                    for (phase, us) in STEP_PHASES.iter().zip(split) {
+                        first
+                            .extra
+                            .insert(format!("verify_step_k{k}_{phase}_us"), *us);
+                    }
                 }
             }
             rows
