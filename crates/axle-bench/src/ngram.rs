@@ -112,6 +112,9 @@ pub struct NgramReport {
     /// Where those steps spent their time, per k: microseconds per step preparing, building,
     /// writing inputs, computing and reading back.
     pub verify_split_us: Vec<[f64; 5]>,
+    /// Where the plain engine's steps spent their time over the whole run (prefill chunks
+    /// included), in the same phases.
+    pub plain_split_us: [f64; 5],
     /// Rows.
     pub rows: Vec<NgramRow>,
 }
@@ -309,6 +312,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         .collect();
     let bar = indicatif::ProgressBar::new(total as u64);
     let mut rows = Vec::new();
+    plain.take_profile();
     for (w, w_prompts) in workloads.iter().zip(&prompts) {
         let (mut p_speed, mut f_speed) = (Vec::new(), Vec::new());
         let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
@@ -359,6 +363,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
             llama_server: Vec::new(),
         });
     }
+    let plain_split_us = plain.take_profile().per_step_us();
     if let Some(bin) = &opts.llama_server {
         // Axle's engines hold spinning thread pools: free the cores for llama-server.
         drop((plain, fast));
@@ -375,6 +380,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         threads: opts.threads,
         verify_cost,
         verify_split_us,
+        plain_split_us,
         rows,
     })
 }

@@ -368,8 +368,17 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
             ..StateSlots::default()
         },
     };
-    for k in 0..=max_len {
-        runner.step(&[input(k)])?; // warm-up
+    // Warm-up: every width once (graphs built), then for at least WARM_UP in all, so that a
+    // GPU that idled at a low clock while the model loaded is up to speed when timing starts.
+    const WARM_UP: std::time::Duration = std::time::Duration::from_millis(250);
+    let warm = std::time::Instant::now();
+    loop {
+        for k in 0..=max_len {
+            runner.step(&[input(k)])?;
+        }
+        if warm.elapsed() >= WARM_UP {
+            break;
+        }
     }
     // Widths interleaved within each repetition, so that whatever slows the machine down for a
     // while (another process, clock changes) weighs on all widths of that repetition alike; the

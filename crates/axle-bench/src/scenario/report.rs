@@ -68,22 +68,24 @@ fn verify_step_table(a: &Artifact) -> Option<String> {
         .iter()
         .map(|r| &r.extra)
         .find(|e| e.contains_key("verify_step_k0_compute_us"))?;
+    let row = |label: String, key: &str| {
+        let get = |p: &str| extras.get(&format!("verify_step_{key}_{p}_us")).copied();
+        get("compute")?;
+        let vals: Vec<f64> = super::workloads::STEP_PHASES
+            .iter()
+            .map(|p| get(p).unwrap_or(0.0))
+            .collect();
+        let mut row = vec![label];
+        row.extend(vals.iter().map(|v| format!("{v:.0}")));
+        row.push(format!("{:.0}", vals.iter().sum::<f64>()));
+        Some(row)
+    };
     let rows: Vec<Vec<String>> = (0..)
-        .map_while(|k| {
-            let get = |p: &str| extras.get(&format!("verify_step_k{k}_{p}_us")).copied();
-            get("compute")?;
-            let vals: Vec<f64> = super::workloads::STEP_PHASES
-                .iter()
-                .map(|p| get(p).unwrap_or(0.0))
-                .collect();
-            let mut row = vec![k.to_string()];
-            row.extend(vals.iter().map(|v| format!("{v:.0}")));
-            row.push(format!("{:.0}", vals.iter().sum::<f64>()));
-            Some(row)
-        })
+        .map_while(|k| row(k.to_string(), &format!("k{k}")))
+        .chain(row("plain run (every step)".into(), "plain"))
         .collect();
     Some(format!(
-        "\nWhere the verify-cost measurement's steps spent their time (microseconds per step; k drafts, k + 1 rows of one sequence; phases as in the step tables):\n\n{}",
+        "\nWhere the verify-cost measurement's steps spent their time (microseconds per step; k drafts, k + 1 rows of one sequence; phases as in the step tables), and the plain engine's steps over the whole run (prefill chunks included):\n\n{}",
         markdown_table(
             &["k", "prepare", "build", "inputs", "compute", "logits", "step"],
             &rows

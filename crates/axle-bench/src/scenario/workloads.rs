@@ -180,6 +180,13 @@ pub fn run(
                 for (k, c) in r.verify_cost.iter().enumerate() {
                     first.extra.insert(format!("verify_cost_k{k}"), *c);
                 }
+                if !r.verify_split_us.is_empty() {
+                    for (phase, us) in STEP_PHASES.iter().zip(r.plain_split_us) {
+                        first
+                            .extra
+                            .insert(format!("verify_step_plain_{phase}_us"), us);
+                    }
+                }
                 for (k, split) in r.verify_split_us.iter().enumerate() {
                     for (phase, us) in STEP_PHASES.iter().zip(split) {
                         first
