@@ -206,7 +206,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             .collect();
         let (mut a, mut l, mut f) = (Vec::new(), Vec::new(), Vec::new());
         let (mut split, mut fast_split) = (StepSplit::default(), None);
-        let invariant = Kernels::BatchInvariant;
+        let invariant = crate::default_kernels(model);
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
             let (tok_s, s) = axle_run(model, &prompts, opts.steps, invariant)?;
             a.push(tok_s);

@@ -105,6 +105,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         model.clone(),
         RunnerOptions {
             kv_slots,
+            kernels: crate::default_kernels(model),
             ..Default::default()
         },
     )?;

@@ -57,3 +57,13 @@ pub enum BenchError {
     #[error("{0}")]
     Invalid(String),
 }
+
+/// The kernels a bench runs Axle with: batch-invariant, except under a tensor split, which
+/// cannot be (its runs are compared with libllama's own kernels).
+pub fn default_kernels(model: &axle_models::Model) -> axle_models::Kernels {
+    if model.placement().tensor_parallel().is_some() {
+        axle_models::Kernels::LikeLlamaCpp
+    } else {
+        axle_models::Kernels::BatchInvariant
+    }
+}

@@ -25,6 +25,8 @@ pub enum DeviceKind {
     IntegratedGpu,
     /// An accelerator (BLAS, AMX, ...) that only takes some ops.
     Accelerator,
+    /// Several devices joined into one, tensors split between them ([`crate::meta`]).
+    Split,
     /// Anything else ggml may add.
     Other,
 }
@@ -199,6 +201,7 @@ impl Device {
             sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
             sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
             sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            sys::GGML_BACKEND_DEVICE_TYPE_META => DeviceKind::Split,
             _ => DeviceKind::Other,
         }
     }
@@ -278,6 +281,14 @@ impl BufferType {
     pub fn name(&self) -> String {
         // SAFETY: valid buffer type.
         cstr(unsafe { sys::ggml_backend_buft_name(self.0) })
+    }
+
+    /// Whether it holds tensors split over several devices ([`crate::meta`]): such tensors must
+    /// be allocated from their context (see `TensorStore`).
+    pub fn is_split(&self) -> bool {
+        // SAFETY: valid buffer type; the device may be NULL (host buffer types of some backends).
+        let dev = unsafe { sys::ggml_backend_buft_get_device(self.0) };
+        !dev.is_null() && Device(dev).kind() == DeviceKind::Split
     }
 }
 

@@ -107,6 +107,12 @@ impl DType {
         unsafe { sys::ggml_is_quantized(self.0) }
     }
 
+    /// Elements per block (1 for plain float types).
+    pub fn block_size(self) -> i64 {
+        // SAFETY: pure function of a valid type id.
+        unsafe { sys::ggml_blck_size(self.0) }
+    }
+
     /// Bytes taken by a row of `n` elements of this type.
     pub fn row_size(self, n: i64) -> usize {
         // SAFETY: pure function of its arguments.

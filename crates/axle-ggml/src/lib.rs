@@ -13,6 +13,7 @@ mod error;
 pub mod few_columns;
 mod gguf;
 mod log;
+pub mod meta;
 pub mod oracle;
 pub mod rpc;
 mod store;

@@ -18,6 +18,8 @@ impl Drop for Buffer {
 
 struct StoreInner {
     ctx: Context,
+    /// The tensors split over several devices, when some are (see [`crate::meta`]).
+    split_ctx: Option<Context>,
     _buffers: Vec<Buffer>,
     _mmap: Option<Arc<Mmap>>,
     by_name: HashMap<String, *mut sys::ggml_tensor>,
@@ -116,10 +118,12 @@ impl TensorStore {
 
     /// Names and buffer types of all tensors (for reports).
     pub fn placement_summary(&self) -> Vec<(String, String)> {
+        let split = self.inner.split_ctx.iter().flat_map(Context::tensors);
         self.inner
             .ctx
             .tensors()
             .into_iter()
+            .chain(split)
             .map(|t| {
                 // SAFETY: tensors of a live store; buffer is set for all of them after loading.
                 let buft = unsafe {
@@ -156,16 +160,14 @@ impl TensorStore {
             WeightPlacement::Host { repack: true } => backend.device().extra_buffer_types(),
             _ => Vec::new(),
         };
+        // Tensors split over several devices get a context of their own: ggml's split buffers
+        // take every tensor of the context they are allocated from.
+        let split_ctx = Context::new(infos.len() + 1, 0)?;
+        let ctx_for = |target: Option<BufferType>| match target {
+            Some(b) if b.is_split() => &split_ctx,
+            _ => &ctx,
+        };
         for (i, info) in infos.iter().enumerate() {
-            let t = ctx.tensor(info.dtype, &info.shape).named(&info.name);
-            if t.nbytes() as u64 != info.nbytes {
-                return Err(Error::TensorShape {
-                    name: info.name.clone(),
-                    found: info.shape.clone(),
-                    expected: vec![],
-                });
-            }
-            by_name.insert(info.name.clone(), t.raw());
             let target = match &placement {
                 WeightPlacement::Layers { layers, head } => match info.layer() {
                     Some(il) => layers.get(il as usize).copied().flatten(),
@@ -184,6 +186,17 @@ impl TensorStore {
                     })
                 }
             };
+            let t = ctx_for(target)
+                .tensor(info.dtype, &info.shape)
+                .named(&info.name);
+            if t.nbytes() as u64 != info.nbytes {
+                return Err(Error::TensorShape {
+                    name: info.name.clone(),
+                    found: info.shape.clone(),
+                    expected: vec![],
+                });
+            }
+            by_name.insert(info.name.clone(), t.raw());
             groups.entry(target).or_default().push((i, t.raw()));
         }
         // A tied head on the device: a device copy of the token embedding, bound as the head. On
@@ -206,7 +219,9 @@ impl TensorStore {
         if let Some(buft) = head_copy {
             if !by_name.contains_key(OUTPUT) {
                 if let Some(i) = infos.iter().position(|t| t.name == TOKEN_EMBD) {
-                    let t = ctx.tensor(infos[i].dtype, &infos[i].shape).named(OUTPUT);
+                    let t = ctx_for(Some(buft))
+                        .tensor(infos[i].dtype, &infos[i].shape)
+                        .named(OUTPUT);
                     by_name.insert(OUTPUT.to_string(), t.raw());
                     groups.entry(Some(buft)).or_default().push((i, t.raw()));
                 }
@@ -220,7 +235,14 @@ impl TensorStore {
         let mut done = 0u64;
         let mut buffers = Vec::new();
         let mut mmap = None;
+        // Tensors split over several devices are allocated last, from the context: ggml's split
+        // buffers place every tensor of a context that has no memory yet.
+        let mut split = None;
         for (target, tensors) in groups {
+            if let Some(buft) = target.filter(BufferType::is_split) {
+                split = Some((buft, tensors));
+                continue;
+            }
             match target {
                 None => {
                     // In place: one host buffer over the whole mapping; tensors point into it.
@@ -278,9 +300,26 @@ impl TensorStore {
                 }
             }
         }
+        if let Some((buft, tensors)) = split {
+            let buf = alloc_context(&split_ctx, buft)?;
+            // SAFETY: buf is a fresh buffer.
+            unsafe {
+                sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            };
+            for (i, t) in tensors {
+                let data = file.tensor_data(&infos[i]);
+                // SAFETY: t is allocated in buf and data has exactly its nbytes (checked above);
+                // the split buffer copies each device's slice of the whole tensor.
+                unsafe { sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len()) };
+                done += data.len() as u64;
+                progress(done, total);
+            }
+            buffers.push(buf);
+        }
         Ok(TensorStore {
             inner: Arc::new(StoreInner {
                 ctx,
+                split_ctx: Some(split_ctx),
                 _buffers: buffers,
                 _mmap: mmap,
                 by_name,
@@ -298,18 +337,34 @@ impl TensorStore {
             by_name.insert(name.clone(), t.raw());
             raws.push(t.raw());
         }
-        let buf = alloc_for(buft, &raws)?;
+        let buf = if buft.is_split() {
+            alloc_context(&ctx, buft)?
+        } else {
+            alloc_for(buft, &raws)?
+        };
         // SAFETY: fresh buffer.
         unsafe { sys::ggml_backend_buffer_clear(buf.0, 0) };
         Ok(TensorStore {
             inner: Arc::new(StoreInner {
                 ctx,
+                split_ctx: None,
                 _buffers: vec![buf],
                 _mmap: None,
                 by_name,
             }),
         })
     }
+}
+
+/// Places every tensor of `ctx` that has no memory yet in one buffer of `buft` (the way split
+/// buffers must be filled).
+fn alloc_context(ctx: &Context, buft: BufferType) -> Result<Buffer> {
+    // SAFETY: live context and buffer type; the result is checked for null.
+    let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw(), buft.0) };
+    if buf.is_null() {
+        return Err(Error::Alloc(format!("tensors of {}", buft.name())));
+    }
+    Ok(Buffer(buf))
 }
 
 /// Allocates one buffer of `buft` large enough for `tensors` and places each in it.

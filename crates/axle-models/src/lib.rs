@@ -17,12 +17,13 @@ pub mod placement;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;
+pub mod tensor_split;
 pub mod tokenizer;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::Kernels;
 pub use model::{default_threads, Model, ModelOptions};
-pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest};
+pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest, SplitMode};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
 pub use sequence::Sequence;

@@ -3,7 +3,7 @@
 //! reports it as one clear error.
 use crate::arch::{self, Family};
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
-use crate::placement::{DeviceChoice, Placement, PlacementRequest};
+use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 use axle_ggml::{Backend, GgufFile, TensorStore, WeightPlacement};
@@ -28,6 +28,8 @@ pub struct ModelOptions {
     pub split: Option<Vec<f32>>,
     /// RPC servers (`host:port`) whose devices join the registry before devices are chosen.
     pub rpc: Vec<String>,
+    /// Layer ranges over the devices, or every layer split over all of them.
+    pub split_mode: SplitMode,
 }
 
 impl Default for ModelOptions {
@@ -39,6 +41,7 @@ impl Default for ModelOptions {
             gpu_layers: None,
             split: None,
             rpc: Vec::new(),
+            split_mode: SplitMode::Layer,
         }
     }
 }
@@ -108,9 +111,13 @@ impl Model {
                 gpu_layers: opts.gpu_layers,
                 split: opts.split.clone(),
                 rpc: opts.rpc.clone(),
+                split_mode: opts.split_mode,
             },
             n_layer,
         )?;
+        if let Some(tp) = placement.tensor_parallel() {
+            crate::tensor_split::plan(&file, tp)?;
+        }
         let weight_placement = if placement.uses_accelerator() {
             WeightPlacement::Layers {
                 layers: (0..n_layer)

@@ -7,6 +7,7 @@
 //! step reads a few of its rows); the output norm and head go with the last layer when every
 //! layer is on an accelerator, and stay on the CPU otherwise.
 use crate::ModelError;
+use axle_ggml::meta::TensorParallel;
 use axle_ggml::{BufferType, Device, DeviceKind};
 use std::ops::Range;
 
@@ -60,6 +61,28 @@ impl std::fmt::Display for DeviceChoice {
     }
 }
 
+/// How a model is spread over several devices (`--split-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SplitMode {
+    /// Contiguous layer ranges, one per device.
+    #[default]
+    Layer,
+    /// Every layer over every device: attention heads and feed-forward columns split between
+    /// them, partial sums added across them (see [`crate::tensor_split`]).
+    Tensor,
+}
+
+impl std::str::FromStr for SplitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "layer" => Ok(SplitMode::Layer),
+            "tensor" => Ok(SplitMode::Tensor),
+            other => Err(format!("unknown split mode `{other}` (layer, tensor)")),
+        }
+    }
+}
+
 /// Where a model goes, as asked: devices, split ratios, remote servers, host layers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlacementRequest {
@@ -73,6 +96,8 @@ pub struct PlacementRequest {
     pub split: Option<Vec<f32>>,
     /// RPC servers (`host:port`) whose devices to attach before choosing (`--rpc`).
     pub rpc: Vec<String>,
+    /// Layer ranges, or every layer split over every device.
+    pub split_mode: SplitMode,
 }
 
 /// A run of consecutive layers on one device.
@@ -88,6 +113,8 @@ pub struct LayerRange {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     ranges: Vec<LayerRange>,
+    /// With a tensor split: the joined device (the one range's device) and the devices it joins.
+    tensor: Option<(TensorParallel, Vec<Device>)>,
 }
 
 impl Placement {
@@ -98,6 +125,7 @@ impl Placement {
                 device: None,
                 layers: 0..n_layer,
             }],
+            tensor: None,
         }
     }
 
@@ -163,6 +191,9 @@ impl Placement {
             }
             None => devices.iter().map(|d| free_memory(*d) as f64).collect(),
         };
+        if req.split_mode == SplitMode::Tensor {
+            return Placement::tensor(req, &devices, n_layer);
+        }
         let accel = devices.iter().filter(|d| d.is_some()).count();
         if accel == 0 {
             return Ok(Placement::host(n_layer));
@@ -196,7 +227,45 @@ impl Placement {
         if ranges.is_empty() {
             return Ok(Placement::host(n_layer));
         }
-        Ok(Placement { ranges })
+        Ok(Placement {
+            ranges,
+            tensor: None,
+        })
+    }
+
+    /// Every layer on one device joined from `devices` (all accelerators, two or more).
+    fn tensor(
+        req: &PlacementRequest,
+        devices: &[Option<Device>],
+        n_layer: u32,
+    ) -> Result<Placement, ModelError> {
+        let joined: Vec<Device> = devices.iter().copied().flatten().collect();
+        if joined.len() != devices.len() || joined.len() < 2 {
+            return Err(ModelError::Invalid(
+                "--split-mode tensor needs two or more accelerators and no `cpu` in --device"
+                    .into(),
+            ));
+        }
+        if req.gpu_layers.is_some() || req.split.is_some() {
+            return Err(ModelError::Invalid(
+                "--split-mode tensor splits every layer evenly: --gpu-layers and --split are \
+                 for --split-mode layer"
+                    .into(),
+            ));
+        }
+        let tp = TensorParallel::new(&joined)?;
+        Ok(Placement {
+            ranges: vec![LayerRange {
+                device: Some(tp.device),
+                layers: 0..n_layer,
+            }],
+            tensor: Some((tp, joined)),
+        })
+    }
+
+    /// The tensor-parallel device, when the model is split by tensors.
+    pub fn tensor_parallel(&self) -> Option<&TensorParallel> {
+        self.tensor.as_ref().map(|(tp, _)| tp)
     }
 
     /// The ranges, first layer first.
@@ -260,6 +329,10 @@ impl Placement {
             None => "CPU".to_string(),
             Some(d) => format!("{} ({})", d.name(), d.description()),
         };
+        if let Some((_, devices)) = &self.tensor {
+            let each: Vec<String> = devices.iter().map(|d| name(&Some(*d))).collect();
+            return format!("tensor split over {}", each.join(", "));
+        }
         match self.ranges.as_slice() {
             [one] => name(&one.device),
             many => many

@@ -357,10 +357,24 @@ impl Runner {
             let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
             base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
-        let graph_slots = opts
-            .graph_slots
-            .unwrap_or_else(|| graph_slots(!placement.accelerators().is_empty()))
-            .max(1);
+        let tensor_split = placement.tensor_parallel().is_some();
+        if tensor_split && opts.kernels == Kernels::BatchInvariant {
+            return Err(ModelError::Invalid(
+                "--split-mode tensor adds partial products across the devices in ops whose \
+                 shape depends on the step, so it cannot keep outputs batch-invariant: use \
+                 --kernels fast with it"
+                    .into(),
+            ));
+        }
+        // ggml's tensor-parallel device keeps the views a graph takes of the KV cache only
+        // until another graph takes views of it: one graph at a time.
+        let graph_slots = if tensor_split {
+            1
+        } else {
+            opts.graph_slots
+                .unwrap_or_else(|| graph_slots(!placement.accelerators().is_empty()))
+                .max(1)
+        };
         let sched = GraphScheduler::new(backends, base_nodes)?;
         // Logits come from the head's device (the last layer's, or the CPU).
         let pinned = model

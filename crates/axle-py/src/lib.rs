@@ -261,7 +261,8 @@ impl Engine {
         threads=None, max_batch_size=16, max_batch_tokens=512, kv_slots=None, ngram=true,
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
-        upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None
+        upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
+        split_mode="layer".to_string()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -287,6 +288,7 @@ impl Engine {
         split: Option<Vec<f32>>,
         rpc: Option<Vec<String>>,
         state_slots: Option<usize>,
+        split_mode: String,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -323,6 +325,7 @@ impl Engine {
             gpu_layers,
             split,
             rpc: rpc.unwrap_or_default(),
+            split_mode: split_mode.parse().map_err(invalid)?,
         };
         let spec = RouteSpec {
             model: model_path,

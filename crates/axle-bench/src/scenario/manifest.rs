@@ -73,6 +73,9 @@ pub struct ModelSpec {
     /// libllama's `--split-mode` over several GPUs: `layer` (absent), `row` or `tensor`.
     #[serde(default)]
     pub oracle_split_mode: Option<String>,
+    /// Axle's `--split-mode` over several devices: `layer` (absent) or `tensor`.
+    #[serde(default)]
+    pub split_mode: Option<String>,
 }
 
 impl ModelSpec {

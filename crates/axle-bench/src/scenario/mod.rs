@@ -68,6 +68,10 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
             gpu_layers: m.model.gpu_layers,
             split: m.model.split.clone(),
             rpc: m.model.rpc.clone(),
+            split_mode: match &m.model.split_mode {
+                Some(s) => s.parse().map_err(BenchError::Invalid)?,
+                None => Default::default(),
+            },
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));

@@ -580,6 +580,7 @@ fn quick(
             split: d.split,
             rpc: d.rpc,
             oracle_split_mode: None,
+            split_mode: (d.split_mode == axle_models::SplitMode::Tensor).then(|| "tensor".into()),
         },
         route: None,
         workload,

@@ -42,6 +42,11 @@ pub struct DeviceArgs {
     /// `--device auto` the model spreads over them and the first local GPU (or the CPU).
     #[arg(long, value_delimiter = ',')]
     pub rpc: Vec<String>,
+    /// How several devices share the model: `layer` (contiguous layer ranges) or `tensor`
+    /// (every layer over every device: attention heads and feed-forward columns split, partial
+    /// sums added across the devices; llama, qwen2 and qwen3 models, with `--kernels fast`).
+    #[arg(long, default_value = "layer")]
+    pub split_mode: axle_models::SplitMode,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -224,6 +229,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         gpu_layers: device.gpu_layers,
         split: device.split.clone(),
         rpc: device.rpc.clone(),
+        split_mode: device.split_mode,
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
