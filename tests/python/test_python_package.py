@@ -193,6 +193,11 @@ def test_every_error_class(engine, tmp_path):
         axle.Engine(str(MODEL), threads=2, rpc=["127.0.0.1:9"])
     with pytest.raises(axle.ModelError, match="one non-negative share per device"):
         axle.Engine(str(MODEL), threads=2, device="cpu", split=[1, 2])
+    # A tensor split names what it needs: a known mode, two or more accelerators.
+    with pytest.raises(ValueError, match="unknown split mode"):
+        axle.Engine(str(MODEL), threads=2, split_mode="rows")
+    with pytest.raises(axle.ModelError, match="two or more accelerators"):
+        axle.Engine(str(MODEL), threads=2, device="cpu", split_mode="tensor")
 
 
 def test_the_delegated_route(engine):

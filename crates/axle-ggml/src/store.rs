@@ -235,8 +235,8 @@ impl TensorStore {
         let mut done = 0u64;
         let mut buffers = Vec::new();
         let mut mmap = None;
-        // Tensors split over several devices are allocated last, from the context: ggml's split
-        // buffers place every tensor of a context that has no memory yet.
+        // Tensors split over several devices are allocated last, from their own context (a split
+        // buffer takes every tensor of the context it is allocated from).
         let mut split = None;
         for (target, tensors) in groups {
             if let Some(buft) = target.filter(BufferType::is_split) {
@@ -316,10 +316,11 @@ impl TensorStore {
             }
             buffers.push(buf);
         }
+        let split_ctx = (!split_ctx.tensors().is_empty()).then_some(split_ctx);
         Ok(TensorStore {
             inner: Arc::new(StoreInner {
                 ctx,
-                split_ctx: Some(split_ctx),
+                split_ctx,
                 _buffers: buffers,
                 _mmap: mmap,
                 by_name,
@@ -356,8 +357,8 @@ impl TensorStore {
     }
 }
 
-/// Places every tensor of `ctx` that has no memory yet in one buffer of `buft` (the way split
-/// buffers must be filled).
+/// Places every tensor of `ctx` in one buffer of `buft` (the way split buffers must be filled:
+/// ggml's split buffer takes all of a context's tensors, allocated or not).
 fn alloc_context(ctx: &Context, buft: BufferType) -> Result<Buffer> {
     // SAFETY: live context and buffer type; the result is checked for null.
     let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw(), buft.0) };

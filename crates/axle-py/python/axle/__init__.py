@@ -53,7 +53,9 @@ class Engine:
     ``kv_slots``, ``draft_len``, ``kernels``, ``repack``, ``gpu_layers``, ``upstream_model``,
     ``upstream_api_key``, ``upstream_timeout``, ``state_slots``). Several devices:
     ``device="cuda0,cuda1"`` (or ``"all"``), ``split=[3, 1]`` for shares other than by free
-    memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves.
+    memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves,
+    ``split_mode="tensor"`` (with ``kernels="fast"``) to run every layer on every device instead
+    of a range of layers on each.
     """
 
     def __init__(self, model_path: Optional[str] = None, **options: Any) -> None:
