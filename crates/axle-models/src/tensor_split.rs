@@ -34,24 +34,10 @@ pub fn plan(file: &GgufFile, tp: &TensorParallel) -> Result<(), ModelError> {
             SUPPORTED.join(", ")
         )));
     }
-    let key = |k: &str| format!("{arch}.{k}");
-    let n_embd = file.int(&key("embedding_length"))?;
-    let n_head = file.int(&key("attention.head_count"))?;
-    let n_head_kv = file
-        .int_opt(&key("attention.head_count_kv"))?
-        .unwrap_or(n_head);
-    if n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0 {
-        return Err(ModelError::Invalid(format!(
-            "{n_head} query heads do not group over {n_head_kv} KV heads"
-        )));
-    }
-    let hd_k = file
-        .int_opt(&key("attention.key_length"))?
-        .unwrap_or(n_embd / n_head);
-    let hd_v = file
-        .int_opt(&key("attention.value_length"))?
-        .unwrap_or(hd_k);
-    let n_gqa = n_head / n_head_kv;
+    // The shared keys, read and checked as the family will (positive head counts that group).
+    let hp = crate::arch::Hparams::from_gguf(file, arch, 0)?;
+    let (n_head_kv, hd_k, hd_v) = (hp.n_head_kv, hp.head_dim_k, hp.head_dim_v);
+    let n_gqa = hp.n_head / n_head_kv;
     let n_dev = tp.n_devices();
     let groups = even_split(n_head_kv, 1, n_dev).ok_or_else(|| {
         ModelError::Invalid(format!(
