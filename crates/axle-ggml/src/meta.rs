@@ -123,21 +123,6 @@ impl PartialEq for TensorParallel {
 
 impl Eq for TensorParallel {}
 
-/// Splits `n` units into `parts` shares as even as they can be, the remainder going to the first
-/// shares, each share a whole number of units (`unit` elements each); None when there are fewer
-/// units than shares.
-pub fn even_split(n_units: i64, unit: i64, parts: usize) -> Option<Vec<i64>> {
-    let parts_i = parts as i64;
-    if parts == 0 || n_units < parts_i {
-        return None;
-    }
-    Some(
-        (0..parts_i)
-            .map(|i| (n_units / parts_i + i64::from(i < n_units % parts_i)) * unit)
-            .collect(),
-    )
-}
-
 /// ggml's question: how is this tensor split? Answered from the table by the tensor's name.
 /// Must not unwind: it only reads the table and fills a plain struct.
 unsafe extern "C" fn split_state(
@@ -177,15 +162,6 @@ unsafe extern "C" fn split_state(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn even_splits_give_whole_units_and_add_up() {
-        assert_eq!(even_split(8, 128, 2), Some(vec![512, 512]));
-        assert_eq!(even_split(3, 64, 2), Some(vec![128, 64]));
-        assert_eq!(even_split(1, 64, 2), None);
-        let s = even_split(7, 3, 3).unwrap();
-        assert_eq!(s.iter().sum::<i64>(), 21);
-    }
 
     #[test]
     fn unnamed_tensors_are_mirrored() {

@@ -115,8 +115,8 @@ impl Model {
             },
             n_layer,
         )?;
-        if let Some(tp) = placement.tensor_parallel() {
-            crate::tensor_split::plan(&file, tp)?;
+        if let Some((tp, shares)) = placement.tensor_parallel() {
+            crate::tensor_split::plan(&file, tp, shares)?;
         }
         let weight_placement = if placement.uses_accelerator() {
             WeightPlacement::Layers {

@@ -110,11 +110,12 @@ pub struct LayerRange {
 }
 
 /// The layer ranges of a loaded model, first layer first.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
     ranges: Vec<LayerRange>,
-    /// With a tensor split: the joined device (the one range's device) and the devices it joins.
-    tensor: Option<(TensorParallel, Vec<Device>)>,
+    /// With a tensor split: the joined device (the one range's device), the devices it joins
+    /// and each one's share of every split tensor.
+    tensor: Option<(TensorParallel, Vec<Device>, Vec<f64>)>,
 }
 
 impl Placement {
@@ -246,26 +247,34 @@ impl Placement {
                     .into(),
             ));
         }
-        if req.gpu_layers.is_some() || req.split.is_some() {
+        if req.gpu_layers.is_some() {
             return Err(ModelError::Invalid(
-                "--split-mode tensor splits every layer evenly: --gpu-layers and --split are \
-                 for --split-mode layer"
+                "--split-mode tensor puts every layer on every device: --gpu-layers is for \
+                 --split-mode layer"
                     .into(),
             ));
         }
+        // Shares as given (checked above), else even: the devices of a tensor split are
+        // usually alike, and each step waits for the slowest.
+        let shares = match &req.split {
+            Some(r) => r.iter().map(|&x| x as f64).collect(),
+            None => vec![1.0; joined.len()],
+        };
         let tp = TensorParallel::new(&joined)?;
         Ok(Placement {
             ranges: vec![LayerRange {
                 device: Some(tp.device),
                 layers: 0..n_layer,
             }],
-            tensor: Some((tp, joined)),
+            tensor: Some((tp, joined, shares)),
         })
     }
 
-    /// The tensor-parallel device, when the model is split by tensors.
-    pub fn tensor_parallel(&self) -> Option<&TensorParallel> {
-        self.tensor.as_ref().map(|(tp, _)| tp)
+    /// The tensor-parallel device and each device's share, when the model is split by tensors.
+    pub fn tensor_parallel(&self) -> Option<(&TensorParallel, &[f64])> {
+        self.tensor
+            .as_ref()
+            .map(|(tp, _, shares)| (tp, shares.as_slice()))
     }
 
     /// The ranges, first layer first.
@@ -329,7 +338,7 @@ impl Placement {
             None => "CPU".to_string(),
             Some(d) => format!("{} ({})", d.name(), d.description()),
         };
-        if let Some((_, devices)) = &self.tensor {
+        if let Some((_, devices, _)) = &self.tensor {
             let each: Vec<String> = devices.iter().map(|d| name(&Some(*d))).collect();
             return format!("tensor split over {}", each.join(", "));
         }

@@ -13,7 +13,7 @@
 //! Only dense attention families are split this way (the llama, qwen2 and qwen3 graphs); others
 //! get a clear error and run with a layer split.
 use crate::ModelError;
-use axle_ggml::meta::{even_split, TensorParallel, TensorSplit};
+use axle_ggml::meta::{TensorParallel, TensorSplit};
 use axle_ggml::GgufFile;
 
 /// The GGUF architectures whose tensors this module knows how to split.
@@ -24,9 +24,9 @@ pub const SUPPORTED: [&str; 3] = ["llama", "qwen2", "qwen3"];
 const FFN_UNIT: i64 = 128;
 
 /// Fills `tp`'s split table for the tensors of `file`, and for the KV cache tensors
-/// (`cache_k_l{il}`, `cache_v_l{il}`) the runner creates; errors where the model cannot be split
-/// over that many devices.
-pub fn plan(file: &GgufFile, tp: &TensorParallel) -> Result<(), ModelError> {
+/// (`cache_k_l{il}`, `cache_v_l{il}`) the runner creates, each device taking its `shares` of
+/// every split tensor; errors where the model cannot be split that way.
+pub fn plan(file: &GgufFile, tp: &TensorParallel, shares: &[f64]) -> Result<(), ModelError> {
     let arch = file.str("general.architecture")?;
     if !SUPPORTED.contains(&arch) {
         return Err(ModelError::Invalid(format!(
@@ -39,10 +39,10 @@ pub fn plan(file: &GgufFile, tp: &TensorParallel) -> Result<(), ModelError> {
     let (n_head_kv, hd_k, hd_v) = (hp.n_head_kv, hp.head_dim_k, hp.head_dim_v);
     let n_gqa = hp.n_head / n_head_kv;
     let n_dev = tp.n_devices();
-    let groups = even_split(n_head_kv, 1, n_dev).ok_or_else(|| {
+    let groups = split_units(n_head_kv, 1, shares).ok_or_else(|| {
         ModelError::Invalid(format!(
             "--split-mode tensor gives each device whole KV heads: {n_head_kv} KV heads do not \
-             go over {n_dev} devices"
+             go over {n_dev} devices in shares {shares:?}"
         ))
     })?;
     let per = |unit: i64| groups.iter().map(|g| g * unit).collect::<Vec<_>>();
@@ -72,7 +72,7 @@ pub fn plan(file: &GgufFile, tp: &TensorParallel) -> Result<(), ModelError> {
         let cols = [lcm(FFN_UNIT, block), block]
             .into_iter()
             .filter(|u| n_ff % u == 0)
-            .find_map(|u| even_split(n_ff / u, u, n_dev))
+            .find_map(|u| split_units(n_ff / u, u, shares))
             .ok_or_else(|| {
                 ModelError::Invalid(format!(
                     "--split-mode tensor: the feed-forward size {n_ff} of layer {il} does not \
@@ -84,6 +84,13 @@ pub fn plan(file: &GgufFile, tp: &TensorParallel) -> Result<(), ModelError> {
         table.set(&t("ffn_down.weight"), axis(0, cols));
     }
     Ok(())
+}
+
+/// `n_units` units of `unit` elements each, shared in proportion to `shares` (whole units, adding
+/// up); None when some device would get none.
+fn split_units(n_units: i64, unit: i64, shares: &[f64]) -> Option<Vec<i64>> {
+    let counts = crate::placement::split_layers(u32::try_from(n_units).ok()?, shares)?;
+    (!counts.contains(&0)).then(|| counts.iter().map(|&c| c as i64 * unit).collect())
 }
 
 /// A row-parallel weight's slices must hold whole quantization blocks.
@@ -114,7 +121,18 @@ fn lcm(a: i64, b: i64) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::lcm;
+    use super::{lcm, split_units};
+
+    #[test]
+    fn units_split_whole_in_proportion_and_add_up() {
+        assert_eq!(split_units(8, 128, &[1.0, 1.0]), Some(vec![512, 512]));
+        assert_eq!(split_units(8, 1, &[3.0, 1.0]), Some(vec![6, 2]));
+        assert_eq!(
+            split_units(3, 64, &[1.0, 1.0]).map(|v| v.iter().sum::<i64>()),
+            Some(192)
+        );
+        assert_eq!(split_units(1, 64, &[1.0, 1.0]), None);
+    }
 
     #[test]
     fn units_are_common_multiples() {

@@ -111,18 +111,29 @@ fn tensor_split_over_two_rpc_servers_tracks_the_unsplit_run() {
     // rpc1: ggml keeps devices registered for the life of the process).
     let gemma = axle_models::fetched::model_path(axle_models::fetched::GEMMA3)
         .unwrap_or_else(|e| panic!("{e}"));
-    for (device, shares, want) in [
-        ("rpc0,rpc1", None, "not `gemma3`"),
-        ("rpc0,rpc1", Some(vec![1.0, 1.0]), "--split"),
-        ("rpc0", None, "two or more accelerators"),
-        ("cpu,rpc0", None, "two or more accelerators"),
+    for (model, device, shares, want) in [
+        (&gemma, "rpc0,rpc1", None, "not `gemma3`"),
+        (
+            &path,
+            "rpc0,rpc1",
+            Some(vec![1.0, 0.0]),
+            "do not go over 2 devices",
+        ),
+        (&path, "rpc0", None, "two or more accelerators"),
+        (&path, "cpu,rpc0", None, "two or more accelerators"),
     ] {
         let o = ModelOptions {
             device: device.parse().expect("device list"),
             split: shares,
             ..options.clone()
         };
-        let err = Model::load(&gemma, &o).expect_err(device).to_string();
+        let err = Model::load(model, &o).expect_err(device).to_string();
         assert!(err.contains(want), "{device}: {err}");
     }
+    // Shares other than even: SmolLM2's 3 KV heads as 2 and 1.
+    let uneven = ModelOptions {
+        split: Some(vec![2.0, 1.0]),
+        ..options.clone()
+    };
+    Model::load(&path, &uneven).unwrap_or_else(|e| panic!("shares 2,1: {e}"));
 }

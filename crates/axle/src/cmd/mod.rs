@@ -34,7 +34,8 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub gpu_layers: Option<u32>,
     /// Share of the layers per device when `--device` lists several (`3,1`: three quarters on
-    /// the first); default: in proportion to each device's free memory.
+    /// the first); default: in proportion to each device's free memory. With `--split-mode
+    /// tensor`: each device's share of every split tensor (default: even).
     #[arg(long, value_delimiter = ',')]
     pub split: Option<Vec<f32>>,
     /// RPC servers (`host:port`, comma-separated) whose devices join this run as `rpc0`,
