@@ -2,7 +2,7 @@
 //! offline: `cargo run --release -p axle-bench --example ngram_traces -- MODEL.gguf WORKLOADS.json
 //! [max_tokens]` prints one JSON line per prompt: workload, kind, prompt ids, output ids.
 use axle_models::{Model, ModelOptions};
-use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
+use axle_sdk::{EngineConfig, EngineCore, RequestOptions};
 use std::sync::Arc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,16 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 },
             )?;
-            let mut out = Vec::new();
-            while e.has_work() {
-                for o in e.step() {
-                    if let Output::Token { id: i, token, .. } = o {
-                        if i == id {
-                            out.push(token);
-                        }
-                    }
-                }
-            }
+            let out = e.drain(|_| {}).outputs(&[id]).remove(0);
             println!(
                 "{}",
                 serde_json::json!({"workload": w.name, "kind": w.kind, "prompt": prompt, "output": out})

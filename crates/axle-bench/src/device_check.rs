@@ -145,7 +145,7 @@ fn engine_run(
         .map(|p| e.add(p.clone(), opts.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let mut d = e.drain(|_| {});
-    Ok((d.outputs(&ids), d.drafted, d.accepted))
+    Ok((d.outputs(&ids), d.drafted(), d.accepted()))
 }
 
 /// Runs the check on `model` (already loaded on its device) with `prompts`.

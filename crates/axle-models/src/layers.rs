@@ -201,15 +201,7 @@ impl<'a> Step<'a> {
     /// weights), each prefill chunk as one product.
     fn matmul_device(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         let g = self.ctx;
-        let [k, n, ..] = x.ne();
-        let nb1 = x.nb()[1];
-        let cols = |first: i64, cols: i64| {
-            if (first, cols) == (0, n) {
-                x
-            } else {
-                g.view(x, &[k, cols], &[nb1], first as usize * nb1)
-            }
-        };
+        let n = x.ne()[1];
         // Quantized weights take MMVQ up to 4 columns (or MMQ from 9 to 128 on CUDA), F32 ones
         // MMVF up to 3.
         let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
@@ -232,7 +224,7 @@ impl<'a> Step<'a> {
             .runs
             .iter()
             .map(|r| {
-                let xs = cols(r.first, r.cols);
+                let xs = columns(g, x, r.first, r.cols);
                 if r.small {
                     small(xs)
                 } else {
@@ -268,17 +260,12 @@ impl<'a> Step<'a> {
     /// tile on CUDA): runs of at most 128 columns, a shorter one padded with zero columns.
     fn mul_mat_wide(&self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
-        let [k, n, ..] = x.ne();
-        let nb1 = x.nb()[1];
+        let n = x.ne()[1];
         let mut pieces = Vec::new();
         let mut first = 0;
         while first < n {
             let cols = (n - first).min(WIDE_MAX_COLS);
-            let xs = if (first, cols) == (0, n) {
-                x
-            } else {
-                g.view(x, &[k, cols], &[nb1], first as usize * nb1)
-            };
+            let xs = columns(g, x, first, cols);
             pieces.push(if cols < WIDE_MIN_COLS {
                 self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
             } else {
@@ -655,6 +642,16 @@ impl<'a> Step<'a> {
         }
         concat_all(g, outs, 1)
     }
+}
+
+/// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
+fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
+    let [k, n, ..] = x.ne();
+    if (first, cols) == (0, n) {
+        return x;
+    }
+    let nb1 = x.nb()[1];
+    g.view(x, &[k, cols], &[nb1], first as usize * nb1)
 }
 
 /// Concatenates tensors along `dim`, pairwise (a balanced tree: each element is copied about

@@ -188,16 +188,13 @@ pub enum Output {
     },
 }
 
-/// The tokens and speculation counts of every request an engine ran to the end
-/// ([`EngineCore::drain`]).
+/// What every request an engine ran to the end produced ([`EngineCore::drain`]).
 #[derive(Debug, Default)]
 pub struct Drained {
     /// Each request's tokens.
     pub tokens: HashMap<RequestId, Vec<TokenId>>,
-    /// Draft tokens proposed, over every request that finished.
-    pub drafted: usize,
-    /// Draft tokens accepted.
-    pub accepted: usize,
+    /// How each request ended (usage, speculation counts, ...).
+    pub finished: HashMap<RequestId, Finish>,
 }
 
 impl Drained {
@@ -206,6 +203,16 @@ impl Drained {
         ids.iter()
             .map(|id| self.tokens.remove(id).unwrap_or_default())
             .collect()
+    }
+
+    /// Draft tokens proposed, over every request.
+    pub fn drafted(&self) -> usize {
+        self.finished.values().map(|f| f.speculation.drafted).sum()
+    }
+
+    /// Draft tokens accepted, over every request.
+    pub fn accepted(&self) -> usize {
+        self.finished.values().map(|f| f.speculation.accepted).sum()
     }
 }
 
@@ -634,7 +641,7 @@ impl EngineCore {
         self.runner.take_profile()
     }
 
-    /// Steps until no work is left, collecting every request's tokens and speculation counts;
+    /// Steps until no work is left, collecting every request's tokens and how it ended;
     /// `after_step` sees the engine after each step (tests check its invariants there).
     pub fn drain(&mut self, mut after_step: impl FnMut(&EngineCore)) -> Drained {
         let mut d = Drained::default();
@@ -642,9 +649,8 @@ impl EngineCore {
             for o in self.step() {
                 match o {
                     Output::Token { id, token, .. } => d.tokens.entry(id).or_default().push(token),
-                    Output::Finished { finish, .. } => {
-                        d.drafted += finish.speculation.drafted;
-                        d.accepted += finish.speculation.accepted;
+                    Output::Finished { id, finish, .. } => {
+                        d.finished.insert(id, finish);
                     }
                 }
             }

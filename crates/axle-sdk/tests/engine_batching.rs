@@ -7,8 +7,8 @@
 //! `tests/prefill_invariance.rs` covers long prefill chunks, prefix reuse and preemption on both
 //! real models.
 use axle_sdk::{
-    EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, Output, RequestOptions,
-    Session, StreamEvent,
+    EngineConfig, EngineCore, GenerateRequest, Model, ModelOptions, RequestOptions, Session,
+    StreamEvent,
 };
 use std::sync::Arc;
 
@@ -245,19 +245,9 @@ fn hybrid_prefix_reuse_restores_the_recurrent_state() {
     );
     let run = |e: &mut EngineCore, prompt: &[u32]| {
         let id = e.add(prompt.to_vec(), opts(24)).unwrap();
-        let (mut tokens, mut cached) = (Vec::new(), 0);
-        while e.has_work() {
-            for o in e.step() {
-                match o {
-                    Output::Token { id: i, token, .. } if i == id => tokens.push(token),
-                    Output::Finished { id: i, finish, .. } if i == id => {
-                        cached = finish.usage.map_or(0, |u| u.cached_tokens)
-                    }
-                    _ => {}
-                }
-            }
-        }
-        (tokens, cached)
+        let mut d = e.drain(|_| {});
+        let cached = d.finished[&id].usage.map_or(0, |u| u.cached_tokens);
+        (d.outputs(&[id]).remove(0), cached)
     };
     let mut warm = EngineCore::new(m.clone(), &cfg).unwrap();
     let (_, a_cached) = run(&mut warm, &a);

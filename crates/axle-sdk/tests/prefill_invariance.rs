@@ -12,8 +12,7 @@
 //! (tokens served from the cache, preemptions), so the test fails if the set-up stops exercising
 //! the path. What makes this hold: batch-invariant kernels, and attention ops of at most 63 query
 //! rows (`axle_models::runner`), below ggml's tiled flash-attention kernel.
-use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, Output, RequestOptions};
-use std::collections::HashMap;
+use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions};
 use std::sync::Arc;
 
 /// Prompt lengths in tokens (BOS included): 50 to 1,500, spaced geometrically.
@@ -89,58 +88,49 @@ fn run(
     for w in warm.iter().filter(|w| !w.is_empty()) {
         e.add(w.clone(), warm_opts.clone()).expect("add");
         if !together {
-            drain(&mut e);
+            e.drain(|_| {});
         }
     }
-    drain(&mut e);
-    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut cached: HashMap<u64, usize> = HashMap::new();
+    e.drain(|_| {});
+    // Runs `live` to the end: each one's tokens and cached prompt tokens.
     let mut preemptions = 0;
-    let mut ids = Vec::new();
     let mut step_all = |e: &mut EngineCore, live: &[u64]| {
-        while e.has_work() {
-            for o in e.step() {
-                match o {
-                    Output::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
-                    Output::Finished { id, finish, .. } => {
-                        cached.insert(id, finish.usage.map_or(0, |u| u.cached_tokens));
-                    }
-                }
-            }
+        let d = e.drain(|e| {
             for id in live {
                 if let Some(s) = e.scheduler().stats(*id) {
                     preemptions = preemptions.max(s.preemptions);
                 }
             }
             assert_eq!(e.scheduler().check(), Ok(()));
-        }
+        });
+        live.iter()
+            .map(|&id| {
+                let tokens = d.tokens.get(&id).cloned().unwrap_or_default();
+                let finish = d.finished.get(&id).expect("every request finishes");
+                (tokens, finish.usage.map_or(0, |u| u.cached_tokens))
+            })
+            .collect::<Vec<_>>()
     };
-    if together {
-        ids = prompts
+    let results: Vec<(Vec<u32>, usize)> = if together {
+        let ids: Vec<u64> = prompts
             .iter()
             .map(|p| e.add(p.clone(), opts()).expect("add"))
             .collect();
-        step_all(&mut e, &ids);
+        step_all(&mut e, &ids)
     } else {
-        for p in prompts {
-            let id = e.add(p.clone(), opts()).expect("add");
-            ids.push(id);
-            step_all(&mut e, &[id]);
-        }
-    }
-    Ran {
-        tokens: ids
+        prompts
             .iter()
-            .map(|id| tokens.remove(id).unwrap_or_default())
-            .collect(),
-        cached: ids.iter().map(|id| cached[id]).collect(),
+            .flat_map(|p| {
+                let id = e.add(p.clone(), opts()).expect("add");
+                step_all(&mut e, &[id])
+            })
+            .collect()
+    };
+    let (tokens, cached) = results.into_iter().unzip();
+    Ran {
+        tokens,
+        cached,
         preemptions,
-    }
-}
-
-fn drain(e: &mut EngineCore) {
-    while e.has_work() {
-        e.step();
     }
 }
 

@@ -76,8 +76,8 @@ fn run(m: &Arc<Model>, c: &EngineConfig, prompts: &[Vec<u32>], opts: &RequestOpt
     assert_eq!(e.scheduler().pool().in_use(), 0);
     Run {
         tokens: d.outputs(&ids),
-        drafted: d.drafted,
-        accepted: d.accepted,
+        drafted: d.drafted(),
+        accepted: d.accepted(),
     }
 }
 

@@ -125,7 +125,7 @@ pub fn run(
             .map(|p| e.add(p.clone(), opts.clone()).expect("add"))
             .collect();
         let mut d = e.drain(|_| {});
-        accepted += d.accepted;
+        accepted += d.accepted();
         out.extend(d.outputs(&ids));
     }
     (out, accepted)
