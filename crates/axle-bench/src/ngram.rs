@@ -115,6 +115,9 @@ pub struct NgramReport {
     /// Where the plain engine's steps spent their time over the whole run (prefill chunks
     /// included), in the same phases.
     pub plain_split_us: [f64; 5],
+    /// Shapes of verify rows (KV slots, rows) the speculative engine probed for one shared
+    /// attention op, and whether the device gave them one (`axle_models::stacked_attention`).
+    pub stacked_shapes: Vec<(i64, i64, bool)>,
     /// Rows.
     pub rows: Vec<NgramRow>,
 }
@@ -364,6 +367,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         });
     }
     let plain_split_us = plain.take_profile().per_step_us();
+    let stacked_shapes = fast.stacked_shapes();
     if let Some(bin) = &opts.llama_server {
         // Axle's engines hold spinning thread pools: free the cores for llama-server.
         drop((plain, fast));
@@ -381,6 +385,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         verify_cost,
         verify_split_us,
         plain_split_us,
+        stacked_shapes,
         rows,
     })
 }

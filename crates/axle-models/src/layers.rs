@@ -5,6 +5,7 @@ use crate::device_step::{
     DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
 };
 use crate::kv::KvCache;
+use crate::stacked_attention::{one_op, stacked, strided_fits, StackKey, StackTable, StackedKv};
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
@@ -52,6 +53,9 @@ pub struct Step<'a> {
     /// split so that each row's arithmetic depends on its own sequence only (see
     /// [`crate::device_step`]). The masks are then laid out per attention op.
     pub device: Option<DeviceStep>,
+    /// With the device layout: which runs of one-row attention ops may share an op (see
+    /// [`crate::stacked_attention`]); `None`: never.
+    pub stacking: Option<&'a StackTable>,
 }
 
 /// How a step picks ggml's CPU kernels.
@@ -591,31 +595,80 @@ impl<'a> Step<'a> {
             None => written,
         };
         let (ks, vs) = (source(k_src), source(v_src));
-        let rows_of = |src: Tensor<'a>, dim: i64, off: i64, len: i64| {
-            let nb1 = src.nb()[1];
-            let head = src.dtype().row_size(dim);
-            let view = g.view(
-                src,
-                &[dim, spec.n_head_kv, len],
-                &[head, nb1],
-                off as usize * nb1,
-            );
-            g.permute(view, [0, 2, 1, 3])
-        };
         let qn = q.nb();
         let width = spec.head_dim_v * spec.n_head;
+        let f16_row = |n: i64| DType::F16.row_size(n);
         let mut outs = Vec::with_capacity(d.attn.len());
-        for op in &d.attn {
-            let qg = if (op.first, op.rows) == (0, self.n_tokens) {
-                q
-            } else {
-                g.view(
-                    q,
-                    &[spec.head_dim_k, spec.n_head, op.rows],
-                    &[qn[1], qn[2]],
-                    op.first as usize * qn[2],
-                )
+        let mut i = 0;
+        while i < d.attn.len() {
+            let op = d.attn[i];
+            let q_rows = |rows: i64| {
+                if (op.first, rows) == (0, self.n_tokens) {
+                    q
+                } else {
+                    g.view(
+                        q,
+                        &[spec.head_dim_k, spec.n_head, rows],
+                        &[qn[1], qn[2]],
+                        op.first as usize * qn[2],
+                    )
+                }
             };
+            // A run of one-row ops over the same slots (a sequence's verify rows) shares one op
+            // where the device gives each row the same numbers that way.
+            let stack = match (self.stacking, sinks) {
+                (Some(table), None) if op.rows == 1 => {
+                    let run = d.attn[i..]
+                        .iter()
+                        .zip(0i64..)
+                        .take_while(|(o, r)| {
+                            o.rows == 1
+                                && (o.kv_off, o.kv_len) == (op.kv_off, op.kv_len)
+                                && o.first == op.first + r
+                                && o.mask_off == op.mask_off + r * op.kv_len
+                        })
+                        .count() as i64;
+                    (run > 1)
+                        .then(|| StackKey::of(spec, op.kv_len, run))
+                        .flatten()
+                        .filter(|&key| table.allows(key))
+                        .map(|_| run)
+                }
+                _ => None,
+            };
+            if let Some(rows) = stack {
+                let mask = g.view(
+                    il_mask,
+                    &[op.kv_len * rows],
+                    &[],
+                    op.mask_off as usize * f16_row(1),
+                );
+                let how = if [ks, vs].iter().all(|&s| {
+                    strided_fits(
+                        s,
+                        spec.head_dim_k,
+                        spec.n_head_kv,
+                        op.kv_off,
+                        op.kv_len,
+                        rows,
+                    )
+                }) {
+                    StackedKv::Strided
+                } else {
+                    StackedKv::Repeated
+                };
+                outs.push(stacked(
+                    g,
+                    q_rows(rows),
+                    (ks, vs),
+                    (op.kv_off, op.kv_len),
+                    mask,
+                    spec,
+                    how,
+                ));
+                i += rows as usize;
+                continue;
+            }
             // One op: the mask input has the op's shape already (see `DeviceStep::mask_shape`).
             let mg = if d.attn.len() == 1 {
                 il_mask
@@ -623,22 +676,23 @@ impl<'a> Step<'a> {
                 g.view(
                     il_mask,
                     &[op.kv_len, op.rows],
-                    &[op.kv_len as usize * DType::F16.row_size(1)],
-                    op.mask_off as usize * DType::F16.row_size(1),
+                    &[f16_row(op.kv_len)],
+                    op.mask_off as usize * f16_row(1),
                 )
             };
-            let o = g.flash_attn(
-                g.permute(qg, [0, 2, 1, 3]),
-                rows_of(ks, spec.head_dim_k, op.kv_off, op.kv_len),
-                rows_of(vs, spec.head_dim_v, op.kv_off, op.kv_len),
+            let o = one_op(
+                g,
+                q_rows(op.rows),
+                (ks, vs),
+                (op.kv_off, op.kv_len),
                 mg,
-                spec.scale,
-                spec.softcap,
+                spec,
             );
             if let Some(s) = sinks {
                 g.flash_attn_add_sinks(o, s);
             }
             outs.push(g.reshape(o, &[width, op.rows]));
+            i += 1;
         }
         concat_all(g, outs, 1)
     }

@@ -17,6 +17,7 @@ pub mod placement;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;
+pub mod stacked_attention;
 pub mod tensor_split;
 pub mod tokenizer;
 

@@ -8,6 +8,7 @@ use crate::kv::KvCache;
 use crate::layers::{Kernels, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
+use crate::stacked_attention::{self, StackKey, StackTable};
 use crate::ModelError;
 use axle_core::{RowLogits, TokenId};
 use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler, PinnedHost};
@@ -162,6 +163,10 @@ pub struct RunnerOptions {
     pub state_snapshots: u32,
     /// Recurrent models: saved states for prefix reuse ([`Runner::save_state`]).
     pub state_saved: u32,
+    /// With the device layout: let a sequence's verify rows share one attention op where the
+    /// device gives each row the same numbers that way ([`crate::stacked_attention`]).
+    /// `AXLE_STACKED_ROWS=0` turns it off too (a diagnostic, to compare).
+    pub stacked_rows: bool,
 }
 
 impl RunnerOptions {
@@ -188,6 +193,7 @@ impl Default for RunnerOptions {
             state_groups: 1,
             state_snapshots: 1,
             state_saved: 0,
+            stacked_rows: true,
         }
     }
 }
@@ -275,6 +281,10 @@ pub struct Runner {
     pinned: Option<PinnedHost>,
     /// How the device layout multiplies small columns.
     products: DeviceProducts,
+    /// Which runs of verify rows may share an attention op (`None`: never).
+    stacking: Option<StackTable>,
+    /// The memories that hold attention layers' KV (where stacking is probed).
+    kv_bufts: Vec<BufferType>,
 }
 
 #[derive(Debug, Default)]
@@ -384,8 +394,19 @@ impl Runner {
         let products = opts
             .device_products
             .unwrap_or_else(|| default_products(&placement.accelerators()));
+        let stacking = (opts.stacked_rows
+            && std::env::var("AXLE_STACKED_ROWS").as_deref() != Ok("0"))
+        .then(StackTable::default);
+        let mut kv_bufts: Vec<BufferType> = Vec::new();
+        for b in bufts {
+            if !kv_bufts.contains(&b) {
+                kv_bufts.push(b);
+            }
+        }
         Ok(Runner {
             products,
+            stacking,
+            kv_bufts,
             model,
             kv,
             state,
@@ -671,7 +692,23 @@ impl Runner {
         let t_prepared = std::time::Instant::now();
         let at = match self.cached.iter().position(|c| c.key == key) {
             Some(i) => i,
-            None => self.build_in_slot(key)?,
+            None => {
+                let i = self.build_in_slot(key.clone())?;
+                let misses = self
+                    .stacking
+                    .as_ref()
+                    .map(|t| t.take_misses())
+                    .unwrap_or_default();
+                if misses.is_empty() {
+                    i
+                } else {
+                    // Shapes of verify rows met for the first time: ask the device, then build
+                    // again with the answers.
+                    self.cached.swap_remove(i);
+                    self.probe_stacking(&misses)?;
+                    self.build_in_slot(key)?
+                }
+            }
         };
         self.cached[at].last_used = self.profile.steps;
         let slot = self.cached[at].slot;
@@ -747,6 +784,37 @@ impl Runner {
         p.compute_s += (t_computed - t_inputs).as_secs_f64();
         p.logits_s += t_computed.elapsed().as_secs_f64();
         Ok(out)
+    }
+
+    /// Probes each shape of stacked verify rows in every memory holding attention layers and
+    /// records whether all of them give each row a one-row op's numbers.
+    fn probe_stacking(&mut self, keys: &[StackKey]) -> Result<(), ModelError> {
+        // The slot after every graph slot, so that no kept graph is dropped for a probe.
+        let slot = self.graph_slots;
+        while self.sched.slots() <= slot {
+            self.sched.add_slot(self.base_nodes)?;
+        }
+        for &key in keys {
+            let mut ok = true;
+            for &buft in &self.kv_bufts {
+                ok &= stacked_attention::probe(&mut self.sched, slot, buft, key)?;
+            }
+            if let Some(t) = self.stacking.as_mut() {
+                t.record(key, ok);
+            }
+        }
+        Ok(())
+    }
+
+    /// The shapes of verify rows probed for stacking so far, and whether they share an op.
+    pub fn stacked_shapes(&self) -> Vec<(StackKey, bool)> {
+        let mut v: Vec<(StackKey, bool)> = self
+            .stacking
+            .iter()
+            .flat_map(|t| t.known().map(|(&k, &ok)| (k, ok)))
+            .collect();
+        v.sort_by_key(|(k, _)| (k.kv_len, k.rows));
+        v
     }
 
     /// Where the steps since the last call spent their time (and starts a new count).
@@ -868,6 +936,7 @@ impl Runner {
                 attn_groups: key.groups.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
+                stacking: self.stacking.as_ref(),
             };
             let logits = self
                 .model

@@ -71,6 +71,32 @@ fn max_diff_by_width(
     device_layout: bool,
 ) -> Vec<f32> {
     let (model, mut runner) = load(name, repack, 2048, device_layout);
+    let d = max_diff_by_width_in(&model, &mut runner, max_w, (first_block, stride));
+    if device_layout {
+        let shapes = runner.stacked_shapes();
+        println!(
+            "{name}: stacked verify-row shapes (kv_len, rows, shared): {:?}",
+            shapes
+                .iter()
+                .map(|(k, ok)| (k.kv_len, k.rows, *ok))
+                .collect::<Vec<_>>()
+        );
+        // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
+        // alike, so the verify steps above ran stacked.
+        assert!(
+            shapes.iter().any(|&(k, ok)| ok && k.kv_len < 512),
+            "{name}: no verify rows shared an attention op: {shapes:?}"
+        );
+    }
+    d
+}
+
+fn max_diff_by_width_in(
+    model: &Model,
+    runner: &mut Runner,
+    max_w: usize,
+    (first_block, stride): (u32, u32),
+) -> Vec<f32> {
     // Long enough for the widest step (the text once for the usual widths up to 9).
     let tokens = model
         .tokenizer

@@ -453,6 +453,7 @@ impl EngineCore {
                 state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
+                stacked_rows: true,
             },
         )?;
         let mut verify_profiles = Vec::new();
@@ -633,6 +634,16 @@ impl EngineCore {
                 self.sched.finish(id, FinishReason::Error(msg.clone()));
                 self.finished(id, FinishReason::Error(msg.clone()), String::new())
             })
+            .collect()
+    }
+
+    /// The verify-row shapes the runner probed for shared attention ops so far: (KV slots, rows,
+    /// shared).
+    pub fn stacked_shapes(&self) -> Vec<(i64, i64, bool)> {
+        self.runner
+            .stacked_shapes()
+            .into_iter()
+            .map(|(k, ok)| (k.kv_len, k.rows, ok))
             .collect()
     }
 

@@ -187,6 +187,16 @@ pub fn run(
                             .insert(format!("verify_step_plain_{phase}_us"), us);
                     }
                 }
+                if !r.stacked_shapes.is_empty() {
+                    let shared = r.stacked_shapes.iter().filter(|s| s.2).count();
+                    first
+                        .extra
+                        .insert("stacked_shapes_shared".into(), shared as f64);
+                    first.extra.insert(
+                        "stacked_shapes_probed".into(),
+                        r.stacked_shapes.len() as f64,
+                    );
+                }
                 for (k, split) in r.verify_split_us.iter().enumerate() {
                     for (phase, us) in STEP_PHASES.iter().zip(split) {
                         first

@@ -1,0 +1,393 @@
+//! A verify step's rows of one sequence in one attention op, where the device gives each row
+//! exactly the arithmetic of a one-row op.
+//!
+//! The device layout ([`crate::device_step`]) gives every decode and verify row an attention op
+//! of its own, because ggml's kernels choose their arithmetic by the op's shape. On an H100 that
+//! costs a verify step 15-23 µs per layer per extra row (the op, its combine step and the
+//! concatenation), most of a verify step's extra time.
+//!
+//! A sequence's verify rows read the same KV slots, so they can share one op when the rows go
+//! into the op's fourth dimension (one "sequence" each, with one query row and its own mask row)
+//! and the kernel treats each of them as it treats a one-row op. Whether it does depends on the
+//! device and the shape: on CUDA, a one-row op over F16 KV takes the vector kernel, and so does
+//! an op of one query row per sequence when ggml's grouped-query optimization is off (one stride
+//! of the query that is not a multiple of 16 bytes turns it off: the query's stride across its
+//! single row, which addresses nothing); the KV range is then split into parallel blocks by
+//! occupancy, and the split is the same only while the step's extra blocks fit the same wave.
+//! Rather than predict ggml's heuristics, the runner asks the device: before a step first stacks
+//! rows of a shape ([`StackKey`]), it computes the shape both ways on random data in every memory
+//! that holds attention layers, and stacks only where the results are equal bit for bit
+//! ([`probe`]). Each shape is probed once per runner.
+
+use crate::layers::AttnSpec;
+use crate::ModelError;
+use axle_ggml::{BufferType, Context, DType, GraphScheduler, Tensor, TensorStore};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// The shape of a stacked op: what decides a kernel's arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    /// Head size of queries, keys and values (stacking needs them equal).
+    pub head_dim: i64,
+    /// Query heads.
+    pub n_head: i64,
+    /// KV heads.
+    pub n_head_kv: i64,
+    /// Softmax scale (bits).
+    pub scale: u32,
+    /// Logit softcap (bits; 0 = off).
+    pub softcap: u32,
+    /// KV slots the rows attend (a multiple of [`crate::device_step::KV_ALIGN`]).
+    pub kv_len: i64,
+    /// Query rows.
+    pub rows: i64,
+}
+
+impl StackKey {
+    /// The key of `rows` rows of a layer of `spec` over `kv_len` slots, or None where rows of
+    /// such a layer are never stacked (keys and values of other sizes, as with latent attention).
+    pub fn of(spec: &AttnSpec, kv_len: i64, rows: i64) -> Option<StackKey> {
+        (spec.head_dim_k == spec.head_dim_v).then_some(StackKey {
+            head_dim: spec.head_dim_k,
+            n_head: spec.n_head,
+            n_head_kv: spec.n_head_kv,
+            scale: spec.scale.to_bits(),
+            softcap: spec.softcap.to_bits(),
+            kv_len,
+            rows,
+        })
+    }
+
+    fn spec(&self) -> AttnSpec {
+        AttnSpec {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim_k: self.head_dim,
+            head_dim_v: self.head_dim,
+            scale: f32::from_bits(self.scale),
+            softcap: f32::from_bits(self.softcap),
+            sliding: false,
+        }
+    }
+}
+
+/// Which shapes may be stacked, as probed; graph building records the shapes it met unprobed.
+#[derive(Debug, Default)]
+pub struct StackTable {
+    known: HashMap<StackKey, bool>,
+    misses: RefCell<Vec<StackKey>>,
+}
+
+impl StackTable {
+    /// Whether rows of shape `key` may share an op. An unprobed shape is not stacked and is
+    /// recorded for [`StackTable::take_misses`].
+    pub fn allows(&self, key: StackKey) -> bool {
+        match self.known.get(&key) {
+            Some(&ok) => ok,
+            None => {
+                let mut misses = self.misses.borrow_mut();
+                if !misses.contains(&key) {
+                    misses.push(key);
+                }
+                false
+            }
+        }
+    }
+
+    /// The shapes met unprobed since the last call.
+    pub fn take_misses(&self) -> Vec<StackKey> {
+        std::mem::take(&mut self.misses.borrow_mut())
+    }
+
+    /// Records a probe's answer.
+    pub fn record(&mut self, key: StackKey, ok: bool) {
+        self.known.insert(key, ok);
+    }
+
+    /// Probed shapes and their answers.
+    pub fn known(&self) -> impl Iterator<Item = (&StackKey, &bool)> {
+        self.known.iter()
+    }
+}
+
+/// The KV rows `off..off + len` of a cache-shaped source [n_head_kv * dim, slots] as a flash
+/// attention operand [dim, len, n_head_kv].
+pub(crate) fn kv_rows<'a>(
+    g: &'a Context,
+    src: Tensor<'a>,
+    dim: i64,
+    n_head_kv: i64,
+    off: i64,
+    len: i64,
+) -> Tensor<'a> {
+    let nb1 = src.nb()[1];
+    let head = src.dtype().row_size(dim);
+    let view = g.view(
+        src,
+        &[dim, n_head_kv, len],
+        &[head, nb1],
+        off as usize * nb1,
+    );
+    g.permute(view, [0, 2, 1, 3])
+}
+
+/// One attention op of the device layout: query rows `q` [dim, n_head, rows] over KV rows
+/// `off..off + len` with `mask` [len, rows]; returns the flash-attention node
+/// [dim, n_head, rows] (sinks attach to it).
+pub(crate) fn one_op<'a>(
+    g: &'a Context,
+    q: Tensor<'a>,
+    (k, v): (Tensor<'a>, Tensor<'a>),
+    (off, len): (i64, i64),
+    mask: Tensor<'a>,
+    spec: &AttnSpec,
+) -> Tensor<'a> {
+    g.flash_attn(
+        g.permute(q, [0, 2, 1, 3]),
+        kv_rows(g, k, spec.head_dim_k, spec.n_head_kv, off, len),
+        kv_rows(g, v, spec.head_dim_v, spec.n_head_kv, off, len),
+        mask,
+        spec.scale,
+        spec.softcap,
+    )
+}
+
+/// How a stacked op reads its KV: every row's copy of the same slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StackedKv {
+    /// A view that steps 0 bytes from row to row (where the source is long enough for ggml to
+    /// accept a view of that nominal size).
+    Strided,
+    /// A copy per row (`repeat`).
+    Repeated,
+}
+
+/// Rows `q` [dim, n_head, rows] (consecutive in memory) over the same KV rows `off..off + len`,
+/// each with its own row of `mask` [len * rows], in one op; returns [dim * n_head, rows], the
+/// same as the rows' [`one_row`] ops concatenated.
+pub(crate) fn stacked<'a>(
+    g: &'a Context,
+    q: Tensor<'a>,
+    (k, v): (Tensor<'a>, Tensor<'a>),
+    (off, len): (i64, i64),
+    mask: Tensor<'a>,
+    spec: &AttnSpec,
+    how: StackedKv,
+) -> Tensor<'a> {
+    let [dim, n_head, rows, _] = q.ne();
+    let qn = q.nb();
+    // [dim, 1, n_head, rows]. The stride across the single query row addresses nothing; it is
+    // 4 bytes so that ggml's CUDA backend does not take its grouped-query kernel variant (which
+    // needs every stride a multiple of 16) and keeps the one-row vector kernel.
+    let q4 = g.view(
+        q,
+        &[dim, 1, n_head, rows],
+        &[DType::F32.row_size(1), qn[1], qn[2]],
+        0,
+    );
+    let m4 = g.view(mask, &[len, 1, 1, rows], &[DType::F16.row_size(len); 3], 0);
+    let operand = |src: Tensor<'a>| {
+        let nb1 = src.nb()[1];
+        let head = src.dtype().row_size(dim);
+        match how {
+            StackedKv::Strided => {
+                let view = g.view(
+                    src,
+                    &[dim, len, spec.n_head_kv, rows],
+                    &[nb1, head, 0],
+                    off as usize * nb1,
+                );
+                view
+            }
+            StackedKv::Repeated => {
+                let view = g.view(
+                    src,
+                    &[dim, spec.n_head_kv, len],
+                    &[head, nb1],
+                    off as usize * nb1,
+                );
+                let copies = g.repeat_4d(view, [dim, spec.n_head_kv, len, rows]);
+                g.permute(copies, [0, 2, 1, 3])
+            }
+        }
+    };
+    let o = g.flash_attn(q4, operand(k), operand(v), m4, spec.scale, spec.softcap);
+    g.reshape(o, &[spec.head_dim_v * n_head, rows])
+}
+
+/// Whether [`StackedKv::Strided`] fits `src` (ggml accepts a view only as long as its nominal
+/// contiguous size, which counts every row's copy, lies inside the source).
+pub(crate) fn strided_fits(
+    src: Tensor<'_>,
+    dim: i64,
+    n_head_kv: i64,
+    off: i64,
+    len: i64,
+    rows: i64,
+) -> bool {
+    let [_, slots, ..] = src.ne();
+    let nb1 = src.nb()[1];
+    let nominal = src.dtype().row_size(dim) as i64 * n_head_kv * len * rows;
+    off * nb1 as i64 + nominal <= slots * nb1 as i64
+}
+
+/// Computes `key`'s rows both ways (one op each, and stacked with both KV forms) on random data
+/// in `buft`, with the rows at the start and at the end of their KV range, and says whether every
+/// result is the same bit for bit. `sched` runs the probe's graph in its slot `slot`.
+pub fn probe(
+    sched: &mut GraphScheduler,
+    slot: usize,
+    buft: BufferType,
+    key: StackKey,
+) -> Result<bool, ModelError> {
+    let spec = key.spec();
+    let (dim, rows, len) = (key.head_dim, key.rows, key.kv_len);
+    let width = dim * key.n_head_kv;
+    // Long enough for the strided form: every row's nominal copy.
+    let slots = len * rows;
+    let store = TensorStore::zeroed(
+        buft,
+        &[
+            ("probe_q".into(), DType::F32, vec![dim, key.n_head, rows]),
+            ("probe_k".into(), DType::F16, vec![width, slots]),
+            ("probe_v".into(), DType::F16, vec![width, slots]),
+            ("probe_mask".into(), DType::F16, vec![len * rows * 2]),
+        ],
+    )?;
+    let t = |name: &str| store.require(name);
+    let (q, k, v, mask) = (
+        t("probe_q")?,
+        t("probe_k")?,
+        t("probe_v")?,
+        t("probe_mask")?,
+    );
+    let mut rng = Lcg(0x9e37_79b9_7f4a_7c15 ^ key.kv_len as u64 ^ (key.rows as u64) << 32);
+    let qs: Vec<f32> = (0..dim * key.n_head * rows).map(|_| rng.unit()).collect();
+    q.t().write(&qs)?;
+    for kv in [&k, &v] {
+        let xs: Vec<u16> = (0..width * slots)
+            .map(|_| half::f16::from_f32(rng.unit()).to_bits())
+            .collect();
+        kv.t().write(&xs)?;
+    }
+    // Rows at the start of the range (most slots masked) and at its end (none).
+    let neg = half::f16::NEG_INFINITY.to_bits();
+    let mut masks: Vec<u16> = Vec::new();
+    for first in [len - crate::device_step::KV_ALIGN as i64, len - rows] {
+        for r in 0..rows {
+            masks.extend((0..len).map(|s| if s <= first + r { 0 } else { neg }));
+        }
+    }
+    mask.t().write(&masks)?;
+
+    let nodes = 256 + 64 * rows as usize;
+    let ctx = Context::new(nodes, nodes)?;
+    let mut graph = ctx.graph(nodes);
+    let mut outs = Vec::new();
+    let mb = DType::F16.row_size(len * rows);
+    for half_at in 0..2usize {
+        let m = ctx.view(mask.t(), &[len * rows], &[], half_at * mb);
+        let per_row: Vec<Tensor<'_>> = (0..rows)
+            .map(|r| {
+                let qn = q.t().nb();
+                let qr = ctx.view(
+                    q.t(),
+                    &[dim, key.n_head, 1],
+                    &[qn[1], qn[2]],
+                    r as usize * qn[2],
+                );
+                let mr = ctx.view(
+                    m,
+                    &[len, 1],
+                    &[DType::F16.row_size(len)],
+                    r as usize * DType::F16.row_size(len),
+                );
+                let o = one_op(&ctx, qr, (k.t(), v.t()), (0, len), mr, &spec);
+                ctx.reshape(o, &[dim * key.n_head, 1])
+            })
+            .collect();
+        outs.push(crate::layers::concat_all(&ctx, per_row, 1));
+        for how in [StackedKv::Strided, StackedKv::Repeated] {
+            outs.push(stacked(
+                &ctx,
+                q.t(),
+                (k.t(), v.t()),
+                (0, len),
+                m,
+                &spec,
+                how,
+            ));
+        }
+    }
+    let outs: Vec<Tensor<'_>> = outs.into_iter().map(|o| o.as_output()).collect();
+    for &o in &outs {
+        graph.expand(o);
+    }
+    sched.alloc(slot, &mut graph)?;
+    sched.compute(slot, &mut graph)?;
+    let mut results: Vec<Vec<u32>> = Vec::new();
+    for o in &outs {
+        let mut xs: Vec<f32> = Vec::new();
+        o.read(&mut xs)?;
+        results.push(xs.iter().map(|x| x.to_bits()).collect());
+    }
+    Ok(results.chunks(3).all(|r| r[0] == r[1] && r[0] == r[2]))
+}
+
+/// A small deterministic generator for probe data (uniform in [-1, 1)).
+struct Lcg(u64);
+
+impl Lcg {
+    fn unit(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axle_ggml::Backend;
+
+    fn key(kv_len: i64, rows: i64) -> StackKey {
+        StackKey {
+            head_dim: 64,
+            n_head: 9,
+            n_head_kv: 3,
+            scale: 0.125f32.to_bits(),
+            softcap: 0,
+            kv_len,
+            rows,
+        }
+    }
+
+    /// ggml's CPU kernel computes a one-row op over fewer than 512 slots row by row, as a stacked
+    /// one does; from 512 slots it splits a one-row op's slots across the threads and adds the
+    /// parts, which rounds differently: the probe must tell the two apart.
+    #[test]
+    fn the_probe_tells_equal_from_different_arithmetic() {
+        let mut sched = GraphScheduler::new(vec![Backend::cpu(2).unwrap()], 8192).unwrap();
+        for rows in [2, 5, 9] {
+            assert!(probe(&mut sched, 0, BufferType::cpu(), key(256, rows)).unwrap());
+        }
+        assert!(!probe(&mut sched, 0, BufferType::cpu(), key(512, 4)).unwrap());
+    }
+
+    #[test]
+    fn unprobed_shapes_are_not_stacked_and_are_recorded_once() {
+        let mut t = StackTable::default();
+        assert!(!t.allows(key(256, 3)));
+        assert!(!t.allows(key(256, 3)));
+        assert_eq!(t.take_misses(), vec![key(256, 3)]);
+        assert!(t.take_misses().is_empty());
+        t.record(key(256, 3), true);
+        t.record(key(512, 3), false);
+        assert!(t.allows(key(256, 3)));
+        assert!(!t.allows(key(512, 3)));
+        assert!(t.take_misses().is_empty());
+    }
+}
