@@ -1130,9 +1130,12 @@ fn graph_slots(accelerated: bool) -> usize {
     }
 }
 
-/// Graphs kept with an accelerator: one wide step's and five small ones' (a decode step and
-/// verify steps of up to four drafts, or batched steps of as many shapes).
-const GRAPH_SLOTS: usize = 6;
+/// Graphs kept with an accelerator: one wide step's and ten small ones' (a decode step and verify
+/// steps of every draft length up to `axle_core::MAX_DRAFT` (8), with one to spare, or batched
+/// steps of as many shapes). A small step's compute buffers are small; a verify shape evicted
+/// costs a rebuild and a fresh CUDA graph capture every time it comes back (about 1 ms and a
+/// decode step's time again on an H200).
+const GRAPH_SLOTS: usize = 11;
 
 /// Steps of at most this many tokens count as small: their graphs are kept beside each other.
 /// Wider steps (prefill chunks) share one slot, so that kept compute buffers stay small.
