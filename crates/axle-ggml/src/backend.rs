@@ -144,6 +144,27 @@ mod tests {
     }
 }
 
+/// Turns off ggml's programmatic dependent launch (PDL) on CUDA for the rest of the process, by
+/// setting `GGML_CUDA_PDL=0`, unless the environment already sets `GGML_CUDA_PDL` (the user's
+/// choice wins). With PDL (Hopper and newer, ggml's default) a kernel may start before the one
+/// ahead of it has finished; ggml reads the variable when each kernel is first launched, so this
+/// only takes full effect before any step has run. Returns whether PDL is now off.
+///
+/// Why: on an H200, two model families computed with a race under PDL (different bits from run
+/// to run and between libllama and Axle), and refusing PDL to one kernel, the flash-attention
+/// vector kernel, was enough to make them exact (`scripts/gpu-pdl-bisect.sh`, docs/gpu.md).
+/// Off for every kernel it costs decode speed: 11% on a Llama-3-8B-shaped file, 23% on SmolLM2.
+pub fn serialize_cuda_launches() -> bool {
+    match std::env::var("GGML_CUDA_PDL") {
+        Ok(v) => v.trim() == "0",
+        Err(_) => {
+            // Process-wide; called while a model loads, before its steps run.
+            std::env::set_var("GGML_CUDA_PDL", "0");
+            true
+        }
+    }
+}
+
 impl Device {
     /// The registered device called `name` (ggml's name, any case: `cuda0`, `CUDA0`, `cpu`).
     pub fn find(name: &str) -> Option<Device> {

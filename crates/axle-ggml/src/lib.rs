@@ -21,8 +21,8 @@ mod sysinfo;
 mod tensor;
 
 pub use backend::{
-    backend_search_dirs, load_dynamic_backends, Backend, BufferType, Device, DeviceKind,
-    GraphScheduler, LoadedBackend, PinnedHost,
+    backend_search_dirs, load_dynamic_backends, serialize_cuda_launches, Backend, BufferType,
+    Device, DeviceKind, GraphScheduler, LoadedBackend, PinnedHost,
 };
 pub use dtype::DType;
 pub use error::{Error, Result};

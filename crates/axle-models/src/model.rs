@@ -86,6 +86,13 @@ pub struct Model {
     placement: Placement,
 }
 
+/// Architectures that ggml's CUDA backend computed with a race on an H200 while kernels started
+/// before the ones ahead of them had finished (programmatic dependent launch): their greedy
+/// output differed from libllama's and between runs (0/20 prompts alike), and was exact with the
+/// early starts off. Loading one onto a CUDA device turns them off for the process
+/// ([`axle_ggml::serialize_cuda_launches`]); every other family measured exact with them on.
+const CUDA_PDL_RACE: &[&str] = &["gemma4", "qwen3moe"];
+
 impl Model {
     /// Loads a GGUF model.
     pub fn load(path: impl AsRef<Path>, opts: &ModelOptions) -> Result<Model, ModelError> {
@@ -117,6 +124,14 @@ impl Model {
         )?;
         if let Some((tp, shares)) = placement.tensor_parallel() {
             crate::tensor_split::plan(&file, tp, shares)?;
+        }
+        if CUDA_PDL_RACE.contains(&arch_name.as_str())
+            && placement
+                .accelerators()
+                .iter()
+                .any(|d| d.name().starts_with("CUDA"))
+        {
+            axle_ggml::serialize_cuda_launches();
         }
         let weight_placement = if placement.uses_accelerator() {
             WeightPlacement::Layers {
