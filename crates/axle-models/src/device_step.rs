@@ -16,6 +16,8 @@
 //! row of small sequences and one per prefill chunk, each over that sequence's own slots (starting
 //! at its position 0) padded to a length that depends only on the row's position. A row's numbers
 //! then depend on its sequence alone, and decode, verify and batched steps agree bit for bit.
+//! (Where the device gives each row the same bits that way, a sequence's one-row ops over the same
+//! slots run as one op: [`crate::stacked_attention`]; the layout still lists one op per row.)
 //! Prefill chunks keep their wide kernels: their numbers depend on how the prompt was chunked.
 //!
 //! On CUDA ([`DeviceProducts::Wide`]) the small columns of quantized products go through MMQ

@@ -5,7 +5,9 @@ use crate::device_step::{
     DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
 };
 use crate::kv::KvCache;
-use crate::stacked_attention::{one_op, stacked, strided_fits, StackKey, StackTable, StackedKv};
+use crate::stacked_attention::{
+    attention_op, strided_fits, KvSlots, OpRows, StackKey, StackTable, StackedKv,
+};
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
@@ -602,6 +604,12 @@ impl<'a> Step<'a> {
         let mut i = 0;
         while i < d.attn.len() {
             let op = d.attn[i];
+            let slots = KvSlots {
+                k: ks,
+                v: vs,
+                off: op.kv_off,
+                len: op.kv_len,
+            };
             let q_rows = |rows: i64| {
                 if (op.first, rows) == (0, self.n_tokens) {
                     q
@@ -657,15 +665,8 @@ impl<'a> Step<'a> {
                 } else {
                     StackedKv::Repeated
                 };
-                outs.push(stacked(
-                    g,
-                    q_rows(rows),
-                    (ks, vs),
-                    (op.kv_off, op.kv_len),
-                    mask,
-                    spec,
-                    how,
-                ));
+                let o = attention_op(g, q_rows(rows), slots, mask, spec, OpRows::Stacked(how));
+                outs.push(g.reshape(o, &[width, rows]));
                 i += rows as usize;
                 continue;
             }
@@ -680,14 +681,7 @@ impl<'a> Step<'a> {
                     op.mask_off as usize * f16_row(1),
                 )
             };
-            let o = one_op(
-                g,
-                q_rows(op.rows),
-                (ks, vs),
-                (op.kv_off, op.kv_len),
-                mg,
-                spec,
-            );
+            let o = attention_op(g, q_rows(op.rows), slots, mg, spec, OpRows::Own);
             if let Some(s) = sinks {
                 g.flash_attn_add_sinks(o, s);
             }

@@ -22,6 +22,8 @@
 use crate::layers::AttnSpec;
 use crate::ModelError;
 use axle_ggml::{BufferType, Context, DType, GraphScheduler, Tensor, TensorStore};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -132,25 +134,24 @@ pub(crate) fn kv_rows<'a>(
     g.permute(view, [0, 2, 1, 3])
 }
 
-/// One attention op of the device layout: query rows `q` [dim, n_head, rows] over KV rows
-/// `off..off + len` with `mask` [len, rows]; returns the flash-attention node
-/// [dim, n_head, rows] (sinks attach to it).
-pub(crate) fn one_op<'a>(
-    g: &'a Context,
-    q: Tensor<'a>,
-    (k, v): (Tensor<'a>, Tensor<'a>),
-    (off, len): (i64, i64),
-    mask: Tensor<'a>,
-    spec: &AttnSpec,
-) -> Tensor<'a> {
-    g.flash_attn(
-        g.permute(q, [0, 2, 1, 3]),
-        kv_rows(g, k, spec.head_dim_k, spec.n_head_kv, off, len),
-        kv_rows(g, v, spec.head_dim_v, spec.n_head_kv, off, len),
-        mask,
-        spec.scale,
-        spec.softcap,
-    )
+/// The keys and values an attention op reads: slots `off..off + len` of the cache-shaped sources
+/// `k` and `v` [n_head_kv * head_dim, slots].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvSlots<'a> {
+    pub k: Tensor<'a>,
+    pub v: Tensor<'a>,
+    pub off: i64,
+    pub len: i64,
+}
+
+/// How an attention op of the device layout takes its query rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpRows {
+    /// As rows of one query (a prefill chunk, or one decode or verify row).
+    Own,
+    /// Stacked: each row a sequence of its own in the op's fourth dimension, all over the same
+    /// slots, with the keys and values read this way.
+    Stacked(StackedKv),
 }
 
 /// How a stacked op reads its KV: every row's copy of the same slots.
@@ -163,19 +164,34 @@ pub(crate) enum StackedKv {
     Repeated,
 }
 
-/// Rows `q` [dim, n_head, rows] (consecutive in memory) over the same KV rows `off..off + len`,
-/// each with its own row of `mask` [len * rows], in one op; returns [dim * n_head, rows], the
-/// same as the rows' [`one_row`] ops concatenated.
-pub(crate) fn stacked<'a>(
+/// One attention op of the device layout: query rows `q` [dim, n_head, rows] (consecutive in
+/// memory) over `kv` with `mask` [len, rows] (one mask row per query row); returns the
+/// flash-attention node, [dim * n_head, rows] once reshaped (sinks attach to it). Stacked rows
+/// give the same numbers as ops of one row each, where [`probe`] says so.
+pub(crate) fn attention_op<'a>(
     g: &'a Context,
     q: Tensor<'a>,
-    (k, v): (Tensor<'a>, Tensor<'a>),
-    (off, len): (i64, i64),
+    kv: KvSlots<'a>,
     mask: Tensor<'a>,
     spec: &AttnSpec,
-    how: StackedKv,
+    how: OpRows,
 ) -> Tensor<'a> {
+    let KvSlots { k, v, off, len } = kv;
     let [dim, n_head, rows, _] = q.ne();
+    let form = match how {
+        OpRows::Own => {
+            let own = |src, dim| kv_rows(g, src, dim, spec.n_head_kv, off, len);
+            return g.flash_attn(
+                g.permute(q, [0, 2, 1, 3]),
+                own(k, spec.head_dim_k),
+                own(v, spec.head_dim_v),
+                mask,
+                spec.scale,
+                spec.softcap,
+            );
+        }
+        OpRows::Stacked(form) => form,
+    };
     let qn = q.nb();
     // [dim, 1, n_head, rows]. The stride across the single query row addresses nothing; it is
     // 4 bytes so that ggml's CUDA backend does not take its grouped-query kernel variant (which
@@ -190,30 +206,19 @@ pub(crate) fn stacked<'a>(
     let operand = |src: Tensor<'a>| {
         let nb1 = src.nb()[1];
         let head = src.dtype().row_size(dim);
-        match how {
+        let at = off as usize * nb1;
+        match form {
             StackedKv::Strided => {
-                let view = g.view(
-                    src,
-                    &[dim, len, spec.n_head_kv, rows],
-                    &[nb1, head, 0],
-                    off as usize * nb1,
-                );
-                view
+                g.view(src, &[dim, len, spec.n_head_kv, rows], &[nb1, head, 0], at)
             }
             StackedKv::Repeated => {
-                let view = g.view(
-                    src,
-                    &[dim, spec.n_head_kv, len],
-                    &[head, nb1],
-                    off as usize * nb1,
-                );
+                let view = g.view(src, &[dim, spec.n_head_kv, len], &[head, nb1], at);
                 let copies = g.repeat_4d(view, [dim, spec.n_head_kv, len, rows]);
                 g.permute(copies, [0, 2, 1, 3])
             }
         }
     };
-    let o = g.flash_attn(q4, operand(k), operand(v), m4, spec.scale, spec.softcap);
-    g.reshape(o, &[spec.head_dim_v * n_head, rows])
+    g.flash_attn(q4, operand(k), operand(v), m4, spec.scale, spec.softcap)
 }
 
 /// Whether [`StackedKv::Strided`] fits `src` (ggml accepts a view only as long as its nominal
@@ -262,12 +267,13 @@ pub fn probe(
         t("probe_v")?,
         t("probe_mask")?,
     );
-    let mut rng = Lcg(0x9e37_79b9_7f4a_7c15 ^ key.kv_len as u64 ^ (key.rows as u64) << 32);
-    let qs: Vec<f32> = (0..dim * key.n_head * rows).map(|_| rng.unit()).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(key.kv_len as u64 ^ (key.rows as u64) << 32);
+    let mut unit = move || (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+    let qs: Vec<f32> = (0..dim * key.n_head * rows).map(|_| unit()).collect();
     q.t().write(&qs)?;
     for kv in [&k, &v] {
         let xs: Vec<u16> = (0..width * slots)
-            .map(|_| half::f16::from_f32(rng.unit()).to_bits())
+            .map(|_| half::f16::from_f32(unit()).to_bits())
             .collect();
         kv.t().write(&xs)?;
     }
@@ -281,6 +287,12 @@ pub fn probe(
     }
     mask.t().write(&masks)?;
 
+    let slots = KvSlots {
+        k: k.t(),
+        v: v.t(),
+        off: 0,
+        len,
+    };
     let nodes = 256 + 64 * rows as usize;
     let ctx = Context::new(nodes, nodes)?;
     let mut graph = ctx.graph(nodes);
@@ -303,21 +315,14 @@ pub fn probe(
                     &[DType::F16.row_size(len)],
                     r as usize * DType::F16.row_size(len),
                 );
-                let o = one_op(&ctx, qr, (k.t(), v.t()), (0, len), mr, &spec);
+                let o = attention_op(&ctx, qr, slots, mr, &spec, OpRows::Own);
                 ctx.reshape(o, &[dim * key.n_head, 1])
             })
             .collect();
         outs.push(crate::layers::concat_all(&ctx, per_row, 1));
         for how in [StackedKv::Strided, StackedKv::Repeated] {
-            outs.push(stacked(
-                &ctx,
-                q.t(),
-                (k.t(), v.t()),
-                (0, len),
-                m,
-                &spec,
-                how,
-            ));
+            let o = attention_op(&ctx, q.t(), slots, m, &spec, OpRows::Stacked(how));
+            outs.push(ctx.reshape(o, &[dim * key.n_head, rows]));
         }
     }
     let outs: Vec<Tensor<'_>> = outs.into_iter().map(|o| o.as_output()).collect();
@@ -333,19 +338,6 @@ pub fn probe(
         results.push(xs.iter().map(|x| x.to_bits()).collect());
     }
     Ok(results.chunks(3).all(|r| r[0] == r[1] && r[0] == r[2]))
-}
-
-/// A small deterministic generator for probe data (uniform in [-1, 1)).
-struct Lcg(u64);
-
-impl Lcg {
-    fn unit(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 }
 
 #[cfg(test)]

@@ -73,22 +73,20 @@ fn max_diff_by_width(
     let (model, mut runner) = load(name, repack, 2048, device_layout);
     let d = max_diff_by_width_in(&model, &mut runner, max_w, (first_block, stride));
     if device_layout {
-        let shapes = runner.stacked_shapes();
-        println!(
-            "{name}: stacked verify-row shapes (kv_len, rows, shared): {:?}",
-            shapes
-                .iter()
-                .map(|(k, ok)| (k.kv_len, k.rows, *ok))
-                .collect::<Vec<_>>()
-        );
-        // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
-        // alike, so the verify steps above ran stacked.
-        assert!(
-            shapes.iter().any(|&(k, ok)| ok && k.kv_len < 512),
-            "{name}: no verify rows shared an attention op: {shapes:?}"
-        );
+        let shapes: Vec<(i64, i64, bool)> = runner
+            .stacked_shapes()
+            .iter()
+            .map(|(k, ok)| (k.kv_len, k.rows, *ok))
+            .collect();
+        println!("{name}: stacked verify-row shapes (kv_len, rows, shared): {shapes:?}");
+        STACKED.with(|s| *s.borrow_mut() = shapes);
     }
     d
+}
+
+thread_local! {
+    /// The stacked verify-row shapes of the last device-layout run of [`max_diff_by_width`].
+    static STACKED: std::cell::RefCell<Vec<(i64, i64, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn max_diff_by_width_in(
@@ -239,6 +237,13 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
     ] {
         let d = max_diff_by_width(name, false, 9, blocks, true);
         println!("{name} device layout, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
+        // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
+        // alike, so these verify steps ran stacked.
+        let shapes = STACKED.with(|s| s.borrow().clone());
+        assert!(
+            shapes.iter().any(|&(len, _, ok)| ok && len < 512),
+            "{name}: no verify rows shared an attention op: {shapes:?}"
+        );
         assert!(d.iter().all(|&x| x == 0.0), "{name}: {d:?}");
     }
     for name in [common::SMOLLM2, common::GEMMA3] {
