@@ -622,36 +622,47 @@ impl<'a> Step<'a> {
                     )
                 }
             };
-            // A run of one-row ops over the same slots (a sequence's verify rows) shares one op
-            // where the device gives each row the same numbers that way.
+            // A run of one-row ops over the same slots (a sequence's verify rows), or over
+            // segments of the same length one after another (decoding rows of sequences whose
+            // gathered slots line up), shares one op where the device gives each row the same
+            // numbers that way.
             let stack = match (self.stacking, sinks) {
                 (Some(table), None) if op.rows == 1 => {
+                    let segments = d
+                        .attn
+                        .get(i + 1)
+                        .is_some_and(|o| o.kv_off == op.kv_off + op.kv_len);
+                    let step = if segments { op.kv_len } else { 0 };
                     let run = d.attn[i..]
                         .iter()
                         .zip(0i64..)
                         .take_while(|(o, r)| {
                             o.rows == 1
-                                && (o.kv_off, o.kv_len) == (op.kv_off, op.kv_len)
+                                && o.kv_len == op.kv_len
+                                && o.kv_off == op.kv_off + r * step
                                 && o.first == op.first + r
                                 && o.mask_off == op.mask_off + r * op.kv_len
                         })
                         .count() as i64;
-                    (run > 1)
-                        .then(|| StackKey::of(spec, op.kv_len, run))
-                        .flatten()
-                        .filter(|&key| table.allows(key))
-                        .map(|_| run)
+                    // The whole run, else halves of it (a device may give the rows of a wide
+                    // op other numbers, as its parallel split depends on the op's size).
+                    std::iter::successors(Some(run), |&r| (r > 2).then_some((r / 2).max(2)))
+                        .filter(|&r| r > 1)
+                        .find(|&r| {
+                            StackKey::of(spec, op.kv_len, r).is_some_and(|key| table.allows(key))
+                        })
+                        .map(|r| (r, segments))
                 }
                 _ => None,
             };
-            if let Some(rows) = stack {
+            if let Some((rows, segments)) = stack {
                 let mask = g.view(
                     il_mask,
                     &[op.kv_len * rows],
                     &[],
                     op.mask_off as usize * f16_row(1),
                 );
-                let how = if [ks, vs].iter().all(|&s| {
+                let fits = |s: Tensor<'a>| {
                     strided_fits(
                         s,
                         spec.head_dim_k,
@@ -660,7 +671,10 @@ impl<'a> Step<'a> {
                         op.kv_len,
                         rows,
                     )
-                }) {
+                };
+                let how = if segments {
+                    StackedKv::Segments
+                } else if fits(ks) && fits(vs) {
                     StackedKv::Strided
                 } else {
                     StackedKv::Repeated

@@ -154,14 +154,17 @@ pub(crate) enum OpRows {
     Stacked(StackedKv),
 }
 
-/// How a stacked op reads its KV: every row's copy of the same slots.
+/// How a stacked op reads its KV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StackedKv {
-    /// A view that steps 0 bytes from row to row (where the source is long enough for ggml to
-    /// accept a view of that nominal size).
+    /// Every row the same slots, through a view that steps 0 bytes from row to row (where the
+    /// source is long enough for ggml to accept a view of that nominal size).
     Strided,
-    /// A copy per row (`repeat`).
+    /// Every row the same slots, copied once per row (`repeat`).
     Repeated,
+    /// Each row its own slots: row `r` reads `off + r * len .. off + (r + 1) * len` (rows of
+    /// different sequences whose gathered segments have the same length, one after another).
+    Segments,
 }
 
 /// One attention op of the device layout: query rows `q` [dim, n_head, rows] (consecutive in
@@ -211,6 +214,12 @@ pub(crate) fn attention_op<'a>(
             StackedKv::Strided => {
                 g.view(src, &[dim, len, spec.n_head_kv, rows], &[nb1, head, 0], at)
             }
+            StackedKv::Segments => g.view(
+                src,
+                &[dim, len, spec.n_head_kv, rows],
+                &[nb1, head, len as usize * nb1],
+                at,
+            ),
             StackedKv::Repeated => {
                 let view = g.view(src, &[dim, spec.n_head_kv, len], &[head, nb1], at);
                 let copies = g.repeat_4d(view, [dim, spec.n_head_kv, len, rows]);
@@ -237,9 +246,9 @@ pub(crate) fn strided_fits(
     off * nb1 as i64 + nominal <= slots * nb1 as i64
 }
 
-/// Computes `key`'s rows both ways (one op each, and stacked with both KV forms) on random data
-/// in `buft`, with the rows at the start and at the end of their KV range, and says whether every
-/// result is the same bit for bit. `sched` runs the probe's graph in its slot `slot`.
+/// Computes `key`'s rows both ways (one op each, and stacked with every KV form: the same slots
+/// for every row, or each row its own) on random data in `buft`, with the rows at the start and
+/// at the end of their KV range, and says whether every result is the same bit for bit. `sched` runs the probe's graph in its slot `slot`.
 pub fn probe(
     sched: &mut GraphScheduler,
     slot: usize,
@@ -300,7 +309,7 @@ pub fn probe(
     let mb = DType::F16.row_size(len * rows);
     for half_at in 0..2usize {
         let m = ctx.view(mask.t(), &[len * rows], &[], half_at * mb);
-        let per_row: Vec<Tensor<'_>> = (0..rows)
+        let per_row: Vec<(Tensor<'_>, Tensor<'_>)> = (0..rows)
             .map(|r| {
                 let qn = q.t().nb();
                 let qr = ctx.view(
@@ -316,14 +325,31 @@ pub fn probe(
                     r as usize * DType::F16.row_size(len),
                 );
                 let o = attention_op(&ctx, qr, slots, mr, &spec, OpRows::Own);
-                ctx.reshape(o, &[dim * key.n_head, 1])
+                let own = KvSlots {
+                    off: r * len,
+                    ..slots
+                };
+                let d = attention_op(&ctx, qr, own, mr, &spec, OpRows::Own);
+                let flat = |o| ctx.reshape(o, &[dim * key.n_head, 1]);
+                (flat(o), flat(d))
             })
             .collect();
-        outs.push(crate::layers::concat_all(&ctx, per_row, 1));
+        let (same, distinct): (Vec<_>, Vec<_>) = per_row.into_iter().unzip();
+        outs.push(crate::layers::concat_all(&ctx, same, 1));
         for how in [StackedKv::Strided, StackedKv::Repeated] {
             let o = attention_op(&ctx, q.t(), slots, m, &spec, OpRows::Stacked(how));
             outs.push(ctx.reshape(o, &[dim * key.n_head, rows]));
         }
+        outs.push(crate::layers::concat_all(&ctx, distinct, 1));
+        let o = attention_op(
+            &ctx,
+            q.t(),
+            slots,
+            m,
+            &spec,
+            OpRows::Stacked(StackedKv::Segments),
+        );
+        outs.push(ctx.reshape(o, &[dim * key.n_head, rows]));
     }
     let outs: Vec<Tensor<'_>> = outs.into_iter().map(|o| o.as_output()).collect();
     for &o in &outs {
@@ -337,7 +363,11 @@ pub fn probe(
         o.read(&mut xs)?;
         results.push(xs.iter().map(|x| x.to_bits()).collect());
     }
-    Ok(results.chunks(3).all(|r| r[0] == r[1] && r[0] == r[2]))
+    // Per mask placement: rows over the same slots one op each, stacked both ways; rows over
+    // their own slots one op each, stacked.
+    Ok(results
+        .chunks(5)
+        .all(|r| r[0] == r[1] && r[0] == r[2] && r[3] == r[4]))
 }
 
 #[cfg(test)]

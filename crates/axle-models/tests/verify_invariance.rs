@@ -217,7 +217,8 @@ fn block_placement_does_not_change_logits() {
 }
 
 /// The same with the device step layout (one attention op per decode row over its own slots,
-/// gathered when they are out of order), on the host.
+/// gathered when they are out of order; the two batched rows' gathered segments line up, so they
+/// share one stacked op), on the host.
 #[test]
 fn device_layout_block_placement_does_not_change_logits() {
     block_placement(true);
@@ -323,6 +324,18 @@ fn block_placement(device_layout: bool) {
             out.row(1) == alone.as_slice(),
             "{name}: batched rows differ by placement"
         );
+        if device_layout {
+            // The two decoding rows read gathered segments of the same length one after
+            // another, so they shared one attention op (the only two-row shape here).
+            assert!(
+                runner
+                    .stacked_shapes()
+                    .iter()
+                    .any(|(k, ok)| *ok && k.rows == 2),
+                "{name}: the batched rows did not share an attention op: {:?}",
+                runner.stacked_shapes()
+            );
+        }
         println!("{name}: identical logits for ascending, descending, shuffled and batched blocks");
     }
 }
