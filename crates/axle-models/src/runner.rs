@@ -163,9 +163,10 @@ pub struct RunnerOptions {
     pub state_snapshots: u32,
     /// Recurrent models: saved states for prefix reuse ([`Runner::save_state`]).
     pub state_saved: u32,
-    /// With the device layout: let a sequence's verify rows share one attention op where the
-    /// device gives each row the same numbers that way ([`crate::stacked_attention`]).
-    /// `AXLE_STACKED_ROWS=0` turns it off too (a diagnostic, to compare).
+    /// With the device layout: let runs of one-row attention ops (a sequence's verify rows, or
+    /// decoding rows whose gathered slots line up) share one op where the device gives each row
+    /// the same numbers that way ([`crate::stacked_attention`]). `AXLE_STACKED_ROWS=0` turns it
+    /// off too (a diagnostic, to compare).
     pub stacked_rows: bool,
 }
 
@@ -281,7 +282,7 @@ pub struct Runner {
     pinned: Option<PinnedHost>,
     /// How the device layout multiplies small columns.
     products: DeviceProducts,
-    /// Which runs of verify rows may share an attention op (`None`: never).
+    /// Which runs of one-row attention ops may share an op (`None`: never).
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
@@ -702,7 +703,7 @@ impl Runner {
                 if misses.is_empty() {
                     i
                 } else {
-                    // Shapes of verify rows met for the first time: ask the device, then build
+                    // Shapes of stacked rows met for the first time: ask the device, then build
                     // again with the answers.
                     self.cached.swap_remove(i);
                     self.probe_stacking(&misses)?;
@@ -786,8 +787,8 @@ impl Runner {
         Ok(out)
     }
 
-    /// Probes each shape of stacked verify rows in every memory holding attention layers and
-    /// records whether all of them give each row a one-row op's numbers.
+    /// Probes each shape of stacked rows in every memory holding attention layers and records
+    /// whether all of them give each row a one-row op's numbers.
     fn probe_stacking(&mut self, keys: &[StackKey]) -> Result<(), ModelError> {
         // The slot after every graph slot, so that no kept graph is dropped for a probe.
         let slot = self.graph_slots;
@@ -806,7 +807,7 @@ impl Runner {
         Ok(())
     }
 
-    /// The shapes of verify rows probed for stacking so far, and whether they share an op.
+    /// The shapes of rows probed for stacking so far, and whether they share an op.
     pub fn stacked_shapes(&self) -> Vec<(StackKey, bool)> {
         let mut v: Vec<(StackKey, bool)> = self
             .stacking

@@ -1,23 +1,27 @@
-//! A verify step's rows of one sequence in one attention op, where the device gives each row
-//! exactly the arithmetic of a one-row op.
+//! Runs of one-row attention ops in one op, where the device gives each row exactly the
+//! arithmetic of a one-row op: a verify step's rows of one sequence, and decoding rows of
+//! sequences whose gathered slots line up.
 //!
 //! The device layout ([`crate::device_step`]) gives every decode and verify row an attention op
 //! of its own, because ggml's kernels choose their arithmetic by the op's shape. On an H100 that
-//! costs a verify step 15-23 µs per layer per extra row (the op, its combine step and the
-//! concatenation), most of a verify step's extra time.
+//! cost a verify step 15-23 µs per layer per extra row (the op, its combine step and the
+//! concatenation), most of a verify step's extra time, and a batched step one op per sequence.
 //!
-//! A sequence's verify rows read the same KV slots, so they can share one op when the rows go
-//! into the op's fourth dimension (one "sequence" each, with one query row and its own mask row)
-//! and the kernel treats each of them as it treats a one-row op. Whether it does depends on the
-//! device and the shape: on CUDA, a one-row op over F16 KV takes the vector kernel, and so does
-//! an op of one query row per sequence when ggml's grouped-query optimization is off (one stride
-//! of the query that is not a multiple of 16 bytes turns it off: the query's stride across its
-//! single row, which addresses nothing); the KV range is then split into parallel blocks by
-//! occupancy, and the split is the same only while the step's extra blocks fit the same wave.
-//! Rather than predict ggml's heuristics, the runner asks the device: before a step first stacks
-//! rows of a shape ([`StackKey`]), it computes the shape both ways on random data in every memory
-//! that holds attention layers, and stacks only where the results are equal bit for bit
-//! ([`probe`]). Each shape is probed once per runner.
+//! Rows can share one op when each goes into the op's fourth dimension (one "sequence" each,
+//! with one query row and its own mask row) and the kernel treats each of them as it treats a
+//! one-row op. A sequence's verify rows read the same slots (a view stepping 0 bytes per row, or
+//! a copy per row); decoding rows of different sequences read gathered segments of the same
+//! length one after another (a view stepping one segment per row). Whether the kernel then gives
+//! each row a one-row op's bits depends on the device and the shape: on CUDA, a one-row op over
+//! F16 KV takes the vector kernel, and so does an op of one query row per sequence when ggml's
+//! grouped-query optimization is off (one stride of the query that is not a multiple of 16 bytes
+//! turns it off: the query's stride across its single row, which addresses nothing); the KV range
+//! is then split into parallel blocks by occupancy, and the split is the same only while the
+//! op's extra blocks fit the same wave. Rather than predict ggml's heuristics, the runner asks
+//! the device: before a step first stacks rows of a shape ([`StackKey`]), it computes the shape
+//! every way on random data in every memory that holds attention layers, and stacks only where
+//! the results are equal bit for bit ([`probe`]); a run the device refuses is tried in halves.
+//! Each shape is probed once per runner.
 
 use crate::layers::AttnSpec;
 use crate::ModelError;

@@ -62,39 +62,16 @@ fn seq_input(tokens: &[u32], from: usize, to: usize, table: &[u32], logits: Logi
 }
 
 /// Largest |difference| between the logits of each width-w verify step and the decode steps, for
-/// widths 1..=max_w, with the sequence's blocks at `first_block`, `first_block + stride`, ...
+/// widths 1..=max_w, with the sequence's blocks at `first_block`, `first_block + stride`, ...;
+/// and the shapes of rows the runner stacked into one attention op (KV slots, rows, shared).
 fn max_diff_by_width(
     name: &str,
     repack: bool,
     max_w: usize,
     (first_block, stride): (u32, u32),
     device_layout: bool,
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<(i64, i64, bool)>) {
     let (model, mut runner) = load(name, repack, 2048, device_layout);
-    let d = max_diff_by_width_in(&model, &mut runner, max_w, (first_block, stride));
-    if device_layout {
-        let shapes: Vec<(i64, i64, bool)> = runner
-            .stacked_shapes()
-            .iter()
-            .map(|(k, ok)| (k.kv_len, k.rows, *ok))
-            .collect();
-        println!("{name}: stacked verify-row shapes (kv_len, rows, shared): {shapes:?}");
-        STACKED.with(|s| *s.borrow_mut() = shapes);
-    }
-    d
-}
-
-thread_local! {
-    /// The stacked verify-row shapes of the last device-layout run of [`max_diff_by_width`].
-    static STACKED: std::cell::RefCell<Vec<(i64, i64, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn max_diff_by_width_in(
-    model: &Model,
-    runner: &mut Runner,
-    max_w: usize,
-    (first_block, stride): (u32, u32),
-) -> Vec<f32> {
     // Long enough for the widest step (the text once for the usual widths up to 9).
     let tokens = model
         .tokenizer
@@ -111,7 +88,7 @@ fn max_diff_by_width_in(
         let out = runner.step(&[input(i, i + 1, LogitRows::Last)]).unwrap();
         one.push(out.row(0).to_vec());
     }
-    (1..=max_w)
+    let diffs = (1..=max_w)
         .map(|w| {
             let out = runner.step(&[input(ctx, ctx + w, LogitRows::All)]).unwrap();
             (0..w)
@@ -124,7 +101,16 @@ fn max_diff_by_width_in(
                 })
                 .fold(0.0f32, f32::max)
         })
-        .collect()
+        .collect();
+    let stacked: Vec<(i64, i64, bool)> = runner
+        .stacked_shapes()
+        .iter()
+        .map(|(k, ok)| (k.kv_len, k.rows, *ok))
+        .collect();
+    if device_layout {
+        println!("{name}: stacked row shapes (kv_len, rows, shared): {stacked:?}");
+    }
+    (diffs, stacked)
 }
 
 #[test]
@@ -140,7 +126,7 @@ fn verify_steps_reproduce_decode_steps() {
         (common::GEMMA3, false, 9, spread),
         (common::GEMMA3, true, 0, (0, 1)),
     ] {
-        let d = max_diff_by_width(name, repack, 9, blocks, false);
+        let (d, _) = max_diff_by_width(name, repack, 9, blocks, false);
         let shown: Vec<String> = d.iter().map(|x| format!("{x:.2e}")).collect();
         println!(
             "{name} repack={repack} blocks {blocks:?} (first, stride): max |dlogit| by width 1..=9: [{}]",
@@ -171,7 +157,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "gpt-oss-tiny.gguf",
         "glm4moe-tiny.gguf",
     ] {
-        let d = max_diff_by_width(name, false, 63, (0, 1), false);
+        let (d, _) = max_diff_by_width(name, false, 63, (0, 1), false);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
         println!("{name}: max |dlogit| over widths 1..=63: {worst:.2e}");
         assert!(
@@ -180,7 +166,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         );
         // The GPU step layout (forced on the host), blocks spread: the per-row attention ops,
         // gathered slots, latent (K-only) and shared caches, grouped expert products.
-        let d = max_diff_by_width(name, false, 9, (10, 10), true);
+        let (d, _) = max_diff_by_width(name, false, 9, (10, 10), true);
         println!("{name} device layout, spread blocks: max |dlogit| by width 1..=9: {d:?}");
         assert!(
             d.iter().all(|&x| x == 0.0),
@@ -236,11 +222,10 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
         (common::GEMMA3, (0, 1)),
         (common::GEMMA3, (10, 10)),
     ] {
-        let d = max_diff_by_width(name, false, 9, blocks, true);
+        let (d, shapes) = max_diff_by_width(name, false, 9, blocks, true);
         println!("{name} device layout, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
         // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
         // alike, so these verify steps ran stacked.
-        let shapes = STACKED.with(|s| s.borrow().clone());
         assert!(
             shapes.iter().any(|&(len, _, ok)| ok && len < 512),
             "{name}: no verify rows shared an attention op: {shapes:?}"
