@@ -31,6 +31,11 @@ use rand_core::{RngCore, SeedableRng};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+/// Most device memory a probe may take for its keys and values and their copies: 1 GiB, which
+/// with 2 KiB KV rows (Llama-3-8B) covers a verify step of 8 drafts over about 14k slots, or 64
+/// batched rows over about 2k. A larger shape is not stacked.
+const PROBE_MAX_BYTES: i64 = 1 << 30;
+
 /// The shape of a stacked op: what decides a kernel's arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StackKey {
@@ -262,8 +267,14 @@ pub fn probe(
     let spec = key.spec();
     let (dim, rows, len) = (key.head_dim, key.rows, key.kv_len);
     let width = dim * key.n_head_kv;
-    // Long enough for the strided form: every row's nominal copy.
+    // Long enough for the strided form: every row's nominal copy (and each row's own segment).
     let slots = len * rows;
+    // Keys and values for that many slots, plus the copies of the repeated form: a shape too
+    // large to probe cheaply is not stacked.
+    let bytes = 4 * DType::F16.row_size(width) as i64 * slots;
+    if bytes > PROBE_MAX_BYTES {
+        return Ok(false);
+    }
     let store = TensorStore::zeroed(
         buft,
         &[
@@ -401,6 +412,13 @@ mod tests {
             assert!(probe(&mut sched, 0, BufferType::cpu(), key(256, rows)).unwrap());
         }
         assert!(!probe(&mut sched, 0, BufferType::cpu(), key(512, 4)).unwrap());
+    }
+
+    /// A shape whose probe would need more than `PROBE_MAX_BYTES` is refused without allocating.
+    #[test]
+    fn shapes_too_large_to_probe_are_not_stacked() {
+        let mut sched = GraphScheduler::new(vec![Backend::cpu(1).unwrap()], 1024).unwrap();
+        assert!(!probe(&mut sched, 0, BufferType::cpu(), key(1 << 20, 64)).unwrap());
     }
 
     #[test]
