@@ -47,6 +47,9 @@ pub struct BatchedRow {
     pub split: StepSplit,
     /// The same with shape-dependent kernels (when asked for).
     pub fast_split: Option<StepSplit>,
+    /// The most decoding rows one attention op took in the device layout (stacked rows, see
+    /// `axle_models::stacked_attention`; 1: an op per row).
+    pub widest_stack: i64,
 }
 
 /// The result.
@@ -85,7 +88,7 @@ fn axle_run(
     prompts: &[Vec<u32>],
     steps: usize,
     kernels: Kernels,
-) -> Result<(f64, StepSplit), BenchError> {
+) -> Result<(f64, StepSplit, i64), BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
         kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
@@ -142,7 +145,14 @@ fn axle_run(
         logits_ms: logits,
         engine_ms: step_ms - (host_ms + compute + logits),
     };
-    Ok((tokens as f64 / wall, split))
+    let widest = e
+        .stacked_shapes()
+        .iter()
+        .filter(|s| s.2)
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(1);
+    Ok((tokens as f64 / wall, split, widest))
 }
 
 fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
@@ -205,12 +215,13 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
             .collect();
         let (mut a, mut l, mut f) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut split, mut fast_split) = (StepSplit::default(), None);
+        let (mut split, mut fast_split, mut widest_stack) = (StepSplit::default(), None, 1);
         let invariant = crate::default_kernels(model);
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
-            let (tok_s, s) = axle_run(model, &prompts, opts.steps, invariant)?;
+            let (tok_s, s, widest) = axle_run(model, &prompts, opts.steps, invariant)?;
             a.push(tok_s);
             split = s;
+            widest_stack = widest;
             Ok(())
         };
         for rep in 0..opts.reps {
@@ -225,7 +236,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
                 exact(&mut a)?;
             }
             if opts.fast_kernels {
-                let (tok_s, s) = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp)?;
+                let (tok_s, s, _) = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp)?;
                 f.push(tok_s);
                 fast_split = Some(s);
             }
@@ -237,6 +248,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
             axle_fast: f,
             split,
             fast_split,
+            widest_stack,
         });
     }
     bar.finish_and_clear();

@@ -106,6 +106,8 @@ pub fn run(
                     ] {
                         r.extra.insert(k.into(), v);
                     }
+                    r.extra
+                        .insert("stacked_rows_widest".into(), row.widest_stack as f64);
                     if let Some(s) = row.fast_split {
                         r.extra.insert("shape_kernels_step_ms".into(), s.step_ms);
                         r.extra
