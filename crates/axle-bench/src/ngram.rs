@@ -320,7 +320,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         let (mut p_speed, mut f_speed) = (Vec::new(), Vec::new());
         let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
         let mut positions = PositionStats::default();
-        let mut same = 0usize;
+        let (mut same, mut runs) = (0usize, 0usize);
         for (pi, prompt) in w_prompts.iter().enumerate() {
             for rep in 0..opts.reps.max(1) {
                 bar.set_message(format!("{} prompt {} rep {}", w.name, pi + 1, rep + 1));
@@ -336,9 +336,14 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
                 };
                 bar.inc(1);
                 same += usize::from(a.tokens == b.tokens);
+                runs += 1;
                 positions.add(&b.positions);
-                p_speed.push(a.decode_tok_s);
-                f_speed.push(b.decode_tok_s);
+                // A prompt answered in one token (an end of text at once) has no decode to
+                // time: it would enter the medians as 0 tok/s in both modes.
+                if a.tokens.len() > 1 && b.tokens.len() > 1 {
+                    p_speed.push(a.decode_tok_s);
+                    f_speed.push(b.decode_tok_s);
+                }
                 drafted += b.drafted;
                 accepted += b.accepted;
                 verifies += b.verifies;
@@ -350,7 +355,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
             kind: w.kind.clone(),
             plain: p,
             accelerated: f,
-            ratio: f / p,
+            ratio: if p > 0.0 { f / p } else { 0.0 },
             acceptance: if drafted > 0 {
                 accepted as f64 / drafted as f64
             } else {
@@ -361,7 +366,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
             } else {
                 0.0
             },
-            identical_share: same as f64 / p_speed.len().max(1) as f64,
+            identical_share: same as f64 / runs.max(1) as f64,
             acceptance_by_position: positions.rates(),
             llama_server: Vec::new(),
         });
