@@ -5,9 +5,7 @@ use crate::device_step::{
     DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
 };
 use crate::kv::KvCache;
-use crate::stacked_attention::{
-    attention_op, strided_fits, KvSlots, OpRows, StackKey, StackTable, StackedKv,
-};
+use crate::stacked_attention::{attention_op, KvSlots, OpRows, StackKey, StackTable, StackedKv};
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
@@ -662,19 +660,9 @@ impl<'a> Step<'a> {
                     &[],
                     op.mask_off as usize * f16_row(1),
                 );
-                let fits = |s: Tensor<'a>| {
-                    strided_fits(
-                        s,
-                        spec.head_dim_k,
-                        spec.n_head_kv,
-                        op.kv_off,
-                        op.kv_len,
-                        rows,
-                    )
-                };
                 let how = if segments {
                     StackedKv::Segments
-                } else if fits(ks) && fits(vs) {
+                } else if slots.strided_fits(spec.head_dim_k, spec.n_head_kv, rows) {
                     StackedKv::Strided
                 } else {
                     StackedKv::Repeated

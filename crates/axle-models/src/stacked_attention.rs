@@ -239,25 +239,24 @@ pub(crate) fn attention_op<'a>(
     g.flash_attn(q4, operand(k), operand(v), m4, spec.scale, spec.softcap)
 }
 
-/// Whether [`StackedKv::Strided`] fits `src` (ggml accepts a view only as long as its nominal
-/// contiguous size, which counts every row's copy, lies inside the source).
-pub(crate) fn strided_fits(
-    src: Tensor<'_>,
-    dim: i64,
-    n_head_kv: i64,
-    off: i64,
-    len: i64,
-    rows: i64,
-) -> bool {
-    let [_, slots, ..] = src.ne();
-    let nb1 = src.nb()[1];
-    let nominal = src.dtype().row_size(dim) as i64 * n_head_kv * len * rows;
-    off * nb1 as i64 + nominal <= slots * nb1 as i64
+impl KvSlots<'_> {
+    /// Whether [`StackedKv::Strided`] fits both sources for `rows` rows of heads of `dim`
+    /// (ggml accepts a view only as long as its nominal contiguous size, which counts every
+    /// row's copy, lies inside the source).
+    pub(crate) fn strided_fits(&self, dim: i64, n_head_kv: i64, rows: i64) -> bool {
+        [self.k, self.v].iter().all(|src| {
+            let [_, slots, ..] = src.ne();
+            let nb1 = src.nb()[1] as i64;
+            let nominal = src.dtype().row_size(dim) as i64 * n_head_kv * self.len * rows;
+            self.off * nb1 + nominal <= slots * nb1
+        })
+    }
 }
 
 /// Computes `key`'s rows both ways (one op each, and stacked with every KV form: the same slots
 /// for every row, or each row its own) on random data in `buft`, with the rows at the start and
-/// at the end of their KV range, and says whether every result is the same bit for bit. `sched` runs the probe's graph in its slot `slot`.
+/// at the end of their KV range, and says whether every result is the same bit for bit. `sched`
+/// runs the probe's graph in its slot `slot`.
 pub fn probe(
     sched: &mut GraphScheduler,
     slot: usize,
@@ -268,10 +267,10 @@ pub fn probe(
     let (dim, rows, len) = (key.head_dim, key.rows, key.kv_len);
     let width = dim * key.n_head_kv;
     // Long enough for the strided form: every row's nominal copy (and each row's own segment).
-    let slots = len * rows;
+    let n_slots = len * rows;
     // Keys and values for that many slots, plus the copies of the repeated form: a shape too
     // large to probe cheaply is not stacked.
-    let bytes = 4 * DType::F16.row_size(width) as i64 * slots;
+    let bytes = 4 * DType::F16.row_size(width) as i64 * n_slots;
     if bytes > PROBE_MAX_BYTES {
         return Ok(false);
     }
@@ -279,8 +278,8 @@ pub fn probe(
         buft,
         &[
             ("probe_q".into(), DType::F32, vec![dim, key.n_head, rows]),
-            ("probe_k".into(), DType::F16, vec![width, slots]),
-            ("probe_v".into(), DType::F16, vec![width, slots]),
+            ("probe_k".into(), DType::F16, vec![width, n_slots]),
+            ("probe_v".into(), DType::F16, vec![width, n_slots]),
             ("probe_mask".into(), DType::F16, vec![len * rows * 2]),
         ],
     )?;
@@ -296,7 +295,7 @@ pub fn probe(
     let qs: Vec<f32> = (0..dim * key.n_head * rows).map(|_| unit()).collect();
     q.t().write(&qs)?;
     for kv in [&k, &v] {
-        let xs: Vec<u16> = (0..width * slots)
+        let xs: Vec<u16> = (0..width * n_slots)
             .map(|_| half::f16::from_f32(unit()).to_bits())
             .collect();
         kv.t().write(&xs)?;
