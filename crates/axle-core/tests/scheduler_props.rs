@@ -167,10 +167,26 @@ struct Arrival {
     at_step: usize,
     prompt: Vec<u32>,
     max_tokens: usize,
-    temperature: f32,
+    /// Sampled at temperature 0.8, else greedy.
+    sampled: bool,
     seed: u64,
     cancel_after: Option<usize>,
     constrained: bool,
+}
+
+impl Arrival {
+    /// An unconstrained request that runs to its end.
+    fn new(at_step: usize, prompt: Vec<u32>, max_tokens: usize, sampled: bool, seed: u64) -> Self {
+        Arrival {
+            at_step,
+            prompt,
+            max_tokens,
+            sampled,
+            seed,
+            cancel_after: None,
+            constrained: false,
+        }
+    }
 }
 
 fn arrival() -> impl Strategy<Value = Arrival> {
@@ -204,13 +220,9 @@ fn arrival() -> impl Strategy<Value = Arrival> {
                 let mut prompt = shared_prefix;
                 prompt.extend(tail);
                 Arrival {
-                    at_step,
-                    prompt,
-                    max_tokens,
-                    temperature: if sample { 0.8 } else { 0.0 },
-                    seed,
                     cancel_after,
                     constrained,
+                    ..Arrival::new(at_step, prompt, max_tokens, sample, seed)
                 }
             },
         )
@@ -220,7 +232,7 @@ fn spec(a: &Arrival) -> RequestSpec {
     RequestSpec {
         prompt: a.prompt.clone(),
         sampling: SamplingParams {
-            temperature: a.temperature,
+            temperature: if a.sampled { 0.8 } else { 0.0 },
             seed: a.seed,
             ..Default::default()
         },
@@ -380,16 +392,16 @@ proptest! {
             for seq in plan.seqs.iter().filter(|q| q.pick) {
                 let a = ids.iter().position(|&id| id == Some(seq.id)).expect("arrived");
                 assert!(
-                    arrivals[a].temperature <= 0.0 && !arrivals[a].constrained,
-                    "request {a} (temperature {}, constrained {}) allowed picks",
-                    arrivals[a].temperature,
+                    !arrivals[a].sampled && !arrivals[a].constrained,
+                    "request {a} (sampled {}, constrained {}) allowed picks",
+                    arrivals[a].sampled,
                     arrivals[a].constrained
                 );
                 picked += 1;
             }
         });
         prop_assert_eq!(got, reference);
-        let greedy = arrivals.iter().any(|a| a.temperature <= 0.0 && !a.constrained);
+        let greedy = arrivals.iter().any(|a| !a.sampled && !a.constrained);
         prop_assert!(!greedy || picked > 0, "no plain-greedy request was planned with picks");
     }
 
@@ -492,15 +504,7 @@ proptest! {
 fn exhausted_kv_preempts_the_newest_and_everything_completes() {
     // Three requests that each need 4 blocks at the end, in a pool of 6 blocks.
     let arrivals: Vec<Arrival> = (0..3)
-        .map(|i| Arrival {
-            at_step: 0,
-            prompt: vec![i, 1, 2, 3, 4, 5],
-            max_tokens: 9,
-            temperature: 0.0,
-            seed: 0,
-            cancel_after: None,
-            constrained: false,
-        })
+        .map(|i| Arrival::new(0, vec![i, 1, 2, 3, 4, 5], 9, false, 0))
         .collect();
     let mut s = Scheduler::new(cfg(6, true, 32, 4));
     let mut model = FakeModel { kv: HashMap::new() };
@@ -684,13 +688,8 @@ fn constrained_arrival() -> impl Strategy<Value = Arrival> {
                 prompt.push(toy_next(Some(last))[p]);
             }
             Arrival {
-                at_step,
-                prompt,
-                max_tokens,
-                temperature: if sample { 0.8 } else { 0.0 },
-                seed,
-                cancel_after: None,
                 constrained: true,
+                ..Arrival::new(at_step, prompt, max_tokens, sample, seed)
             }
         })
 }

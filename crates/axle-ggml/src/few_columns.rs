@@ -285,9 +285,9 @@ mod x86 {
                 return false;
             };
             let mut ours = [0f32; 4];
-            let column = |c: usize| cols.column(c);
+            let columns: Vec<Column<'_>> = (0..4).map(|c| cols.column(c)).collect();
             // SAFETY: w holds nb blocks; each column nb blocks; the caller's contract.
-            unsafe { dot(kind, w.as_ptr(), nb, 0, 4, &column, &mut ours) };
+            unsafe { dot(kind, w.as_ptr(), nb, &columns, &mut ours) };
             for (c, v) in ours.iter().enumerate() {
                 let mut theirs = 0f32;
                 // SAFETY: a one-row, one-column product over nb blocks of live buffers.
@@ -311,26 +311,35 @@ mod x86 {
         true
     }
 
-    /// Row `wrow` times columns `c0 .. c0 + cols` (1 to 4) into `r`, for a kind known at run
-    /// time: the one dispatch from [`mul_mat`] and the self-check into the kernel.
+    /// Row `wrow` times the columns `cs` (1 to 4) into the first `cs.len()` values of `r`, for a
+    /// kind known at run time: the one dispatch from [`mul_mat`] and the self-check into the
+    /// kernel.
     ///
     /// # Safety
     /// As [`row_dot`].
-    unsafe fn dot<'a>(
-        kind: Kind,
-        wrow: *const u8,
-        nb: usize,
-        c0: usize,
-        cols: usize,
-        column: &impl Fn(usize) -> Column<'a>,
-        r: &mut [f32; 4],
-    ) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(kind: Kind, wrow: *const u8, nb: usize, cs: &[Column<'_>], r: &mut [f32; 4]) {
+        macro_rules! by_width {
+            ($kind:expr) => {
+                match *cs {
+                    [a] => r[..1].copy_from_slice(&row_dot::<1, { $kind }>(wrow, nb, [a])),
+                    [a, b] => r[..2].copy_from_slice(&row_dot::<2, { $kind }>(wrow, nb, [a, b])),
+                    [a, b, c] => {
+                        r[..3].copy_from_slice(&row_dot::<3, { $kind }>(wrow, nb, [a, b, c]))
+                    }
+                    [a, b, c, d] => {
+                        r.copy_from_slice(&row_dot::<4, { $kind }>(wrow, nb, [a, b, c, d]))
+                    }
+                    _ => unreachable!("1 to 4 columns at a time"),
+                }
+            };
+        }
         // SAFETY: the caller's contract.
         unsafe {
             match kind {
-                Kind::Q4_1 => dot_cols::<{ Kind::Q4_1 as u8 }>(wrow, nb, c0, cols, column, r),
-                Kind::Q5_0 => dot_cols::<{ Kind::Q5_0 as u8 }>(wrow, nb, c0, cols, column, r),
-                Kind::Q8_0 => dot_cols::<{ Kind::Q8_0 as u8 }>(wrow, nb, c0, cols, column, r),
+                Kind::Q4_1 => by_width!(Kind::Q4_1 as u8),
+                Kind::Q5_0 => by_width!(Kind::Q5_0 as u8),
+                Kind::Q8_0 => by_width!(Kind::Q8_0 as u8),
             }
         }
     }
@@ -358,47 +367,19 @@ mod x86 {
                 (x.data as *const u8).add(c * x.nb[1]) as *const f32
             })
         };
-        let column = |c: usize| cols.column(c);
+        let columns: Vec<Column<'_>> = (0..n).map(|c| cols.column(c)).collect();
         let out = d.data as *mut f32;
         let mut r = [0f32; 4];
         for row in r0..r1 {
             // SAFETY: row < m; each weight row is nb contiguous blocks.
             let wrow = unsafe { (w.data as *const u8).add(row * w.nb[1]) };
-            let mut c0 = 0;
-            while c0 < n {
-                let cols = (n - c0).min(4);
+            for (g, cs) in columns.chunks(4).enumerate() {
                 // SAFETY: wrow has nb blocks; each Column covers nb blocks; features checked.
-                unsafe { dot(kind, wrow, nb, c0, cols, &column, &mut r) };
-                for (j, v) in r[..cols].iter().enumerate() {
+                unsafe { dot(kind, wrow, nb, cs, &mut r) };
+                for (j, v) in r[..cs.len()].iter().enumerate() {
                     // SAFETY: dst is [m, n] f32, contiguous (made by ggml_custom_4d).
-                    unsafe { *out.add((c0 + j) * m + row) = *v };
+                    unsafe { *out.add((4 * g + j) * m + row) = *v };
                 }
-                c0 += cols;
-            }
-        }
-    }
-
-    /// Row `wrow` times columns `c0 .. c0 + cols` (1 to 4) into `r`.
-    ///
-    /// # Safety
-    /// As [`row_dot`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_cols<'a, const KIND: u8>(
-        wrow: *const u8,
-        nb: usize,
-        c0: usize,
-        cols: usize,
-        column: &impl Fn(usize) -> Column<'a>,
-        r: &mut [f32; 4],
-    ) {
-        let c = |j: usize| column(c0 + j);
-        // SAFETY: the caller's contract.
-        unsafe {
-            match cols {
-                1 => r[..1].copy_from_slice(&row_dot::<1, KIND>(wrow, nb, [c(0)])),
-                2 => r[..2].copy_from_slice(&row_dot::<2, KIND>(wrow, nb, [c(0), c(1)])),
-                3 => r[..3].copy_from_slice(&row_dot::<3, KIND>(wrow, nb, [c(0), c(1), c(2)])),
-                _ => r.copy_from_slice(&row_dot::<4, KIND>(wrow, nb, [c(0), c(1), c(2), c(3)])),
             }
         }
     }

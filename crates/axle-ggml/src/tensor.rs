@@ -633,25 +633,7 @@ impl Context {
         factors: Option<Tensor<'a>>,
         p: &RopeParams,
     ) -> Tensor<'a> {
-        let f = factors.map_or(std::ptr::null_mut(), |t| t.raw());
-        // SAFETY: as above; a null factor tensor means none.
-        Tensor::from_raw(unsafe {
-            sys::ggml_rope_ext(
-                self.raw(),
-                a.raw(),
-                pos.raw(),
-                f,
-                p.n_dims,
-                p.mode,
-                p.n_ctx_orig,
-                p.freq_base,
-                p.freq_scale,
-                p.ext_factor,
-                p.attn_factor,
-                p.beta_fast,
-                p.beta_slow,
-            )
-        })
+        self.rope_with(a, pos, factors, None, p)
     }
     /// Multi-section rotary embedding (M-RoPE; `p.mode` says which kind): `pos` holds
     /// [`MROPE_SECTIONS`] positions per token, section-major; `sections` splits the rotated pairs.
@@ -662,16 +644,33 @@ impl Context {
         sections: [i32; MROPE_SECTIONS],
         p: &RopeParams,
     ) -> Tensor<'a> {
+        self.rope_with(a, pos, None, Some(sections), p)
+    }
+    /// Both rotary forms: `ggml_rope_ext` is `ggml_rope_multi` without sections (ggml builds both
+    /// with the same function, and ignores sections outside the M-RoPE modes).
+    fn rope_with<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        factors: Option<Tensor<'a>>,
+        sections: Option<[i32; MROPE_SECTIONS]>,
+        p: &RopeParams,
+    ) -> Tensor<'a> {
+        let f = factors.map_or(std::ptr::null_mut(), |t| t.raw());
         let mut sections = sections;
-        // SAFETY: as above; ggml reads the four section sizes.
+        let sections_ptr = sections
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+        // SAFETY: as above; a null factor tensor means none, null sections mean none (ggml reads
+        // four section sizes otherwise, from `sections`, which outlives the call).
         Tensor::from_raw(unsafe {
             sys::ggml_rope_multi(
                 self.raw(),
                 a.raw(),
                 pos.raw(),
-                std::ptr::null_mut(),
+                f,
                 p.n_dims,
-                sections.as_mut_ptr(),
+                sections_ptr,
                 p.mode,
                 p.n_ctx_orig,
                 p.freq_base,

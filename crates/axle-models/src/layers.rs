@@ -360,22 +360,10 @@ impl<'a> Step<'a> {
     }
 
     /// Stores this step's K and V of layer `il` in their slots, then attends over the visible
-    /// slots. q: [head_dim_k, n_head, n], k: [head_dim_k, n_head_kv, n], v: [head_dim_v, n_head_kv, n].
+    /// slots. q: [head_dim_k, n_head, n], k: [head_dim_k, n_head_kv, n], v: [head_dim_v, n_head_kv, n];
+    /// `sinks` [n_head] F32 (gpt-oss): one extra logit per head in every row's softmax.
     /// Returns [head_dim_v * n_head, n].
     pub fn attention(
-        &mut self,
-        il: usize,
-        q: Tensor<'a>,
-        k: Tensor<'a>,
-        v: Tensor<'a>,
-        spec: &AttnSpec,
-    ) -> Tensor<'a> {
-        self.attention_with_sinks(il, q, k, v, spec, None)
-    }
-
-    /// [`Step::attention`] with attention sinks (gpt-oss): `sinks` [n_head] F32, one extra
-    /// logit per head in every row's softmax.
-    pub fn attention_with_sinks(
         &mut self,
         il: usize,
         q: Tensor<'a>,

@@ -361,13 +361,7 @@ impl Upstream {
 
     /// A blocking generation (after [`Upstream::check`]).
     pub async fn complete(&self, req: &GenerateRequest) -> Result<Completion, DelegateError> {
-        let body = self.body(req, false);
-        let r = self.auth(
-            self.http
-                .post(format!("{}{}", self.base, Self::route(req)))
-                .json(&body),
-        );
-        let v = self.json_of(self.send(r).await?).await?;
+        let v = self.json_of(self.post(req, false).await?).await?;
         let choice = &v["choices"][0];
         let tool_calls = calls_of(&choice["message"]["tool_calls"]);
         let text = match req.prompt {
@@ -397,13 +391,7 @@ impl Upstream {
     /// A streaming generation (after [`Upstream::check`]). Each chunk must arrive within the
     /// timeout.
     pub async fn stream(&self, req: &GenerateRequest) -> Result<DelegatedStream, DelegateError> {
-        let body = self.body(req, true);
-        let r = self.auth(
-            self.http
-                .post(format!("{}{}", self.base, Self::route(req)))
-                .json(&body),
-        );
-        let resp = self.send(r).await?;
+        let resp = self.post(req, true).await?;
         Ok(DelegatedStream {
             up: self.clone(),
             resp,
@@ -413,6 +401,17 @@ impl Upstream {
             calls: Default::default(),
             over: false,
         })
+    }
+
+    /// Posts `req`'s body to its route, streamed or not.
+    async fn post(
+        &self,
+        req: &GenerateRequest,
+        stream: bool,
+    ) -> Result<reqwest::Response, DelegateError> {
+        let url = format!("{}{}", self.base, Self::route(req));
+        let r = self.auth(self.http.post(url).json(&self.body(req, stream)));
+        self.send(r).await
     }
 
     fn auth(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {

@@ -675,35 +675,29 @@ pub(crate) trait GenerationBody: serde::de::DeserializeOwned {
     fn requests(&self) -> Result<Vec<GenerateRequest>, WireError>;
 }
 
-impl GenerationBody for ChatCompletionRequest {
-    const FLAVOR: Flavor = Flavor::Chat;
-    fn fields(&self) -> &GenerationFields {
-        &self.fields
-    }
-    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
-        Ok(vec![self.to_request()?])
-    }
+/// Implements [`GenerationBody`] for a body type with a `fields` member.
+macro_rules! generation_body {
+    ($body:ty, $flavor:expr, |$r:ident| $requests:expr) => {
+        impl GenerationBody for $body {
+            const FLAVOR: Flavor = $flavor;
+            fn fields(&self) -> &GenerationFields {
+                &self.fields
+            }
+            fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
+                let $r = self;
+                $requests
+            }
+        }
+    };
 }
 
-impl GenerationBody for CompletionRequest {
-    const FLAVOR: Flavor = Flavor::Text;
-    fn fields(&self) -> &GenerationFields {
-        &self.fields
-    }
-    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
-        self.to_requests()
-    }
-}
-
-impl GenerationBody for TokenGenerationRequest {
-    const FLAVOR: Flavor = Flavor::Tokens;
-    fn fields(&self) -> &GenerationFields {
-        &self.fields
-    }
-    fn requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
-        Ok(vec![self.to_request()?])
-    }
-}
+generation_body!(ChatCompletionRequest, Flavor::Chat, |r| Ok(vec![
+    r.to_request()?
+]));
+generation_body!(CompletionRequest, Flavor::Text, |r| r.to_requests());
+generation_body!(TokenGenerationRequest, Flavor::Tokens, |r| Ok(vec![
+    r.to_request()?
+]));
 
 /// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
 pub(crate) async fn generation<B: GenerationBody>(

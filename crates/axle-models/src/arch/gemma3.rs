@@ -2,7 +2,7 @@
 //! (pre/post attention, pre/post FFN; the GGUF stores Gemma's (1 + w) weights already folded),
 //! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
 //! their own RoPE bases, optional final logit softcapping, tied output matrix.
-use super::{sliding_layers, Family, Head, Hparams, Weights};
+use super::{sliding_layers, Family, Head, Hparams, NormedAttention, Weights};
 use crate::layers::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
@@ -15,14 +15,8 @@ struct Layer {
     attn_post_norm: StoredTensor,
     ffn_norm: StoredTensor,
     ffn_post_norm: StoredTensor,
-    /// [n_embd, n_head * head_dim], [n_embd, n_head_kv * head_dim] x2, [n_head * head_dim, n_embd]
-    wq: StoredTensor,
-    wk: StoredTensor,
-    wv: StoredTensor,
-    wo: StoredTensor,
-    /// [head_dim] each: per-head RMSNorm of queries and keys.
-    q_norm: StoredTensor,
-    k_norm: StoredTensor,
+    /// Queries: [n_embd, n_head * head_dim].
+    attn: NormedAttention,
     /// [n_embd, n_ff] / [n_embd, n_ff] / [n_ff, n_embd]
     ffn_gate: StoredTensor,
     ffn_up: StoredTensor,
@@ -74,12 +68,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             attn_post_norm: w.req(&n("post_attention_norm.weight"), &[e])?,
             ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
             ffn_post_norm: w.req(&n("post_ffw_norm.weight"), &[e])?,
-            wq: w.req(&n("attn_q.weight"), &[e, hp.n_head * hd])?,
-            wk: w.req(&n("attn_k.weight"), &[e, hp.n_head_kv * hd])?,
-            wv: w.req(&n("attn_v.weight"), &[e, hp.n_head_kv * hp.head_dim_v])?,
-            wo: w.req(&n("attn_output.weight"), &[hp.n_head * hp.head_dim_v, e])?,
-            q_norm: w.req(&n("attn_q_norm.weight"), &[hd])?,
-            k_norm: w.req(&n("attn_k_norm.weight"), &[hd])?,
+            attn: NormedAttention::bind(&w, i, &hp, hp.n_head * hd)?,
             ffn_gate: w.req(&n("ffn_gate.weight"), &[e, ff])?,
             ffn_up: w.req(&n("ffn_up.weight"), &[e, ff])?,
             ffn_down: w.req(&n("ffn_down.weight"), &[ff, e])?,
@@ -110,11 +99,11 @@ impl Family for Gemma3 {
         for (il, l) in self.layers.iter().enumerate() {
             let rope = if l.sliding { &self.rope_swa } else { &hp.rope };
             let h = s.rms_norm(x, &l.attn_norm, hp.rms_eps);
-            let q = g.reshape(s.matmul(&l.wq, h), &[hp.head_dim_k, hp.n_head, n]);
-            let k = g.reshape(s.matmul(&l.wk, h), &[hp.head_dim_k, hp.n_head_kv, n]);
-            let v = g.reshape(s.matmul(&l.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
-            let q = g.rope(s.rms_norm(q, &l.q_norm, hp.rms_eps), s.pos, None, rope);
-            let k = g.rope(s.rms_norm(k, &l.k_norm, hp.rms_eps), s.pos, None, rope);
+            let q = g.reshape(s.matmul(&l.attn.wq, h), &[hp.head_dim_k, hp.n_head, n]);
+            let k = g.reshape(s.matmul(&l.attn.wk, h), &[hp.head_dim_k, hp.n_head_kv, n]);
+            let v = g.reshape(s.matmul(&l.attn.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
+            let q = g.rope(s.rms_norm(q, &l.attn.q_norm, hp.rms_eps), s.pos, None, rope);
+            let k = g.rope(s.rms_norm(k, &l.attn.k_norm, hp.rms_eps), s.pos, None, rope);
             // The query is pre-scaled, so attention itself runs with scale 1.
             let q = g.scale(q, q_scale);
             let spec = AttnSpec {
@@ -126,8 +115,8 @@ impl Family for Gemma3 {
                 softcap: 0.0,
                 sliding: l.sliding,
             };
-            let att = s.attention(il, q, k, v, &spec);
-            let mut a = s.matmul(&l.wo, att);
+            let att = s.attention(il, q, k, v, &spec, None);
+            let mut a = s.matmul(&l.attn.wo, att);
             if il == last {
                 a = g.get_rows(a, s.out_ids);
                 x = g.get_rows(x, s.out_ids);

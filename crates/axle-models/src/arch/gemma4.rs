@@ -401,7 +401,7 @@ impl Family for Gemma4 {
                     let v = g.reshape(v_proj, &[sh.head_dim, sh.n_head_kv, n]);
                     let k = g.rope(s.rms_norm(k, k_norm, eps), s.pos, factors, rope);
                     let v = g.rms_norm(v, eps);
-                    s.attention(sh.cache, q, k, v, &spec)
+                    s.attention(sh.cache, q, k, v, &spec, None)
                 }
                 _ => s.attend(sh.cache, q, &spec),
             };

@@ -143,7 +143,7 @@ impl Family for GptOss {
                 softcap: 0.0,
                 sliding: l.sliding,
             };
-            let a = s.attention_with_sinks(il, q, k, v, &spec, Some(l.sinks.t()));
+            let a = s.attention(il, q, k, v, &spec, Some(l.sinks.t()));
             let mut o = s.linear(&l.wo, Some(&l.bo), a);
             let mut residual = x;
             if il == last {

@@ -272,7 +272,7 @@ impl Family for Llama {
             let k = k.named(&format!("k_rope-{il}"));
             let v = v.named(&format!("v-{il}"));
             let a = s
-                .attention(il, q, k, v, &self.attn)
+                .attention(il, q, k, v, &self.attn, None)
                 .named(&format!("attn-{il}"));
             let mut o = s.matmul(&l.wo, a);
             let mut residual = x;

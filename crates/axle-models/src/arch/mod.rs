@@ -414,6 +414,46 @@ impl Head {
     }
 }
 
+/// The projections of an attention block with per-head RMSNorms of queries and keys (Gemma 3,
+/// Qwen 3.5's full-attention layers).
+#[derive(Debug)]
+pub struct NormedAttention {
+    /// [n_embd, q_cols]
+    pub wq: StoredTensor,
+    /// [n_embd, n_head_kv * head_dim_k]
+    pub wk: StoredTensor,
+    /// [n_embd, n_head_kv * head_dim_v]
+    pub wv: StoredTensor,
+    /// [n_head * head_dim_v, n_embd]
+    pub wo: StoredTensor,
+    /// [head_dim_k]
+    pub q_norm: StoredTensor,
+    /// [head_dim_k]
+    pub k_norm: StoredTensor,
+}
+
+impl NormedAttention {
+    /// Binds layer `il`'s `attn_{q,k,v,output}` and `attn_{q,k}_norm`; the query projection has
+    /// `q_cols` outputs.
+    pub fn bind(
+        w: &Weights,
+        il: usize,
+        hp: &Hparams,
+        q_cols: i64,
+    ) -> Result<NormedAttention, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (e, hd) = (hp.n_embd, hp.head_dim_k);
+        Ok(NormedAttention {
+            wq: w.req(&n("attn_q.weight"), &[e, q_cols])?,
+            wk: w.req(&n("attn_k.weight"), &[e, hp.n_head_kv * hd])?,
+            wv: w.req(&n("attn_v.weight"), &[e, hp.n_head_kv * hp.head_dim_v])?,
+            wo: w.req(&n("attn_output.weight"), &[hp.n_head * hp.head_dim_v, e])?,
+            q_norm: w.req(&n("attn_q_norm.weight"), &[hd])?,
+            k_norm: w.req(&n("attn_k_norm.weight"), &[hd])?,
+        })
+    }
+}
+
 /// A family constructor: reads its config from the file and binds its weights.
 pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelError>;
 

@@ -17,7 +17,7 @@
 //! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
 //! so that logits match it.
-use super::{bad, Family, Head, Hparams, Weights};
+use super::{bad, Family, Head, Hparams, NormedAttention, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -94,13 +94,8 @@ struct DeltaLayer {
 /// A gated full-attention layer's weights.
 #[derive(Debug)]
 struct AttnLayer {
-    /// [n_embd, 2 * head * n_head]: per head, the query then its output gate.
-    wq: StoredTensor,
-    wk: StoredTensor,
-    wv: StoredTensor,
-    wo: StoredTensor,
-    q_norm: StoredTensor,
-    k_norm: StoredTensor,
+    /// Queries: [n_embd, 2 * head * n_head], per head the query then its output gate.
+    attn: NormedAttention,
     /// Cache layer.
     cache: usize,
 }
@@ -245,7 +240,7 @@ fn load_arch(
     };
     let w = Weights::new(store);
     let (e, v) = (hp.n_embd, hp.n_vocab);
-    let (hd, nh, nkv) = (hp.head_dim_k, hp.n_head, hp.n_head_kv);
+    let (hd, nh) = (hp.head_dim_k, hp.n_head);
     let head = Head::bind(&w, e, v)?;
     let (mut n_cache, mut n_state) = (0, 0);
     let mut layers = Vec::with_capacity(nl);
@@ -281,12 +276,7 @@ fn load_arch(
             Mixer::Delta(l)
         } else {
             let l = AttnLayer {
-                wq: w.req(&n("attn_q.weight"), &[e, 2 * hd * nh])?,
-                wk: w.req(&n("attn_k.weight"), &[e, hd * nkv])?,
-                wv: w.req(&n("attn_v.weight"), &[e, hp.head_dim_v * nkv])?,
-                wo: w.req(&n("attn_output.weight"), &[hp.head_dim_v * nh, e])?,
-                q_norm: w.req(&n("attn_q_norm.weight"), &[hd])?,
-                k_norm: w.req(&n("attn_k_norm.weight"), &[hd])?,
+                attn: NormedAttention::bind(&w, il, &hp, 2 * hd * nh)?,
                 cache: n_cache,
             };
             n_cache += 1;
@@ -436,7 +426,7 @@ impl Qwen35 {
         let g = s.ctx;
         let hp = &self.hp;
         let (hd, nh, n) = (hp.head_dim_k, hp.n_head, s.n_tokens);
-        let qg = s.matmul(&l.wq, h);
+        let qg = s.matmul(&l.attn.wq, h);
         let es = qg.dtype().row_size(1);
         let half = |off: usize| {
             g.view(
@@ -446,11 +436,11 @@ impl Qwen35 {
                 off,
             )
         };
-        let q = s.rms_norm(half(0), &l.q_norm, hp.rms_eps);
+        let q = s.rms_norm(half(0), &l.attn.q_norm, hp.rms_eps);
         let gate = g.reshape(g.cont(half(es * hd as usize)), &[hd * nh, n]);
-        let k = g.reshape(s.matmul(&l.wk, h), &[hd, hp.n_head_kv, n]);
-        let k = s.rms_norm(k, &l.k_norm, hp.rms_eps);
-        let v = g.reshape(s.matmul(&l.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
+        let k = g.reshape(s.matmul(&l.attn.wk, h), &[hd, hp.n_head_kv, n]);
+        let k = s.rms_norm(k, &l.attn.k_norm, hp.rms_eps);
+        let v = g.reshape(s.matmul(&l.attn.wv, h), &[hp.head_dim_v, hp.n_head_kv, n]);
         let (q, k) = if self.variant.mrope {
             (
                 g.rope_multi(q, s.pos, self.sections, &hp.rope),
@@ -471,8 +461,8 @@ impl Qwen35 {
             softcap: 0.0,
             sliding: false,
         };
-        let att = s.attention(l.cache, q, k, v, &spec);
-        s.matmul(&l.wo, g.mul(att, g.sigmoid(gate)))
+        let att = s.attention(l.cache, q, k, v, &spec, None);
+        s.matmul(&l.attn.wo, g.mul(att, g.sigmoid(gate)))
     }
 }
 
