@@ -178,6 +178,17 @@ impl<'a> Tensor<'a> {
         !unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
     }
 
+    /// Whether the data lies in a CUDA device's memory (its buffer is named `CUDA<n>`).
+    pub fn is_on_cuda(&self) -> bool {
+        let t = self.get();
+        if t.buffer.is_null() {
+            return false;
+        }
+        // SAFETY: a non-null buffer of a live tensor; ggml returns a static name.
+        let name = unsafe { std::ffi::CStr::from_ptr(sys::ggml_backend_buffer_name(t.buffer)) };
+        name.to_bytes().starts_with(b"CUDA")
+    }
+
     /// Whether backend memory has been assigned.
     pub fn is_allocated(&self) -> bool {
         !self.get().buffer.is_null()
@@ -523,6 +534,35 @@ impl Context {
     pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.
         Tensor::from_raw(unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
+    }
+    /// Rows of `a` at the I32 indices `ids`, with their values' bits: `a`'s F16 rows copied as
+    /// they are where `home` (the tensor whose memory `a` views) lives on a CUDA device, whose
+    /// get_rows kernel writes F16 from F16; elsewhere [`Context::get_rows`] (F32) and a cast back,
+    /// exact for F16. The direct copy moves a third of the bytes and skips the cast's kernel,
+    /// which matters where every step gathers every sequence's KV slots.
+    pub fn gather_rows<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        ids: Tensor<'a>,
+        home: Tensor<'_>,
+    ) -> Tensor<'a> {
+        let rows = self.get_rows(a, ids);
+        if a.dtype() != DType::F16 || !home.is_on_cuda() {
+            return self.cast(rows, a.dtype());
+        }
+        // SAFETY: `rows` was just created by this context and is not allocated yet; giving it
+        // F16 elements and the matching contiguous strides changes only how much memory the
+        // allocator gives it and what CUDA's get_rows writes (it dispatches on the destination's
+        // type, F16 included).
+        unsafe {
+            let t = &mut *rows.raw();
+            t.type_ = DType::F16.raw();
+            t.nb[0] = 2;
+            for d in 1..4 {
+                t.nb[d] = t.nb[d - 1] * t.ne[d - 1] as usize;
+            }
+        }
+        rows
     }
     /// Writes rows of `src` into `dst` at the I64 row indices `ids`; returns a view of `dst`.
     pub fn set_rows<'a>(&'a self, dst: Tensor<'a>, src: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {

@@ -443,10 +443,14 @@ impl<'a> Step<'a> {
         };
         if let Some(d) = &self.device {
             // Ops read the cache itself (written above, earlier in the graph), as the host path
-            // does; gathered slots are read from the writes, so that the gather follows them.
+            // does; gathered slots are copied from the writes, so that the gather follows them,
+            // bit for bit.
             let (ks, vs) = match self.kv_ids {
                 None => (kc, vc),
-                Some(_) => (k_written, v_written),
+                Some(ids) => (
+                    g.gather_rows(k_written, ids, kc),
+                    g.gather_rows(v_written, ids, vc),
+                ),
             };
             return self.attention_device(d, q, ks, vs, spec, sinks);
         }
@@ -563,26 +567,19 @@ impl<'a> Step<'a> {
     }
 
     /// Attention with the device layout: one op per [`crate::device_step::AttnOp`], each over
-    /// its sequence's own slots (read from the cache, or from the slots gathered for the step)
+    /// its sequence's own slots (`ks`/`vs`: the cache, or the slots gathered for the step)
     /// with its own block of the mask.
     fn attention_device(
         &self,
         d: &DeviceStep,
         q: Tensor<'a>,
-        k_src: Tensor<'a>,
-        v_src: Tensor<'a>,
+        ks: Tensor<'a>,
+        vs: Tensor<'a>,
         spec: &AttnSpec,
         sinks: Option<Tensor<'a>>,
     ) -> Tensor<'a> {
         let g = self.ctx;
         let il_mask = self.layer_mask(spec);
-        // The KV source: the cache itself, or the step's gathered slots in F16 (get_rows yields
-        // F32; the cast back is exact).
-        let source = |written: Tensor<'a>| match self.kv_ids {
-            Some(ids) => g.cast(g.get_rows(written, ids), written.dtype()),
-            None => written,
-        };
-        let (ks, vs) = (source(k_src), source(v_src));
         let qn = q.nb();
         let width = spec.head_dim_v * spec.n_head;
         let f16_row = |n: i64| DType::F16.row_size(n);
