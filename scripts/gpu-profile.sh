@@ -6,13 +6,18 @@
 # goes, not how long the run takes without it.
 #
 #   scripts/gpu-profile.sh OUT_DIR NAME COMMAND...
+#
+# Every kernel of a long run takes ncu many minutes: give it a window in NCU_ARGS, e.g.
+# NCU_ARGS="--launch-skip 45000 --launch-count 3000 --kill on" (the window of
+# benchmarks/artifacts/gpu/profile/, 64 sequences of the 8B batched bench).
 set -uo pipefail
 out="${1:?usage: $0 OUT_DIR NAME COMMAND...}"
 name="${2:?usage: $0 OUT_DIR NAME COMMAND...}"
 shift 2
 mkdir -p "$out"
-ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
-  --target-processes all "$@" >"$out/$name.csv" 2>"$out/$name.log"
+# shellcheck disable=SC2086 # NCU_ARGS is a list of options
+ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw \
+  --target-processes all ${NCU_ARGS:-} "$@" >"$out/$name.csv" 2>"$out/$name.log"
 echo "ncu rc $? ($(wc -l <"$out/$name.csv") lines)"
 tail -n 4 "$out/$name.log"
 python3 - "$out/$name.csv" <<'PY'
@@ -34,7 +39,7 @@ for r in rows[head + 2:]:
         continue
     k = r[name].split("(")[0][:90]
     total[k] += t; calls[k] += 1
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(units, 1.0)
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(units, 1.0)
 grand = sum(total.values()) * scale
 print(f"{sum(calls.values())} kernels, {grand/1e3:.1f} ms in all (units {units})")
 for k, t in sorted(total.items(), key=lambda kv: -kv[1])[:40]:

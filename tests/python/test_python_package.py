@@ -198,6 +198,11 @@ def test_every_error_class(engine, tmp_path):
         axle.Engine(str(MODEL), threads=2, split_mode="rows")
     with pytest.raises(axle.ModelError, match="two or more accelerators"):
         axle.Engine(str(MODEL), threads=2, device="cpu", split_mode="tensor")
+    # Device products: a known name; wide ones need CUDA devices.
+    with pytest.raises(ValueError, match="groups or wide"):
+        axle.Engine(str(MODEL), threads=2, device_products="narrow")
+    with pytest.raises(axle.AxleError, match="wide device products need"):
+        axle.Engine(str(MODEL), threads=2, device="cpu", device_products="wide")
 
 
 def test_the_delegated_route(engine):

@@ -4,6 +4,7 @@
 use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::device_step::DeviceProducts;
 use axle_models::{Kernels, Model};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
@@ -29,6 +30,8 @@ pub struct BatchedOptions {
     /// Also run the engine with ggml's shape-dependent kernels (`Kernels::LikeLlamaCpp`): what
     /// batch invariance costs.
     pub fast_kernels: bool,
+    /// The exact engine's products on GPUs (`None`: by device).
+    pub device_products: Option<DeviceProducts>,
     /// How libllama spreads layers over several GPUs.
     pub oracle_split: axle_ggml::oracle::SplitMode,
 }
@@ -88,6 +91,7 @@ fn axle_run(
     prompts: &[Vec<u32>],
     steps: usize,
     kernels: Kernels,
+    device_products: Option<DeviceProducts>,
 ) -> Result<(f64, StepSplit, i64), BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
@@ -99,6 +103,7 @@ fn axle_run(
         // n-gram speculation (measured on its own by the ngram workloads) stays off here.
         max_draft: 0,
         kernels,
+        device_products,
         ..Default::default()
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
@@ -218,7 +223,8 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         let (mut split, mut fast_split, mut widest_stack) = (StepSplit::default(), None, 1);
         let invariant = crate::default_kernels(model);
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
-            let (tok_s, s, widest) = axle_run(model, &prompts, opts.steps, invariant)?;
+            let (tok_s, s, widest) =
+                axle_run(model, &prompts, opts.steps, invariant, opts.device_products)?;
             a.push(tok_s);
             split = s;
             widest_stack = widest;
@@ -236,7 +242,8 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
                 exact(&mut a)?;
             }
             if opts.fast_kernels {
-                let (tok_s, s, _) = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp)?;
+                let (tok_s, s, _) =
+                    axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp, None)?;
                 f.push(tok_s);
                 fast_split = Some(s);
             }

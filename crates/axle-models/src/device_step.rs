@@ -64,6 +64,28 @@ pub enum DeviceProducts {
     Wide,
 }
 
+impl std::str::FromStr for DeviceProducts {
+    type Err = String;
+
+    /// `groups` or `wide` (the names of the CLI's `--device-products`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "groups" => Ok(DeviceProducts::Groups),
+            "wide" => Ok(DeviceProducts::Wide),
+            other => Err(format!("device products are groups or wide, not {other:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceProducts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceProducts::Groups => "groups",
+            DeviceProducts::Wide => "wide",
+        })
+    }
+}
+
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
 pub const KV_ALIGN: u32 = 256;
 
@@ -241,6 +263,15 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_products_parse_and_print_their_names() {
+        for p in [DeviceProducts::Groups, DeviceProducts::Wide] {
+            assert_eq!(p.to_string().parse::<DeviceProducts>(), Ok(p));
+        }
+        let err = "narrow".parse::<DeviceProducts>().unwrap_err();
+        assert!(err.contains("groups or wide"), "{err}");
+    }
 
     fn seq(start_pos: u32, n_tokens: usize, slots: &[u32]) -> SeqSlots<'_> {
         SeqSlots {

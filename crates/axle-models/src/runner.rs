@@ -392,9 +392,20 @@ impl Runner {
             .placement()
             .head_device()
             .and_then(|d| PinnedHost::for_device(&d));
+        let accelerators = placement.accelerators();
         let products = opts
             .device_products
-            .unwrap_or_else(|| default_products(&placement.accelerators()));
+            .unwrap_or_else(|| default_products(&accelerators));
+        if products == DeviceProducts::Wide
+            && (accelerators.is_empty()
+                || !accelerators.iter().all(|d| d.name().starts_with("CUDA")))
+        {
+            return Err(ModelError::Invalid(
+                "wide device products need the model's layers on CUDA devices only: their column \
+                 invariance is a property of CUDA's tiled quantized kernel"
+                    .into(),
+            ));
+        }
         let stacking = (opts.stacked_rows
             && std::env::var("AXLE_STACKED_ROWS").as_deref() != Ok("0"))
         .then(StackTable::default);

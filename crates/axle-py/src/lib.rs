@@ -9,6 +9,7 @@
 // pyo3 0.22's #[pymethods] expansion converts each PyResult's error into itself.
 #![allow(clippy::useless_conversion)]
 
+use axle_models::device_step::DeviceProducts;
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
@@ -262,7 +263,7 @@ impl Engine {
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
-        split_mode="layer".to_string()
+        split_mode="layer".to_string(), device_products=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -289,6 +290,7 @@ impl Engine {
         rpc: Option<Vec<String>>,
         state_slots: Option<usize>,
         split_mode: String,
+        device_products: Option<String>,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -317,6 +319,10 @@ impl Engine {
         if max_batch_size == 0 {
             return Err(invalid("max_batch_size must be at least 1".into()));
         }
+        let device_products = device_products
+            .map(|p| p.parse::<DeviceProducts>())
+            .transpose()
+            .map_err(invalid)?;
         let device = device.parse().map_err(|e| invalid(format!("{e}")))?;
         let options = ModelOptions {
             threads: threads.unwrap_or_else(axle_models::default_threads),
@@ -351,6 +357,7 @@ impl Engine {
             state_slots,
             max_draft: if ngram { draft_len } else { 0 },
             kernels,
+            device_products,
         };
         let configure = |m: &Model| EngineConfig::sized(m, &sizing);
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));

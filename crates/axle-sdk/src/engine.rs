@@ -9,6 +9,7 @@ use axle_core::{
     DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
     SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
+use axle_models::device_step::DeviceProducts;
 use axle_models::{
     Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StepProfile,
     StreamDecoder, TokenId,
@@ -53,6 +54,12 @@ pub struct EngineConfig {
     /// large batches on accelerators, where invariance costs extra passes over the weights, but
     /// outputs may differ at close calls with the batch (and speculation is no longer exact).
     pub kernels: Kernels,
+    /// With batch-invariant kernels on accelerators: how small columns (decode and verify rows)
+    /// multiply quantized weights. `None`: by device (`axle_models::runner::default_products`:
+    /// mat-vec groups, or `AXLE_DEVICE_PRODUCTS=wide`). [`DeviceProducts::Wide`] (CUDA only)
+    /// reads the weights once per step whatever the batch: the choice for serving many
+    /// concurrent sequences, at half the speed of a lone one. Refused with `LikeLlamaCpp`.
+    pub device_products: Option<DeviceProducts>,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +76,7 @@ impl Default for EngineConfig {
             state_cache: 16,
             state_slots: None,
             kernels: Kernels::BatchInvariant,
+            device_products: None,
         }
     }
 }
@@ -94,6 +102,8 @@ pub struct EngineSizing {
     pub max_draft: usize,
     /// Kernel choice.
     pub kernels: Kernels,
+    /// Products of small columns on accelerators ([`EngineConfig::device_products`]).
+    pub device_products: Option<DeviceProducts>,
 }
 
 impl EngineConfig {
@@ -123,6 +133,7 @@ impl EngineConfig {
                 .max(max_seqs),
             max_draft: sizing.max_draft,
             kernels: sizing.kernels,
+            device_products: sizing.device_products,
             state_slots: sizing.state_slots,
             ..Default::default()
         }
@@ -427,6 +438,13 @@ fn model_id(model: &Model) -> u64 {
 impl EngineCore {
     /// An engine over a loaded model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
+        if cfg.device_products.is_some() && cfg.kernels != Kernels::BatchInvariant {
+            return Err(SdkError::Config(
+                "device products are a choice of the exact (batch-invariant) kernels; the fast \
+                 kernels take ggml's own for each step's shape"
+                    .into(),
+            ));
+        }
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
         // Recurrent models: one state group per sequence that can run, and as many kept states
         // as a verify step has tokens. A cached prefix would restore KV blocks but not the
@@ -448,7 +466,7 @@ impl EngineCore {
                 max_batch_tokens: cfg.max_batch_tokens,
                 kernels: cfg.kernels,
                 force_device_layout: false,
-                device_products: None,
+                device_products: cfg.device_products,
                 graph_slots: None,
                 state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,

@@ -190,6 +190,47 @@ fn unknown_device() {
     assert!(err.contains("GPU backends load from"), "{err}");
 }
 
+/// `--device-products` where it cannot apply: wide products without a CUDA device, any choice
+/// with the fast kernels, and a name that is not one.
+#[test]
+fn device_products_where_they_do_not_apply() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let gen = [
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+    ];
+    let err = fails(&[&gen[..], &["--device-products", "wide"]].concat());
+    assert!(err.contains("wide device products need"), "{err}");
+    assert!(err.contains("CUDA"), "{err}");
+    let err = fails(
+        &[
+            &gen[..],
+            &["--kernels", "fast", "--device-products", "groups"],
+        ]
+        .concat(),
+    );
+    assert!(
+        err.contains("device products are a choice of the exact"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args([&gen[..], &["--device-products", "narrow"]].concat())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("device products are groups or wide"),
+        "{stderr}"
+    );
+}
+
 /// Several devices asked wrongly: each a clear error before anything loads. An RPC server that
 /// is not there is an error naming it (ggml's client would abort the process: Axle checks the
 /// address first); so is a split whose shares do not match the devices, and a device twice.

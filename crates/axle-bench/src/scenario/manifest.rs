@@ -210,6 +210,10 @@ pub struct BatchedSpec {
     /// reported as `shape_kernels_tok_s` and `shape_kernels_ratio` against libllama).
     #[serde(default)]
     pub fast_kernels: bool,
+    /// The exact engine's products on GPUs: `groups` or `wide` (absent: by device, as the CLI's
+    /// `--device-products`).
+    #[serde(default)]
+    pub device_products: Option<String>,
 }
 
 /// `prefix`.

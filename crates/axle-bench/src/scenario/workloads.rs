@@ -77,6 +77,12 @@ pub fn run(
                     steps: b.steps,
                     reps,
                     fast_kernels: b.fast_kernels,
+                    device_products: b
+                        .device_products
+                        .as_deref()
+                        .map(str::parse)
+                        .transpose()
+                        .map_err(BenchError::Invalid)?,
                     oracle_split,
                 },
             )?;

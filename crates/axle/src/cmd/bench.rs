@@ -366,6 +366,9 @@ pub struct BatchedArgs {
     /// Also time the engine with ggml's shape-dependent kernels (what batch invariance costs).
     #[arg(long)]
     fast_kernels: bool,
+    /// The exact engine's products on GPUs: `groups` or `wide` (as generate's).
+    #[arg(long)]
+    device_products: Option<axle_models::device_step::DeviceProducts>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -418,6 +421,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 prompt_tokens: a.prompt,
                 steps: a.steps,
                 fast_kernels: a.fast_kernels,
+                device_products: a.device_products.map(|p| p.to_string()),
             }),
             QuickExtras::default(),
         ),

@@ -9,6 +9,7 @@ pub mod serve;
 pub mod tokenize;
 
 use anyhow::Context;
+use axle_models::device_step::DeviceProducts;
 use axle_models::{default_threads, DeviceChoice, Model, ModelOptions};
 use axle_sdk::{defaults, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
@@ -116,6 +117,13 @@ pub struct EngineArgs {
     /// outputs may then change with the batch at close calls).
     #[arg(long, value_enum, default_value_t = KernelChoice::Exact)]
     pub kernels: KernelChoice,
+    /// With `--kernels exact` on GPUs: how decode and verify rows multiply quantized weights.
+    /// `groups` (the default): the mat-vec kernel, 4 columns at a time, the fastest for one or a
+    /// few sequences. `wide` (CUDA only): tiled ops of up to 128 columns, one pass over the
+    /// weights a step, the choice for serving many concurrent sequences (about half the speed of
+    /// a lone one). Both exact; one engine keeps one choice.
+    #[arg(long)]
+    pub device_products: Option<DeviceProducts>,
 }
 
 /// Sampling and length options of the commands that generate (generate, chat).
@@ -202,6 +210,7 @@ impl EngineArgs {
                 KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
+            device_products: self.device_products,
         };
         EngineConfig::sized(model, &sizing)
     }
@@ -210,6 +219,9 @@ impl EngineArgs {
     pub fn check_delegated(&self) -> anyhow::Result<()> {
         if self.kernels != KernelChoice::Exact {
             anyhow::bail!("--kernels applies to the native backend only");
+        }
+        if self.device_products.is_some() {
+            anyhow::bail!("--device-products applies to the native backend only");
         }
         Ok(())
     }
