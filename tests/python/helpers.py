@@ -1,4 +1,5 @@
 """Shared by the server tests: paths, free ports, starting and stopping servers."""
+import gc
 import os
 import pathlib
 import socket
@@ -23,7 +24,12 @@ def wait_until_up(proc, url, tries=600):
     """Polls `url` until it answers; raises with the server's stderr if the process dies."""
     for _ in range(tries):
         try:
-            urllib.request.urlopen(url, timeout=1)
+            with urllib.request.urlopen(url, timeout=1) as r:
+                r.read()
+            # An attempt that timed out while the server was starting may have left its socket
+            # open in the exception's reference cycle, holding a connection slot of the server:
+            # close such sockets now, not whenever the collector runs.
+            gc.collect()
             return
         except Exception:
             if proc.poll() is not None:
