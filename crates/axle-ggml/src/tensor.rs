@@ -178,9 +178,15 @@ impl<'a> Tensor<'a> {
         !unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
     }
 
-    /// Whether the data lies in a CUDA device's memory (its buffer is named `CUDA<n>`).
+    /// Whether the data lies in a CUDA device's memory (its buffer, or that of the tensor it
+    /// views, is named `CUDA<n>`).
     pub fn is_on_cuda(&self) -> bool {
-        let t = self.get();
+        let mut t = self.get();
+        // A view made in a graph gets its buffer at allocation: ask the tensor it views.
+        while t.buffer.is_null() && !t.view_src.is_null() {
+            // SAFETY: a view's source is a live tensor of the same or an outliving context.
+            t = unsafe { &*t.view_src };
+        }
         if t.buffer.is_null() {
             return false;
         }
@@ -536,18 +542,13 @@ impl Context {
         Tensor::from_raw(unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) })
     }
     /// Rows of `a` at the I32 indices `ids`, with their values' bits: `a`'s F16 rows copied as
-    /// they are where `home` (the tensor whose memory `a` views) lives on a CUDA device, whose
-    /// get_rows kernel writes F16 from F16; elsewhere [`Context::get_rows`] (F32) and a cast back,
-    /// exact for F16. The direct copy moves a third of the bytes and skips the cast's kernel,
-    /// which matters where every step gathers every sequence's KV slots.
-    pub fn gather_rows<'a>(
-        &'a self,
-        a: Tensor<'a>,
-        ids: Tensor<'a>,
-        home: Tensor<'_>,
-    ) -> Tensor<'a> {
+    /// they are where `a` lies on a CUDA device ([`Tensor::is_on_cuda`]), whose get_rows kernel
+    /// writes F16 from F16; elsewhere [`Context::get_rows`] (F32) and a cast back, exact for F16.
+    /// The direct copy moves a third of the bytes and skips the cast's kernel, which matters
+    /// where every step gathers every sequence's KV slots.
+    pub fn gather_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
         let rows = self.get_rows(a, ids);
-        if a.dtype() != DType::F16 || !home.is_on_cuda() {
+        if a.dtype() != DType::F16 || !a.is_on_cuda() {
             return self.cast(rows, a.dtype());
         }
         // SAFETY: `rows` was just created by this context and is not allocated yet; giving it

@@ -447,10 +447,7 @@ impl<'a> Step<'a> {
             // bit for bit.
             let (ks, vs) = match self.kv_ids {
                 None => (kc, vc),
-                Some(ids) => (
-                    g.gather_rows(k_written, ids, kc),
-                    g.gather_rows(v_written, ids, vc),
-                ),
+                Some(ids) => (g.gather_rows(k_written, ids), g.gather_rows(v_written, ids)),
             };
             return self.attention_device(d, q, ks, vs, spec, sinks);
         }

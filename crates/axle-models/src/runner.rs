@@ -129,12 +129,15 @@ impl StepOutput {
 /// pay off from about 16 concurrent sequences and cost half the speed of a lone one (measured on
 /// an H100: docs/gpu.md), so they are a choice for throughput serving, not the default.
 pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
-    let cuda =
-        !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA"));
     match std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() {
-        Ok("wide") if cuda => DeviceProducts::Wide,
+        Ok("wide") if all_cuda(accelerators) => DeviceProducts::Wide,
         _ => DeviceProducts::Groups,
     }
+}
+
+/// Whether there are accelerators and all are CUDA devices: where wide products may run.
+fn all_cuda(accelerators: &[axle_ggml::Device]) -> bool {
+    !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA"))
 }
 
 /// Options of a runner.
@@ -396,10 +399,7 @@ impl Runner {
         let products = opts
             .device_products
             .unwrap_or_else(|| default_products(&accelerators));
-        if products == DeviceProducts::Wide
-            && (accelerators.is_empty()
-                || !accelerators.iter().all(|d| d.name().starts_with("CUDA")))
-        {
+        if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
                 "wide device products need the model's layers on CUDA devices only: their column \
                  invariance is a property of CUDA's tiled quantized kernel"
