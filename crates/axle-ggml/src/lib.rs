@@ -15,6 +15,7 @@ mod gguf;
 mod log;
 pub mod meta;
 pub mod oracle;
+pub mod row_attention;
 pub mod rpc;
 mod store;
 mod sysinfo;

@@ -168,9 +168,10 @@ impl<'a> Tensor<'a> {
         unsafe { sys::ggml_backend_buffer_is_host(t.buffer) }
     }
 
-    /// Whether the data lies in an accelerator's memory (a buffer that is not host memory).
+    /// Whether the data lies in an accelerator's memory (a buffer that is not host memory; for a
+    /// view not yet allocated, that of the tensor it views).
     pub fn is_on_device(&self) -> bool {
-        let t = self.get();
+        let t = self.home();
         if t.buffer.is_null() {
             return false;
         }
@@ -181,18 +182,24 @@ impl<'a> Tensor<'a> {
     /// Whether the data lies in a CUDA device's memory (its buffer, or that of the tensor it
     /// views, is named `CUDA<n>`).
     pub fn is_on_cuda(&self) -> bool {
-        let mut t = self.get();
-        // A view made in a graph gets its buffer at allocation: ask the tensor it views.
-        while t.buffer.is_null() && !t.view_src.is_null() {
-            // SAFETY: a view's source is a live tensor of the same or an outliving context.
-            t = unsafe { &*t.view_src };
-        }
+        let t = self.home();
         if t.buffer.is_null() {
             return false;
         }
         // SAFETY: a non-null buffer of a live tensor; ggml returns a static name.
         let name = unsafe { std::ffi::CStr::from_ptr(sys::ggml_backend_buffer_name(t.buffer)) };
         name.to_bytes().starts_with(b"CUDA")
+    }
+
+    /// The tensor itself, or for a view made in a graph (which gets its buffer at allocation)
+    /// the allocated tensor it views.
+    fn home(&self) -> &sys::ggml_tensor {
+        let mut t = self.get();
+        while t.buffer.is_null() && !t.view_src.is_null() {
+            // SAFETY: a view's source is a live tensor of the same or an outliving context.
+            t = unsafe { &*t.view_src };
+        }
+        t
     }
 
     /// Whether backend memory has been assigned.

@@ -1,23 +1,10 @@
 //! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights, every column
 //! bit-identical to ggml's one-column result, at every width it takes, with rows split over
 //! threads.
+mod common;
+
 use axle_ggml::{few_columns, Backend, BufferType, Context, DType, GraphScheduler, TensorStore};
-
-/// A small deterministic generator (no test should depend on a seed source).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn unit(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-}
+use common::Lcg;
 
 /// A finite f16 of varied magnitude (2^-10 .. 2^-1), optionally of either sign.
 fn half(rng: &mut Lcg, signed: bool) -> [u8; 2] {

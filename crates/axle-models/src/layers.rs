@@ -6,6 +6,7 @@ use crate::device_step::{
 };
 use crate::kv::KvCache;
 use crate::stacked_attention::{attention_op, KvSlots, OpRows, StackKey, StackTable, StackedKv};
+use axle_ggml::row_attention::{RowAttention, TILED_ROWS};
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
@@ -45,6 +46,9 @@ pub struct Step<'a> {
     /// (first row, rows) of each attention op: rows are split so that every sequence gets the
     /// same attention kernel whatever else is in the batch.
     pub attn_groups: Vec<(i64, i64)>,
+    /// Attention groups of fewer than 64 rows run [`axle_ggml::Context::flash_attn_rows`] (the
+    /// arithmetic of ggml's tiled kernel, which wider groups take), not ggml's one-pass kernel.
+    pub row_attention: bool,
     /// Kernel choice.
     pub kernels: Kernels,
     /// The recurrent state of the step's sequences (models with linear-attention layers).
@@ -63,8 +67,9 @@ pub struct Step<'a> {
 pub enum Kernels {
     /// Every row gets the numbers it would get in a step of its own, whatever else shares the
     /// step: K-quant products in slices of 4 columns (see [`Step::matmul`]), one attention op per
-    /// attention group, and no one-row attention op over 512 or more slots; with KV on an
-    /// accelerator, the step layout of [`crate::device_step`]. The engine's default: batched and
+    /// attention group with every row on the tiled kernel's arithmetic (or, without row
+    /// attention, every op under the tiled kernel's width and no one-row op over 512 or more
+    /// slots); with KV on an accelerator, the step layout of [`crate::device_step`]. The engine's default: batched and
     /// speculative decoding then reproduce plain decoding bit for bit.
     #[default]
     BatchInvariant,
@@ -451,7 +456,29 @@ impl<'a> Step<'a> {
             };
             return self.attention_device(d, q, ks, vs, spec, sinks);
         }
+        let invariant = self.kernels == Kernels::BatchInvariant;
+        let whole = [(0, n)];
+        let groups: &[(i64, i64)] = if !invariant || self.attn_groups.is_empty() {
+            &whole
+        } else {
+            &self.attn_groups
+        };
+        let rows_op = |rows: i64| self.row_attention && rows < TILED_ROWS;
+        // The row op reads scattered slots itself; ggml's kernel needs them gathered.
+        let read_scattered = self.kv_ids.is_some() && groups.iter().all(|&(_, r)| rows_op(r));
+        let cache_view = |cache: Tensor<'a>, d: i64, slots: i64| {
+            g.view(
+                cache,
+                &[d, spec.n_head_kv, slots],
+                &[cache.dtype().row_size(d), cache.nb()[1]],
+                0,
+            )
+        };
         let (kview, vview) = match self.kv_ids {
+            Some(_) if read_scattered => (
+                cache_view(kc, spec.head_dim_k, kc.ne()[1]),
+                cache_view(vc, spec.head_dim_v, vc.ne()[1]),
+            ),
             None => {
                 let row_k = kc.dtype().row_size(spec.head_dim_k);
                 let row_v = vc.dtype().row_size(spec.head_dim_v);
@@ -493,15 +520,8 @@ impl<'a> Step<'a> {
         let kview = g.permute(kview, [0, 2, 1, 3]);
         let vview = g.permute(vview, [0, 2, 1, 3]);
         let mask = self.layer_mask(spec);
-        // One op per attention group (see `attn_groups`), so that ggml picks each sequence's
-        // kernel by its own rows, not by the whole batch's.
-        let whole = [(0, n)];
-        let invariant = self.kernels == Kernels::BatchInvariant;
-        let groups: &[(i64, i64)] = if !invariant || self.attn_groups.is_empty() {
-            &whole
-        } else {
-            &self.attn_groups
-        };
+        // One op per attention group (see `attn_groups`), so that each row's arithmetic depends
+        // on its own sequence's rows, not on the whole batch's.
         let width = spec.head_dim_v * spec.n_head;
         let mut out: Option<Tensor<'a>> = None;
         for &(first, rows) in groups {
@@ -520,6 +540,29 @@ impl<'a> Step<'a> {
                     g.view(mask, &[self.n_kv, rows], &[mn[1]], first as usize * mn[1]),
                 )
             };
+            if rows_op(rows) {
+                let ids = self.kv_ids.filter(|_| read_scattered);
+                let o = g
+                    .flash_attn_rows(RowAttention {
+                        q: g.permute(qg, [0, 2, 1, 3]),
+                        k: kview,
+                        v: vview,
+                        mask: mg,
+                        ids,
+                        sinks,
+                        scale: spec.scale,
+                        softcap: spec.softcap,
+                    })
+                    .unwrap_or_else(|| {
+                        unreachable!("the runner turns row attention on only where the op applies")
+                    });
+                let o = g.reshape(o, &[width, rows]);
+                out = Some(match out {
+                    None => o,
+                    Some(prev) => g.concat(prev, o, 1),
+                });
+                continue;
+            }
             // A one-row op over 512 or more slots would take the CPU's split-KV kernel: attend with
             // the row twice instead (the one-pass kernel, as in every wider op) and keep the first.
             let twice =

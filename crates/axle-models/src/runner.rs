@@ -171,6 +171,12 @@ pub struct RunnerOptions {
     /// the same numbers that way ([`crate::stacked_attention`]). `AXLE_STACKED_ROWS=0` turns it
     /// off too (a diagnostic, to compare).
     pub stacked_rows: bool,
+    /// With batch-invariant kernels and KV in host memory: attention with the arithmetic of
+    /// ggml's tiled kernel for every row (prefill chunks through that kernel, short ops through
+    /// [`axle_ggml::Context::flash_attn_rows`]) where this build supports it; otherwise, or with
+    /// `false`, every op stays under the tiled kernel's 64 rows (ggml's one-pass kernel, slower
+    /// prefill). `AXLE_ROW_ATTENTION=0` turns it off too (a diagnostic, to compare).
+    pub row_attention: bool,
 }
 
 impl RunnerOptions {
@@ -198,6 +204,7 @@ impl Default for RunnerOptions {
             state_snapshots: 1,
             state_saved: 0,
             stacked_rows: true,
+            row_attention: true,
         }
     }
 }
@@ -440,6 +447,17 @@ impl Runner {
             && (self.opts.force_device_layout || self.kv.on_device())
     }
 
+    /// Whether host attention runs with the tiled kernel's arithmetic for every row (see
+    /// [`attention_groups`]): batch-invariant kernels, KV in host memory, and the row op of
+    /// [`axle_ggml::row_attention`] agreeing with this build's ggml.
+    fn row_attention(&self) -> bool {
+        self.opts.kernels == Kernels::BatchInvariant
+            && self.opts.row_attention
+            && !self.device_layout()
+            && std::env::var("AXLE_ROW_ATTENTION").as_deref() != Ok("0")
+            && axle_ggml::row_attention::supported()
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
@@ -592,7 +610,20 @@ impl Runner {
             self.host = h;
             return Ok((n_tokens as i64, n_kv));
         }
-        let ascending = visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]));
+        // With row attention (ggml's tiled arithmetic, see `attention_groups`) a row's numbers
+        // depend on where its keys fall in tiles of 64 columns: every sequence's position 0 must
+        // start a tile, its positions in consecutive columns. With the one-pass kernel only the
+        // order of a row's keys matters.
+        let tiled = self.row_attention();
+        let ascending = if tiled {
+            visible.iter().all(|v| {
+                v.first().is_none_or(|&b| {
+                    b.is_multiple_of(KV_TILE) && v.iter().zip(b..).all(|(&s, want)| s == want)
+                })
+            })
+        } else {
+            visible.iter().all(|v| v.windows(2).all(|w| w[0] < w[1]))
+        };
         h.kv_ids.clear();
         // Column of the mask where each sequence's position 0 lies, and the stride per position
         // (direct: the slot itself; gathered: consecutive columns).
@@ -607,6 +638,10 @@ impl Runner {
             ((max_slot + 1).div_ceil(KV_PAD) * KV_PAD).min(self.opts.kv_slots)
         } else {
             for v in &visible {
+                if tiled {
+                    let start = h.kv_ids.len().next_multiple_of(KV_TILE as usize);
+                    h.kv_ids.resize(start, 0);
+                }
                 seg_start.push(h.kv_ids.len());
                 h.kv_ids.extend(v.iter().map(|&x| x as i32));
             }
@@ -695,7 +730,7 @@ impl Runner {
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
             groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(seqs.iter().map(|s| s.tokens.len()))
+                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.row_attention())
             } else {
                 Vec::new()
             },
@@ -947,6 +982,7 @@ impl Runner {
                     ),
                 }),
                 attn_groups: key.groups.clone(),
+                row_attention: self.row_attention(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),
@@ -1075,15 +1111,26 @@ const PICKS: &str = "axle_picks";
 /// Query rows at or above which ggml's CPU flash attention switches to its tiled kernel.
 const FA_TILE_ROWS: usize = 64;
 
+/// Keys per tile of ggml's tiled CPU flash attention.
+const KV_TILE: u32 = axle_ggml::row_attention::KV_TILE as u32;
+
 /// Splits the batch's rows into attention groups so that every row gets the same attention
-/// kernel whatever else shares its op (ggml picks the kernel by the number of query rows in the
-/// op): no op reaches `FA_TILE_ROWS` rows. Short sequences share ops while their total stays
-/// below that; a longer run of one sequence (a prefill chunk) is cut into ops of
-/// `FA_TILE_ROWS - 1` rows. The one-pass kernel every such op takes computes each row on its own
-/// (its keys in order, masked slots skipped), so a position's attention output does not depend on
-/// how its prompt was split into steps: a cold prefill, a prefill after a cached prefix, a
-/// recomputation after preemption and a decode step give it the same numbers.
-fn attention_groups(lens: impl IntoIterator<Item = usize>) -> Vec<(i64, i64)> {
+/// arithmetic whatever else shares its op (ggml picks its CPU kernel by the number of query rows
+/// in the op). Short sequences share ops while their total stays below `FA_TILE_ROWS`.
+///
+/// With row attention (`cut_long` false) a longer run of one sequence (a prefill chunk) is one op
+/// of its own, which ggml's tiled kernel runs at full speed, and the other ops run
+/// [`axle_ggml::Context::flash_attn_rows`], which gives each row the tiled kernel's numbers. In
+/// the tiled kernel a row's numbers depend only on its own keys, laid out in tiles from its
+/// sequence's position 0 (which the step layout guarantees), so a position's attention output
+/// does not depend on how its prompt was split into steps: a cold prefill, a prefill after a
+/// cached prefix, a recomputation after preemption and a decode step give it the same numbers.
+///
+/// Without it (`cut_long`: the row op does not reproduce this build's ggml) a long run is cut into
+/// ops of `FA_TILE_ROWS - 1` rows, so that every op takes ggml's one-pass kernel, which computes
+/// each row on its own too (its keys in order, masked slots skipped), at a cost that grows with
+/// the prompt.
+fn attention_groups(lens: impl IntoIterator<Item = usize>, cut_long: bool) -> Vec<(i64, i64)> {
     const MOST: i64 = FA_TILE_ROWS as i64 - 1;
     let mut groups: Vec<(i64, i64)> = Vec::new();
     let mut row = 0i64;
@@ -1091,9 +1138,10 @@ fn attention_groups(lens: impl IntoIterator<Item = usize>) -> Vec<(i64, i64)> {
     for n in lens {
         let n = n as i64;
         if n > MOST {
+            let piece = if cut_long { MOST } else { n };
             let mut first = row;
             while first < row + n {
-                let rows = MOST.min(row + n - first);
+                let rows = piece.min(row + n - first);
                 groups.push((first, rows));
                 first += rows;
             }
@@ -1188,20 +1236,31 @@ mod tests {
     use super::attention_groups;
 
     #[test]
+    fn attention_groups_keep_long_runs_whole_with_row_attention() {
+        assert_eq!(attention_groups([1, 1, 5], false), vec![(0, 7)]);
+        assert_eq!(
+            attention_groups([3, 130, 2], false),
+            vec![(0, 3), (3, 130), (133, 2)]
+        );
+        assert_eq!(attention_groups([64], false), vec![(0, 64)]);
+        assert_eq!(attention_groups([40, 23, 1], false), vec![(0, 63), (63, 1)]);
+    }
+
+    #[test]
     fn attention_groups_stay_under_the_tiled_kernel() {
         // Short sequences share ops while they stay under 64 rows.
-        assert_eq!(attention_groups([1, 1, 5]), vec![(0, 7)]);
-        assert_eq!(attention_groups([40, 23, 1]), vec![(0, 63), (63, 1)]);
+        assert_eq!(attention_groups([1, 1, 5], true), vec![(0, 7)]);
+        assert_eq!(attention_groups([40, 23, 1], true), vec![(0, 63), (63, 1)]);
         // A long run of one sequence is cut into ops of 63 rows, and a short sequence after it
         // starts a new op.
         assert_eq!(
-            attention_groups([3, 130, 2]),
+            attention_groups([3, 130, 2], true),
             vec![(0, 3), (3, 63), (66, 63), (129, 4), (133, 2)]
         );
-        assert_eq!(attention_groups([63]), vec![(0, 63)]);
-        assert_eq!(attention_groups([64]), vec![(0, 63), (63, 1)]);
+        assert_eq!(attention_groups([63], true), vec![(0, 63)]);
+        assert_eq!(attention_groups([64], true), vec![(0, 63), (63, 1)]);
         for lens in [vec![496], vec![1, 1, 400, 7, 90]] {
-            let groups = attention_groups(lens.iter().copied());
+            let groups = attention_groups(lens.iter().copied(), true);
             assert!(groups.iter().all(|&(_, r)| (1..64).contains(&r)));
             // The groups tile the rows in order.
             let mut row = 0;

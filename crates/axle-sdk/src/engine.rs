@@ -472,6 +472,7 @@ impl EngineCore {
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
                 stacked_rows: true,
+                row_attention: true,
             },
         )?;
         let mut verify_profiles = Vec::new();

@@ -10,8 +10,10 @@
 //!
 //! Every case must give the reference's tokens. Each case also checks that it did what it says
 //! (tokens served from the cache, preemptions), so the test fails if the set-up stops exercising
-//! the path. What makes this hold: batch-invariant kernels, and attention ops of at most 63 query
-//! rows (`axle_models::runner`), below ggml's tiled flash-attention kernel.
+//! the path. What makes this hold: batch-invariant kernels, and attention that gives every row
+//! the arithmetic of ggml's tiled kernel over tiles laid from its sequence's position 0 (see
+//! `attention_groups` in `axle_models::runner`; with `AXLE_ROW_ATTENTION=0`, ops of at most 63
+//! query rows on ggml's one-pass kernel instead, which this test holds too).
 use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions};
 use std::sync::Arc;
 
