@@ -296,6 +296,9 @@ pub struct Runner {
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
+    /// Host attention with the tiled kernel's arithmetic for every row (see
+    /// [`RunnerOptions::row_attention`]), where the step has no device layout.
+    row_attention: bool,
 }
 
 #[derive(Debug, Default)]
@@ -422,7 +425,12 @@ impl Runner {
                 kv_bufts.push(b);
             }
         }
+        let row_attention = opts.kernels == Kernels::BatchInvariant
+            && opts.row_attention
+            && std::env::var("AXLE_ROW_ATTENTION").as_deref() != Ok("0")
+            && axle_ggml::row_attention::supported();
         Ok(Runner {
+            row_attention,
             products,
             stacking,
             kv_bufts,
@@ -451,11 +459,7 @@ impl Runner {
     /// [`attention_groups`]): batch-invariant kernels, KV in host memory, and the row op of
     /// [`axle_ggml::row_attention`] agreeing with this build's ggml.
     fn row_attention(&self) -> bool {
-        self.opts.kernels == Kernels::BatchInvariant
-            && self.opts.row_attention
-            && !self.device_layout()
-            && std::env::var("AXLE_ROW_ATTENTION").as_deref() != Ok("0")
-            && axle_ggml::row_attention::supported()
+        self.row_attention && !self.device_layout()
     }
 
     /// The model.
