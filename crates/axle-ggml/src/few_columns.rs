@@ -254,13 +254,7 @@ mod x86 {
         // SAFETY: idempotent initialisation of ggml's CPU tables (the f16 table its dot
         // products read).
         unsafe { sys::ggml_cpu_init() };
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::xorshift(0x2545_f491_4f6c_dd1d);
         let nb = 8;
         for kind in [Kind::Q4_1, Kind::Q5_0, Kind::Q8_0] {
             let bb = kind.block_bytes();

@@ -20,6 +20,7 @@ pub mod rpc;
 mod store;
 mod sysinfo;
 mod tensor;
+pub mod tiled_columns;
 
 pub use backend::{
     backend_search_dirs, load_dynamic_backends, serialize_cuda_launches, Backend, BufferType,
@@ -31,4 +32,14 @@ pub use gguf::{GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
 pub use store::{StoredTensor, TensorStore, WeightPlacement};
 pub use sysinfo::{cpu_features, host_available_memory, system_info, CpuFeature};
+/// A small deterministic generator for the kernels' self-checks (xorshift64).
+pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 pub use tensor::{Context, GluOp, Graph, RopeParams, Tensor, MROPE_SECTIONS, ROPE_TYPE_IMROPE};

@@ -145,28 +145,13 @@ impl Context {
         } = a;
         let dv = v.ne()[0];
         let [_, n_q, n_head, _] = q.ne();
-        let mut args = vec![q.raw(), k.raw(), v.raw(), mask.raw()];
-        args.extend(ids.map(|t| t.raw()));
-        args.extend(sinks.map(|t| t.raw()));
-        // SAFETY: live tensors of this context whose types and shapes were checked above; the
-        // op's body reads them through their strides only; the user-data word is never
-        // dereferenced (it carries two f32 bit patterns).
-        let t = unsafe {
-            sys::ggml_custom_4d(
-                self.raw(),
-                sys::GGML_TYPE_F32,
-                dv,
-                n_head,
-                n_q,
-                1,
-                args.as_mut_ptr(),
-                args.len() as i32,
-                Some(op),
-                -1, // every thread of the step
-                pack(scale, softcap),
-            )
-        };
-        Tensor::from_raw(t)
+        let mut srcs = vec![q, k, v, mask];
+        srcs.extend(ids);
+        srcs.extend(sinks);
+        // SAFETY: live tensors whose types and shapes were checked; the op's body reads them
+        // through their strides only; the user-data word is never dereferenced (it carries two
+        // f32 bit patterns).
+        unsafe { self.custom_f32([dv, n_head, n_q, 1], &srcs, op, pack(scale, softcap)) }
     }
 }
 

@@ -4,7 +4,7 @@
 //! [`crate::GraphScheduler`] and [`crate::TensorStore`]), never from the context itself.
 use crate::{DType, Error, Result};
 use llama_cpp_sys_2 as sys;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
@@ -380,6 +380,41 @@ impl Context {
 // The ops. Each wraps one ggml builder; ggml validates shapes with asserts, so the model code must
 // pass well-formed shapes (which it derives from validated hyperparameters).
 impl Context {
+    /// A custom op of ours with F32 output of shape `ne` over `srcs`, run by every thread of the
+    /// step: `op(dst, ith, nth, word)`.
+    ///
+    /// # Safety
+    /// `op` must only read `srcs` within their shapes and strides and write `dst`'s `ne` values;
+    /// whatever it does with `word` must be valid for the graph's lifetime.
+    pub(crate) unsafe fn custom_f32<'a>(
+        &'a self,
+        ne: [i64; 4],
+        srcs: &[Tensor<'a>],
+        op: unsafe extern "C" fn(*mut sys::ggml_tensor, c_int, c_int, *mut c_void),
+        word: *mut c_void,
+    ) -> Tensor<'a> {
+        let mut args: Vec<_> = srcs.iter().map(|t| t.raw()).collect();
+        // SAFETY: live tensors of this context; the op's contract is the caller's.
+        let t = unsafe {
+            sys::ggml_custom_4d(
+                self.raw(),
+                sys::GGML_TYPE_F32,
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3],
+                args.as_mut_ptr(),
+                args.len() as i32,
+                Some(op),
+                -1, // GGML_N_TASKS_MAX: every thread of the step
+                word,
+            )
+        };
+        Tensor::from_raw(t)
+    }
+}
+
+impl Context {
     /// Matrix product: `a` [k, m] x `b` [k, n] -> [m, n] (a is usually the weight).
     pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: tensors and context are live for 'a.
@@ -393,25 +428,16 @@ impl Context {
         if !crate::few_columns::applies(a, b) {
             return None;
         }
-        let mut args = [a.raw(), b.raw()];
-        // SAFETY: live tensors of this context; `applies` checked the shapes and memory the op's
-        // body relies on; the op is a plain function with no user data.
-        let t = unsafe {
-            sys::ggml_custom_4d(
-                self.raw(),
-                sys::GGML_TYPE_F32,
-                a.ne()[1],
-                b.ne()[1],
-                1,
-                1,
-                args.as_mut_ptr(),
-                args.len() as i32,
-                Some(crate::few_columns::op),
-                -1, // GGML_N_TASKS_MAX: every thread of the step
+        // SAFETY: `applies` checked the shapes and memory the op's body relies on; it takes no
+        // user data.
+        Some(unsafe {
+            self.custom_f32(
+                [a.ne()[1], b.ne()[1], 1, 1],
+                &[a, b],
+                crate::few_columns::op,
                 std::ptr::null_mut(),
             )
-        };
-        Some(Tensor::from_raw(t))
+        })
     }
     /// Elementwise sum with broadcasting of `b`.
     pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {

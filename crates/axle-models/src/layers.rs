@@ -7,6 +7,7 @@ use crate::device_step::{
 use crate::kv::KvCache;
 use crate::stacked_attention::{attention_op, KvSlots, OpRows, StackKey, StackTable, StackedKv};
 use axle_ggml::row_attention::{RowAttention, TILED_ROWS};
+use axle_ggml::tiled_columns;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
@@ -78,7 +79,8 @@ pub enum Kernels {
     LikeLlamaCpp,
 }
 
-/// Columns per K-quant matrix product (below the 8 at which ggml's tiled GEMM takes over).
+/// Columns per K-quant matrix product where the tiled-columns op does not cover the type (below
+/// the 8 at which ggml's tiled GEMM takes over).
 const MATMUL_SLICE: i64 = 4;
 
 /// Columns from which ggml's CPU backend multiplies float (F32, F16, BF16) weights with one
@@ -136,13 +138,16 @@ impl<'a> Step<'a> {
     /// rounds differently from the per-column dot product used below that. Left alone, a token's
     /// logits would then depend on how many other tokens share its step (a verify step of 8 or
     /// more, a batch of decoding sequences), and batched or speculative greedy decoding would
-    /// drift from plain decoding at close calls. So for such weights the columns go through the
-    /// product in slices of [`MATMUL_SLICE`] (a 3-D batch of one op, plus one op for the rest).
+    /// drift from plain decoding at close calls. The tiled GEMM gives a column the same numbers
+    /// at every width from 8 on, so for Q4_K, Q5_K and Q6_K weights products of 8 columns or more
+    /// (prefill chunks) run as they are, at the tiled kernel's speed, and narrower ones go through
+    /// [`Context::mul_mat_tiled_columns`], which gives each column those numbers (where its probe
+    /// passes; see [`axle_ggml::tiled_columns`]). Other such types (Q2_K, Q3_K, the IQ formats)
+    /// go through in slices of [`MATMUL_SLICE`] at every width (a 3-D batch of one op, plus one
+    /// op for the rest): the dot product's numbers, without the tiled kernel's speed.
     /// Other weight types give every column the same numbers at any width already (llamafile's
     /// kernels for Q8_0/Q5_0/Q4_0 do the same per-block arithmetic as the dot product). Repacked
     /// weights (their own kernels, no such promise) and device weights are left as they are.
-    /// The cost: K-quant prefill gives up the tiled kernel (about 10% slower prefill on Gemma 3's
-    /// Q4_K_M, whose Q4_K/Q6_K tensors are a third of each layer).
     ///
     /// Q4_1, Q5_0 and Q8_0 weights with 2 to 32 columns (verify steps, small batches) go through
     /// [`Context::mul_mat_few`], which unpacks each weight block once for up to 4 columns where
@@ -167,11 +172,22 @@ impl<'a> Step<'a> {
             }
         }
         if self.kernels != Kernels::BatchInvariant
-            || n < 8
             || rest != [1, 1]
             || !w_t.dtype().has_cpu_tiled_gemm()
             || !w_t.is_plain_host()
         {
+            return g.mul_mat(w_t, x);
+        }
+        if tiled_columns::covers(w_t) {
+            if n >= tiled_columns::TILED_COLS {
+                return g.mul_mat(w_t, x);
+            }
+            // Always applies here: the weight is covered and x is a plain activation.
+            if let Some(y) = g.mul_mat_tiled_columns(w_t, x) {
+                return y;
+            }
+        }
+        if n < tiled_columns::TILED_COLS {
             return g.mul_mat(w_t, x);
         }
         self.mul_mat_grouped(w_t, x, MATMUL_SLICE)
