@@ -203,6 +203,15 @@ def test_every_error_class(engine, tmp_path):
         axle.Engine(str(MODEL), threads=2, device_products="narrow")
     with pytest.raises(axle.AxleError, match="wide device products need"):
         axle.Engine(str(MODEL), threads=2, device="cpu", device_products="wide")
+    # Host kernels: a known name, with the exact kernels; tiled ones run (and stay greedy-stable).
+    with pytest.raises(ValueError, match="compatible or tiled"):
+        axle.Engine(str(MODEL), threads=2, host_kernels="fused")
+    with pytest.raises(axle.AxleError, match="host kernels are a choice of the exact"):
+        axle.Engine(str(MODEL), threads=2, kernels="fast", host_kernels="tiled")
+    with axle.Engine(str(MODEL), threads=2, host_kernels="tiled", context=256) as tiled:
+        a = tiled.generate("Hello", max_tokens=8, temperature=0).text
+        b = tiled.generate("Hello", max_tokens=8, temperature=0).text
+        assert a == b and a
 
 
 def test_the_delegated_route(engine):

@@ -26,6 +26,8 @@ pub struct CompareOptions {
     pub progress: bool,
     /// How libllama spreads layers over several GPUs.
     pub oracle_split: axle_ggml::oracle::SplitMode,
+    /// The exact kernels' arithmetic on the CPU.
+    pub host_kernels: axle_models::HostKernels,
 }
 
 /// One row of the result.
@@ -50,8 +52,6 @@ pub struct CompareReport {
     /// Rows.
     pub rows: Vec<CompareRow>,
 }
-
-impl CompareReport {}
 
 fn time_axle_prefill(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError> {
     let mut seq = Sequence::new(runner);
@@ -106,6 +106,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         RunnerOptions {
             kv_slots,
             kernels: crate::default_kernels(model),
+            host_kernels: opts.host_kernels,
             ..Default::default()
         },
     )?;

@@ -111,7 +111,7 @@ fn greedy_axle(
     Ok((first, out))
 }
 
-fn greedy_llama(
+pub(crate) fn greedy_llama(
     o: &mut LlamaOracle,
     prompt: &[u32],
     n: usize,

@@ -47,9 +47,11 @@ pub struct Step<'a> {
     /// (first row, rows) of each attention op: rows are split so that every sequence gets the
     /// same attention kernel whatever else is in the batch.
     pub attn_groups: Vec<(i64, i64)>,
-    /// Attention groups of fewer than 64 rows run [`axle_ggml::Context::flash_attn_rows`] (the
-    /// arithmetic of ggml's tiled kernel, which wider groups take), not ggml's one-pass kernel.
-    pub row_attention: bool,
+    /// [`HostKernels::Tiled`] in force: attention groups of fewer than 64 rows run
+    /// [`axle_ggml::Context::flash_attn_rows`] (the arithmetic of ggml's tiled kernel, which
+    /// wider groups take), and K-quant products of fewer than 8 columns
+    /// [`axle_ggml::Context::mul_mat_tiled_columns`].
+    pub host_tiled: bool,
     /// Kernel choice.
     pub kernels: Kernels,
     /// The recurrent state of the step's sequences (models with linear-attention layers).
@@ -77,6 +79,48 @@ pub enum Kernels {
     /// The ops libllama builds (one attention op for the whole step, products at full width), so
     /// that logits match libllama's bit for bit; a row's numbers then depend on the step's shape.
     LikeLlamaCpp,
+}
+
+/// The arithmetic of host (CPU) rows under [`Kernels::BatchInvariant`]: both keep a row's numbers
+/// independent of the step; they differ in which of ggml's kernels they share with libllama.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostKernels {
+    /// The arithmetic libllama decodes with: attention in ops under the tiled kernel's 64 rows
+    /// (ggml's one-pass kernel), K-quant products through the per-column dot product (in slices
+    /// of 4 columns). Greedy output follows libllama's; prefill pays for it (ops of at most 63
+    /// rows, no tiled K-quant GEMM).
+    #[default]
+    Compatible,
+    /// The arithmetic of ggml's tiled kernels for every row: prefill chunks run ggml's tiled
+    /// attention and tiled K-quant GEMM (libllama's prefill speed), decode and verify rows get
+    /// the same numbers through [`axle_ggml::Context::flash_attn_rows`] and
+    /// [`axle_ggml::Context::mul_mat_tiled_columns`]. Queries stay F32 where libllama's decode
+    /// rounds them to F16, so greedy output parts from libllama's sooner.
+    Tiled,
+}
+
+impl std::str::FromStr for HostKernels {
+    type Err = String;
+
+    /// `compatible` or `tiled` (the names of the CLI's `--host-kernels`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "compatible" => Ok(HostKernels::Compatible),
+            "tiled" => Ok(HostKernels::Tiled),
+            other => Err(format!(
+                "host kernels are compatible or tiled, not {other:?}"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for HostKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostKernels::Compatible => "compatible",
+            HostKernels::Tiled => "tiled",
+        })
+    }
 }
 
 /// Columns per K-quant matrix product where the tiled-columns op does not cover the type (below
@@ -138,13 +182,14 @@ impl<'a> Step<'a> {
     /// rounds differently from the per-column dot product used below that. Left alone, a token's
     /// logits would then depend on how many other tokens share its step (a verify step of 8 or
     /// more, a batch of decoding sequences), and batched or speculative greedy decoding would
-    /// drift from plain decoding at close calls. The tiled GEMM gives a column the same numbers
-    /// at every width from 8 on, so for Q4_K, Q5_K and Q6_K weights products of 8 columns or more
-    /// (prefill chunks) run as they are, at the tiled kernel's speed, and narrower ones go through
+    /// drift from plain decoding at close calls. So by default ([`HostKernels::Compatible`]) such
+    /// products go through in slices of [`MATMUL_SLICE`] at every width (a 3-D batch of one op,
+    /// plus one op for the rest): the dot product's numbers, libllama's in decoding. With
+    /// [`HostKernels::Tiled`], since the tiled GEMM gives a column the same numbers at every
+    /// width from 8 on, Q4_K, Q5_K and Q6_K products of 8 columns or more (prefill chunks) run as
+    /// they are, at the tiled kernel's speed, and narrower ones go through
     /// [`Context::mul_mat_tiled_columns`], which gives each column those numbers (where its probe
-    /// passes; see [`axle_ggml::tiled_columns`]). Other such types (Q2_K, Q3_K, the IQ formats)
-    /// go through in slices of [`MATMUL_SLICE`] at every width (a 3-D batch of one op, plus one
-    /// op for the rest): the dot product's numbers, without the tiled kernel's speed.
+    /// passes; see [`axle_ggml::tiled_columns`]; other such types keep the slices).
     /// Other weight types give every column the same numbers at any width already (llamafile's
     /// kernels for Q8_0/Q5_0/Q4_0 do the same per-block arithmetic as the dot product). Repacked
     /// weights (their own kernels, no such promise) and device weights are left as they are.
@@ -178,7 +223,7 @@ impl<'a> Step<'a> {
         {
             return g.mul_mat(w_t, x);
         }
-        if tiled_columns::covers(w_t) {
+        if self.host_tiled && tiled_columns::covers(w_t) {
             if n >= tiled_columns::TILED_COLS {
                 return g.mul_mat(w_t, x);
             }
@@ -479,7 +524,7 @@ impl<'a> Step<'a> {
         } else {
             &self.attn_groups
         };
-        let rows_op = |rows: i64| self.row_attention && rows < TILED_ROWS;
+        let rows_op = |rows: i64| self.host_tiled && rows < TILED_ROWS;
         // The row op reads scattered slots itself; ggml's kernel needs them gathered.
         let read_scattered = self.kv_ids.is_some() && groups.iter().all(|&(_, r)| rows_op(r));
         let cache_view = |cache: Tensor<'a>, d: i64, slots: i64| {

@@ -22,7 +22,7 @@ pub mod tensor_split;
 pub mod tokenizer;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
-pub use layers::Kernels;
+pub use layers::{HostKernels, Kernels};
 pub use model::{default_threads, Model, ModelOptions};
 pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest, SplitMode};
 pub use recurrent::StateSlots;

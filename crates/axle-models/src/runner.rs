@@ -5,7 +5,7 @@
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
 use crate::device_step::{self, DeviceProducts, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
-use crate::layers::{Kernels, Step};
+use crate::layers::{HostKernels, Kernels, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::stacked_attention::{self, StackKey, StackTable};
@@ -171,12 +171,9 @@ pub struct RunnerOptions {
     /// the same numbers that way ([`crate::stacked_attention`]). `AXLE_STACKED_ROWS=0` turns it
     /// off too (a diagnostic, to compare).
     pub stacked_rows: bool,
-    /// With batch-invariant kernels and KV in host memory: attention with the arithmetic of
-    /// ggml's tiled kernel for every row (prefill chunks through that kernel, short ops through
-    /// [`axle_ggml::Context::flash_attn_rows`]) where this build supports it; otherwise, or with
-    /// `false`, every op stays under the tiled kernel's 64 rows (ggml's one-pass kernel, slower
-    /// prefill). `AXLE_ROW_ATTENTION=0` turns it off too (a diagnostic, to compare).
-    pub row_attention: bool,
+    /// With batch-invariant kernels and KV in host memory: which of ggml's kernels rows share
+    /// ([`HostKernels`]).
+    pub host_kernels: HostKernels,
 }
 
 impl RunnerOptions {
@@ -204,7 +201,7 @@ impl Default for RunnerOptions {
             state_snapshots: 1,
             state_saved: 0,
             stacked_rows: true,
-            row_attention: true,
+            host_kernels: HostKernels::Compatible,
         }
     }
 }
@@ -296,9 +293,9 @@ pub struct Runner {
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
-    /// Host attention with the tiled kernel's arithmetic for every row (see
-    /// [`RunnerOptions::row_attention`]), where the step has no device layout.
-    row_attention: bool,
+    /// [`HostKernels::Tiled`] in force (with batch-invariant kernels and where the row
+    /// attention op reproduces this build's ggml), for steps without the device layout.
+    host_tiled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -425,12 +422,11 @@ impl Runner {
                 kv_bufts.push(b);
             }
         }
-        let row_attention = opts.kernels == Kernels::BatchInvariant
-            && opts.row_attention
-            && std::env::var("AXLE_ROW_ATTENTION").as_deref() != Ok("0")
+        let host_tiled = opts.kernels == Kernels::BatchInvariant
+            && opts.host_kernels == HostKernels::Tiled
             && axle_ggml::row_attention::supported();
         Ok(Runner {
-            row_attention,
+            host_tiled,
             products,
             stacking,
             kv_bufts,
@@ -455,11 +451,11 @@ impl Runner {
             && (self.opts.force_device_layout || self.kv.on_device())
     }
 
-    /// Whether host attention runs with the tiled kernel's arithmetic for every row (see
-    /// [`attention_groups`]): batch-invariant kernels, KV in host memory, and the row op of
-    /// [`axle_ggml::row_attention`] agreeing with this build's ggml.
-    fn row_attention(&self) -> bool {
-        self.row_attention && !self.device_layout()
+    /// Whether host rows run with the tiled kernels' arithmetic ([`HostKernels::Tiled`], see
+    /// [`attention_groups`]): batch-invariant kernels, KV in host memory, and the row attention
+    /// op agreeing with this build's ggml.
+    fn host_tiled(&self) -> bool {
+        self.host_tiled && !self.device_layout()
     }
 
     /// The model.
@@ -618,7 +614,7 @@ impl Runner {
         // depend on where its keys fall in tiles of 64 columns: every sequence's position 0 must
         // start a tile, its positions in consecutive columns. With the one-pass kernel only the
         // order of a row's keys matters.
-        let tiled = self.row_attention();
+        let tiled = self.host_tiled();
         let ascending = if tiled {
             visible.iter().all(|v| {
                 v.first().is_none_or(|&b| {
@@ -734,7 +730,7 @@ impl Runner {
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
             groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.row_attention())
+                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.host_tiled())
             } else {
                 Vec::new()
             },
@@ -986,7 +982,7 @@ impl Runner {
                     ),
                 }),
                 attn_groups: key.groups.clone(),
-                row_attention: self.row_attention(),
+                host_tiled: self.host_tiled(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),
@@ -1122,7 +1118,7 @@ const KV_TILE: u32 = axle_ggml::row_attention::KV_TILE as u32;
 /// arithmetic whatever else shares its op (ggml picks its CPU kernel by the number of query rows
 /// in the op). Short sequences share ops while their total stays below `FA_TILE_ROWS`.
 ///
-/// With row attention (`cut_long` false) a longer run of one sequence (a prefill chunk) is one op
+/// With [`HostKernels::Tiled`] (`cut_long` false) a longer run of one sequence (a prefill chunk) is one op
 /// of its own, which ggml's tiled kernel runs at full speed, and the other ops run
 /// [`axle_ggml::Context::flash_attn_rows`], which gives each row the tiled kernel's numbers. In
 /// the tiled kernel a row's numbers depend only on its own keys, laid out in tiles from its
@@ -1130,10 +1126,10 @@ const KV_TILE: u32 = axle_ggml::row_attention::KV_TILE as u32;
 /// does not depend on how its prompt was split into steps: a cold prefill, a prefill after a
 /// cached prefix, a recomputation after preemption and a decode step give it the same numbers.
 ///
-/// Without it (`cut_long`: the row op does not reproduce this build's ggml) a long run is cut into
-/// ops of `FA_TILE_ROWS - 1` rows, so that every op takes ggml's one-pass kernel, which computes
-/// each row on its own too (its keys in order, masked slots skipped), at a cost that grows with
-/// the prompt.
+/// With [`HostKernels::Compatible`] (the default, or where the row op does not reproduce this
+/// build's ggml; `cut_long`) a long run is cut into ops of `FA_TILE_ROWS - 1` rows, so that every
+/// op takes ggml's one-pass kernel (the one libllama decodes with), which computes each row on
+/// its own too (its keys in order, masked slots skipped), at a cost that grows with the prompt.
 fn attention_groups(lens: impl IntoIterator<Item = usize>, cut_long: bool) -> Vec<(i64, i64)> {
     const MOST: i64 = FA_TILE_ROWS as i64 - 1;
     let mut groups: Vec<(i64, i64)> = Vec::new();
@@ -1240,7 +1236,7 @@ mod tests {
     use super::attention_groups;
 
     #[test]
-    fn attention_groups_keep_long_runs_whole_with_row_attention() {
+    fn attention_groups_keep_long_runs_whole_with_tiled_host_kernels() {
         assert_eq!(attention_groups([1, 1, 5], false), vec![(0, 7)]);
         assert_eq!(
             attention_groups([3, 130, 2], false),

@@ -12,7 +12,7 @@
 //! Also: where a sequence's blocks lie does not change its logits.
 mod common;
 
-use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
+use axle_models::{HostKernels, LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 
 const TEXT: &str = "The history of computing is a story of abstraction layered upon abstraction: \
@@ -20,7 +20,17 @@ const TEXT: &str = "The history of computing is a story of abstraction layered u
 
 /// The model `name` (2 threads, weights repacked or not) and a runner with `kv_slots` slots,
 /// with the device step layout (`axle_models::device_step`) or the host one.
-fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Model>, Runner) {
+/// Where a test's step layout comes from: the host layout with its kernels, or the device layout
+/// forced on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Host(HostKernels),
+    Device,
+}
+
+const HOST: Layout = Layout::Host(HostKernels::Compatible);
+
+fn load(name: &str, repack: bool, kv_slots: u32, layout: Layout) -> (Arc<Model>, Runner) {
     let model = Arc::new(
         Model::load(
             if name.ends_with("-tiny.gguf") {
@@ -39,7 +49,11 @@ fn load(name: &str, repack: bool, kv_slots: u32, device_layout: bool) -> (Arc<Mo
         model.clone(),
         RunnerOptions {
             kv_slots,
-            force_device_layout: device_layout,
+            force_device_layout: layout == Layout::Device,
+            host_kernels: match layout {
+                Layout::Host(k) => k,
+                Layout::Device => HostKernels::Compatible,
+            },
             device_products: None,
             graph_slots: None,
             ..Default::default()
@@ -69,9 +83,9 @@ fn max_diff_by_width(
     repack: bool,
     max_w: usize,
     (first_block, stride): (u32, u32),
-    device_layout: bool,
+    layout: Layout,
 ) -> (Vec<f32>, Vec<(i64, i64, bool)>) {
-    let (model, mut runner) = load(name, repack, 2048, device_layout);
+    let (model, mut runner) = load(name, repack, 2048, layout);
     // Long enough for the widest step (the text once for the usual widths up to 9).
     let tokens = model
         .tokenizer
@@ -107,7 +121,7 @@ fn max_diff_by_width(
         .iter()
         .map(|(k, ok)| (k.kv_len, k.rows, *ok))
         .collect();
-    if device_layout {
+    if layout == Layout::Device {
         println!("{name}: stacked row shapes (kv_len, rows, shared): {stacked:?}");
     }
     (diffs, stacked)
@@ -126,7 +140,7 @@ fn verify_steps_reproduce_decode_steps() {
         (common::GEMMA3, false, 9, spread),
         (common::GEMMA3, true, 0, (0, 1)),
     ] {
-        let (d, _) = max_diff_by_width(name, repack, 9, blocks, false);
+        let (d, _) = max_diff_by_width(name, repack, 9, blocks, HOST);
         let shown: Vec<String> = d.iter().map(|x| format!("{x:.2e}")).collect();
         println!(
             "{name} repack={repack} blocks {blocks:?} (first, stride): max |dlogit| by width 1..=9: [{}]",
@@ -135,6 +149,29 @@ fn verify_steps_reproduce_decode_steps() {
         assert!(
             d[..exact_up_to].iter().all(|&x| x == 0.0),
             "{name} repack={repack}: widths 1..={exact_up_to} must be exact: {d:?}"
+        );
+    }
+}
+
+/// The same with [`HostKernels::Tiled`]: decode and verify rows through the row attention and
+/// tiled-columns ops, the prefill through ggml's tiled attention and tiled K-quant GEMM; widths up
+/// to 70 (past the 64 rows from which a verify step's own attention op is ggml's tiled kernel,
+/// and the 8 columns from which its K-quant products are ggml's tiled GEMM), blocks in order and
+/// spread (read through the slot list).
+#[test]
+fn tiled_host_kernels_verify_steps_reproduce_decode_steps() {
+    for (name, blocks) in [
+        (common::SMOLLM2, (0, 1)),
+        (common::SMOLLM2, (10, 10)),
+        (common::GEMMA3, (0, 1)),
+        (common::GEMMA3, (10, 10)),
+    ] {
+        let (d, _) = max_diff_by_width(name, false, 70, blocks, Layout::Host(HostKernels::Tiled));
+        let worst = d.iter().cloned().fold(0.0f32, f32::max);
+        println!("{name} tiled, blocks {blocks:?}: max |dlogit| over widths 1..=70: {worst:.2e}");
+        assert!(
+            d.iter().all(|&x| x == 0.0),
+            "{name}: tiled verify steps differ from decode steps: {d:?}"
         );
     }
 }
@@ -157,7 +194,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         "gpt-oss-tiny.gguf",
         "glm4moe-tiny.gguf",
     ] {
-        let (d, _) = max_diff_by_width(name, false, 63, (0, 1), false);
+        let (d, _) = max_diff_by_width(name, false, 63, (0, 1), HOST);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
         println!("{name}: max |dlogit| over widths 1..=63: {worst:.2e}");
         assert!(
@@ -166,7 +203,7 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         );
         // The GPU step layout (forced on the host), blocks spread: the per-row attention ops,
         // gathered slots, latent (K-only) and shared caches, grouped expert products.
-        let (d, _) = max_diff_by_width(name, false, 9, (10, 10), true);
+        let (d, _) = max_diff_by_width(name, false, 9, (10, 10), Layout::Device);
         println!("{name} device layout, spread blocks: max |dlogit| by width 1..=9: {d:?}");
         assert!(
             d.iter().all(|&x| x == 0.0),
@@ -212,9 +249,8 @@ fn device_layout_block_placement_does_not_change_logits() {
 
 /// The device step layout that GPUs use, run here on the host: verify steps of every width up to
 /// 9 reproduce decode steps bit for bit (with the sequence's blocks in the first slots, and spread
-/// so that the slots are gathered), and its logits stay close to the host layout's with ggml's
-/// one-pass kernel (they differ only in how attention splits the slots; the host layout's default
-/// row attention has the tiled kernel's arithmetic, which rounds otherwise).
+/// so that the slots are gathered), and its logits stay close to the host layout's (they differ
+/// only in how attention splits the slots).
 #[test]
 fn device_layout_verify_steps_reproduce_decode_steps() {
     for (name, blocks) in [
@@ -223,7 +259,7 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
         (common::GEMMA3, (0, 1)),
         (common::GEMMA3, (10, 10)),
     ] {
-        let (d, shapes) = max_diff_by_width(name, false, 9, blocks, true);
+        let (d, shapes) = max_diff_by_width(name, false, 9, blocks, Layout::Device);
         println!("{name} device layout, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
         // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
         // alike, so these verify steps ran stacked.
@@ -234,14 +270,16 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
         assert!(d.iter().all(|&x| x == 0.0), "{name}: {d:?}");
     }
     for name in [common::SMOLLM2, common::GEMMA3] {
-        let (model, _) = load(name, false, 1024, false);
-        let one_pass = RunnerOptions {
-            kv_slots: 1024,
-            row_attention: false,
-            ..Default::default()
-        };
-        let mut host = Runner::new(model.clone(), one_pass).unwrap();
-        let (_, mut dev) = load(name, false, 1024, true);
+        let (model, _) = load(name, false, 1024, HOST);
+        let mut host = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                kv_slots: 1024,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let (_, mut dev) = load(name, false, 1024, Layout::Device);
         let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
         let table: Vec<u32> = (0..64).collect();
         let a = decode_logits(&mut host, &tokens, &table, 4);
@@ -264,7 +302,8 @@ fn block_placement(device_layout: bool) {
     for name in [common::SMOLLM2, common::GEMMA3] {
         // Plain weight layout: its matmuls give every row the same numbers at any batch width
         // (see above), so the batched comparison isolates attention.
-        let (model, mut runner) = load(name, false, 1024, device_layout);
+        let layout = if device_layout { Layout::Device } else { HOST };
+        let (model, mut runner) = load(name, false, 1024, layout);
         let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
         let bs = runner.options().block_size as usize;
         let need = tokens.len().div_ceil(bs) as u32;

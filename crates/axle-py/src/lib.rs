@@ -263,7 +263,7 @@ impl Engine {
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
-        split_mode="layer".to_string(), device_products=None
+        split_mode="layer".to_string(), device_products=None, host_kernels=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -291,6 +291,7 @@ impl Engine {
         state_slots: Option<usize>,
         split_mode: String,
         device_products: Option<String>,
+        host_kernels: Option<String>,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -323,6 +324,11 @@ impl Engine {
             .map(|p| p.parse::<DeviceProducts>())
             .transpose()
             .map_err(invalid)?;
+        let host_kernels = host_kernels
+            .map(|k| k.parse::<axle_models::HostKernels>())
+            .transpose()
+            .map_err(invalid)?
+            .unwrap_or_default();
         let device = device.parse().map_err(|e| invalid(format!("{e}")))?;
         let options = ModelOptions {
             threads: threads.unwrap_or_else(axle_models::default_threads),
@@ -358,6 +364,7 @@ impl Engine {
             max_draft: if ngram { draft_len } else { 0 },
             kernels,
             device_products,
+            host_kernels,
         };
         let configure = |m: &Model| EngineConfig::sized(m, &sizing);
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));

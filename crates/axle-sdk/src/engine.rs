@@ -11,8 +11,8 @@ use axle_core::{
 };
 use axle_models::device_step::DeviceProducts;
 use axle_models::{
-    Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, StepProfile,
-    StreamDecoder, TokenId,
+    HostKernels, Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots,
+    StepProfile, StreamDecoder, TokenId,
 };
 use axle_structured::tools::{ToolCallParser, ToolFormat};
 use std::collections::HashMap;
@@ -60,6 +60,12 @@ pub struct EngineConfig {
     /// reads the weights once per step whatever the batch: the choice for serving many
     /// concurrent sequences, at half the speed of a lone one. Refused with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
+    /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
+    /// ([`HostKernels`]). `Compatible` (the default): libllama's decode arithmetic, so greedy
+    /// output follows libllama's. `Tiled`: ggml's tiled kernels' arithmetic for every row, so
+    /// prefill chunks run at libllama's prefill speed (still exact; greedy output parts from
+    /// libllama's sooner). Refused with `LikeLlamaCpp`.
+    pub host_kernels: HostKernels,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +83,7 @@ impl Default for EngineConfig {
             state_slots: None,
             kernels: Kernels::BatchInvariant,
             device_products: None,
+            host_kernels: HostKernels::Compatible,
         }
     }
 }
@@ -104,6 +111,8 @@ pub struct EngineSizing {
     pub kernels: Kernels,
     /// Products of small columns on accelerators ([`EngineConfig::device_products`]).
     pub device_products: Option<DeviceProducts>,
+    /// The arithmetic of CPU rows ([`EngineConfig::host_kernels`]).
+    pub host_kernels: HostKernels,
 }
 
 impl EngineConfig {
@@ -134,6 +143,7 @@ impl EngineConfig {
             max_draft: sizing.max_draft,
             kernels: sizing.kernels,
             device_products: sizing.device_products,
+            host_kernels: sizing.host_kernels,
             state_slots: sizing.state_slots,
             ..Default::default()
         }
@@ -445,6 +455,13 @@ impl EngineCore {
                     .into(),
             ));
         }
+        if cfg.host_kernels != HostKernels::Compatible && cfg.kernels != Kernels::BatchInvariant {
+            return Err(SdkError::Config(
+                "host kernels are a choice of the exact (batch-invariant) kernels; the fast \
+                 kernels take ggml's own for each step's shape"
+                    .into(),
+            ));
+        }
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
         // Recurrent models: one state group per sequence that can run, and as many kept states
         // as a verify step has tokens. A cached prefix would restore KV blocks but not the
@@ -472,7 +489,7 @@ impl EngineCore {
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
                 stacked_rows: true,
-                row_attention: true,
+                host_kernels: cfg.host_kernels,
             },
         )?;
         let mut verify_profiles = Vec::new();

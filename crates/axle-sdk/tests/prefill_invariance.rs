@@ -10,10 +10,11 @@
 //!
 //! Every case must give the reference's tokens. Each case also checks that it did what it says
 //! (tokens served from the cache, preemptions), so the test fails if the set-up stops exercising
-//! the path. What makes this hold: batch-invariant kernels, and attention that gives every row
-//! the arithmetic of ggml's tiled kernel over tiles laid from its sequence's position 0 (see
-//! `attention_groups` in `axle_models::runner`; with `AXLE_ROW_ATTENTION=0`, ops of at most 63
-//! query rows on ggml's one-pass kernel instead, which this test holds too).
+//! the path. What makes this hold: batch-invariant kernels, and attention ops of at most 63 query
+//! rows (ggml's one-pass kernel) by default, or with tiled host kernels every row on the
+//! arithmetic of ggml's tiled kernel over tiles laid from its sequence's position 0 (see
+//! `attention_groups` in `axle_models::runner`); both run here.
+use axle_models::HostKernels;
 use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions};
 use std::sync::Arc;
 
@@ -138,7 +139,9 @@ fn run(
 
 /// Engine limits: prefill chunks of `chunk` tokens, `seqs` sequences at a time.
 fn config(chunk: usize, seqs: usize, kv_slots: u32, caching: bool) -> EngineConfig {
+    let host_kernels = HOST_KERNELS.with(|k| k.get());
     EngineConfig {
+        host_kernels,
         kv_slots,
         block_size: BLOCK as u32,
         max_batch_tokens: chunk + seqs,
@@ -149,8 +152,15 @@ fn config(chunk: usize, seqs: usize, kv_slots: u32, caching: bool) -> EngineConf
     }
 }
 
-fn check_model(name: &str) {
+thread_local! {
+    /// The host kernels of the engines `config` makes (each test runs on its own thread).
+    static HOST_KERNELS: std::cell::Cell<HostKernels> = const { std::cell::Cell::new(HostKernels::Compatible) };
+}
+
+fn check_model(name: &str, host_kernels: HostKernels) {
+    HOST_KERNELS.with(|k| k.set(host_kernels));
     let m = load(name);
+    let name = &format!("{name} ({host_kernels} host kernels)");
     let prompts = prompts(&m);
     let roomy = 32 * 1024;
     // The reference: each prompt alone in a fresh engine, cold, in the default's 496-token chunks.
@@ -231,10 +241,23 @@ fn check_model(name: &str) {
 
 #[test]
 fn smollm2_prefill_splits_give_the_same_tokens() {
-    check_model(axle_models::fetched::SMOLLM2);
+    check_model(axle_models::fetched::SMOLLM2, HostKernels::Compatible);
 }
 
 #[test]
 fn gemma3_prefill_splits_give_the_same_tokens() {
-    check_model(axle_models::fetched::GEMMA3);
+    check_model(axle_models::fetched::GEMMA3, HostKernels::Compatible);
+}
+
+/// With the tiled kernels' arithmetic for every row: prefill chunks through ggml's tiled
+/// attention and K-quant GEMM, short chunks, decode rows and recomputation through the row
+/// attention and tiled-columns ops.
+#[test]
+fn smollm2_prefill_splits_give_the_same_tokens_with_tiled_host_kernels() {
+    check_model(axle_models::fetched::SMOLLM2, HostKernels::Tiled);
+}
+
+#[test]
+fn gemma3_prefill_splits_give_the_same_tokens_with_tiled_host_kernels() {
+    check_model(axle_models::fetched::GEMMA3, HostKernels::Tiled);
 }

@@ -15,6 +15,16 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 /// Runs axle and returns (exit code, stderr), asserting the error shape.
+/// The stderr of a command line the argument parser refuses (exit code 2).
+fn bad_flag(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "exit code for {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn fails(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_axle"))
         .args(args)
@@ -193,7 +203,7 @@ fn unknown_device() {
 /// `--device-products` where it cannot apply: wide products without a CUDA device, any choice
 /// with the fast kernels, and a name that is not one.
 #[test]
-fn device_products_where_they_do_not_apply() {
+fn device_products_and_host_kernels_where_they_do_not_apply() {
     let m = smollm2();
     let m = m.to_str().unwrap();
     let gen = [
@@ -219,14 +229,20 @@ fn device_products_where_they_do_not_apply() {
         err.contains("device products are a choice of the exact"),
         "{err}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
-        .args([&gen[..], &["--device-products", "narrow"]].concat())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = bad_flag(&[&gen[..], &["--device-products", "narrow"]].concat());
     assert!(
         stderr.contains("device products are groups or wide"),
+        "{stderr}"
+    );
+    // Host kernels: a choice of the exact kernels, by name.
+    let err = fails(&[&gen[..], &["--kernels", "fast", "--host-kernels", "tiled"]].concat());
+    assert!(
+        err.contains("host kernels are a choice of the exact"),
+        "{err}"
+    );
+    let stderr = bad_flag(&[&gen[..], &["--host-kernels", "fused"]].concat());
+    assert!(
+        stderr.contains("host kernels are compatible or tiled"),
         "{stderr}"
     );
 }

@@ -16,10 +16,6 @@ use std::sync::Arc;
 #[test]
 fn split_over_two_rpc_servers_and_the_cpu_matches_the_unsplit_run() {
     std::env::set_var("AXLE_BACKENDS_DIR", backends_dir());
-    // The RPC layers take the device layout, whose attention runs ggml's one-pass kernel on the
-    // CPU servers; the unsplit reference must attend the same way (the host layout's ops of at
-    // most 63 rows), not with the tiled kernel's arithmetic of host row attention.
-    std::env::set_var("AXLE_ROW_ATTENTION", "0");
     let (a, b) = (start_server(), start_server());
     let rpc = vec![a.endpoint.clone(), b.endpoint.clone()];
     let load_split = |path: &std::path::Path| {

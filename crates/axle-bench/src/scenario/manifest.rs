@@ -194,6 +194,19 @@ pub struct CompareSpec {
     pub prefill: Vec<usize>,
     /// Decode tokens.
     pub decode: usize,
+    /// The exact kernels' arithmetic on the CPU: `compatible` or `tiled` (absent: compatible, as
+    /// the CLI's `--host-kernels`); the correctness check's engine runs the same.
+    #[serde(default)]
+    pub host_kernels: Option<String>,
+}
+
+impl CompareSpec {
+    /// The host kernels asked for.
+    pub fn host_kernels(&self) -> Result<axle_models::HostKernels, String> {
+        self.host_kernels
+            .as_deref()
+            .map_or(Ok(Default::default()), str::parse)
+    }
 }
 
 /// `batched`.

@@ -39,6 +39,7 @@ pub fn run(
                     reps,
                     progress,
                     oracle_split,
+                    host_kernels: c.host_kernels().map_err(BenchError::Invalid)?,
                 },
             )?;
             r.rows

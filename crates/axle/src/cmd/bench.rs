@@ -398,6 +398,10 @@ pub struct CompareArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// The exact kernels' arithmetic on the CPU: `compatible` (the default) or `tiled` (see
+    /// `axle generate --help`).
+    #[arg(long)]
+    host_kernels: Option<axle_models::HostKernels>,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -409,6 +413,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Workload::Compare(CompareSpec {
                 prefill: a.prefill,
                 decode: a.decode,
+                host_kernels: a.host_kernels.map(|k| k.to_string()),
             }),
             QuickExtras::default(),
         ),

@@ -10,7 +10,7 @@ pub mod tokenize;
 
 use anyhow::Context;
 use axle_models::device_step::DeviceProducts;
-use axle_models::{default_threads, DeviceChoice, Model, ModelOptions};
+use axle_models::{default_threads, DeviceChoice, HostKernels, Model, ModelOptions};
 use axle_sdk::{defaults, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
 use std::time::Duration;
@@ -124,6 +124,13 @@ pub struct EngineArgs {
     /// a lone one). Both exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
+    /// With `--kernels exact` on the CPU: which of ggml's kernels every row shares. `compatible`
+    /// (the default): the arithmetic libllama decodes with, so greedy output follows libllama's;
+    /// prefill runs attention ops of at most 63 rows and K-quant products in 4-column slices.
+    /// `tiled`: ggml's tiled kernels' arithmetic for every row, so prefill chunks run at
+    /// libllama's prefill speed; still exact, but greedy output parts from libllama's sooner.
+    #[arg(long)]
+    pub host_kernels: Option<HostKernels>,
 }
 
 /// Sampling and length options of the commands that generate (generate, chat).
@@ -211,6 +218,7 @@ impl EngineArgs {
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
             device_products: self.device_products,
+            host_kernels: self.host_kernels.unwrap_or_default(),
         };
         EngineConfig::sized(model, &sizing)
     }
@@ -222,6 +230,9 @@ impl EngineArgs {
         }
         if self.device_products.is_some() {
             anyhow::bail!("--device-products applies to the native backend only");
+        }
+        if self.host_kernels.is_some() {
+            anyhow::bail!("--host-kernels applies to the native backend only");
         }
         Ok(())
     }
