@@ -293,8 +293,9 @@ pub struct Runner {
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
-    /// [`HostKernels::Tiled`] in force (with batch-invariant kernels and where the row
-    /// attention op reproduces this build's ggml), for steps without the device layout.
+    /// [`HostKernels::Tiled`] in force, with batch-invariant kernels (refused where the row
+    /// attention op does not reproduce this build's ggml or steps take the device layout): host
+    /// rows run with the tiled kernels' arithmetic (see [`attention_groups`]).
     host_tiled: bool,
 }
 
@@ -422,9 +423,22 @@ impl Runner {
                 kv_bufts.push(b);
             }
         }
-        let host_tiled = opts.kernels == Kernels::BatchInvariant
-            && opts.host_kernels == HostKernels::Tiled
-            && axle_ggml::row_attention::supported();
+        let host_tiled =
+            opts.kernels == Kernels::BatchInvariant && opts.host_kernels == HostKernels::Tiled;
+        if host_tiled && !axle_ggml::row_attention::supported() {
+            return Err(ModelError::Invalid(
+                "tiled host kernels: the row attention op does not reproduce this build's ggml \
+                 (its self-check failed); use the compatible host kernels"
+                    .into(),
+            ));
+        }
+        if host_tiled && (opts.force_device_layout || kv.on_device()) {
+            return Err(ModelError::Invalid(
+                "tiled host kernels are a choice for models whose KV lies in host memory; this one has \
+                 layers on accelerators, whose steps take the device layout"
+                    .into(),
+            ));
+        }
         Ok(Runner {
             host_tiled,
             products,
@@ -449,13 +463,6 @@ impl Runner {
     fn device_layout(&self) -> bool {
         self.opts.kernels == Kernels::BatchInvariant
             && (self.opts.force_device_layout || self.kv.on_device())
-    }
-
-    /// Whether host rows run with the tiled kernels' arithmetic ([`HostKernels::Tiled`], see
-    /// [`attention_groups`]): batch-invariant kernels, KV in host memory, and the row attention
-    /// op agreeing with this build's ggml.
-    fn host_tiled(&self) -> bool {
-        self.host_tiled && !self.device_layout()
     }
 
     /// The model.
@@ -614,7 +621,7 @@ impl Runner {
         // depend on where its keys fall in tiles of 64 columns: every sequence's position 0 must
         // start a tile, its positions in consecutive columns. With the one-pass kernel only the
         // order of a row's keys matters.
-        let tiled = self.host_tiled();
+        let tiled = self.host_tiled;
         let ascending = if tiled {
             visible.iter().all(|v| {
                 v.first().is_none_or(|&b| {
@@ -730,7 +737,7 @@ impl Runner {
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
             groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.host_tiled())
+                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.host_tiled)
             } else {
                 Vec::new()
             },
@@ -982,7 +989,7 @@ impl Runner {
                     ),
                 }),
                 attn_groups: key.groups.clone(),
-                host_tiled: self.host_tiled(),
+                host_tiled: self.host_tiled,
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),

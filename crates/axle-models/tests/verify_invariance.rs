@@ -176,6 +176,24 @@ fn tiled_host_kernels_verify_steps_reproduce_decode_steps() {
     }
 }
 
+/// Tiled host kernels are a choice for the host layout: with the device layout they would have
+/// no effect, so the runner refuses them with a reason.
+#[test]
+fn tiled_host_kernels_are_refused_with_the_device_layout() {
+    let (model, _) = load(common::SMOLLM2, false, 256, HOST);
+    let err = Runner::new(
+        model,
+        RunnerOptions {
+            kv_slots: 256,
+            force_device_layout: true,
+            host_kernels: HostKernels::Tiled,
+            ..Default::default()
+        },
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("tiled host kernels"), "{err}");
+}
+
 /// The families of fixtures only (MoE, Gemma 4 with KV-shared layers and per-layer embeddings).
 /// Mixture of experts with K-quant experts, not repacked: a verify step of up to 63 rows (every
 /// expert picked by about 16 of them, past the 8 from which ggml's tiled kernel takes over for an
