@@ -231,13 +231,18 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, word
         softcap,
     };
     let n_q = q.ne[1] as usize;
-    // SAFETY: dst is the op's F32 output [dv, n_head, n_q], contiguous (a fresh custom node).
-    let out = unsafe {
-        std::slice::from_raw_parts_mut((*dst).data as *mut f32, rows.dv * rows.n_head * n_q)
-    };
     let items = n_q * rows.n_head;
     let (ith, nth) = (ith.max(0) as usize, nth.max(1) as usize);
-    let (mut item, end) = (items * ith / nth, items * (ith + 1) / nth);
+    let (first, end) = (items * ith / nth, items * (ith + 1) / nth);
+    // SAFETY: dst is the op's F32 output [dv, n_head, n_q], contiguous (a fresh custom node);
+    // this thread's (row, head) items first..end are its own dv values each.
+    let out = unsafe {
+        std::slice::from_raw_parts_mut(
+            ((*dst).data as *mut f32).add(first * rows.dv),
+            (end - first) * rows.dv,
+        )
+    };
+    let mut item = first;
     SCRATCH.with_borrow_mut(|s| {
         s.k.resize(rows.dk * KV_TILE, 0.0);
         s.v.resize(KV_TILE * rows.dv, 0.0);
@@ -252,7 +257,7 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, word
             // The rest of this KV head's query heads in the range.
             let last = (head / rows.group + 1) * rows.group;
             let heads = head..last.min(head + end - item);
-            let o = &mut out[item * rows.dv..(item + heads.len()) * rows.dv];
+            let o = &mut out[(item - first) * rows.dv..(item - first + heads.len()) * rows.dv];
             item += heads.len();
             // SAFETY: r < n_q and the heads < n_head share one KV head; every read goes through
             // the operands' own strides within the shapes checked when the node was built.

@@ -160,8 +160,10 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, word
     let Some(quantize) = traits.from_float else {
         unreachable!("ggml's CPU traits quantize to Q8_K")
     };
-    // SAFETY: dst is the op's F32 output [m, n], contiguous.
-    let out = unsafe { std::slice::from_raw_parts_mut((*dst).data as *mut f32, m * n) };
+    // The op's F32 output [m, n], contiguous; each thread writes its own rows of every column
+    // (through the pointer: the threads' shares interleave, so none holds a slice of it).
+    // SAFETY: dst is the live node being computed.
+    let out = unsafe { (*dst).data } as *mut f32;
     COLUMNS.with_borrow_mut(|cols| {
         cols.resize(n * nb * Q8K_BYTES, 0);
         for c in 0..n {
@@ -198,7 +200,8 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, word
                 }
             }
             for (c, &sum) in sums.iter().enumerate().take(n) {
-                out[c * m + r] = sum;
+                // SAFETY: c < n and r < m: inside the output, in this thread's rows.
+                unsafe { *out.add(c * m + r) = sum };
             }
         }
     });
