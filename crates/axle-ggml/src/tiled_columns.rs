@@ -277,16 +277,21 @@ impl Block {
         self.finish(s1, xb)
     }
 
-    /// The tiled kernel's float steps from the block's integer sum `s1` (with the minimums'
-    /// sum `s2` formed here from the column's 16-value sums, for types that have minimums).
+    /// The tiled kernel's float steps from the block's integer sum `s1`, with the minimums'
+    /// sum `s2` formed here from the column's 16-value sums for types that have minimums.
     fn finish(&self, s1: i32, xb: &[u8]) -> f32 {
+        let s2: i32 = (0..8)
+            .map(|s| self.mins[s] * (bsum(xb, 2 * s) + bsum(xb, 2 * s + 1)))
+            .sum();
+        self.float_steps(s1, s2)
+    }
+
+    /// `s1 * d`, less `dmin * s2` (fused) for types with minimums: the tiled kernel's order.
+    fn float_steps(&self, s1: i32, s2: i32) -> f32 {
         let r = s1 as f32 * self.d;
         if self.kind == Kind::Q6K {
             return r;
         }
-        let s2: i32 = (0..8)
-            .map(|s| self.mins[s] * (bsum(xb, 2 * s) + bsum(xb, 2 * s + 1)))
-            .sum();
         (-self.dmin).mul_add(s2 as f32, r)
     }
 }
@@ -492,13 +497,7 @@ mod x86 {
                     Kind::Q6K => (hsum(acc) - carried, 0),
                     _ => (hsum(acc), carried),
                 };
-                let r = s1 as f32 * block.d;
-                let part = if kind == Kind::Q6K {
-                    r
-                } else {
-                    (-block.dmin).mul_add(s2 as f32, r)
-                };
-                *sum = accumulate_block(*sum, part, xb, rounded);
+                *sum = accumulate_block(*sum, block.float_steps(s1, s2), xb, rounded);
             }
         }
     }
