@@ -20,13 +20,34 @@ pub struct BlockKey {
     pub tokens: Vec<TokenId>,
 }
 
-/// Computes the key of the block after `parent` (None for the first block).
-pub fn block_key(parent: Option<u64>, tokens: &[TokenId], model_id: u64) -> BlockKey {
+/// How a block's positions were computed, where an engine computes prompt rows and generated
+/// rows with different arithmetic (see [`crate::SchedulerConfig::prompt_classes`]): the class of
+/// the prompt they came from and how many of the block's positions lie in that prompt. Two blocks
+/// of the same tokens but different origins hold different numbers, so their keys differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockOrigin {
+    /// The prompt's class: how many of the configured thresholds its length reaches.
+    pub prompt_class: u32,
+    /// Positions of the block inside the prompt (the rest were generated).
+    pub prompt_positions: u32,
+}
+
+/// Computes the key of the block after `parent` (None for the first block); `origin` is `None`
+/// where every row is computed alike (the key is then that of the tokens alone).
+pub fn block_key(
+    parent: Option<u64>,
+    tokens: &[TokenId],
+    model_id: u64,
+    origin: Option<BlockOrigin>,
+) -> BlockKey {
     // DefaultHasher::new() uses fixed keys, so hashes are stable across runs (deterministic).
     let mut h = std::collections::hash_map::DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
     model_id.hash(&mut h);
+    if let Some(o) = origin {
+        o.hash(&mut h);
+    }
     BlockKey {
         hash: h.finish(),
         tokens: tokens.to_vec(),
@@ -208,8 +229,8 @@ mod tests {
     #[test]
     fn reuse_then_evict_lru() {
         let mut p = BlockPool::new(3, 4, true);
-        let k1 = block_key(None, &[1, 2, 3, 4], 7);
-        let k2 = block_key(Some(k1.hash), &[5, 6, 7, 8], 7);
+        let k1 = block_key(None, &[1, 2, 3, 4], 7, None);
+        let k2 = block_key(Some(k1.hash), &[5, 6, 7, 8], 7, None);
         let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
         p.register(a, k1.clone());
         p.register(b, k2.clone());
@@ -230,9 +251,24 @@ mod tests {
 
     #[test]
     fn keys_depend_on_parent_tokens_and_model() {
-        let a = block_key(None, &[1, 2], 1);
-        assert_ne!(a, block_key(None, &[1, 2], 2));
-        assert_ne!(block_key(Some(a.hash), &[3], 1), block_key(None, &[3], 1));
+        let a = block_key(None, &[1, 2], 1, None);
+        assert_ne!(a, block_key(None, &[1, 2], 2, None));
+        assert_ne!(
+            block_key(Some(a.hash), &[3], 1, None),
+            block_key(None, &[3], 1, None)
+        );
+        // The same tokens computed from another origin are other contents.
+        let origin = |prompt_class, prompt_positions| {
+            Some(BlockOrigin {
+                prompt_class,
+                prompt_positions,
+            })
+        };
+        let b = block_key(None, &[1, 2], 1, origin(1, 2));
+        assert_ne!(a, b);
+        assert_eq!(b, block_key(None, &[1, 2], 1, origin(1, 2)));
+        assert_ne!(b, block_key(None, &[1, 2], 1, origin(2, 2)));
+        assert_ne!(b, block_key(None, &[1, 2], 1, origin(1, 1)));
         let mut p = BlockPool::new(2, 2, false);
         let x = p.allocate().unwrap();
         p.register(x, a.clone());

@@ -13,7 +13,7 @@ pub mod drafter;
 pub mod sampler;
 pub mod scheduler;
 
-pub use blocks::{BlockId, BlockPool};
+pub use blocks::{BlockId, BlockOrigin, BlockPool};
 pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
 pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
 pub use sampler::{RowLogits, Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};

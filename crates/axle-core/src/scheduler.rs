@@ -8,7 +8,7 @@
 //! with a free slot, and gives it back when it finishes or is preempted (it then recomputes its
 //! state with its KV). The output of `schedule` is a plain-data [`StepPlan`]; `apply` takes the
 //! logits the runner computed for it.
-use crate::blocks::{block_key, BlockId, BlockKey, BlockPool};
+use crate::blocks::{block_key, BlockId, BlockKey, BlockOrigin, BlockPool};
 use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
 use crate::drafter::{DraftConfig, Drafter, PositionStats};
 use crate::sampler::{logprobs, RowLogits, Sampler, SamplingParams, TokenLogprob};
@@ -104,6 +104,12 @@ pub struct SchedulerConfig {
     pub reuse_marked_only: bool,
     /// Model identity mixed into block hashes.
     pub model_id: u64,
+    /// Prompt lengths (ascending) at which the engine's arithmetic for prompt rows changes, for
+    /// engines that compute a row by its origin (prompt or generated) and its prompt's length
+    /// (each row's numbers still depend on its own request alone). Block keys then name each
+    /// block's [`BlockOrigin`], so a cached block is reused only where it holds the numbers the
+    /// request would compute. Empty: every row is computed alike, and keys name tokens alone.
+    pub prompt_classes: Vec<usize>,
     /// N-gram speculation settings (None: off for every request).
     pub draft: Option<DraftConfig>,
     /// Recurrent models: per-sequence state slots (conv window and delta-rule state of every
@@ -120,6 +126,9 @@ pub struct PlannedSeq {
     pub tokens: Vec<TokenId>,
     /// Position of the first of them.
     pub start_pos: u32,
+    /// Length of the request's prompt: positions before it are prompt rows, later ones generated
+    /// rows (see [`SchedulerConfig::prompt_classes`]).
+    pub prompt_len: usize,
     /// Physical blocks of the sequence, covering every position up to the last token.
     pub block_table: Vec<BlockId>,
     /// Whether the last token's logits are needed (the catch-up reaches the known end).
@@ -201,6 +210,27 @@ struct Request {
 impl Request {
     fn generated(&self) -> usize {
         self.tokens.len() - self.spec.prompt.len()
+    }
+
+    /// The key of full block `b` (`bs` tokens) after `parent`.
+    fn block_key(
+        &self,
+        b: usize,
+        parent: Option<u64>,
+        bs: usize,
+        cfg: &SchedulerConfig,
+    ) -> BlockKey {
+        let prompt = self.spec.prompt.len();
+        let origin = (!cfg.prompt_classes.is_empty()).then(|| BlockOrigin {
+            prompt_class: cfg.prompt_classes.iter().filter(|&&t| prompt >= t).count() as u32,
+            prompt_positions: prompt.saturating_sub(b * bs).min(bs) as u32,
+        });
+        block_key(
+            parent,
+            &self.tokens[b * bs..(b + 1) * bs],
+            cfg.model_id,
+            origin,
+        )
     }
 }
 
@@ -481,12 +511,11 @@ impl Scheduler {
     /// are needed) and a shared block is never written.
     fn reuse_prefix(&mut self, id: RequestId) {
         let bs = self.cfg.block_size as usize;
-        let model_id = self.cfg.model_id;
         let r = self.requests.get_mut(&id).expect("known request");
         let full = (r.tokens.len() - 1) / bs;
         let mut parent = None;
         for i in 0..full {
-            let key = block_key(parent, &r.tokens[i * bs..(i + 1) * bs], model_id);
+            let key = r.block_key(i, parent, bs, &self.cfg);
             match self.pool.reuse(&key) {
                 Some(b) => {
                     parent = Some(key.hash);
@@ -708,6 +737,7 @@ impl Scheduler {
             id,
             tokens: r.tokens[r.computed..r.computed + n].to_vec(),
             start_pos: r.computed as u32,
+            prompt_len: r.spec.prompt.len(),
             block_table: r.blocks.clone(),
             wants_logits: r.computed + n == r.tokens.len(),
             n_draft: 0,
@@ -744,7 +774,7 @@ impl Scheduler {
             let n_known = s.tokens.len() - s.n_draft;
             r.computed += n_known;
             if !s.wants_logits {
-                Self::register_full(&mut self.pool, r, bs, self.cfg.model_id);
+                Self::register_full(&mut self.pool, r, bs, &self.cfg);
                 continue;
             }
             let unreported = std::mem::take(&mut r.unreported);
@@ -845,7 +875,7 @@ impl Scheduler {
                     }
                 }
             }
-            Self::register_full(&mut self.pool, r, bs, self.cfg.model_id);
+            Self::register_full(&mut self.pool, r, bs, &self.cfg);
             if let Some(reason) = &ev.finished {
                 self.finish(s.id, reason.clone());
             }
@@ -855,14 +885,10 @@ impl Scheduler {
     }
 
     /// Registers the request's blocks that became full of computed tokens, extending its hash chain.
-    fn register_full(pool: &mut BlockPool, r: &mut Request, bs: usize, model_id: u64) {
+    fn register_full(pool: &mut BlockPool, r: &mut Request, bs: usize, cfg: &SchedulerConfig) {
         while (r.keys.len() + 1) * bs <= r.computed {
             let b = r.keys.len();
-            let key: BlockKey = block_key(
-                r.keys.last().copied(),
-                &r.tokens[b * bs..(b + 1) * bs],
-                model_id,
-            );
+            let key = r.block_key(b, r.keys.last().copied(), bs, cfg);
             r.keys.push(key.hash);
             pool.register(r.blocks[b], key);
         }

@@ -17,12 +17,32 @@ use std::collections::{HashMap, HashSet};
 const VOCAB: usize = 12;
 const BS: u32 = 4;
 
-/// The fake model: KV slots hold (position, token); logits hash what is read back.
+/// The fake model: KV slots hold (position, token, origin); logits hash what is read back. The
+/// origin stands for the arithmetic a row was computed with where the scheduler is configured
+/// with prompt classes: 0 for generated rows, 1 + the prompt's class for prompt rows. A block
+/// reused from another origin then changes the output.
 struct FakeModel {
-    kv: HashMap<u32, (u32, u32)>,
+    kv: HashMap<u32, (u32, u32, u32)>,
+    /// The scheduler's [`SchedulerConfig::prompt_classes`].
+    classes: Vec<usize>,
 }
 
 impl FakeModel {
+    fn new(cfg: &SchedulerConfig) -> FakeModel {
+        FakeModel {
+            kv: HashMap::new(),
+            classes: cfg.prompt_classes.clone(),
+        }
+    }
+
+    fn origin(&self, prompt_len: usize, p: u32) -> u32 {
+        if self.classes.is_empty() || p as usize >= prompt_len {
+            0
+        } else {
+            1 + self.classes.iter().filter(|&&t| prompt_len >= t).count() as u32
+        }
+    }
+
     /// Per sequence: logits for each token index that needs them (the last known token and every
     /// draft token), computed from what the KV slots hold.
     fn run(&mut self, plan: &StepPlan) -> Vec<Vec<Option<Vec<f32>>>> {
@@ -32,7 +52,8 @@ impl FakeModel {
                 let slot = |p: u32| s.block_table[(p / BS) as usize] * BS + p % BS;
                 for (i, &t) in s.tokens.iter().enumerate() {
                     let p = s.start_pos + i as u32;
-                    self.kv.insert(slot(p), (p, t));
+                    let origin = self.origin(s.prompt_len, p);
+                    self.kv.insert(slot(p), (p, t, origin));
                 }
                 let first = s.tokens.len() - s.n_draft - 1;
                 (0..s.tokens.len())
@@ -43,12 +64,13 @@ impl FakeModel {
                         let last = s.start_pos + j as u32 + 1;
                         let mut h: u64 = 1469598103934665603;
                         for p in 0..last {
-                            let (pos, tok) = self.kv[&slot(p)];
+                            let (pos, tok, origin) = self.kv[&slot(p)];
                             assert_eq!(
                                 pos, p,
                                 "slot for position {p} holds position {pos}: wrong block served"
                             );
                             h = (h ^ tok as u64).wrapping_mul(1099511628211);
+                            h = (h ^ origin as u64).wrapping_mul(1099511628211);
                         }
                         // Mostly a pure function of the last token (so n-gram drafts often hit),
                         // sometimes of the whole prefix.
@@ -259,8 +281,8 @@ fn simulate_observed(
     picks: bool,
     mut observe: impl FnMut(&StepPlan, &[Option<RequestId>]),
 ) -> Vec<(Vec<u32>, FinishReason)> {
+    let mut model = FakeModel::new(&cfg);
     let mut s = Scheduler::new(cfg);
-    let mut model = FakeModel { kv: HashMap::new() };
     let mut ids: Vec<Option<RequestId>> = vec![None; arrivals.len()];
     let mut steps_alive: Vec<usize> = vec![0; arrivals.len()];
     for step in 0..2000 {
@@ -329,6 +351,7 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         prefix_caching: caching,
         reuse_marked_only: false,
         model_id: 9,
+        prompt_classes: Vec::new(),
         draft: None,
         state_slots: None,
     }
@@ -413,10 +436,19 @@ proptest! {
         budget in 3usize..24,
         max_seqs in 1usize..5,
         draft_len in 0usize..6,
+        classed in prop::bool::ANY,
     ) {
+        // With prompt classes, rows computed from different origins hold different numbers:
+        // a cached block must serve only requests that would compute the same ones.
+        let classes = |mut c: SchedulerConfig| {
+            if classed {
+                c.prompt_classes = vec![3, 6];
+            }
+            c
+        };
         // Reference: ample memory, no cache, no cancellations, no speculation.
-        let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
-        let c = with_drafts(cfg(n_blocks, caching, budget, max_seqs), draft_len);
+        let reference = simulate(&arrivals, classes(cfg(512, false, 64, 8)), false);
+        let c = classes(with_drafts(cfg(n_blocks, caching, budget, max_seqs), draft_len));
         let constrained = simulate(&arrivals, c, true);
         for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
             let (got, reason) = &constrained[i];
@@ -507,7 +539,7 @@ fn exhausted_kv_preempts_the_newest_and_everything_completes() {
         .map(|i| Arrival::new(0, vec![i, 1, 2, 3, 4, 5], 9, false, 0))
         .collect();
     let mut s = Scheduler::new(cfg(6, true, 32, 4));
-    let mut model = FakeModel { kv: HashMap::new() };
+    let mut model = FakeModel::new(s.config());
     let ids: Vec<_> = arrivals
         .iter()
         .map(|a| {
@@ -545,7 +577,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
     let prompt: Vec<u32> = (0..24).map(|i| [3u32, 5, 7, 2][i % 4]).collect();
     let run = |c: SchedulerConfig| {
         let mut s = Scheduler::new(c);
-        let mut model = FakeModel { kv: HashMap::new() };
+        let mut model = FakeModel::new(s.config());
         let id = s
             .add(RequestSpec {
                 prompt: prompt.clone(),
@@ -580,6 +612,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             prefix_caching: false,
             reuse_marked_only: false,
             model_id: 1,
+            prompt_classes: Vec::new(),
             draft: None,
             state_slots: None,
         };
@@ -642,7 +675,7 @@ fn marked_only_prefix_reuse_stops_at_the_last_marked_block() {
     let mut c = cfg(32, true, 64, 4);
     c.reuse_marked_only = true;
     let mut s = Scheduler::new(c);
-    let mut model = FakeModel { kv: HashMap::new() };
+    let mut model = FakeModel::new(s.config());
     let prompt: Vec<u32> = (0..17).map(|i| i % 10).collect();
     // Nothing marked: nothing reused. Then the prefix of 2 blocks marked: reuse stops there,
     // although all 4 full blocks are cached.
@@ -661,7 +694,7 @@ fn marked_only_prefix_reuse_stops_at_the_last_marked_block() {
 #[test]
 fn prefix_reuse_skips_cached_blocks() {
     let mut s = Scheduler::new(cfg(32, true, 64, 4));
-    let mut model = FakeModel { kv: HashMap::new() };
+    let mut model = FakeModel::new(s.config());
     let prompt: Vec<u32> = (0..17).map(|i| i % 10).collect();
     let (a_computed, a_out, a_cached) = run_one(&mut s, &mut model, &prompt, None);
     let (b_computed, b_out, b_cached) = run_one(&mut s, &mut model, &prompt, None);
@@ -669,6 +702,36 @@ fn prefix_reuse_skips_cached_blocks() {
     // 17 tokens = 4 full blocks + 1; all 4 full blocks are reused, only the last token is computed.
     assert_eq!((b_computed, b_cached), (1, 16));
     assert_eq!(a_out, b_out);
+}
+
+/// With prompt classes (an engine that computes prompt rows by their prompt's length and
+/// generated rows otherwise), a cached block serves only a request that computes its positions
+/// from the same origin: the same prompt class, and prompt positions where it had prompt positions.
+#[test]
+fn prefix_reuse_follows_the_rows_origin() {
+    let mut c = cfg(32, true, 64, 4);
+    c.prompt_classes = vec![8];
+    let mut s = Scheduler::new(c);
+    let mut model = FakeModel::new(s.config());
+    // 15 prompt tokens (class 1) and 2 generated: block 3 holds 3 prompt positions and the
+    // first generated token.
+    let prompt: Vec<u32> = (0..15).map(|i| i % 10).collect();
+    let (_, a_out, a_cached) = run_one(&mut s, &mut model, &prompt, None);
+    assert_eq!(a_cached, 0);
+    // The same prompt: its 3 full blocks come from the cache.
+    let (computed, out, cached) = run_one(&mut s, &mut model, &prompt, None);
+    assert_eq!((computed, cached), (3, 12));
+    assert_eq!(out, a_out);
+    // A prompt of 7 tokens (class 0) computes its first block otherwise: nothing is reused.
+    let (computed, _, cached) = run_one(&mut s, &mut model, &prompt[..7], None);
+    assert_eq!((computed, cached), (7, 0));
+    // The next turn (prompt, output): the block that held a generated row is computed again as
+    // a prompt row.
+    let mut turn = prompt.clone();
+    turn.extend(&a_out);
+    let (computed, _, cached) = run_one(&mut s, &mut model, &turn, None);
+    assert_eq!((computed, cached), (5, 12));
+    s.check().unwrap();
 }
 
 /// Arrivals whose prompts are paths of the toy automaton (so n-gram drafts follow it and often

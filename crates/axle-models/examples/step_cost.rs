@@ -35,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         r.step(&[SeqInput {
             tokens: toks[..ctx].to_vec(),
             start_pos: 0,
+            prompt_len: ctx as u32,
             block_table: table.clone(),
             logits: LogitRows::Last,
             pick: false,
@@ -45,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let inp = |k: usize| SeqInput {
         tokens: toks[ctx..ctx + k + 1].to_vec(),
         start_pos: ctx as u32,
+        prompt_len: ctx as u32,
         block_table: table.clone(),
         logits: LogitRows::for_drafts(k),
         pick: false,

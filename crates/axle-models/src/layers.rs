@@ -44,14 +44,14 @@ pub struct Step<'a> {
     /// (cache layer, K write, V write) of each cache layer written so far this step: layers that
     /// share an earlier layer's KV ([`Step::attend`]) read it through these.
     pub kv_written: Vec<(usize, Tensor<'a>, Tensor<'a>)>,
-    /// (first row, rows) of each attention op: rows are split so that every sequence gets the
-    /// same attention kernel whatever else is in the batch.
-    pub attn_groups: Vec<(i64, i64)>,
-    /// [`HostKernels::Tiled`] in force: attention groups of fewer than 64 rows run
-    /// [`axle_ggml::Context::flash_attn_rows`] (the arithmetic of ggml's tiled kernel, which
-    /// wider groups take), and K-quant products of fewer than 8 columns
-    /// [`axle_ggml::Context::mul_mat_tiled_columns`].
-    pub host_tiled: bool,
+    /// The attention ops of a host step: rows are split so that every row gets the same
+    /// attention arithmetic whatever else is in the batch.
+    pub attn_groups: Vec<AttnGroup>,
+    /// Host steps: which of the step's columns take the tiled kernels' product arithmetic (see
+    /// [`RowArithmetic`]); empty where none does.
+    pub tiled_columns: Vec<bool>,
+    /// The same for the output rows (the columns of products after the output rows are picked).
+    pub tiled_out_columns: Vec<bool>,
     /// Kernel choice.
     pub kernels: Kernels,
     /// The recurrent state of the step's sequences (models with linear-attention layers).
@@ -81,15 +81,24 @@ pub enum Kernels {
     LikeLlamaCpp,
 }
 
-/// The arithmetic of host (CPU) rows under [`Kernels::BatchInvariant`]: both keep a row's numbers
-/// independent of the step; they differ in which of ggml's kernels they share with libllama.
+/// The arithmetic of host (CPU) rows under [`Kernels::BatchInvariant`]: each keeps a row's
+/// numbers independent of the step; they differ in which of ggml's kernels a row shares with
+/// libllama.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HostKernels {
-    /// The arithmetic libllama decodes with: attention in ops under the tiled kernel's 64 rows
-    /// (ggml's one-pass kernel), K-quant products through the per-column dot product (in slices
-    /// of 4 columns). Greedy output follows libllama's; prefill pays for it (ops of at most 63
-    /// rows, no tiled K-quant GEMM).
+    /// A row's arithmetic follows its origin, as libllama's does: rows of a prompt of 64 tokens
+    /// or more take the tiled kernels' arithmetic (libllama prefills such a prompt with ggml's
+    /// tiled attention and tiled K-quant GEMM), prompts of 8 to 63 tokens the tiled products and
+    /// one-pass attention, generated rows (decode, verify) the compatible arithmetic libllama
+    /// decodes with. Prefill then runs at libllama's speed and greedy output follows libllama's.
+    /// A row's numbers depend on its request alone (its prompt's length and whether it was
+    /// generated); the prefix cache keys blocks by origin ([`HostKernels::prompt_classes`]).
     #[default]
+    Origin,
+    /// The arithmetic libllama decodes with, for every row: attention in ops under the tiled
+    /// kernel's 64 rows (ggml's one-pass kernel), K-quant products through the per-column dot
+    /// product (in slices of 4 columns). Prefill pays for it (ops of at most 63 rows, no tiled
+    /// K-quant GEMM).
     Compatible,
     /// The arithmetic of ggml's tiled kernels for every row: prefill chunks run ggml's tiled
     /// attention and tiled K-quant GEMM (libllama's prefill speed), decode and verify rows get
@@ -99,16 +108,64 @@ pub enum HostKernels {
     Tiled,
 }
 
+/// Which of the tiled kernels' arithmetic a host row takes (see [`HostKernels`]); the rest of the
+/// row takes the compatible arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RowArithmetic {
+    /// Attention with ggml's tiled kernel's arithmetic (otherwise its one-pass kernel's).
+    pub tiled_attention: bool,
+    /// K-quant products with ggml's tiled GEMM's arithmetic (otherwise its dot product's).
+    pub tiled_products: bool,
+}
+
+/// Prompt length from which libllama prefills a K-quant product with ggml's tiled GEMM.
+const ORIGIN_TILED_PRODUCTS: u32 = tiled_columns::TILED_COLS as u32;
+/// Prompt length from which libllama prefills attention with ggml's tiled kernel.
+const ORIGIN_TILED_ATTENTION: u32 = TILED_ROWS as u32;
+
+impl HostKernels {
+    /// The arithmetic of the row at position `pos` of a request whose prompt is `prompt_len`
+    /// tokens (positions from `prompt_len` on were generated).
+    pub fn row(self, prompt_len: u32, pos: u32) -> RowArithmetic {
+        match self {
+            HostKernels::Compatible => RowArithmetic::default(),
+            HostKernels::Tiled => RowArithmetic {
+                tiled_attention: true,
+                tiled_products: true,
+            },
+            HostKernels::Origin if pos >= prompt_len => RowArithmetic::default(),
+            HostKernels::Origin => RowArithmetic {
+                tiled_attention: prompt_len >= ORIGIN_TILED_ATTENTION,
+                tiled_products: prompt_len >= ORIGIN_TILED_PRODUCTS,
+            },
+        }
+    }
+
+    /// The prompt lengths at which a prompt row's arithmetic changes, for the scheduler's prefix
+    /// cache (`axle_core::SchedulerConfig::prompt_classes`); empty where a row's arithmetic does
+    /// not depend on its origin.
+    pub fn prompt_classes(self) -> Vec<usize> {
+        match self {
+            HostKernels::Origin => vec![
+                ORIGIN_TILED_PRODUCTS as usize,
+                ORIGIN_TILED_ATTENTION as usize,
+            ],
+            HostKernels::Compatible | HostKernels::Tiled => Vec::new(),
+        }
+    }
+}
+
 impl std::str::FromStr for HostKernels {
     type Err = String;
 
-    /// `compatible` or `tiled` (the names of the CLI's `--host-kernels`).
+    /// `origin`, `compatible` or `tiled` (the names of the CLI's `--host-kernels`).
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "origin" => Ok(HostKernels::Origin),
             "compatible" => Ok(HostKernels::Compatible),
             "tiled" => Ok(HostKernels::Tiled),
             other => Err(format!(
-                "host kernels are compatible or tiled, not {other:?}"
+                "host kernels are origin, compatible or tiled, not {other:?}"
             )),
         }
     }
@@ -117,10 +174,25 @@ impl std::str::FromStr for HostKernels {
 impl std::fmt::Display for HostKernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            HostKernels::Origin => "origin",
             HostKernels::Compatible => "compatible",
             HostKernels::Tiled => "tiled",
         })
     }
+}
+
+/// One attention op of a host step: `rows` rows from `first`, all with the same attention
+/// arithmetic. A tiled group of 64 rows or more is one sequence's run (ggml's tiled kernel); a
+/// narrower one runs [`axle_ggml::Context::flash_attn_rows`]; a one-pass group stays under 64
+/// rows (ggml's one-pass kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttnGroup {
+    /// First row.
+    pub first: i64,
+    /// Rows.
+    pub rows: i64,
+    /// The tiled kernel's arithmetic.
+    pub tiled: bool,
 }
 
 /// Columns per K-quant matrix product where the tiled-columns op does not cover the type (below
@@ -223,19 +295,50 @@ impl<'a> Step<'a> {
         {
             return g.mul_mat(w_t, x);
         }
-        if self.host_tiled && tiled_columns::covers(w_t) {
+        let tiled: &[bool] = if n == self.n_tokens {
+            &self.tiled_columns
+        } else if n == self.out_ids.ne()[0] {
+            &self.tiled_out_columns
+        } else {
+            &[]
+        };
+        if !tiled.iter().any(|&t| t) || !tiled_columns::covers(w_t) {
+            return self.host_product(w_t, x, false);
+        }
+        // Runs of columns with one arithmetic each.
+        let mut pieces = Vec::new();
+        let mut first = 0;
+        while first < n {
+            let t = tiled[first as usize];
+            let cols = tiled[first as usize..]
+                .iter()
+                .take_while(|&&c| c == t)
+                .count() as i64;
+            pieces.push(self.host_product(w_t, columns(g, x, first, cols), t));
+            first += cols;
+        }
+        concat_all(g, pieces, 1)
+    }
+
+    /// A batch-invariant K-quant product of host columns `x`: with the tiled GEMM's arithmetic
+    /// (`tiled`, for weights [`tiled_columns::covers`]) or the dot product's.
+    fn host_product(&self, w: Tensor<'a>, x: Tensor<'a>, tiled: bool) -> Tensor<'a> {
+        let g = self.ctx;
+        let n = x.ne()[1];
+        if tiled {
             if n >= tiled_columns::TILED_COLS {
-                return g.mul_mat(w_t, x);
+                return g.mul_mat(w, x);
             }
-            // Always applies here: the weight is covered and x is a plain activation.
-            if let Some(y) = g.mul_mat_tiled_columns(w_t, x) {
+            // Always applies here: the weight is covered and x holds plain activation columns.
+            if let Some(y) = g.mul_mat_tiled_columns(w, x) {
                 return y;
             }
+            unreachable!("tiled columns are asked only of weights the op covers");
         }
         if n < tiled_columns::TILED_COLS {
-            return g.mul_mat(w_t, x);
+            return g.mul_mat(w, x);
         }
-        self.mul_mat_grouped(w_t, x, MATMUL_SLICE)
+        self.mul_mat_grouped(w, x, MATMUL_SLICE)
     }
 
     /// `w @ x` for a float weight in host memory and fewer than [`FLOAT_MIN_COLS`] columns of
@@ -518,15 +621,19 @@ impl<'a> Step<'a> {
             return self.attention_device(d, q, ks, vs, spec, sinks);
         }
         let invariant = self.kernels == Kernels::BatchInvariant;
-        let whole = [(0, n)];
-        let groups: &[(i64, i64)] = if !invariant || self.attn_groups.is_empty() {
+        let whole = [AttnGroup {
+            first: 0,
+            rows: n,
+            tiled: false,
+        }];
+        let groups: &[AttnGroup] = if !invariant || self.attn_groups.is_empty() {
             &whole
         } else {
             &self.attn_groups
         };
-        let rows_op = |rows: i64| self.host_tiled && rows < TILED_ROWS;
+        let rows_op = |a: &AttnGroup| a.tiled && a.rows < TILED_ROWS;
         // The row op reads scattered slots itself; ggml's kernel needs them gathered.
-        let read_scattered = self.kv_ids.is_some() && groups.iter().all(|&(_, r)| rows_op(r));
+        let read_scattered = self.kv_ids.is_some() && groups.iter().all(rows_op);
         let cache_view = |cache: Tensor<'a>, d: i64, slots: i64| {
             g.view(
                 cache,
@@ -585,7 +692,8 @@ impl<'a> Step<'a> {
         // on its own sequence's rows, not on the whole batch's.
         let width = spec.head_dim_v * spec.n_head;
         let mut out: Option<Tensor<'a>> = None;
-        for &(first, rows) in groups {
+        for group in groups {
+            let (first, rows) = (group.first, group.rows);
             let (qg, mg) = if (first, rows) == (0, n) {
                 (q, mask)
             } else {
@@ -601,7 +709,7 @@ impl<'a> Step<'a> {
                     g.view(mask, &[self.n_kv, rows], &[mn[1]], first as usize * mn[1]),
                 )
             };
-            if rows_op(rows) {
+            if rows_op(group) {
                 let ids = self.kv_ids.filter(|_| read_scattered);
                 let o = g
                     .flash_attn_rows(RowAttention {

@@ -5,7 +5,7 @@
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
 use crate::device_step::{self, DeviceProducts, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
-use crate::layers::{HostKernels, Kernels, Step};
+use crate::layers::{AttnGroup, HostKernels, Kernels, RowArithmetic, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::stacked_attention::{self, StackKey, StackTable};
@@ -63,6 +63,10 @@ pub struct SeqInput {
     pub tokens: Vec<TokenId>,
     /// Position of the first token (= tokens already in the KV cache for this sequence).
     pub start_pos: u32,
+    /// Length of the request's prompt: positions before it are prompt rows, later ones were
+    /// generated. With [`HostKernels::Origin`] a row's arithmetic follows it (see
+    /// [`HostKernels::row`]); other kernel choices ignore it.
+    pub prompt_len: u32,
     /// Physical block of each logical block of the sequence; must cover every position up to the
     /// last token of this step.
     pub block_table: Vec<u32>,
@@ -201,7 +205,7 @@ impl Default for RunnerOptions {
             state_snapshots: 1,
             state_saved: 0,
             stacked_rows: true,
-            host_kernels: HostKernels::Compatible,
+            host_kernels: HostKernels::default(),
         }
     }
 }
@@ -293,10 +297,11 @@ pub struct Runner {
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
-    /// [`HostKernels::Tiled`] in force, with batch-invariant kernels (refused where the row
-    /// attention op does not reproduce this build's ggml or steps take the device layout): host
-    /// rows run with the tiled kernels' arithmetic (see [`attention_groups`]).
-    host_tiled: bool,
+    /// The host kernels in force with batch-invariant kernels and the host layout (see
+    /// [`HostKernels`]): `Tiled` is refused where the row attention op does not reproduce this
+    /// build's ggml or steps take the device layout; `Origin` then takes the compatible
+    /// arithmetic for every row. `None`: no host arithmetic to choose.
+    host_kernels: Option<HostKernels>,
 }
 
 #[derive(Debug, Default)]
@@ -312,6 +317,8 @@ struct HostInputs {
     rows: Vec<(usize, usize)>,
     /// Whether each row's sequence asked for picks.
     row_picks: Vec<bool>,
+    /// Each row's arithmetic (host layout).
+    arith: Vec<RowArithmetic>,
     /// The step's device layout (see [`device_step`]), when it has one.
     device: Option<DeviceStep>,
     /// Recurrent models: each sequence's rows and the pool rows to read and write.
@@ -423,6 +430,7 @@ impl Runner {
                 kv_bufts.push(b);
             }
         }
+        let device_layout = opts.force_device_layout || kv.on_device();
         let host_tiled =
             opts.kernels == Kernels::BatchInvariant && opts.host_kernels == HostKernels::Tiled;
         if host_tiled && !axle_ggml::row_attention::supported() {
@@ -432,15 +440,22 @@ impl Runner {
                     .into(),
             ));
         }
-        if host_tiled && (opts.force_device_layout || kv.on_device()) {
+        if host_tiled && device_layout {
             return Err(ModelError::Invalid(
                 "tiled host kernels are a choice for models whose KV lies in host memory; this one has \
                  layers on accelerators, whose steps take the device layout"
                     .into(),
             ));
         }
+        let host_kernels = match opts.host_kernels {
+            _ if opts.kernels != Kernels::BatchInvariant || device_layout => None,
+            HostKernels::Origin if !axle_ggml::row_attention::supported() => {
+                Some(HostKernels::Compatible)
+            }
+            k => Some(k),
+        };
         Ok(Runner {
-            host_tiled,
+            host_kernels,
             products,
             stacking,
             kv_bufts,
@@ -514,6 +529,7 @@ impl Runner {
         h.out_ids.clear();
         h.rows.clear();
         h.row_picks.clear();
+        h.arith.clear();
         // Each sequence's visible slots in logical order. When they ascend for every sequence,
         // attention reads a prefix of the cache and the mask picks each row's slots; a row then
         // visits its tokens in logical order. When some sequence's blocks lie out of order (after
@@ -561,6 +577,9 @@ impl Runner {
                 h.tokens.push(t as i32);
                 h.pos.push(p as i32);
                 h.slots.push(visible[si][p as usize] as i64);
+                if let Some(k) = self.host_kernels {
+                    h.arith.push(k.row(s.prompt_len, p));
+                }
                 if s.logits.wants(ti, s.tokens.len()) {
                     h.out_ids.push(h.tokens.len() as i32 - 1);
                     h.rows.push((si, ti));
@@ -621,7 +640,7 @@ impl Runner {
         // depend on where its keys fall in tiles of 64 columns: every sequence's position 0 must
         // start a tile, its positions in consecutive columns. With the one-pass kernel only the
         // order of a row's keys matters.
-        let tiled = self.host_tiled;
+        let tiled = h.arith.iter().any(|a| a.tiled_attention);
         let ascending = if tiled {
             visible.iter().all(|v| {
                 v.first().is_none_or(|&b| {
@@ -715,6 +734,15 @@ impl Runner {
         }
     }
 
+    /// The prompt lengths at which this runner's arithmetic for prompt rows changes (see
+    /// [`HostKernels::prompt_classes`]): the engine's prefix cache keys blocks with them. Empty
+    /// where a row's arithmetic does not depend on its origin.
+    pub fn prompt_classes(&self) -> Vec<usize> {
+        self.host_kernels
+            .map(HostKernels::prompt_classes)
+            .unwrap_or_default()
+    }
+
     /// Runs one step and returns the requested logits.
     ///
     /// A graph depends only on the step's shape (tokens, visible slots, output rows), so when a step
@@ -737,10 +765,17 @@ impl Runner {
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
             groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(seqs.iter().map(|s| s.tokens.len()), !self.host_tiled)
+                attention_groups(&self.host.arith, seqs.iter().map(|s| s.tokens.len()))
             } else {
                 Vec::new()
             },
+            tiled_columns: tiled_columns(self.host.arith.iter()),
+            tiled_out_columns: tiled_columns(
+                self.host
+                    .out_ids
+                    .iter()
+                    .filter_map(|&r| self.host.arith.get(r as usize)),
+            ),
             state: self.host.state_seqs.clone(),
         };
         let t_prepared = std::time::Instant::now();
@@ -989,7 +1024,8 @@ impl Runner {
                     ),
                 }),
                 attn_groups: key.groups.clone(),
-                host_tiled: self.host_tiled,
+                tiled_columns: key.tiled_columns.clone(),
+                tiled_out_columns: key.tiled_out_columns.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),
@@ -1123,50 +1159,80 @@ const KV_TILE: u32 = axle_ggml::row_attention::KV_TILE as u32;
 
 /// Splits the batch's rows into attention groups so that every row gets the same attention
 /// arithmetic whatever else shares its op (ggml picks its CPU kernel by the number of query rows
-/// in the op). Short sequences share ops while their total stays below `FA_TILE_ROWS`.
+/// in the op). `arith` gives each row's arithmetic (empty: compatible for every row), `lens` each
+/// sequence's rows; a sequence's rows split into runs of one arithmetic (a recomputed sequence's
+/// prompt rows, then its generated rows).
 ///
-/// With [`HostKernels::Tiled`] (`cut_long` false) a longer run of one sequence (a prefill chunk) is one op
-/// of its own, which ggml's tiled kernel runs at full speed, and the other ops run
-/// [`axle_ggml::Context::flash_attn_rows`], which gives each row the tiled kernel's numbers. In
-/// the tiled kernel a row's numbers depend only on its own keys, laid out in tiles from its
-/// sequence's position 0 (which the step layout guarantees), so a position's attention output
-/// does not depend on how its prompt was split into steps: a cold prefill, a prefill after a
-/// cached prefix, a recomputation after preemption and a decode step give it the same numbers.
+/// A run with the tiled kernel's arithmetic of `FA_TILE_ROWS` rows or more (a prefill chunk) is
+/// one op of its own, which ggml's tiled kernel runs at full speed; shorter tiled runs share ops
+/// of fewer than `FA_TILE_ROWS` rows, which run [`axle_ggml::Context::flash_attn_rows`] (the
+/// tiled kernel's numbers). In the tiled kernel a row's numbers depend only on its own keys, laid
+/// out in tiles from its sequence's position 0 (which the step layout guarantees), so a
+/// position's attention output does not depend on how its prompt was split into steps: a cold
+/// prefill, a prefill after a cached prefix, a recomputation after preemption and a decode step
+/// give it the same numbers.
 ///
-/// With [`HostKernels::Compatible`] (the default, or where the row op does not reproduce this
-/// build's ggml; `cut_long`) a long run is cut into ops of `FA_TILE_ROWS - 1` rows, so that every
-/// op takes ggml's one-pass kernel (the one libllama decodes with), which computes each row on
-/// its own too (its keys in order, masked slots skipped), at a cost that grows with the prompt.
-fn attention_groups(lens: impl IntoIterator<Item = usize>, cut_long: bool) -> Vec<(i64, i64)> {
+/// A run with the one-pass arithmetic is cut into ops of `FA_TILE_ROWS - 1` rows, and short runs
+/// share such ops, so that every op takes ggml's one-pass kernel (the one libllama decodes with),
+/// which computes each row on its own too (its keys in order, masked slots skipped), at a cost
+/// that grows with the run.
+fn attention_groups(
+    arith: &[RowArithmetic],
+    lens: impl IntoIterator<Item = usize>,
+) -> Vec<AttnGroup> {
     const MOST: i64 = FA_TILE_ROWS as i64 - 1;
-    let mut groups: Vec<(i64, i64)> = Vec::new();
+    let tiled_at = |row: i64| arith.get(row as usize).is_some_and(|a| a.tiled_attention);
+    let mut groups: Vec<AttnGroup> = Vec::new();
     let mut row = 0i64;
     let mut open: Option<usize> = None;
-    for n in lens {
-        let n = n as i64;
-        if n > MOST {
-            let piece = if cut_long { MOST } else { n };
-            let mut first = row;
-            while first < row + n {
-                let rows = piece.min(row + n - first);
-                groups.push((first, rows));
-                first += rows;
-            }
-            open = None;
-        } else {
-            match open {
-                Some(g) if groups[g].1 + n <= MOST && groups[g].0 + groups[g].1 == row => {
-                    groups[g].1 += n
+    for len in lens {
+        let end = row + len as i64;
+        while row < end {
+            let tiled = tiled_at(row);
+            let n = (row..end).take_while(|&r| tiled_at(r) == tiled).count() as i64;
+            if n > MOST {
+                let piece = if tiled { n } else { MOST };
+                let mut first = row;
+                while first < row + n {
+                    let rows = piece.min(row + n - first);
+                    groups.push(AttnGroup { first, rows, tiled });
+                    first += rows;
                 }
-                _ => {
-                    groups.push((row, n));
-                    open = Some(groups.len() - 1);
+                open = None;
+            } else {
+                match open {
+                    Some(g)
+                        if groups[g].tiled == tiled
+                            && groups[g].rows + n <= MOST
+                            && groups[g].first + groups[g].rows == row =>
+                    {
+                        groups[g].rows += n
+                    }
+                    _ => {
+                        groups.push(AttnGroup {
+                            first: row,
+                            rows: n,
+                            tiled,
+                        });
+                        open = Some(groups.len() - 1);
+                    }
                 }
             }
+            row += n;
         }
-        row += n;
     }
     groups
+}
+
+/// Which of `rows` take the tiled product arithmetic; empty where none does (the product then
+/// takes one path).
+fn tiled_columns<'r>(rows: impl Iterator<Item = &'r RowArithmetic>) -> Vec<bool> {
+    let cols: Vec<bool> = rows.map(|a| a.tiled_products).collect();
+    if cols.iter().any(|&t| t) {
+        cols
+    } else {
+        Vec::new()
+    }
 }
 
 /// A built graph kept for its step shape.
@@ -1219,8 +1285,12 @@ struct GraphKey {
     gathered: bool,
     /// The device layout, when steps have one.
     device: Option<DeviceStep>,
-    /// (first row, rows) of each attention op.
-    groups: Vec<(i64, i64)>,
+    /// The attention ops of a host step.
+    groups: Vec<AttnGroup>,
+    /// Which columns take the tiled product arithmetic (empty: none).
+    tiled_columns: Vec<bool>,
+    /// The same for the output rows.
+    tiled_out_columns: Vec<bool>,
     /// Recurrent models: each sequence's rows and kept states.
     state: Vec<StateSeq>,
 }
@@ -1240,42 +1310,101 @@ mod kv_budget_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::attention_groups;
+    use super::{attention_groups, AttnGroup};
+    use crate::layers::RowArithmetic;
+
+    /// Groups as (first, rows, tiled) of sequences of `lens` rows, every row with the tiled
+    /// attention arithmetic or none.
+    fn groups(lens: &[usize], tiled: bool) -> Vec<(i64, i64, bool)> {
+        let arith = vec![
+            RowArithmetic {
+                tiled_attention: tiled,
+                tiled_products: tiled,
+            };
+            lens.iter().sum()
+        ];
+        flat(attention_groups(&arith, lens.iter().copied()))
+    }
+
+    fn flat(groups: Vec<AttnGroup>) -> Vec<(i64, i64, bool)> {
+        groups.iter().map(|g| (g.first, g.rows, g.tiled)).collect()
+    }
 
     #[test]
-    fn attention_groups_keep_long_runs_whole_with_tiled_host_kernels() {
-        assert_eq!(attention_groups([1, 1, 5], false), vec![(0, 7)]);
+    fn attention_groups_keep_long_tiled_runs_whole() {
+        assert_eq!(groups(&[1, 1, 5], true), vec![(0, 7, true)]);
         assert_eq!(
-            attention_groups([3, 130, 2], false),
-            vec![(0, 3), (3, 130), (133, 2)]
+            groups(&[3, 130, 2], true),
+            vec![(0, 3, true), (3, 130, true), (133, 2, true)]
         );
-        assert_eq!(attention_groups([64], false), vec![(0, 64)]);
-        assert_eq!(attention_groups([40, 23, 1], false), vec![(0, 63), (63, 1)]);
+        assert_eq!(groups(&[64], true), vec![(0, 64, true)]);
+        assert_eq!(
+            groups(&[40, 23, 1], true),
+            vec![(0, 63, true), (63, 1, true)]
+        );
     }
 
     #[test]
     fn attention_groups_stay_under_the_tiled_kernel() {
         // Short sequences share ops while they stay under 64 rows.
-        assert_eq!(attention_groups([1, 1, 5], true), vec![(0, 7)]);
-        assert_eq!(attention_groups([40, 23, 1], true), vec![(0, 63), (63, 1)]);
+        assert_eq!(groups(&[1, 1, 5], false), vec![(0, 7, false)]);
+        assert_eq!(
+            groups(&[40, 23, 1], false),
+            vec![(0, 63, false), (63, 1, false)]
+        );
         // A long run of one sequence is cut into ops of 63 rows, and a short sequence after it
         // starts a new op.
         assert_eq!(
-            attention_groups([3, 130, 2], true),
-            vec![(0, 3), (3, 63), (66, 63), (129, 4), (133, 2)]
+            groups(&[3, 130, 2], false),
+            vec![
+                (0, 3, false),
+                (3, 63, false),
+                (66, 63, false),
+                (129, 4, false),
+                (133, 2, false)
+            ]
         );
-        assert_eq!(attention_groups([63], true), vec![(0, 63)]);
-        assert_eq!(attention_groups([64], true), vec![(0, 63), (63, 1)]);
+        assert_eq!(groups(&[63], false), vec![(0, 63, false)]);
+        assert_eq!(groups(&[64], false), vec![(0, 63, false), (63, 1, false)]);
         for lens in [vec![496], vec![1, 1, 400, 7, 90]] {
-            let groups = attention_groups(lens.iter().copied(), true);
-            assert!(groups.iter().all(|&(_, r)| (1..64).contains(&r)));
+            let groups = groups(&lens, false);
+            assert!(groups.iter().all(|&(_, r, _)| (1..64).contains(&r)));
             // The groups tile the rows in order.
             let mut row = 0;
-            for &(first, rows) in &groups {
+            for &(first, rows, _) in &groups {
                 assert_eq!(first, row);
                 row += rows;
             }
             assert_eq!(row as usize, lens.iter().sum::<usize>());
         }
+    }
+
+    #[test]
+    fn attention_groups_split_rows_by_arithmetic() {
+        let tiled = RowArithmetic {
+            tiled_attention: true,
+            tiled_products: true,
+        };
+        let one_pass = RowArithmetic::default();
+        // A decode row, a prompt chunk of 100 tiled rows, a recomputed sequence of 70 tiled
+        // prompt rows and 3 generated rows, two decode rows.
+        let mut arith = vec![one_pass];
+        arith.extend(vec![tiled; 170]);
+        arith.extend(vec![one_pass; 5]);
+        assert_eq!(
+            flat(attention_groups(&arith, [1, 100, 73, 1, 1])),
+            vec![
+                (0, 1, false),
+                (1, 100, true),
+                (101, 70, true),
+                (171, 5, false)
+            ]
+        );
+        // Short tiled and one-pass runs never share an op.
+        let arith = [tiled, tiled, one_pass, tiled];
+        assert_eq!(
+            flat(attention_groups(&arith, [2, 1, 1])),
+            vec![(0, 2, true), (2, 1, false), (3, 1, true)]
+        );
     }
 }

@@ -13,6 +13,9 @@ pub struct Sequence {
     /// Recurrent models: which kept state the next step starts from (tokens dropped by
     /// [`Sequence::truncate`] since the last step).
     state_from: u32,
+    /// The prompt: what the first feed into the empty sequence ran. Later tokens are generated
+    /// rows (see [`SeqInput::prompt_len`]).
+    prompt_len: u32,
 }
 
 impl Sequence {
@@ -22,6 +25,7 @@ impl Sequence {
             tokens: Vec::new(),
             table: (0..runner.n_blocks()).collect(),
             state_from: 0,
+            prompt_len: 0,
         }
     }
 
@@ -55,6 +59,9 @@ impl Sequence {
         if tokens.is_empty() {
             return Err(ModelError::Batch("nothing to feed".into()));
         }
+        if self.tokens.is_empty() {
+            self.prompt_len = tokens.len() as u32;
+        }
         let chunk = runner.options().max_batch_tokens;
         let mut last = Vec::new();
         let n_chunks = tokens.len().div_ceil(chunk);
@@ -62,6 +69,7 @@ impl Sequence {
             let input = SeqInput {
                 tokens: c.to_vec(),
                 start_pos: self.tokens.len() as u32,
+                prompt_len: self.prompt_len,
                 block_table: self.table.clone(),
                 logits: if i + 1 == n_chunks {
                     LogitRows::Last
@@ -96,9 +104,13 @@ impl Sequence {
                 limit,
             });
         }
+        if self.tokens.is_empty() {
+            self.prompt_len = tokens.len() as u32;
+        }
         let input = SeqInput {
             tokens: tokens.to_vec(),
             start_pos: self.tokens.len() as u32,
+            prompt_len: self.prompt_len,
             block_table: self.table.clone(),
             logits: LogitRows::All,
             pick: false,

@@ -43,6 +43,7 @@ fn batched_logits_equal_libllama_batched_logits() {
         .map(|(p, t)| SeqInput {
             tokens: p.clone(),
             start_pos: 0,
+            prompt_len: p.len() as u32,
             block_table: t.clone(),
             logits: LogitRows::Last,
             pick: false,
@@ -78,6 +79,7 @@ fn batched_logits_equal_libllama_batched_logits() {
             *inp = SeqInput {
                 tokens: vec![next],
                 start_pos: pos[s],
+                prompt_len: prompts[s].len() as u32,
                 block_table: tables[s].clone(),
                 logits: LogitRows::Last,
                 pick: false,

@@ -61,21 +61,13 @@ fixture_tests! {
 /// is checked against it), and must differ from full attention over the whole prompt.
 #[test]
 fn sliding_window_matches_truncated_full_attention() {
-    use axle_ggml::oracle::{LlamaOracle, OracleOptions};
     use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
     use std::sync::Arc;
     let path = common::fixture("mistral-swa-tiny.gguf");
     let model = Arc::new(Model::load(&path, &ModelOptions::cpu_repacked(2)).unwrap());
     assert_eq!(model.family().sliding_window(), Some(16));
     let mut runner = Runner::new(model.clone(), RunnerOptions::like_llama_cpp(1024)).unwrap();
-    let mut oracle = LlamaOracle::load(
-        &path,
-        &OracleOptions {
-            n_ctx: 1024,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut oracle = common::oracle(&path, 1024);
     let long: Vec<String> = common::prompts()
         .into_iter()
         .filter(|p| model.tokenizer.encode(p, true, false).len() > 16)

@@ -63,11 +63,19 @@ fn load(name: &str, repack: bool, kv_slots: u32, layout: Layout) -> (Arc<Model>,
     (model, runner)
 }
 
-/// One sequence's share of a step: tokens `from..to` of `tokens`, stored in the blocks `table`.
-fn seq_input(tokens: &[u32], from: usize, to: usize, table: &[u32], logits: LogitRows) -> SeqInput {
+/// One sequence's share of a step: tokens `from..to` of `tokens`, stored in the blocks `table`;
+/// its first `prompt` tokens are the prompt, the rest generated rows.
+fn seq_input(
+    tokens: &[u32],
+    prompt: usize,
+    (from, to): (usize, usize),
+    table: &[u32],
+    logits: LogitRows,
+) -> SeqInput {
     SeqInput {
         tokens: tokens[from..to].to_vec(),
         start_pos: from as u32,
+        prompt_len: prompt as u32,
         block_table: table.to_vec(),
         logits,
         pick: false,
@@ -94,7 +102,8 @@ fn max_diff_by_width(
     let table: Vec<u32> = (0..256 / runner.options().block_size)
         .map(|i| first_block + i * stride)
         .collect();
-    let input = |from: usize, to: usize, logits| seq_input(&tokens, from, to, &table, logits);
+    let input =
+        |from: usize, to: usize, logits| seq_input(&tokens, ctx, (from, to), &table, logits);
     runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
     // Reference: one token per step.
     let mut one: Vec<Vec<f32>> = Vec::new();
@@ -153,27 +162,42 @@ fn verify_steps_reproduce_decode_steps() {
     }
 }
 
-/// The same with [`HostKernels::Tiled`]: decode and verify rows through the row attention and
-/// tiled-columns ops, the prefill through ggml's tiled attention and tiled K-quant GEMM; widths up
-/// to 70 (past the 64 rows from which a verify step's own attention op is ggml's tiled kernel,
-/// and the 8 columns from which its K-quant products are ggml's tiled GEMM), blocks in order and
-/// spread (read through the slot list).
-#[test]
-fn tiled_host_kernels_verify_steps_reproduce_decode_steps() {
+/// Verify steps of 1 to 70 rows against decode steps with `host_kernels`, on both real models,
+/// blocks in order and spread (read through the slot list); every width must be exact.
+fn wide_verify_steps_reproduce_decode_steps(host_kernels: HostKernels) {
     for (name, blocks) in [
         (common::SMOLLM2, (0, 1)),
         (common::SMOLLM2, (10, 10)),
         (common::GEMMA3, (0, 1)),
         (common::GEMMA3, (10, 10)),
     ] {
-        let (d, _) = max_diff_by_width(name, false, 70, blocks, Layout::Host(HostKernels::Tiled));
+        let (d, _) = max_diff_by_width(name, false, 70, blocks, Layout::Host(host_kernels));
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
-        println!("{name} tiled, blocks {blocks:?}: max |dlogit| over widths 1..=70: {worst:.2e}");
+        println!(
+            "{name} {host_kernels}, blocks {blocks:?}: max |dlogit| over widths 1..=70: {worst:.2e}"
+        );
         assert!(
             d.iter().all(|&x| x == 0.0),
-            "{name}: tiled verify steps differ from decode steps: {d:?}"
+            "{name}: verify steps differ from decode steps with {host_kernels} host kernels: {d:?}"
         );
     }
+}
+
+/// With [`HostKernels::Tiled`]: decode and verify rows through the row attention and
+/// tiled-columns ops, the prefill through ggml's tiled attention and tiled K-quant GEMM; widths up
+/// to 70 (past the 64 rows from which a verify step's own attention op is ggml's tiled kernel,
+/// and the 8 columns from which its K-quant products are ggml's tiled GEMM).
+#[test]
+fn tiled_host_kernels_verify_steps_reproduce_decode_steps() {
+    wide_verify_steps_reproduce_decode_steps(HostKernels::Tiled);
+}
+
+/// With [`HostKernels::Origin`] (the default): the prompt (over 64 tokens) through ggml's tiled
+/// attention and tiled K-quant GEMM, the decode and verify rows (generated) through the one-pass
+/// attention and the dot product, however wide the verify step.
+#[test]
+fn origin_host_kernels_verify_steps_reproduce_decode_steps() {
+    wide_verify_steps_reproduce_decode_steps(HostKernels::Origin);
 }
 
 /// Tiled host kernels are a choice for the host layout: with the device layout they would have
@@ -239,7 +263,7 @@ fn decode_logits(
     decode: usize,
 ) -> Vec<Vec<f32>> {
     let ctx = tokens.len() - decode;
-    let input = |from: usize, to: usize| seq_input(tokens, from, to, table, LogitRows::Last);
+    let input = |from: usize, to: usize| seq_input(tokens, ctx, (from, to), table, LogitRows::Last);
     runner.step(&[input(0, ctx)]).unwrap();
     (ctx..tokens.len())
         .map(|i| runner.step(&[input(i, i + 1)]).unwrap().row(0).to_vec())
@@ -346,7 +370,7 @@ fn block_placement(device_layout: bool) {
         assert!(other.iter().all(|b| !shuffled.contains(b)));
         let ctx = tokens.len() - 1;
         let seq = |table: &[u32], from: usize, to: usize, logits| {
-            seq_input(&tokens, from, to, table, logits)
+            seq_input(&tokens, ctx, (from, to), table, logits)
         };
         runner
             .step(&[seq(&ascending, 0, ctx, LogitRows::None)])
@@ -414,9 +438,10 @@ fn kept_graphs_change_no_logits() {
             )
             .unwrap();
             let table: Vec<u32> = (0..512 / runner.options().block_size).collect();
-            let input =
-                |from: usize, to: usize, logits| seq_input(&tokens, from, to, &table, logits);
             let ctx = tokens.len() - 12;
+            let input = |from: usize, to: usize, logits| {
+                seq_input(&tokens, ctx, (from, to), &table, logits)
+            };
             runner.step(&[input(0, ctx, LogitRows::None)]).unwrap();
             let mut logits = Vec::new();
             // A decode step, then a verify step of 3 drafts over the next positions, in turn.

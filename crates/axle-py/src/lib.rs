@@ -327,8 +327,7 @@ impl Engine {
         let host_kernels = host_kernels
             .map(|k| k.parse::<axle_models::HostKernels>())
             .transpose()
-            .map_err(invalid)?
-            .unwrap_or_default();
+            .map_err(invalid)?;
         let device = device.parse().map_err(|e| invalid(format!("{e}")))?;
         let options = ModelOptions {
             threads: threads.unwrap_or_else(axle_models::default_threads),

@@ -61,11 +61,13 @@ pub struct EngineConfig {
     /// concurrent sequences, at half the speed of a lone one. Refused with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
-    /// ([`HostKernels`]). `Compatible` (the default): libllama's decode arithmetic, so greedy
-    /// output follows libllama's. `Tiled`: ggml's tiled kernels' arithmetic for every row, so
-    /// prefill chunks run at libllama's prefill speed (still exact; greedy output parts from
-    /// libllama's sooner). Refused with `LikeLlamaCpp`.
-    pub host_kernels: HostKernels,
+    /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic
+    /// libllama prefills with, generated rows the one it decodes with, so prefill runs at
+    /// libllama's speed and greedy output follows libllama's. `Compatible`: libllama's decode
+    /// arithmetic for every row (slower prefill). `Tiled`: ggml's tiled kernels' arithmetic for
+    /// every row (greedy output parts from libllama's sooner). All three are exact. Refused
+    /// (when set) with `LikeLlamaCpp`.
+    pub host_kernels: Option<HostKernels>,
 }
 
 impl Default for EngineConfig {
@@ -83,7 +85,7 @@ impl Default for EngineConfig {
             state_slots: None,
             kernels: Kernels::BatchInvariant,
             device_products: None,
-            host_kernels: HostKernels::Compatible,
+            host_kernels: None,
         }
     }
 }
@@ -112,7 +114,7 @@ pub struct EngineSizing {
     /// Products of small columns on accelerators ([`EngineConfig::device_products`]).
     pub device_products: Option<DeviceProducts>,
     /// The arithmetic of CPU rows ([`EngineConfig::host_kernels`]).
-    pub host_kernels: HostKernels,
+    pub host_kernels: Option<HostKernels>,
 }
 
 impl EngineConfig {
@@ -378,6 +380,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
         let fill = SeqInput {
             tokens: tokens[start..end].to_vec(),
             start_pos: start as u32,
+            prompt_len: context,
             block_table: table.clone(),
             logits: LogitRows::Last,
             pick: false,
@@ -388,6 +391,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
     let input = |k: usize| SeqInput {
         tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
         start_pos: context,
+        prompt_len: context,
         block_table: table.clone(),
         logits: LogitRows::for_drafts(k),
         pick: true,
@@ -455,7 +459,7 @@ impl EngineCore {
                     .into(),
             ));
         }
-        if cfg.host_kernels != HostKernels::Compatible && cfg.kernels != Kernels::BatchInvariant {
+        if cfg.host_kernels.is_some() && cfg.kernels != Kernels::BatchInvariant {
             return Err(SdkError::Config(
                 "host kernels are a choice of the exact (batch-invariant) kernels; the fast \
                  kernels take ggml's own for each step's shape"
@@ -489,7 +493,7 @@ impl EngineCore {
                 state_snapshots: max_draft as u32 + 1,
                 state_saved: saved_states,
                 stacked_rows: true,
-                host_kernels: cfg.host_kernels,
+                host_kernels: cfg.host_kernels.unwrap_or_default(),
             },
         )?;
         let mut verify_profiles = Vec::new();
@@ -519,6 +523,7 @@ impl EngineCore {
             prefix_caching: cfg.prefix_caching && (!recurrent || saved_states > 0),
             reuse_marked_only: recurrent,
             model_id: model_id(&model),
+            prompt_classes: runner.prompt_classes(),
             draft,
             state_slots: recurrent.then_some(state_slots),
         });
@@ -750,6 +755,7 @@ impl EngineCore {
             inputs.push(SeqInput {
                 tokens: s.tokens.clone(),
                 start_pos: s.start_pos,
+                prompt_len: s.prompt_len as u32,
                 block_table: s.block_table.clone(),
                 logits: if s.wants_logits {
                     LogitRows::for_drafts(s.n_draft)

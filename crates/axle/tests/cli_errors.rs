@@ -242,7 +242,7 @@ fn device_products_and_host_kernels_where_they_do_not_apply() {
     );
     let stderr = bad_flag(&[&gen[..], &["--host-kernels", "fused"]].concat());
     assert!(
-        stderr.contains("host kernels are compatible or tiled"),
+        stderr.contains("host kernels are origin, compatible or tiled"),
         "{stderr}"
     );
 }

@@ -37,7 +37,7 @@ fn session(model: &Arc<Model>, m: &Manifest) -> Result<Session, BenchError> {
             kv_slots: 4096,
             context_len: 2048,
             max_draft: draft,
-            host_kernels,
+            host_kernels: Some(host_kernels),
             ..Default::default()
         },
     )?)

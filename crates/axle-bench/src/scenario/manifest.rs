@@ -194,8 +194,8 @@ pub struct CompareSpec {
     pub prefill: Vec<usize>,
     /// Decode tokens.
     pub decode: usize,
-    /// The exact kernels' arithmetic on the CPU: `compatible` or `tiled` (absent: compatible, as
-    /// the CLI's `--host-kernels`); the correctness check's engine runs the same.
+    /// The exact kernels' arithmetic on the CPU: `origin`, `compatible` or `tiled` (absent:
+    /// origin, as the CLI's `--host-kernels`); the correctness check's engine runs the same.
     #[serde(default)]
     pub host_kernels: Option<String>,
 }

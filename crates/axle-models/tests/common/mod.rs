@@ -92,6 +92,18 @@ fn greedy_axle(runner: &mut Runner, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
     (first, out)
 }
 
+/// libllama on the CPU with `n_ctx` KV cells and its defaults otherwise (flash attention on).
+pub fn oracle(path: &std::path::Path, n_ctx: u32) -> LlamaOracle {
+    LlamaOracle::load(
+        path,
+        &OracleOptions {
+            n_ctx,
+            ..Default::default()
+        },
+    )
+    .expect("oracle")
+}
+
 fn greedy_oracle(o: &mut LlamaOracle, prompt: &[u32]) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
     o.clear();
     let toks: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
@@ -120,14 +132,7 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
     let model = Arc::new(Model::load(&path, &ModelOptions::cpu_repacked(2)).expect("load"));
     let mut runner =
         Runner::new(model.clone(), RunnerOptions::like_llama_cpp(2048)).expect("runner");
-    let mut oracle = LlamaOracle::load(
-        &path,
-        &OracleOptions {
-            n_ctx: 2048,
-            ..Default::default()
-        },
-    )
-    .expect("oracle");
+    let mut oracle = oracle(&path, 2048);
     let mut identical = 0;
     let mut exact = 0;
     let mut worst = 0.0f32;

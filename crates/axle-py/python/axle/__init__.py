@@ -57,9 +57,10 @@ class Engine:
     ``split_mode="tensor"`` (with ``kernels="fast"``) to run every layer on every device instead
     of a range of layers on each. ``device_products="wide"`` (CUDA, exact kernels) reads the
     weights once per step for many concurrent sequences, at half the speed of a lone one.
-    ``host_kernels="tiled"`` (CPU, exact kernels) gives every row the arithmetic of ggml's tiled
-    kernels, so prompts prefill at libllama's speed; the default ``"compatible"`` keeps the
-    arithmetic libllama decodes with, so greedy output follows libllama's.
+    ``host_kernels`` (CPU, exact kernels): the default ``"origin"`` gives prompt rows the
+    arithmetic libllama prefills with and generated rows the one it decodes with, so prompts
+    prefill at libllama's speed and greedy output follows libllama's; ``"compatible"`` gives every
+    row libllama's decode arithmetic, ``"tiled"`` every row that of ggml's tiled kernels.
     """
 
     def __init__(self, model_path: Optional[str] = None, **options: Any) -> None:

@@ -124,11 +124,13 @@ pub struct EngineArgs {
     /// a lone one). Both exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
-    /// With `--kernels exact` on the CPU: which of ggml's kernels every row shares. `compatible`
-    /// (the default): the arithmetic libllama decodes with, so greedy output follows libllama's;
-    /// prefill runs attention ops of at most 63 rows and K-quant products in 4-column slices.
-    /// `tiled`: ggml's tiled kernels' arithmetic for every row, so prefill chunks run at
-    /// libllama's prefill speed; still exact, but greedy output parts from libllama's sooner.
+    /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
+    /// default): prompt rows take the arithmetic libllama prefills with (tiled kernels for
+    /// prompts of 64 tokens or more), generated rows the one it decodes with, so prefill runs at
+    /// libllama's speed and greedy output follows libllama's. `compatible`: libllama's decode
+    /// arithmetic for every row (attention ops of at most 63 rows, K-quant products in 4-column
+    /// slices: slower prefill). `tiled`: ggml's tiled kernels' arithmetic for every row (greedy
+    /// output parts from libllama's sooner). All are exact.
     #[arg(long)]
     pub host_kernels: Option<HostKernels>,
 }
@@ -218,7 +220,7 @@ impl EngineArgs {
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
             device_products: self.device_products,
-            host_kernels: self.host_kernels.unwrap_or_default(),
+            host_kernels: self.host_kernels,
         };
         EngineConfig::sized(model, &sizing)
     }
