@@ -116,27 +116,54 @@ pub struct RowArithmetic {
     pub tiled_attention: bool,
     /// K-quant products with ggml's tiled GEMM's arithmetic (otherwise its dot product's).
     pub tiled_products: bool,
+    /// A generated row that libllama, decoding its sequence alone, would attend with ggml's
+    /// split-KV kernel (a one-row op over 512 or more KV cells): the width of libllama's KV view
+    /// then, which the row's own op takes too. 0: the one-pass kernel over the row's keys.
+    pub split_kv: u32,
 }
 
 /// Prompt length from which libllama prefills a K-quant product with ggml's tiled GEMM.
 const ORIGIN_TILED_PRODUCTS: u32 = tiled_columns::TILED_COLS as u32;
 /// Prompt length from which libllama prefills attention with ggml's tiled kernel.
 const ORIGIN_TILED_ATTENTION: u32 = TILED_ROWS as u32;
+/// libllama's KV view grows in steps of this many cells (and is never narrower).
+const LIBLLAMA_KV_PAD: u32 = 256;
 
 impl HostKernels {
     /// The arithmetic of the row at position `pos` of a request whose prompt is `prompt_len`
-    /// tokens (positions from `prompt_len` on were generated).
-    pub fn row(self, prompt_len: u32, pos: u32) -> RowArithmetic {
+    /// tokens (positions from `prompt_len` on were generated), with a KV cache of `cells` slots.
+    ///
+    /// With `Origin`, a generated row at a position where libllama, decoding the sequence alone,
+    /// would attend over a view of 512 cells or more (its view: the cells up to the row's,
+    /// padded to 256, at least 256, at most the cache) takes ggml's split-KV kernel over a view
+    /// of that width, as libllama's does; its numbers then depend on the width and the thread
+    /// count, both fixed for the row.
+    pub fn row(self, prompt_len: u32, pos: u32, cells: u32) -> RowArithmetic {
         match self {
             HostKernels::Compatible => RowArithmetic::default(),
             HostKernels::Tiled => RowArithmetic {
                 tiled_attention: true,
                 tiled_products: true,
+                split_kv: 0,
             },
-            HostKernels::Origin if pos >= prompt_len => RowArithmetic::default(),
+            HostKernels::Origin if pos >= prompt_len => {
+                let view = (pos + 1)
+                    .next_multiple_of(LIBLLAMA_KV_PAD)
+                    .max(LIBLLAMA_KV_PAD)
+                    .min(cells);
+                RowArithmetic {
+                    split_kv: if i64::from(view) >= FA_SPLIT_KV_SLOTS {
+                        view
+                    } else {
+                        0
+                    },
+                    ..RowArithmetic::default()
+                }
+            }
             HostKernels::Origin => RowArithmetic {
                 tiled_attention: prompt_len >= ORIGIN_TILED_ATTENTION,
                 tiled_products: prompt_len >= ORIGIN_TILED_PRODUCTS,
+                split_kv: 0,
             },
         }
     }
@@ -184,7 +211,7 @@ impl std::fmt::Display for HostKernels {
 /// One attention op of a host step: `rows` rows from `first`, all with the same attention
 /// arithmetic. A tiled group of 64 rows or more is one sequence's run (ggml's tiled kernel); a
 /// narrower one runs [`axle_ggml::Context::flash_attn_rows`]; a one-pass group stays under 64
-/// rows (ggml's one-pass kernel).
+/// rows (ggml's one-pass kernel); a split-KV group is one row over a KV view of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttnGroup {
     /// First row.
@@ -193,6 +220,9 @@ pub struct AttnGroup {
     pub rows: i64,
     /// The tiled kernel's arithmetic.
     pub tiled: bool,
+    /// One row with ggml's split-KV kernel ([`RowArithmetic::split_kv`]): (the step's KV column
+    /// of its sequence's position 0, the view's width).
+    pub split_kv: Option<(i64, i64)>,
 }
 
 /// Columns per K-quant matrix product where the tiled-columns op does not cover the type (below
@@ -625,6 +655,7 @@ impl<'a> Step<'a> {
             first: 0,
             rows: n,
             tiled: false,
+            split_kv: None,
         }];
         let groups: &[AttnGroup] = if !invariant || self.attn_groups.is_empty() {
             &whole
@@ -709,6 +740,39 @@ impl<'a> Step<'a> {
                     g.view(mask, &[self.n_kv, rows], &[mn[1]], first as usize * mn[1]),
                 )
             };
+            if let Some((col, cols)) = group.split_kv {
+                // The row's own view: its sequence's keys from position 0, `cols` wide (the
+                // columns past the row's position are masked).
+                let kv_cols = |t: Tensor<'a>| {
+                    let [d, _, heads, _] = t.ne();
+                    let nb = t.nb();
+                    g.view(t, &[d, cols, heads], &[nb[1], nb[2]], col as usize * nb[1])
+                };
+                let mn = mask.nb();
+                let mg = g.view(
+                    mask,
+                    &[cols, 1],
+                    &[mn[1]],
+                    first as usize * mn[1] + col as usize * mn[0],
+                );
+                let o = g.flash_attn(
+                    g.permute(qg, [0, 2, 1, 3]),
+                    kv_cols(kview),
+                    kv_cols(vview),
+                    mg,
+                    spec.scale,
+                    spec.softcap,
+                );
+                if let Some(s) = sinks {
+                    g.flash_attn_add_sinks(o, s);
+                }
+                let o = g.reshape(o, &[width, 1]);
+                out = Some(match out {
+                    None => o,
+                    Some(prev) => g.concat(prev, o, 1),
+                });
+                continue;
+            }
             if rows_op(group) {
                 let ids = self.kv_ids.filter(|_| read_scattered);
                 let o = g

@@ -319,6 +319,8 @@ struct HostInputs {
     row_picks: Vec<bool>,
     /// Each row's arithmetic (host layout).
     arith: Vec<RowArithmetic>,
+    /// The step's attention ops (host layout, batch-invariant kernels; see [`attention_groups`]).
+    groups: Vec<AttnGroup>,
     /// The step's device layout (see [`device_step`]), when it has one.
     device: Option<DeviceStep>,
     /// Recurrent models: each sequence's rows and the pool rows to read and write.
@@ -578,7 +580,7 @@ impl Runner {
                 h.pos.push(p as i32);
                 h.slots.push(visible[si][p as usize] as i64);
                 if let Some(k) = self.host_kernels {
-                    h.arith.push(k.row(s.prompt_len, p));
+                    h.arith.push(k.row(s.prompt_len, p, self.opts.kv_slots));
                 }
                 if s.logits.wants(ti, s.tokens.len()) {
                     h.out_ids.push(h.tokens.len() as i32 - 1);
@@ -638,13 +640,27 @@ impl Runner {
         }
         // With row attention (ggml's tiled arithmetic, see `attention_groups`) a row's numbers
         // depend on where its keys fall in tiles of 64 columns: every sequence's position 0 must
-        // start a tile, its positions in consecutive columns. With the one-pass kernel only the
+        // start a tile, its positions in consecutive columns. A split-KV row's numbers depend on
+        // where its keys fall in its op's view, which starts at its sequence's position 0 and
+        // needs its positions in consecutive columns too. With the one-pass kernel only the
         // order of a row's keys matters.
-        let tiled = h.arith.iter().any(|a| a.tiled_attention);
+        let tiled = h.arith.iter().any(|a| a.tiled_attention || a.split_kv > 0);
+        // Each sequence's widest split-KV view (0: none).
+        let mut split_view = vec![0u32; seqs.len()];
+        let mut row = 0usize;
+        for (si, s) in seqs.iter().enumerate() {
+            for a in h.arith.iter().skip(row).take(s.tokens.len()) {
+                split_view[si] = split_view[si].max(a.split_kv);
+            }
+            row += s.tokens.len();
+        }
+        let kv_slots = self.opts.kv_slots;
         let ascending = if tiled {
-            visible.iter().all(|v| {
+            visible.iter().zip(&split_view).all(|(v, &view)| {
                 v.first().is_none_or(|&b| {
-                    b.is_multiple_of(KV_TILE) && v.iter().zip(b..).all(|(&s, want)| s == want)
+                    b.is_multiple_of(KV_TILE)
+                        && b + view <= kv_slots
+                        && v.iter().zip(b..).all(|(&s, want)| s == want)
                 })
             })
         } else {
@@ -655,25 +671,41 @@ impl Runner {
         // (direct: the slot itself; gathered: consecutive columns).
         let mut seg_start = Vec::with_capacity(seqs.len());
         let n_kv = if ascending {
-            let max_slot = visible
+            let end = visible
                 .iter()
-                .filter_map(|v| v.last())
+                .zip(&split_view)
+                .filter_map(|(v, &view)| Some((v.last()? + 1).max(v.first()? + view)))
                 .max()
-                .copied()
-                .unwrap_or(0);
-            ((max_slot + 1).div_ceil(KV_PAD) * KV_PAD).min(self.opts.kv_slots)
+                .unwrap_or(1);
+            (end.div_ceil(KV_PAD) * KV_PAD).min(kv_slots)
         } else {
-            for v in &visible {
+            let mut end = 0;
+            for (v, &view) in visible.iter().zip(&split_view) {
                 if tiled {
                     let start = h.kv_ids.len().next_multiple_of(KV_TILE as usize);
                     h.kv_ids.resize(start, 0);
                 }
                 seg_start.push(h.kv_ids.len());
+                end = end.max(h.kv_ids.len() + view as usize);
                 h.kv_ids.extend(v.iter().map(|&x| x as i32));
             }
-            let n = (h.kv_ids.len() as u32).div_ceil(KV_PAD) * KV_PAD;
+            let n = (h.kv_ids.len().max(end) as u32).div_ceil(KV_PAD) * KV_PAD;
             h.kv_ids.resize(n as usize, 0);
             n
+        };
+        // Each sequence's column of position 0, for split-KV rows' views.
+        let first_col: Vec<i64> = if ascending {
+            visible
+                .iter()
+                .map(|v| v.first().map_or(0, |&b| b as i64))
+                .collect()
+        } else {
+            seg_start.iter().map(|&c| c as i64).collect()
+        };
+        h.groups = if self.opts.kernels == Kernels::BatchInvariant {
+            attention_groups(&h.arith, seqs.iter().map(|s| s.tokens.len()).zip(first_col))
+        } else {
+            Vec::new()
         };
         let neg = f16::NEG_INFINITY.to_bits();
         h.mask.clear();
@@ -764,8 +796,8 @@ impl Runner {
             // Only batch-invariant kernels split attention by group; otherwise the groups would
             // make steps of one shape look different and rebuild the graph for nothing.
             device: self.host.device.clone(),
-            groups: if self.opts.kernels == Kernels::BatchInvariant && self.host.device.is_none() {
-                attention_groups(&self.host.arith, seqs.iter().map(|s| s.tokens.len()))
+            groups: if self.host.device.is_none() {
+                self.host.groups.clone()
             } else {
                 Vec::new()
             },
@@ -1178,24 +1210,44 @@ const KV_TILE: u32 = axle_ggml::row_attention::KV_TILE as u32;
 /// that grows with the run.
 fn attention_groups(
     arith: &[RowArithmetic],
-    lens: impl IntoIterator<Item = usize>,
+    seqs: impl IntoIterator<Item = (usize, i64)>,
 ) -> Vec<AttnGroup> {
     const MOST: i64 = FA_TILE_ROWS as i64 - 1;
-    let tiled_at = |row: i64| arith.get(row as usize).is_some_and(|a| a.tiled_attention);
+    let at = |row: i64| arith.get(row as usize).copied().unwrap_or_default();
+    let tiled_at = |row: i64| at(row).tiled_attention;
+    let split_at = |row: i64| at(row).split_kv > 0;
     let mut groups: Vec<AttnGroup> = Vec::new();
     let mut row = 0i64;
     let mut open: Option<usize> = None;
-    for len in lens {
+    for (len, first_col) in seqs {
         let end = row + len as i64;
         while row < end {
+            if split_at(row) {
+                groups.push(AttnGroup {
+                    first: row,
+                    rows: 1,
+                    tiled: false,
+                    split_kv: Some((first_col, i64::from(at(row).split_kv))),
+                });
+                open = None;
+                row += 1;
+                continue;
+            }
             let tiled = tiled_at(row);
-            let n = (row..end).take_while(|&r| tiled_at(r) == tiled).count() as i64;
+            let n = (row..end)
+                .take_while(|&r| tiled_at(r) == tiled && !split_at(r))
+                .count() as i64;
             if n > MOST {
                 let piece = if tiled { n } else { MOST };
                 let mut first = row;
                 while first < row + n {
                     let rows = piece.min(row + n - first);
-                    groups.push(AttnGroup { first, rows, tiled });
+                    groups.push(AttnGroup {
+                        first,
+                        rows,
+                        tiled,
+                        split_kv: None,
+                    });
                     first += rows;
                 }
                 open = None;
@@ -1213,6 +1265,7 @@ fn attention_groups(
                             first: row,
                             rows: n,
                             tiled,
+                            split_kv: None,
                         });
                         open = Some(groups.len() - 1);
                     }
@@ -1320,10 +1373,11 @@ mod tests {
             RowArithmetic {
                 tiled_attention: tiled,
                 tiled_products: tiled,
+                split_kv: 0,
             };
             lens.iter().sum()
         ];
-        flat(attention_groups(&arith, lens.iter().copied()))
+        flat(attention_groups(&arith, lens.iter().map(|&n| (n, 0))))
     }
 
     fn flat(groups: Vec<AttnGroup>) -> Vec<(i64, i64, bool)> {
@@ -1384,6 +1438,7 @@ mod tests {
         let tiled = RowArithmetic {
             tiled_attention: true,
             tiled_products: true,
+            split_kv: 0,
         };
         let one_pass = RowArithmetic::default();
         // A decode row, a prompt chunk of 100 tiled rows, a recomputed sequence of 70 tiled
@@ -1392,7 +1447,7 @@ mod tests {
         arith.extend(vec![tiled; 170]);
         arith.extend(vec![one_pass; 5]);
         assert_eq!(
-            flat(attention_groups(&arith, [1, 100, 73, 1, 1])),
+            flat(attention_groups(&arith, [1, 100, 73, 1, 1].map(|n| (n, 0)))),
             vec![
                 (0, 1, false),
                 (1, 100, true),
@@ -1403,8 +1458,54 @@ mod tests {
         // Short tiled and one-pass runs never share an op.
         let arith = [tiled, tiled, one_pass, tiled];
         assert_eq!(
-            flat(attention_groups(&arith, [2, 1, 1])),
+            flat(attention_groups(&arith, [2, 1, 1].map(|n| (n, 0)))),
             vec![(0, 2, true), (2, 1, false), (3, 1, true)]
         );
+    }
+
+    #[test]
+    fn split_kv_rows_get_an_op_each_over_their_sequences_view() {
+        let one_pass = RowArithmetic::default();
+        let split = |view| RowArithmetic {
+            split_kv: view,
+            ..one_pass
+        };
+        // A decode row under 256 positions, then a sequence whose verify rows cross into
+        // libllama's 512-cell view, then a decode row at 768 cells; position 0 of each sequence
+        // at columns 0, 256 and 1024.
+        let arith = [one_pass, one_pass, split(512), split(512), split(768)];
+        let groups = attention_groups(&arith, [(1, 0), (3, 256), (1, 1024)]);
+        type Group = (i64, i64, Option<(i64, i64)>);
+        let got: Vec<Group> = groups
+            .iter()
+            .map(|g| (g.first, g.rows, g.split_kv))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 2, None),
+                (2, 1, Some((256, 512))),
+                (3, 1, Some((256, 512))),
+                (4, 1, Some((1024, 768)))
+            ]
+        );
+    }
+
+    #[test]
+    fn split_kv_views_follow_libllama_for_generated_rows_only() {
+        use crate::layers::HostKernels;
+        let k = HostKernels::Origin;
+        // libllama's view: the cells up to the row's, padded to 256, at least 256.
+        assert_eq!(k.row(100, 254, 4096).split_kv, 0);
+        assert_eq!(k.row(100, 255, 4096).split_kv, 0);
+        assert_eq!(k.row(100, 256, 4096).split_kv, 512);
+        assert_eq!(k.row(100, 511, 4096).split_kv, 512);
+        assert_eq!(k.row(100, 512, 4096).split_kv, 768);
+        // At most the cache.
+        assert_eq!(k.row(100, 900, 1000).split_kv, 1000);
+        // Prompt rows never; other kernel choices never.
+        assert_eq!(k.row(1000, 900, 4096).split_kv, 0);
+        assert_eq!(HostKernels::Compatible.row(100, 900, 4096).split_kv, 0);
+        assert_eq!(HostKernels::Tiled.row(100, 900, 4096).split_kv, 0);
     }
 }

@@ -17,16 +17,14 @@ const TEXT: &str = "The engine keeps its key and value cache in fixed blocks of 
     tokens from n-grams of the text so far and verifies them in one step; the rows of that step \
     must compute the numbers a decode step would, or the output would change with the drafts. ";
 
-/// Greedy decode steps compared after the prompt.
-const DECODE: usize = 12;
-
-/// Largest |difference| of the prompt's last logits, then of each decode step's, between the
-/// runner with `host_kernels` and libllama, the runner's greedy tokens fed to both.
-fn diffs(name: &str, host_kernels: HostKernels) -> Vec<f32> {
+/// Largest |difference| of the prompt's last logits, then of each of `decode` decode steps',
+/// between the runner with `host_kernels` and libllama, the runner's greedy tokens fed to both;
+/// the prompt is `TEXT` `repeat` times.
+fn diffs(name: &str, host_kernels: HostKernels, repeat: usize, decode: usize) -> Vec<f32> {
     let path = common::model(name);
     // libllama repacks the weights it has a repacked layout for; so does this model.
     let model = Arc::new(Model::load(&path, &ModelOptions::cpu_repacked(2)).unwrap());
-    let prompt = model.tokenizer.encode(TEXT, true, false);
+    let prompt = model.tokenizer.encode(&TEXT.repeat(repeat), true, false);
     assert!(
         (64..512).contains(&prompt.len()),
         "{} prompt tokens: one tiled ubatch wanted",
@@ -46,7 +44,7 @@ fn diffs(name: &str, host_kernels: HostKernels) -> Vec<f32> {
     let p = prompt.len();
     let mut tokens = prompt.clone();
     let mut out = Vec::new();
-    for step in 0..=DECODE {
+    for step in 0..=decode {
         let from = if step == 0 { 0 } else { tokens.len() - 1 };
         let ours = runner
             .step(&[SeqInput {
@@ -72,19 +70,40 @@ fn diffs(name: &str, host_kernels: HostKernels) -> Vec<f32> {
 }
 
 fn check(name: &str) {
-    let origin = diffs(name, HostKernels::Origin);
+    let origin = diffs(name, HostKernels::Origin, 1, 12);
     println!("{name}: origin host kernels, max |dlogit| (prompt, then decode steps): {origin:?}");
     assert!(
         origin.iter().all(|&d| d == 0.0),
         "{name}: origin host kernels differ from libllama: {origin:?}"
     );
-    let compatible = diffs(name, HostKernels::Compatible);
+    let compatible = diffs(name, HostKernels::Compatible, 1, 12);
     println!("{name}: compatible host kernels: {compatible:?}");
     assert!(
         compatible[0] > 0.0,
         "{name}: the compatible arithmetic gave libllama's prompt logits; the test no longer \
          tells the two apart"
     );
+}
+
+/// A prompt of 4 x `TEXT` (over 256 tokens), then decode steps whose libllama KV view is 512 and
+/// then 768 cells: libllama takes ggml's split-KV kernel for them, and so do the generated rows.
+fn check_long(name: &str) {
+    let origin = diffs(name, HostKernels::Origin, 4, 40);
+    println!("{name}: long prompt, origin host kernels: {origin:?}");
+    assert!(
+        origin.iter().all(|&d| d == 0.0),
+        "{name}: origin host kernels differ from libllama after a long prompt: {origin:?}"
+    );
+}
+
+#[test]
+fn smollm2_origin_rows_follow_libllama_past_512_cells() {
+    check_long(common::SMOLLM2);
+}
+
+#[test]
+fn gemma3_origin_rows_follow_libllama_past_512_cells() {
+    check_long(common::GEMMA3);
 }
 
 #[test]

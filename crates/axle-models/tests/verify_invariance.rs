@@ -90,16 +90,31 @@ fn max_diff_by_width(
     name: &str,
     repack: bool,
     max_w: usize,
-    (first_block, stride): (u32, u32),
+    blocks: (u32, u32),
     layout: Layout,
 ) -> (Vec<f32>, Vec<(i64, i64, bool)>) {
-    let (model, mut runner) = load(name, repack, 2048, layout);
+    max_diff_by_width_after(name, repack, max_w, blocks, layout, 0)
+}
+
+/// [`max_diff_by_width`] after a prompt of at least `min_ctx` tokens.
+fn max_diff_by_width_after(
+    name: &str,
+    repack: bool,
+    max_w: usize,
+    (first_block, stride): (u32, u32),
+    layout: Layout,
+    min_ctx: usize,
+) -> (Vec<f32>, Vec<(i64, i64, bool)>) {
+    let kv_slots = if min_ctx > 0 { 8192 } else { 2048 };
+    let (model, mut runner) = load(name, repack, kv_slots, layout);
     // Long enough for the widest step (the text once for the usual widths up to 9).
     let tokens = model
         .tokenizer
-        .encode(&TEXT.repeat(1 + max_w / 20), true, false);
+        .encode(&TEXT.repeat(1 + max_w / 20 + min_ctx / 20), true, false);
     let ctx = tokens.len() - max_w;
-    let table: Vec<u32> = (0..256 / runner.options().block_size)
+    assert!(ctx >= min_ctx, "a prompt of {ctx} tokens, {min_ctx} wanted");
+    let bs = runner.options().block_size;
+    let table: Vec<u32> = (0..(256 / bs).max((tokens.len() as u32).div_ceil(bs)))
         .map(|i| first_block + i * stride)
         .collect();
     let input =
@@ -198,6 +213,27 @@ fn tiled_host_kernels_verify_steps_reproduce_decode_steps() {
 #[test]
 fn origin_host_kernels_verify_steps_reproduce_decode_steps() {
     wide_verify_steps_reproduce_decode_steps(HostKernels::Origin);
+}
+
+/// The same past 256 positions, where a generated row takes ggml's split-KV kernel over a view
+/// of 512 cells of its own (as libllama's lone decode does): verify steps of up to 9 rows, each
+/// row in its own op, against decode steps; blocks in order and spread (gathered).
+#[test]
+fn origin_host_kernels_verify_steps_reproduce_decode_steps_past_256_positions() {
+    for (name, blocks) in [
+        (common::SMOLLM2, (0, 1)),
+        (common::SMOLLM2, (10, 10)),
+        (common::GEMMA3, (0, 1)),
+        (common::GEMMA3, (10, 10)),
+    ] {
+        let layout = Layout::Host(HostKernels::Origin);
+        let (d, _) = max_diff_by_width_after(name, false, 9, blocks, layout, 300);
+        println!("{name} origin after 300 tokens, blocks {blocks:?}: max |dlogit| by width: {d:?}");
+        assert!(
+            d.iter().all(|&x| x == 0.0),
+            "{name}: verify steps past 256 positions differ from decode steps: {d:?}"
+        );
+    }
 }
 
 /// Tiled host kernels are a choice for the host layout: with the device layout they would have
