@@ -6,7 +6,8 @@
 //! e.g. `perf record -D 3000 target/release/examples/step_cost MODEL 3 300`. For recurrent
 //! (hybrid) models, `AXLE_KEEP_STATES=1` makes each verify step keep the state after each of its
 //! tokens (what rollback of rejected drafts needs) instead of the last one only: the difference is
-//! what per-position states cost.
+//! what per-position states cost. `AXLE_HOST_KERNELS=compatible|origin|tiled` picks the host
+//! kernels (default: the runner's).
 use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +23,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model,
         RunnerOptions {
             state_snapshots: 9,
+            host_kernels: match std::env::var("AXLE_HOST_KERNELS") {
+                Ok(k) => k.parse()?,
+                Err(_) => Default::default(),
+            },
             ..RunnerOptions::default()
         },
     )?;

@@ -69,11 +69,11 @@ pub struct Step<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernels {
     /// Every row gets the numbers it would get in a step of its own, whatever else shares the
-    /// step: K-quant products in slices of 4 columns (see [`Step::matmul`]), one attention op per
-    /// attention group with every row on the tiled kernel's arithmetic (or, without row
-    /// attention, every op under the tiled kernel's width and no one-row op over 512 or more
-    /// slots); with KV on an accelerator, the step layout of [`crate::device_step`]. The engine's default: batched and
-    /// speculative decoding then reproduce plain decoding bit for bit.
+    /// step: on the host, each row's arithmetic is fixed by [`HostKernels`] (which of ggml's
+    /// tiled or one-pass attention and tiled or dot-product K-quant arithmetic it takes; see
+    /// [`Step::matmul`] and [`AttnGroup`]); with KV on an accelerator, the step layout of
+    /// [`crate::device_step`]. The engine's default: batched and speculative decoding then
+    /// reproduce plain decoding bit for bit.
     #[default]
     BatchInvariant,
     /// The ops libllama builds (one attention op for the whole step, products at full width), so

@@ -398,8 +398,8 @@ pub struct CompareArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// The exact kernels' arithmetic on the CPU: `compatible` (the default) or `tiled` (see
-    /// `axle generate --help`).
+    /// The exact kernels' arithmetic on the CPU: `origin` (the default), `compatible` or `tiled`
+    /// (see `axle generate --help`).
     #[arg(long)]
     host_kernels: Option<axle_models::HostKernels>,
 }
