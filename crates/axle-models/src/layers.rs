@@ -284,10 +284,13 @@ impl<'a> Step<'a> {
     /// rounds differently from the per-column dot product used below that. Left alone, a token's
     /// logits would then depend on how many other tokens share its step (a verify step of 8 or
     /// more, a batch of decoding sequences), and batched or speculative greedy decoding would
-    /// drift from plain decoding at close calls. So by default ([`HostKernels::Compatible`]) such
-    /// products go through in slices of [`MATMUL_SLICE`] at every width (a 3-D batch of one op,
-    /// plus one op for the rest): the dot product's numbers, libllama's in decoding. With
-    /// [`HostKernels::Tiled`], since the tiled GEMM gives a column the same numbers at every
+    /// drift from plain decoding at close calls. So each column takes one of two arithmetics,
+    /// fixed by its row (see [`RowArithmetic::tiled_products`]; a product runs once per run of
+    /// columns of one arithmetic). The dot product's, libllama's in decoding (generated rows by
+    /// default, every row with [`HostKernels::Compatible`]): such products go through in slices
+    /// of 4 columns at every width (a 3-D batch of one op, plus one op for the rest). The tiled
+    /// GEMM's, libllama's in prefill (prompt rows by default, every row with
+    /// [`HostKernels::Tiled`]): since the tiled GEMM gives a column the same numbers at every
     /// width from 8 on, Q4_K, Q5_K and Q6_K products of 8 columns or more (prefill chunks) run as
     /// they are, at the tiled kernel's speed, and narrower ones go through
     /// [`Context::mul_mat_tiled_columns`], which gives each column those numbers (where its probe
