@@ -49,9 +49,9 @@ pub struct Step<'a> {
     pub attn_groups: Vec<AttnGroup>,
     /// Host steps: which of the step's columns take the tiled kernels' product arithmetic (see
     /// [`RowArithmetic`]); empty where none does.
-    pub tiled_columns: Vec<bool>,
+    pub tiled_product_cols: Vec<bool>,
     /// The same for the output rows (the columns of products after the output rows are picked).
-    pub tiled_out_columns: Vec<bool>,
+    pub tiled_product_out_cols: Vec<bool>,
     /// Kernel choice.
     pub kernels: Kernels,
     /// The recurrent state of the step's sequences (models with linear-attention layers).
@@ -329,9 +329,9 @@ impl<'a> Step<'a> {
             return g.mul_mat(w_t, x);
         }
         let tiled: &[bool] = if n == self.n_tokens {
-            &self.tiled_columns
+            &self.tiled_product_cols
         } else if n == self.out_ids.ne()[0] {
-            &self.tiled_out_columns
+            &self.tiled_product_out_cols
         } else {
             &[]
         };

@@ -801,8 +801,8 @@ impl Runner {
             } else {
                 Vec::new()
             },
-            tiled_columns: tiled_columns(self.host.arith.iter()),
-            tiled_out_columns: tiled_columns(
+            tiled_product_cols: tiled_product_cols(self.host.arith.iter()),
+            tiled_product_out_cols: tiled_product_cols(
                 self.host
                     .out_ids
                     .iter()
@@ -1056,8 +1056,8 @@ impl Runner {
                     ),
                 }),
                 attn_groups: key.groups.clone(),
-                tiled_columns: key.tiled_columns.clone(),
-                tiled_out_columns: key.tiled_out_columns.clone(),
+                tiled_product_cols: key.tiled_product_cols.clone(),
+                tiled_product_out_cols: key.tiled_product_out_cols.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),
@@ -1279,7 +1279,7 @@ fn attention_groups(
 
 /// Which of `rows` take the tiled product arithmetic; empty where none does (the product then
 /// takes one path).
-fn tiled_columns<'r>(rows: impl Iterator<Item = &'r RowArithmetic>) -> Vec<bool> {
+fn tiled_product_cols<'r>(rows: impl Iterator<Item = &'r RowArithmetic>) -> Vec<bool> {
     let cols: Vec<bool> = rows.map(|a| a.tiled_products).collect();
     if cols.iter().any(|&t| t) {
         cols
@@ -1341,9 +1341,9 @@ struct GraphKey {
     /// The attention ops of a host step.
     groups: Vec<AttnGroup>,
     /// Which columns take the tiled product arithmetic (empty: none).
-    tiled_columns: Vec<bool>,
+    tiled_product_cols: Vec<bool>,
     /// The same for the output rows.
-    tiled_out_columns: Vec<bool>,
+    tiled_product_out_cols: Vec<bool>,
     /// Recurrent models: each sequence's rows and kept states.
     state: Vec<StateSeq>,
 }
