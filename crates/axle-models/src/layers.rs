@@ -725,7 +725,7 @@ impl<'a> Step<'a> {
         // One op per attention group (see `attn_groups`), so that each row's arithmetic depends
         // on its own sequence's rows, not on the whole batch's.
         let width = spec.head_dim_v * spec.n_head;
-        let mut out: Option<Tensor<'a>> = None;
+        let mut outs = Vec::with_capacity(groups.len());
         for group in groups {
             let (first, rows) = (group.first, group.rows);
             let (qg, mg) = if (first, rows) == (0, n) {
@@ -770,10 +770,7 @@ impl<'a> Step<'a> {
                     g.flash_attn_add_sinks(o, s);
                 }
                 let o = g.reshape(o, &[width, 1]);
-                out = Some(match out {
-                    None => o,
-                    Some(prev) => g.concat(prev, o, 1),
-                });
+                outs.push(o);
                 continue;
             }
             if rows_op(group) {
@@ -793,10 +790,7 @@ impl<'a> Step<'a> {
                         unreachable!("the runner turns row attention on only where the op applies")
                     });
                 let o = g.reshape(o, &[width, rows]);
-                out = Some(match out {
-                    None => o,
-                    Some(prev) => g.concat(prev, o, 1),
-                });
+                outs.push(o);
                 continue;
             }
             // A one-row op over 512 or more slots would take the CPU's split-KV kernel: attend with
@@ -824,12 +818,10 @@ impl<'a> Step<'a> {
             } else {
                 g.reshape(o, &[width, rows])
             };
-            out = Some(match out {
-                None => o,
-                Some(prev) => g.concat(prev, o, 1),
-            });
+            outs.push(o);
         }
-        out.unwrap_or_else(|| unreachable!("a step has at least one attention group"))
+        // A step has at least one attention group.
+        concat_all(g, outs, 1)
     }
 
     /// The mask a layer attends with: the sliding-window one for sliding layers (when the model
