@@ -30,7 +30,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use gguf::{GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
-pub use store::{StoredTensor, TensorStore, WeightPlacement};
+pub use store::{FusedWeight, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
 pub use sysinfo::{cpu_features, host_available_memory, system_info, CpuFeature};
 /// A small deterministic generator for the kernels' self-checks (xorshift64).
 pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {

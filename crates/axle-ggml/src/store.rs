@@ -1,7 +1,7 @@
 //! Long-lived tensors (model weights, KV cache) with their backend memory: a [`TensorStore`] owns
 //! the metadata context, the buffers and, for weights used in place, the file mmap. Handles to its
 //! tensors ([`StoredTensor`]) keep the store alive, so a graph can never see freed weights.
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::{Backend, BufferType, Context, DType, Error, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
@@ -23,6 +23,8 @@ struct StoreInner {
     _buffers: Vec<Buffer>,
     _mmap: Option<Arc<Mmap>>,
     by_name: HashMap<String, *mut sys::ggml_tensor>,
+    /// Names of the fused weights (see [`WeightFusion`]).
+    fused: Vec<String>,
 }
 
 // SAFETY: after loading, the store's tensors are only read by graphs (weights) or written by graphs
@@ -96,6 +98,32 @@ pub enum WeightPlacement {
     },
 }
 
+/// Weights stored as one tensor: the rows of `parts`, one part after another, bound as `name`.
+/// Each part stays bound under its own name, as a view of its rows. One product with the fused
+/// weight does the work of one per part (one pass of the kernel, one quantization of the
+/// activations, one launch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedWeight {
+    /// Name the fused tensor is bound as.
+    pub name: String,
+    /// Tensors whose rows it holds, in order.
+    pub parts: Vec<String>,
+}
+
+/// Which weights [`TensorStore::load_weights`] stores fused, and where.
+///
+/// A group is fused where its parts are 2-D, of one type and width, and go to one buffer that is
+/// not a repacking one (a repacked layout interleaves rows, so a part could not be a view of
+/// its rows); otherwise its parts are loaded as they are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightFusion {
+    /// The groups.
+    pub groups: Vec<FusedWeight>,
+    /// Also fuse groups whose parts stay in host memory (copied out of the mapping into a plain
+    /// host buffer); by default only groups in an accelerator's memory are fused.
+    pub on_host: bool,
+}
+
 /// The token embedding, kept in host memory by [`WeightPlacement::Device`].
 const TOKEN_EMBD: &str = "token_embd.weight";
 /// The output head a tied model lacks.
@@ -114,6 +142,11 @@ impl TensorStore {
     pub fn require(&self, name: &str) -> Result<StoredTensor> {
         self.get(name)
             .ok_or_else(|| Error::MissingTensor(name.to_string()))
+    }
+
+    /// Names of the weights stored fused (see [`WeightFusion`]), in load order.
+    pub fn fused(&self) -> &[String] {
+        &self.inner.fused
     }
 
     /// Names and buffer types of all tensors (for reports).
@@ -142,6 +175,8 @@ impl TensorStore {
     /// Loads all tensors of a GGUF file. `matmul_weight(name)` tells which tensors are only used as
     /// the weight of a mul_mat (candidates for repacking); `backend` answers support queries.
     ///
+    /// `fusion` names weights to store as one tensor where they can be (see [`WeightFusion`]).
+    ///
     /// `progress(done, total)` is called with the bytes copied so far as weights go to non-mmap
     /// memory (a device, or a repacked layout).
     pub fn load_weights(
@@ -149,12 +184,13 @@ impl TensorStore {
         placement: WeightPlacement,
         backend: &Backend,
         matmul_weight: impl Fn(&str) -> bool,
+        fusion: &WeightFusion,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<TensorStore> {
         let infos = file.tensors();
-        let ctx = Context::new(infos.len() + 1, 0)?;
+        let ctx = Context::new(infos.len() + fusion.groups.len() + 1, 0)?;
         let mut by_name = HashMap::new();
-        let mut groups: HashMap<Option<BufferType>, Vec<(usize, *mut sys::ggml_tensor)>> =
+        let mut groups: HashMap<Option<BufferType>, Vec<(Source, *mut sys::ggml_tensor)>> =
             HashMap::new();
         let extras = match &placement {
             WeightPlacement::Host { repack: true } => backend.device().extra_buffer_types(),
@@ -167,25 +203,61 @@ impl TensorStore {
             Some(b) if b.is_split() => &split_ctx,
             _ => &ctx,
         };
-        for (i, info) in infos.iter().enumerate() {
-            let target = match &placement {
-                WeightPlacement::Layers { layers, head } => match info.layer() {
-                    Some(il) => layers.get(il as usize).copied().flatten(),
-                    None if info.name != TOKEN_EMBD => *head,
-                    None => None,
-                },
-                WeightPlacement::Host { .. } => {
-                    // 2-D product weights and 3-D expert weights (mul_mat_id); other 3-D weights
-                    // (MLA's per-head absorption matrices) feed plain batched products, which
-                    // repacked memory does not serve.
-                    let experts = info.shape.len() == 3 && info.name.contains("_exps.");
-                    let repackable =
-                        (info.shape.len() == 2 || experts) && matmul_weight(&info.name);
-                    extras.iter().copied().find(|&b| {
-                        repackable && backend.supports_matmul_weight(b, info.dtype, &info.shape)
-                    })
-                }
+        let target_of = |info: &TensorInfo| match &placement {
+            WeightPlacement::Layers { layers, head } => match info.layer() {
+                Some(il) => layers.get(il as usize).copied().flatten(),
+                None if info.name != TOKEN_EMBD => *head,
+                None => None,
+            },
+            WeightPlacement::Host { .. } => {
+                // 2-D product weights and 3-D expert weights (mul_mat_id); other 3-D weights
+                // (MLA's per-head absorption matrices) feed plain batched products, which
+                // repacked memory does not serve.
+                let experts = info.shape.len() == 3 && info.name.contains("_exps.");
+                let repackable = (info.shape.len() == 2 || experts) && matmul_weight(&info.name);
+                extras.iter().copied().find(|&b| {
+                    repackable && backend.supports_matmul_weight(b, info.dtype, &info.shape)
+                })
+            }
+        };
+        let host_placement = matches!(placement, WeightPlacement::Host { .. });
+        let mut fused_parts = HashMap::new();
+        let mut fused_names = Vec::new();
+        let mut views = Vec::new();
+        for group in &fusion.groups {
+            let Some((buft, parts)) =
+                fusable(&infos, group, &target_of, host_placement, fusion.on_host)
+            else {
+                continue;
             };
+            let first = &infos[parts[0]];
+            let rows: i64 = parts.iter().map(|&i| infos[i].shape[1]).sum();
+            let fused = ctx
+                .tensor(first.dtype, &[first.shape[0], rows])
+                .named(&group.name);
+            let row_size = first.dtype.row_size(first.shape[0]);
+            let mut offset = 0;
+            for &i in &parts {
+                let part = ctx
+                    .view(fused, &infos[i].shape, &[row_size], offset)
+                    .named(&infos[i].name);
+                offset += infos[i].nbytes as usize;
+                by_name.insert(infos[i].name.clone(), part.raw());
+                views.push(part.raw());
+                fused_parts.insert(i, ());
+            }
+            by_name.insert(group.name.clone(), fused.raw());
+            fused_names.push(group.name.clone());
+            groups
+                .entry(Some(buft))
+                .or_default()
+                .push((Source::Fused(parts), fused.raw()));
+        }
+        for (i, info) in infos.iter().enumerate() {
+            if fused_parts.contains_key(&i) {
+                continue;
+            }
+            let target = target_of(info);
             let t = ctx_for(target)
                 .tensor(info.dtype, &info.shape)
                 .named(&info.name);
@@ -197,7 +269,10 @@ impl TensorStore {
                 });
             }
             by_name.insert(info.name.clone(), t.raw());
-            groups.entry(target).or_default().push((i, t.raw()));
+            groups
+                .entry(target)
+                .or_default()
+                .push((Source::File(i), t.raw()));
         }
         // A tied head on the device: a device copy of the token embedding, bound as the head. On
         // the host with repacking, a repacked copy where the CPU has a layout for its type (as
@@ -223,14 +298,17 @@ impl TensorStore {
                         .tensor(infos[i].dtype, &infos[i].shape)
                         .named(OUTPUT);
                     by_name.insert(OUTPUT.to_string(), t.raw());
-                    groups.entry(Some(buft)).or_default().push((i, t.raw()));
+                    groups
+                        .entry(Some(buft))
+                        .or_default()
+                        .push((Source::File(i), t.raw()));
                 }
             }
         }
         let total: u64 = groups
             .iter()
             .filter(|(target, _)| target.is_some())
-            .flat_map(|(_, ts)| ts.iter().map(|&(i, _)| infos[i].nbytes))
+            .flat_map(|(_, ts)| ts.iter().map(|(src, _)| src.nbytes(&infos)))
             .sum();
         let mut done = 0u64;
         let mut buffers = Vec::new();
@@ -263,7 +341,10 @@ impl TensorStore {
                         )
                     };
                     buffers.push(Buffer(buf));
-                    for (i, t) in tensors {
+                    for (src, t) in tensors {
+                        let Source::File(i) = src else {
+                            unreachable!("fused weights always get a buffer of their own");
+                        };
                         let off = infos[i].file_offset as usize;
                         // SAFETY: off + nbytes <= file size was checked when the file was opened, so
                         // the address lies inside buf.
@@ -286,15 +367,26 @@ impl TensorStore {
                             sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
                         )
                     };
-                    for (i, t) in tensors {
-                        let data = file.tensor_data(&infos[i]);
-                        // SAFETY: t is allocated in buf and data has exactly its nbytes (checked above);
-                        // repacking buffer types convert the layout inside set_tensor.
-                        unsafe {
-                            sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len())
-                        };
-                        done += data.len() as u64;
-                        progress(done, total);
+                    for (src, t) in tensors {
+                        let mut offset = 0;
+                        for &i in src.parts() {
+                            let data = file.tensor_data(&infos[i]);
+                            // SAFETY: t is allocated in buf; a file tensor's data has exactly its
+                            // nbytes (checked above), a fused one's parts fill it one after another
+                            // (its size is their sum); repacking buffer types convert the layout
+                            // inside set_tensor and only ever get whole tensors (never fused ones).
+                            unsafe {
+                                sys::ggml_backend_tensor_set(
+                                    t,
+                                    data.as_ptr().cast(),
+                                    offset,
+                                    data.len(),
+                                )
+                            };
+                            offset += data.len();
+                            done += data.len() as u64;
+                            progress(done, total);
+                        }
                     }
                     buffers.push(buf);
                 }
@@ -306,7 +398,10 @@ impl TensorStore {
             unsafe {
                 sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
             };
-            for (i, t) in tensors {
+            for (src, t) in tensors {
+                let Source::File(i) = src else {
+                    unreachable!("fused weights are never split");
+                };
                 let data = file.tensor_data(&infos[i]);
                 // SAFETY: t is allocated in buf and data has exactly its nbytes (checked above);
                 // the split buffer copies each device's slice of the whole tensor.
@@ -316,6 +411,13 @@ impl TensorStore {
             }
             buffers.push(buf);
         }
+        for view in views {
+            // SAFETY: every view's source (a fused weight) was placed in a buffer above.
+            let st = unsafe { sys::ggml_backend_view_init(view) };
+            if st != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Alloc("binding a part of a fused weight".into()));
+            }
+        }
         let split_ctx = (!split_ctx.tensors().is_empty()).then_some(split_ctx);
         Ok(TensorStore {
             inner: Arc::new(StoreInner {
@@ -324,6 +426,7 @@ impl TensorStore {
                 _buffers: buffers,
                 _mmap: mmap,
                 by_name,
+                fused: fused_names,
             }),
         })
     }
@@ -352,6 +455,7 @@ impl TensorStore {
                 _buffers: vec![buf],
                 _mmap: None,
                 by_name,
+                fused: Vec::new(),
             }),
         })
     }
@@ -395,4 +499,63 @@ fn alloc_for(buft: BufferType, tensors: &[*mut sys::ggml_tensor]) -> Result<Buff
         }
         Ok(buf)
     }
+}
+
+/// Where a loaded tensor's bytes come from.
+enum Source {
+    /// One tensor of the file (its index).
+    File(usize),
+    /// The parts of a fused weight, in order.
+    Fused(Vec<usize>),
+}
+
+impl Source {
+    /// The file tensors whose bytes fill it, in order.
+    fn parts(&self) -> &[usize] {
+        match self {
+            Source::File(i) => std::slice::from_ref(i),
+            Source::Fused(parts) => parts,
+        }
+    }
+
+    fn nbytes(&self, infos: &[TensorInfo]) -> u64 {
+        self.parts().iter().map(|&i| infos[i].nbytes).sum()
+    }
+}
+
+/// The buffer and the file tensors of a fusion group, where it can be fused: every part present,
+/// 2-D, of one type and width, all bound for one buffer that is an accelerator's (or, with
+/// `on_host`, host memory used in place, which gets a plain host buffer instead). Not for
+/// repacking or split buffers: a part must be a view of its rows.
+fn fusable(
+    infos: &[TensorInfo],
+    group: &FusedWeight,
+    target_of: &dyn Fn(&TensorInfo) -> Option<BufferType>,
+    host_placement: bool,
+    on_host: bool,
+) -> Option<(BufferType, Vec<usize>)> {
+    let parts = group
+        .parts
+        .iter()
+        .map(|name| infos.iter().position(|t| &t.name == name))
+        .collect::<Option<Vec<usize>>>()?;
+    let first = &infos[*parts.first()?];
+    let alike = parts.iter().all(|&i| {
+        let t = &infos[i];
+        t.shape.len() == 2 && t.dtype == first.dtype && t.shape[0] == first.shape[0]
+    });
+    let target = target_of(first);
+    if !alike || parts.iter().any(|&i| target_of(&infos[i]) != target) {
+        return None;
+    }
+    let buft = match target {
+        // In place in the mapping.
+        None if on_host => BufferType::cpu(),
+        None => return None,
+        // Host placement's buffers are repacking ones.
+        Some(_) if host_placement => return None,
+        Some(b) if b.is_split() => return None,
+        Some(b) => b,
+    };
+    Some((buft, parts))
 }

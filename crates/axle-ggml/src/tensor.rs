@@ -698,6 +698,26 @@ impl Context {
         // SAFETY: as above.
         Tensor::from_raw(unsafe { sys::ggml_glu_split(self.raw(), gate.raw(), up.raw(), op) })
     }
+    /// The gated unit of `a` [2 n, ...] whose rows hold the gate and then the up projection (a
+    /// product with a fused gate-up weight): `op(a[..n]) * a[n..]`, [n, ...]. The same
+    /// arithmetic as [`Context::glu`] of the two halves.
+    pub fn glu_halves<'a>(&'a self, a: Tensor<'a>, op: GluOp) -> Tensor<'a> {
+        let op = match op {
+            GluOp::SwiGlu => sys::GGML_GLU_OP_SWIGLU,
+            GluOp::GeGlu => sys::GGML_GLU_OP_GEGLU,
+            GluOp::SwiGluOai => {
+                let [n2, rest @ ..] = a.ne();
+                let half = |i: usize| {
+                    let mut shape = vec![n2 / 2];
+                    shape.extend_from_slice(&rest[..1]);
+                    self.view(a, &shape, &[a.nb()[1]], i * a.dtype().row_size(n2 / 2))
+                };
+                return self.glu(half(0), half(1), GluOp::SwiGluOai);
+            }
+        };
+        // SAFETY: as above; ggml checks that `a` has an even first dimension.
+        Tensor::from_raw(unsafe { sys::ggml_glu(self.raw(), a.raw(), op, false) })
+    }
     /// Rotary position embedding of `a` [head_dim, n_head, n_tokens] at I32 positions `pos`,
     /// with optional per-dimension frequency factors (llama3 / longrope).
     pub fn rope<'a>(

@@ -582,10 +582,11 @@ impl<'a> Step<'a> {
         };
         // Views rather than reshapes (the same rows): ggml's CUDA backend fuses rope -> view ->
         // set_rows (and a preceding RMS norm) into one kernel that writes the rotated keys
-        // straight into their slots, as llama.cpp's graphs have it.
+        // straight into their slots, as llama.cpp's graphs have it. A token's heads lie side by
+        // side; its row may be a stretch of a wider one (V from a fused QKV product).
         let rows = |t: Tensor<'a>, d: i64| {
             let nb = t.nb();
-            if nb[1] == t.dtype().row_size(d) && nb[2] == nb[1] * spec.n_head_kv as usize {
+            if nb[1] == t.dtype().row_size(d) && nb[2] >= nb[1] * spec.n_head_kv as usize {
                 g.view(t, &[d * spec.n_head_kv, n], &[t.nb()[2]], 0)
             } else {
                 g.reshape(t, &[d * spec.n_head_kv, n])

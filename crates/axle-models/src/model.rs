@@ -6,7 +6,7 @@ use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
-use axle_ggml::{Backend, GgufFile, TensorStore, WeightPlacement};
+use axle_ggml::{Backend, GgufFile, TensorStore, WeightFusion, WeightPlacement};
 use std::path::{Path, PathBuf};
 
 /// How to load a model.
@@ -30,6 +30,42 @@ pub struct ModelOptions {
     pub rpc: Vec<String>,
     /// Layer ranges over the devices, or every layer split over all of them.
     pub split_mode: SplitMode,
+    /// Where projections that read the same input are stored as one weight.
+    pub fused_projections: FusedProjections,
+}
+
+/// Where a layer's projections that read the same input (its Q, K and V; its FFN gate and up)
+/// are stored as one weight, so that a step runs one product where it would run two or three:
+/// one pass of the kernel, one quantization of the activations, one launch. A fused product
+/// gives each row what the separate ones give it on the host and in ggml's mat-vec kernels; in
+/// CUDA's tiled kernel (MMQ) the split of the work depends on the weight's rows, so the numbers
+/// differ from the separate products', the same way in every step (batch invariance holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FusedProjections {
+    /// Separate weights, as the file has them.
+    Off,
+    /// Fused where the layer's weights live in an accelerator's memory (the default: the host
+    /// path keeps libllama's separate products, bit for bit).
+    #[default]
+    Devices,
+    /// Fused everywhere (on the host a copy of the weights, instead of using them in place).
+    Everywhere,
+}
+
+impl std::str::FromStr for FusedProjections {
+    type Err = String;
+
+    /// `off`, `devices` or `everywhere` (`AXLE_FUSED_PROJECTIONS`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(FusedProjections::Off),
+            "devices" => Ok(FusedProjections::Devices),
+            "everywhere" => Ok(FusedProjections::Everywhere),
+            other => Err(format!(
+                "fused projections are off, devices or everywhere, not {other:?}"
+            )),
+        }
+    }
 }
 
 impl Default for ModelOptions {
@@ -42,6 +78,7 @@ impl Default for ModelOptions {
             split: None,
             rpc: Vec::new(),
             split_mode: SplitMode::Layer,
+            fused_projections: FusedProjections::default(),
         }
     }
 }
@@ -147,11 +184,24 @@ impl Model {
         };
         // Used for placement queries while loading; each runner owns the backend it computes with.
         let backend = Backend::cpu(opts.threads)?;
+        // `AXLE_FUSED_PROJECTIONS` overrides the option, for measuring one against the other.
+        let fused = match std::env::var("AXLE_FUSED_PROJECTIONS") {
+            Ok(v) => v.parse().map_err(ModelError::Invalid)?,
+            Err(_) => opts.fused_projections,
+        };
+        let fusion = WeightFusion {
+            groups: match fused {
+                FusedProjections::Off => Vec::new(),
+                _ => arch::projection_fusions(&arch_name, &file),
+            },
+            on_host: fused == FusedProjections::Everywhere,
+        };
         let weights = TensorStore::load_weights(
             &file,
             weight_placement,
             &backend,
             |name| name != "token_embd.weight",
+            &fusion,
             progress,
         )?;
         let family = loader(&file, &weights)?;
@@ -175,6 +225,11 @@ impl Model {
             threads: opts.threads,
             placement,
         })
+    }
+
+    /// Names of the weights stored fused ([`FusedProjections`]).
+    pub fn fused_weights(&self) -> &[String] {
+        self._weights.fused()
     }
 
     /// Where the layers run.

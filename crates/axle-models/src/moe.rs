@@ -15,7 +15,10 @@
 use crate::arch::Weights;
 use crate::layers::{FfnWeights, Kernels, Step};
 use crate::ModelError;
-use axle_ggml::{GgufFile, GluOp, StoredTensor, Tensor};
+use axle_ggml::{FusedWeight, GgufFile, GluOp, StoredTensor, Tensor};
+
+/// Name of a layer's fused FFN gate and up weight.
+const FUSED_GATE_UP: &str = "ffn_gate_up.fused";
 
 /// How router logits become expert scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +189,9 @@ pub enum FeedForward {
         up: StoredTensor,
         /// Down projection.
         down: StoredTensor,
+        /// [n_embd, 2 n_ff]: `gate` and `up` stored as one weight, where the store fused them
+        /// ([`FeedForward::fused_gate_up`]).
+        gate_up: Option<StoredTensor>,
     },
     /// Routed experts (and shared ones).
     Moe(Box<MoeLayer>, MoeConfig),
@@ -204,7 +210,18 @@ impl FeedForward {
             gate: w.req(&n("ffn_gate.weight"), &[n_embd, n_ff])?,
             up: w.req(&n("ffn_up.weight"), &[n_embd, n_ff])?,
             down: w.req(&n("ffn_down.weight"), &[n_ff, n_embd])?,
+            gate_up: w.opt(&n(FUSED_GATE_UP), &[n_embd, 2 * n_ff])?,
         })
+    }
+
+    /// Layer `il`'s dense gate and up projections as one weight (gate rows first), bound by
+    /// [`FeedForward::dense`] where the store fused them.
+    pub fn fused_gate_up(il: usize) -> FusedWeight {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        FusedWeight {
+            name: n(FUSED_GATE_UP),
+            parts: vec![n("ffn_gate.weight"), n("ffn_up.weight")],
+        }
     }
 }
 
@@ -304,7 +321,15 @@ impl<'a> Step<'a> {
     /// A SwiGLU feed-forward block of `x` [n_embd, n], dense or MoE.
     pub fn feed_forward(&mut self, x: Tensor<'a>, f: &'a FeedForward) -> Tensor<'a> {
         match f {
-            FeedForward::Dense { gate, up, down } => {
+            FeedForward::Dense {
+                gate_up: Some(gate_up),
+                down,
+                ..
+            } => {
+                let y = self.matmul(gate_up, x);
+                self.matmul(down, self.ctx.glu_halves(y, GluOp::SwiGlu))
+            }
+            FeedForward::Dense { gate, up, down, .. } => {
                 self.ffn(x, FfnWeights { gate, up, down }, GluOp::SwiGlu)
             }
             FeedForward::Moe(m, cfg) => self.moe(x, m, cfg),

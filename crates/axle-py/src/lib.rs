@@ -337,6 +337,7 @@ impl Engine {
             split,
             rpc: rpc.unwrap_or_default(),
             split_mode: split_mode.parse().map_err(invalid)?,
+            ..Default::default()
         };
         let spec = RouteSpec {
             model: model_path,

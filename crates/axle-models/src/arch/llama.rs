@@ -8,7 +8,7 @@ use super::{Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
 use crate::ModelError;
-use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
+use axle_ggml::{FusedWeight, GgufFile, StoredTensor, Tensor, TensorStore};
 
 /// One decoder layer.
 #[derive(Debug)]
@@ -21,6 +21,9 @@ struct Layer {
     wk: StoredTensor,
     /// [n_embd, n_head_kv * head_dim]
     wv: StoredTensor,
+    /// [n_embd, q_dim + 2 kv_dim]: `wq`, `wk` and `wv` stored as one weight, where the store
+    /// fused them (see [`projection_fusions`]).
+    wqkv: Option<StoredTensor>,
     /// [n_head * head_dim, n_embd]
     wo: StoredTensor,
     /// Optional QKV biases.
@@ -78,6 +81,42 @@ pub struct MoeVariant {
     pub shared_gate: SharedGate,
     /// The first `{arch}.leading_dense_block_count` layers have a dense FFN (GLM-4.5).
     pub leading_dense: bool,
+}
+
+/// Name of a layer's fused Q, K and V weight.
+const FUSED_QKV: &str = "attn_qkv.fused";
+
+/// The architectures whose graph is this one, and which therefore use fused projections.
+pub const FUSING_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "glm4moe"];
+
+/// The weights of `f` that this graph can use fused: each layer's Q, K and V (where the layer has
+/// no QKV biases and no per-head Q/K norms, which apply to each part by itself) and its dense
+/// FFN's gate and up ([`FeedForward::dense`]). The store fuses a group only where its parts match
+/// (one type, one width, one buffer); the graph binds whatever it finds.
+pub fn projection_fusions(f: &GgufFile) -> Vec<FusedWeight> {
+    let has = |name: &str| f.tensors().iter().any(|t| t.name == name);
+    let mut groups = Vec::new();
+    for il in 0..f.layers_in_tensors() {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let separate = [
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+        ];
+        if !separate.iter().any(|s| has(&n(s))) {
+            groups.push(FusedWeight {
+                name: n(FUSED_QKV),
+                parts: ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+                    .iter()
+                    .map(|s| n(s))
+                    .collect(),
+            });
+        }
+        groups.push(FeedForward::fused_gate_up(il as usize));
+    }
+    groups
 }
 
 /// Reads the config and binds the weights.
@@ -189,6 +228,7 @@ impl Llama {
                 wq: w.req(&n("attn_q.weight"), &[e, q_dim])?,
                 wk: w.req(&n("attn_k.weight"), &[e, kv_dim])?,
                 wv: w.req(&n("attn_v.weight"), &[e, vv_dim])?,
+                wqkv: w.opt(&n(FUSED_QKV), &[e, q_dim + kv_dim + vv_dim])?,
                 wo: w.req(&n("attn_output.weight"), &[hp.n_head * hp.head_dim_v, e])?,
                 bq: w.opt(&n("attn_q.bias"), &[q_dim])?,
                 bk: w.opt(&n("attn_k.bias"), &[kv_dim])?,
@@ -231,6 +271,30 @@ impl Llama {
     }
 }
 
+impl Llama {
+    /// Q [head_dim_k, n_head, n], K [head_dim_k, n_head_kv, n] and V [head_dim_v, n_head_kv, n]
+    /// as views of the rows of a fused QKV product `y` [q_dim + kv_dim + vv_dim, n].
+    fn split_qkv<'a>(
+        &self,
+        g: &'a axle_ggml::Context,
+        y: Tensor<'a>,
+    ) -> (Tensor<'a>, Tensor<'a>, Tensor<'a>) {
+        let hp = &self.hp;
+        let n = y.ne()[1];
+        let row = y.nb()[1];
+        let size = |d: i64| y.dtype().row_size(d);
+        let part =
+            |d: i64, heads: i64, offset: usize| g.view(y, &[d, heads, n], &[size(d), row], offset);
+        let q_bytes = size(hp.head_dim_k * hp.n_head);
+        let k_bytes = size(hp.head_dim_k * hp.n_head_kv);
+        (
+            part(hp.head_dim_k, hp.n_head, 0),
+            part(hp.head_dim_k, hp.n_head_kv, q_bytes),
+            part(hp.head_dim_v, hp.n_head_kv, q_bytes + k_bytes),
+        )
+    }
+}
+
 impl Family for Llama {
     fn hparams(&self) -> &Hparams {
         &self.hp
@@ -248,18 +312,23 @@ impl Family for Llama {
             let h = s
                 .rms_norm(x, &l.attn_norm, hp.rms_eps)
                 .named(&format!("attn_norm-{il}"));
-            let q = g.reshape(
-                s.linear(&l.wq, l.bq.as_ref(), h),
-                &[hp.head_dim_k, hp.n_head, n],
-            );
-            let k = g.reshape(
-                s.linear(&l.wk, l.bk.as_ref(), h),
-                &[hp.head_dim_k, hp.n_head_kv, n],
-            );
-            let v = g.reshape(
-                s.linear(&l.wv, l.bv.as_ref(), h),
-                &[hp.head_dim_v, hp.n_head_kv, n],
-            );
+            let (q, k, v) = match &l.wqkv {
+                Some(wqkv) => self.split_qkv(g, s.matmul(wqkv, h)),
+                None => (
+                    g.reshape(
+                        s.linear(&l.wq, l.bq.as_ref(), h),
+                        &[hp.head_dim_k, hp.n_head, n],
+                    ),
+                    g.reshape(
+                        s.linear(&l.wk, l.bk.as_ref(), h),
+                        &[hp.head_dim_k, hp.n_head_kv, n],
+                    ),
+                    g.reshape(
+                        s.linear(&l.wv, l.bv.as_ref(), h),
+                        &[hp.head_dim_v, hp.n_head_kv, n],
+                    ),
+                ),
+            };
             let (q, k) = match (&l.q_norm, &l.k_norm) {
                 (Some(qn), Some(kn)) => {
                     (s.rms_norm(q, qn, hp.rms_eps), s.rms_norm(k, kn, hp.rms_eps))

@@ -454,6 +454,16 @@ impl NormedAttention {
     }
 }
 
+/// Weights that `arch`'s graph can use fused (see [`axle_ggml::WeightFusion`]); none for the
+/// families whose graphs do not bind fused weights.
+pub fn projection_fusions(arch: &str, f: &GgufFile) -> Vec<axle_ggml::FusedWeight> {
+    if llama::FUSING_ARCHS.contains(&arch) {
+        llama::projection_fusions(f)
+    } else {
+        Vec::new()
+    }
+}
+
 /// A family constructor: reads its config from the file and binds its weights.
 pub type Loader = fn(&GgufFile, &TensorStore) -> Result<Box<dyn Family>, ModelError>;
 

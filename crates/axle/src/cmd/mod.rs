@@ -49,6 +49,11 @@ pub struct DeviceArgs {
     /// sums added across the devices; llama, qwen2 and qwen3 models, with `--kernels fast`).
     #[arg(long, default_value = "layer")]
     pub split_mode: axle_models::SplitMode,
+    /// Where a layer's projections that read the same input (Q, K and V; the FFN's gate and up)
+    /// are stored as one weight and run as one product: `devices` (on accelerators), `off`, or
+    /// `everywhere` (the host too, from a copy of the weights).
+    #[arg(long, default_value = "devices")]
+    pub fused_projections: axle_models::FusedProjections,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -256,6 +261,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         split: device.split.clone(),
         rpc: device.rpc.clone(),
         split_mode: device.split_mode,
+        fused_projections: device.fused_projections,
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
