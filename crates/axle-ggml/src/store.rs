@@ -226,7 +226,7 @@ impl TensorStore {
         let mut views = Vec::new();
         for group in &fusion.groups {
             let Some((buft, parts)) =
-                fusable(&infos, group, &target_of, host_placement, fusion.on_host)
+                fusable(infos, group, &target_of, host_placement, fusion.on_host)
             else {
                 continue;
             };
@@ -308,7 +308,7 @@ impl TensorStore {
         let total: u64 = groups
             .iter()
             .filter(|(target, _)| target.is_some())
-            .flat_map(|(_, ts)| ts.iter().map(|(src, _)| src.nbytes(&infos)))
+            .flat_map(|(_, ts)| ts.iter().map(|(src, _)| src.nbytes(infos)))
             .sum();
         let mut done = 0u64;
         let mut buffers = Vec::new();

@@ -64,27 +64,11 @@ pub enum DeviceProducts {
     Wide,
 }
 
-impl std::str::FromStr for DeviceProducts {
-    type Err = String;
-
-    /// `groups` or `wide` (the names of the CLI's `--device-products`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "groups" => Ok(DeviceProducts::Groups),
-            "wide" => Ok(DeviceProducts::Wide),
-            other => Err(format!("device products are groups or wide, not {other:?}")),
-        }
-    }
-}
-
-impl std::fmt::Display for DeviceProducts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            DeviceProducts::Groups => "groups",
-            DeviceProducts::Wide => "wide",
-        })
-    }
-}
+// The names of the CLI's `--device-products`.
+crate::choice::named_choice!(DeviceProducts, "device products", {
+    "groups" => DeviceProducts::Groups,
+    "wide" => DeviceProducts::Wide,
+});
 
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
 pub const KV_ALIGN: u32 = 256;

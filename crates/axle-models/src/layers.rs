@@ -182,31 +182,12 @@ impl HostKernels {
     }
 }
 
-impl std::str::FromStr for HostKernels {
-    type Err = String;
-
-    /// `origin`, `compatible` or `tiled` (the names of the CLI's `--host-kernels`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "origin" => Ok(HostKernels::Origin),
-            "compatible" => Ok(HostKernels::Compatible),
-            "tiled" => Ok(HostKernels::Tiled),
-            other => Err(format!(
-                "host kernels are origin, compatible or tiled, not {other:?}"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for HostKernels {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HostKernels::Origin => "origin",
-            HostKernels::Compatible => "compatible",
-            HostKernels::Tiled => "tiled",
-        })
-    }
-}
+// The names of the CLI's `--host-kernels`.
+crate::choice::named_choice!(HostKernels, "host kernels", {
+    "origin" => HostKernels::Origin,
+    "compatible" => HostKernels::Compatible,
+    "tiled" => HostKernels::Tiled,
+});
 
 /// One attention op of a host step: `rows` rows from `first`, all with the same attention
 /// arithmetic. A tiled group of 64 rows or more is one sequence's run (ggml's tiled kernel); a

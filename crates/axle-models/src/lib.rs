@@ -7,6 +7,7 @@
 
 pub mod arch;
 pub mod chat;
+mod choice;
 pub mod device_step;
 pub mod fetched;
 pub mod kv;

@@ -52,21 +52,12 @@ pub enum FusedProjections {
     Everywhere,
 }
 
-impl std::str::FromStr for FusedProjections {
-    type Err = String;
-
-    /// `off`, `devices` or `everywhere` (`AXLE_FUSED_PROJECTIONS`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(FusedProjections::Off),
-            "devices" => Ok(FusedProjections::Devices),
-            "everywhere" => Ok(FusedProjections::Everywhere),
-            other => Err(format!(
-                "fused projections are off, devices or everywhere, not {other:?}"
-            )),
-        }
-    }
-}
+// The names of the CLI's `--fused-projections` (and of `AXLE_FUSED_PROJECTIONS`).
+crate::choice::named_choice!(FusedProjections, "fused projections", {
+    "off" => FusedProjections::Off,
+    "devices" => FusedProjections::Devices,
+    "everywhere" => FusedProjections::Everywhere,
+});
 
 impl Default for ModelOptions {
     fn default() -> Self {

@@ -72,16 +72,11 @@ pub enum SplitMode {
     Tensor,
 }
 
-impl std::str::FromStr for SplitMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "layer" => Ok(SplitMode::Layer),
-            "tensor" => Ok(SplitMode::Tensor),
-            other => Err(format!("unknown split mode `{other}` (layer, tensor)")),
-        }
-    }
-}
+// The names of the CLI's `--split-mode`.
+crate::choice::named_choice!(SplitMode, "split modes", {
+    "layer" => SplitMode::Layer,
+    "tensor" => SplitMode::Tensor,
+});
 
 /// Where a model goes, as asked: devices, split ratios, remote servers, host layers.
 #[derive(Debug, Clone, Default, PartialEq)]
