@@ -388,24 +388,8 @@ impl<'a> Step<'a> {
     /// weights), each prefill chunk as one product.
     fn matmul_device(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         let g = self.ctx;
-        let n = x.ne()[1];
-        // Quantized weights take MMVQ up to 4 columns (or MMQ from 9 to 128 on CUDA), F32 ones
-        // MMVF up to 3.
-        let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
-        let group = if w.dtype() == DType::F32 {
-            FLOAT_GROUP_COLS
-        } else {
-            GROUP_COLS
-        };
-        let small = |xs: Tensor<'a>| {
-            if wide {
-                self.mul_mat_wide(w, xs)
-            } else {
-                self.mul_mat_grouped(w, xs, group)
-            }
-        };
-        if n != self.n_tokens || d.runs.iter().all(|r| r.small) {
-            return small(x);
+        if self.all_small(x, d) {
+            return self.small_product(w, x, d);
         }
         let pieces = d
             .runs
@@ -413,13 +397,93 @@ impl<'a> Step<'a> {
             .map(|r| {
                 let xs = columns(g, x, r.first, r.cols);
                 if r.small {
-                    small(xs)
+                    self.small_product(w, xs, d)
                 } else {
                     g.mul_mat(w, xs)
                 }
             })
             .collect();
         concat_all(g, pieces, 1)
+    }
+
+    /// Whether every column of `x` is a small one (decoding or verifying sequences; rows picked
+    /// for output count as small, as in [`Step::matmul`]).
+    fn all_small(&self, x: Tensor<'a>, d: &DeviceStep) -> bool {
+        x.ne()[1] != self.n_tokens || d.runs.iter().all(|r| r.small)
+    }
+
+    /// `w @ xs` for small columns: MMVQ groups, or MMQ ops (wide products) for weights it takes;
+    /// F32 weights in MMVF groups.
+    fn small_product(&self, w: Tensor<'a>, xs: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
+        if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() {
+            return self.mul_mat_wide(w, xs);
+        }
+        let group = if w.dtype() == DType::F32 {
+            FLOAT_GROUP_COLS
+        } else {
+            GROUP_COLS
+        };
+        self.mul_mat_grouped(w, xs, group)
+    }
+
+    /// The products of `x` with the parts of a fused weight (a layer's Q, K and V, or its gate and
+    /// up: [`axle_ggml::WeightFusion`]), as one product with `fused` or one per part.
+    ///
+    /// On the host every row of a product is computed by itself, so the fused weight serves
+    /// every column. On a device, prefill chunks multiply the parts, as libllama does (MMQ's
+    /// stream-k split depends on the weight's rows, so a fused product would round a prompt
+    /// differently); small columns multiply the fused weight, which gives each row what the
+    /// parts give it in MMVQ and reads the weights once in MMQ. `fused_in_groups: false` keeps
+    /// the parts for small columns too where they go through MMVQ groups: ggml's CUDA backend
+    /// fuses a one-column gate product, up product and gated unit into one kernel, as it does
+    /// for libllama, and a fused weight's product followed by the gated unit would round
+    /// differently.
+    pub fn matmul_fused(
+        &self,
+        fused: &'a StoredTensor,
+        parts: &[&'a StoredTensor],
+        x: Tensor<'a>,
+        fused_in_groups: bool,
+    ) -> FusedProduct<'a> {
+        let g = self.ctx;
+        let w = fused.t();
+        let device = self
+            .device
+            .as_ref()
+            .filter(|_| x.ne()[2..] == [1, 1] && w.is_on_device());
+        let Some(d) = device else {
+            return FusedProduct::Whole(self.matmul(fused, x));
+        };
+        let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
+        let each_part = |x: Tensor<'a>| parts.iter().map(|p| self.matmul(p, x)).collect();
+        if !(fused_in_groups || wide) {
+            return FusedProduct::Parts(each_part(x));
+        }
+        if self.all_small(x, d) {
+            return FusedProduct::Whole(self.small_product(w, x, d));
+        }
+        if d.runs.iter().all(|r| !r.small) {
+            return FusedProduct::Parts(each_part(x));
+        }
+        // A step with both: each run its own way, each part's pieces joined by columns.
+        let mut pieces: Vec<Vec<Tensor<'a>>> = vec![Vec::new(); parts.len()];
+        for r in &d.runs {
+            let xs = columns(g, x, r.first, r.cols);
+            if r.small {
+                let y = self.small_product(w, xs, d);
+                let mut offset = 0;
+                for (piece, p) in pieces.iter_mut().zip(parts) {
+                    let rows = p.t().ne()[1];
+                    piece.push(g.view(y, &[rows, r.cols], &[y.nb()[1]], offset));
+                    offset += y.dtype().row_size(rows);
+                }
+            } else {
+                for (piece, p) in pieces.iter_mut().zip(parts) {
+                    piece.push(g.mul_mat(p.t(), xs));
+                }
+            }
+        }
+        FusedProduct::Parts(pieces.into_iter().map(|p| concat_all(g, p, 1)).collect())
     }
 
     /// `w @ x` in products of at most `group` columns: one op over groups of exactly that many
@@ -930,6 +994,16 @@ impl<'a> Step<'a> {
 }
 
 /// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
+/// What [`Step::matmul_fused`] gives: the fused weight's product (the parts' outputs one
+/// after another in each column), or each part's product.
+#[derive(Debug)]
+pub enum FusedProduct<'a> {
+    /// [sum of the parts' rows, n].
+    Whole(Tensor<'a>),
+    /// [part rows, n] each, in the parts' order.
+    Parts(Vec<Tensor<'a>>),
+}
+
 fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
     let [k, n, ..] = x.ne();
     if (first, cols) == (0, n) {

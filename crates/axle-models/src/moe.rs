@@ -13,7 +13,7 @@
 //! Q4_K experts. Repacked expert weights use a one-row kernel per column. On an accelerator, the
 //! products run in slices of the device layout's group width ([`Step::mul_mat_id`]).
 use crate::arch::Weights;
-use crate::layers::{FfnWeights, Kernels, Step};
+use crate::layers::{FfnWeights, FusedProduct, Kernels, Step};
 use crate::ModelError;
 use axle_ggml::{FusedWeight, GgufFile, GluOp, StoredTensor, Tensor};
 
@@ -323,11 +323,15 @@ impl<'a> Step<'a> {
         match f {
             FeedForward::Dense {
                 gate_up: Some(gate_up),
+                gate,
+                up,
                 down,
-                ..
             } => {
-                let y = self.matmul(gate_up, x);
-                self.matmul(down, self.ctx.glu_halves(y, GluOp::SwiGlu))
+                let act = match self.matmul_fused(gate_up, &[gate, up], x, false) {
+                    FusedProduct::Whole(y) => self.ctx.glu_halves(y, GluOp::SwiGlu),
+                    FusedProduct::Parts(p) => self.ctx.glu(p[0], p[1], GluOp::SwiGlu),
+                };
+                self.matmul(down, act)
             }
             FeedForward::Dense { gate, up, down, .. } => {
                 self.ffn(x, FfnWeights { gate, up, down }, GluOp::SwiGlu)

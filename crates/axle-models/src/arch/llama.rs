@@ -5,7 +5,7 @@
 //! this graph with a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2 and GLM, per-head QK
 //! norm for Qwen3 and some GLM files; mixtures of experts, after leading dense layers for GLM).
 use super::{Family, Head, Hparams, Weights};
-use crate::layers::{AttnSpec, Step};
+use crate::layers::{AttnSpec, FusedProduct, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
 use crate::ModelError;
 use axle_ggml::{FusedWeight, GgufFile, StoredTensor, Tensor, TensorStore};
@@ -273,25 +273,38 @@ impl Llama {
 
 impl Llama {
     /// Q [head_dim_k, n_head, n], K [head_dim_k, n_head_kv, n] and V [head_dim_v, n_head_kv, n]
-    /// as views of the rows of a fused QKV product `y` [q_dim + kv_dim + vv_dim, n].
+    /// from a fused QKV product: views of the rows of the fused weight's output, or the parts'
+    /// outputs.
     fn split_qkv<'a>(
         &self,
         g: &'a axle_ggml::Context,
-        y: Tensor<'a>,
+        y: FusedProduct<'a>,
     ) -> (Tensor<'a>, Tensor<'a>, Tensor<'a>) {
         let hp = &self.hp;
-        let n = y.ne()[1];
-        let row = y.nb()[1];
-        let size = |d: i64| y.dtype().row_size(d);
-        let part =
-            |d: i64, heads: i64, offset: usize| g.view(y, &[d, heads, n], &[size(d), row], offset);
-        let q_bytes = size(hp.head_dim_k * hp.n_head);
-        let k_bytes = size(hp.head_dim_k * hp.n_head_kv);
-        (
-            part(hp.head_dim_k, hp.n_head, 0),
-            part(hp.head_dim_k, hp.n_head_kv, q_bytes),
-            part(hp.head_dim_v, hp.n_head_kv, q_bytes + k_bytes),
-        )
+        let dims = [
+            (hp.head_dim_k, hp.n_head),
+            (hp.head_dim_k, hp.n_head_kv),
+            (hp.head_dim_v, hp.n_head_kv),
+        ];
+        let heads = |t: Tensor<'a>, (d, h): (i64, i64), offset: usize| {
+            let n = t.ne()[1];
+            g.view(t, &[d, h, n], &[t.dtype().row_size(d), t.nb()[1]], offset)
+        };
+        match y {
+            FusedProduct::Whole(y) => {
+                let size = |(d, h): (i64, i64)| y.dtype().row_size(d * h);
+                (
+                    heads(y, dims[0], 0),
+                    heads(y, dims[1], size(dims[0])),
+                    heads(y, dims[2], size(dims[0]) + size(dims[1])),
+                )
+            }
+            FusedProduct::Parts(p) => (
+                heads(p[0], dims[0], 0),
+                heads(p[1], dims[1], 0),
+                heads(p[2], dims[2], 0),
+            ),
+        }
     }
 }
 
@@ -313,7 +326,9 @@ impl Family for Llama {
                 .rms_norm(x, &l.attn_norm, hp.rms_eps)
                 .named(&format!("attn_norm-{il}"));
             let (q, k, v) = match &l.wqkv {
-                Some(wqkv) => self.split_qkv(g, s.matmul(wqkv, h)),
+                Some(wqkv) => {
+                    self.split_qkv(g, s.matmul_fused(wqkv, &[&l.wq, &l.wk, &l.wv], h, true))
+                }
                 None => (
                     g.reshape(
                         s.linear(&l.wq, l.bq.as_ref(), h),
