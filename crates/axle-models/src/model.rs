@@ -3,6 +3,7 @@
 //! reports it as one clear error.
 use crate::arch::{self, Family};
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::device_step::DeviceProducts;
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
@@ -35,21 +36,43 @@ pub struct ModelOptions {
 }
 
 /// Where a layer's projections that read the same input (its Q, K and V; its FFN gate and up)
-/// are stored as one weight, so that a step runs one product where it would run two or three:
-/// one pass of the kernel, one quantization of the activations, one launch. A fused product
-/// gives each row what the separate ones give it on the host and in ggml's mat-vec kernels; in
-/// CUDA's tiled kernel (MMQ) the split of the work depends on the weight's rows, so the numbers
-/// differ from the separate products', the same way in every step (batch invariance holds).
+/// are stored as one weight, so that a step's small columns (decoding and verifying sequences)
+/// run one product where they would run two or three: one pass of the kernel, one quantization
+/// of the activations, one launch. Prefill chunks keep the separate products (the parts stay
+/// bound, as views of the fused weight's rows).
+///
+/// The engine fuses where its small columns go through wide products on CUDA
+/// ([`FusedProjections::for_products`]), whose numbers are Axle's own anyway (MMQ's split of the
+/// work depends on the weight's rows; the same in every step, so batch invariance holds). With
+/// the default mat-vec groups it does not: on the H100, SmolLM2 with fused weights agreed with
+/// libllama's greedy output on 13/20 prompts instead of 20/20, with either product for the small
+/// columns (the parts being views of a fused weight was enough), so the default keeps libllama's
+/// separate weights and its numbers, bit for bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedProjections {
-    /// Separate weights, as the file has them.
-    Off,
-    /// Fused where the layer's weights live in an accelerator's memory (the default: the host
-    /// path keeps libllama's separate products, bit for bit).
+    /// Separate weights, as the file has them (the default where products are not wide).
     #[default]
+    Off,
+    /// Fused where the layer's weights live in an accelerator's memory.
     Devices,
     /// Fused everywhere (on the host a copy of the weights, instead of using them in place).
     Everywhere,
+}
+
+impl FusedProjections {
+    /// The default for an engine whose small columns multiply with `products` (None: the
+    /// runner's default, `AXLE_DEVICE_PRODUCTS`): fused on devices with wide products, else off.
+    pub fn for_products(products: Option<DeviceProducts>) -> FusedProjections {
+        let wide = match products {
+            Some(p) => p == DeviceProducts::Wide,
+            None => std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() == Ok("wide"),
+        };
+        if wide {
+            FusedProjections::Devices
+        } else {
+            FusedProjections::Off
+        }
+    }
 }
 
 // The names of the CLI's `--fused-projections` (and of `AXLE_FUSED_PROJECTIONS`).

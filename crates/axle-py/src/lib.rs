@@ -337,7 +337,7 @@ impl Engine {
             split,
             rpc: rpc.unwrap_or_default(),
             split_mode: split_mode.parse().map_err(invalid)?,
-            ..Default::default()
+            fused_projections: axle_models::FusedProjections::for_products(device_products),
         };
         let spec = RouteSpec {
             model: model_path,

@@ -50,10 +50,11 @@ pub struct DeviceArgs {
     #[arg(long, default_value = "layer")]
     pub split_mode: axle_models::SplitMode,
     /// Where a layer's projections that read the same input (Q, K and V; the FFN's gate and up)
-    /// are stored as one weight and run as one product: `devices` (on accelerators), `off`, or
-    /// `everywhere` (the host too, from a copy of the weights).
-    #[arg(long, default_value = "devices")]
-    pub fused_projections: axle_models::FusedProjections,
+    /// are stored as one weight, so that decoding rows run one product for them: `devices` (on
+    /// accelerators), `off`, or `everywhere` (the host too, from a copy of the weights). Default:
+    /// `devices` with `--device-products wide`, else `off` (libllama's numbers).
+    #[arg(long)]
+    pub fused_projections: Option<axle_models::FusedProjections>,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -248,11 +249,17 @@ impl EngineArgs {
 /// Loads a model as `engine` says (threads, device, repacking): a spinner on stderr while the
 /// file is opened, a progress bar while weights are copied to a device.
 pub fn load_model(path: &Path, engine: &EngineArgs) -> anyhow::Result<Model> {
-    load_model_on(path, engine.repack, &engine.device)
+    load_model_on(path, engine.repack, &engine.device, engine.device_products)
 }
 
 /// [`load_model`] for the bench commands, which take threads and device alone.
-pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::Result<Model> {
+/// `products`: the engine's device products, which decide whether projections are fused.
+pub fn load_model_on(
+    path: &Path,
+    repack: bool,
+    device: &DeviceArgs,
+    products: Option<DeviceProducts>,
+) -> anyhow::Result<Model> {
     let opts = ModelOptions {
         threads: device.threads,
         repack,
@@ -261,7 +268,9 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         split: device.split.clone(),
         rpc: device.rpc.clone(),
         split_mode: device.split_mode,
-        fused_projections: device.fused_projections,
+        fused_projections: device
+            .fused_projections
+            .unwrap_or_else(|| axle_models::FusedProjections::for_products(products)),
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
