@@ -291,18 +291,9 @@ impl View {
         Some(ChatLogprobs {
             content: lps
                 .iter()
-                .map(|l| {
-                    let TopLogprob {
-                        token,
-                        logprob,
-                        bytes,
-                    } = top(l.token, l.logprob);
-                    LogprobEntry {
-                        token,
-                        logprob,
-                        bytes,
-                        top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
-                    }
+                .map(|l| LogprobEntry {
+                    chosen: top(l.token, l.logprob),
+                    top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
                 })
                 .collect(),
         })
