@@ -16,7 +16,8 @@ use axle_sdk::{
     StreamEvent, TokenLogprob, Tokenizer,
 };
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -88,6 +89,19 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
+    }
+}
+
+/// The app state, for a request whose bearer key [`check_auth`] accepted: the first extractor of
+/// every route that requires the key.
+pub(crate) struct Authorized(AppState);
+
+impl FromRequestParts<AppState> for Authorized {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        check_auth(state, &parts.headers)?;
+        Ok(Authorized(state.clone()))
     }
 }
 
@@ -692,11 +706,9 @@ generation_body!(TokenGenerationRequest, Flavor::Tokens, |r| Ok(vec![
 
 /// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
 pub(crate) async fn generation<B: GenerationBody>(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<B>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     let fields = req.fields();
     check_model(&state, &fields.model)?;
@@ -713,11 +725,9 @@ pub(crate) async fn generation<B: GenerationBody>(
 }
 
 pub(crate) async fn tokenize(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     // Megabytes of text take a while: on the blocking pool, not on the async workers.
     let generator = state.generator.clone();
@@ -731,11 +741,9 @@ pub(crate) async fn tokenize(
 }
 
 pub(crate) async fn detokenize(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     let text = state
         .generator
@@ -744,11 +752,7 @@ pub(crate) async fn detokenize(
     Ok(json(Text { text }))
 }
 
-pub(crate) async fn models(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
+pub(crate) async fn models(Authorized(state): Authorized) -> Result<Response, ApiError> {
     let owned_by = match &state.generator {
         Generator::Native(_) => "axle".to_string(),
         Generator::Delegated(up) => format!("{} via axle", up.kind().name()),
@@ -765,11 +769,7 @@ pub(crate) async fn models(
     }))
 }
 
-pub(crate) async fn runtime(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
+pub(crate) async fn runtime(Authorized(state): Authorized) -> Result<Response, ApiError> {
     Ok(json(&*state.runtime))
 }
 

@@ -332,3 +332,62 @@ async fn max_tokens_over_the_server_limit_is_refused() {
         assert!(e.error.message.contains("64"), "{}", e.error.message);
     }
 }
+
+/// With an API key set, every route but `/health` and `/metrics` refuses a request without it, or
+/// with another, in OpenAI's shape (before looking at the body), and serves one that bears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_that_need_the_key_refuse_requests_without_it() {
+    let s = AppState {
+        api_key: Some("k".into()),
+        ..native()
+    };
+    let send = |method: &str, route: &str, key: Option<&str>| {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(route)
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let body = if method == "POST" {
+            "{\"text\": \"hi\", \"tokens\": [1]}"
+        } else {
+            ""
+        };
+        app(s.clone()).oneshot(req.body(Body::from(body)).expect("request"))
+    };
+    let keyed = [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/generate"),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/runtime"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+    ];
+    for (method, route) in keyed {
+        for key in [None, Some("other")] {
+            let r = send(method, route, key).await.expect("response");
+            assert_eq!(
+                r.status(),
+                StatusCode::UNAUTHORIZED,
+                "{method} {route} {key:?}"
+            );
+            let bytes = r.into_body().collect().await.expect("body").to_bytes();
+            let e: ErrorBody = serde_json::from_slice(&bytes).expect("an error body");
+            assert_eq!(e.error.kind, "authentication_error");
+        }
+    }
+    for (method, route) in [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/runtime"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/health"),
+    ] {
+        let r = send(method, route, Some("k")).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK, "{method} {route}");
+    }
+    let r = send("GET", "/metrics", None).await.expect("response");
+    assert_eq!(r.status(), StatusCode::OK, "metrics need no key");
+}
