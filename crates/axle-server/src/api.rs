@@ -359,43 +359,23 @@ impl View {
     /// The blocking response.
     fn complete(&self, done: &[Completion], usage: UsageBody) -> Response {
         match self.flavor {
-            Flavor::Chat => json(
-                self.body(
-                    names::CHAT,
-                    done.iter()
-                        .enumerate()
-                        .map(|(index, c)| ChatChoice {
-                            index,
-                            message: AssistantMessage {
-                                role: "assistant".into(),
-                                content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
-                                    .then(|| c.text.clone()),
-                                tool_calls: self.tool_calls(index, &c.finish.tool_calls),
-                            },
-                            logprobs: self.chat_logprobs(&c.logprobs),
-                            finish_reason: c.finish.openai_reason().into(),
-                        })
-                        .collect(),
-                    Some(usage),
-                    true,
-                ),
-            ),
-            Flavor::Text => json(
-                self.body(
-                    names::TEXT,
-                    done.iter()
-                        .enumerate()
-                        .map(|(index, c)| TextChoice {
-                            index,
-                            text: c.text.clone(),
-                            logprobs: self.text_logprobs(&c.logprobs, 0),
-                            finish_reason: Some(c.finish.openai_reason().into()),
-                        })
-                        .collect(),
-                    Some(usage),
-                    true,
-                ),
-            ),
+            Flavor::Chat => self.blocking(names::CHAT, done, usage, |index, c| ChatChoice {
+                index,
+                message: AssistantMessage {
+                    role: "assistant".into(),
+                    content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
+                        .then(|| c.text.clone()),
+                    tool_calls: self.tool_calls(index, &c.finish.tool_calls),
+                },
+                logprobs: self.chat_logprobs(&c.logprobs),
+                finish_reason: c.finish.openai_reason().into(),
+            }),
+            Flavor::Text => self.blocking(names::TEXT, done, usage, |index, c| TextChoice {
+                index,
+                text: c.text.clone(),
+                logprobs: self.text_logprobs(&c.logprobs, 0),
+                finish_reason: Some(c.finish.openai_reason().into()),
+            }),
             Flavor::Tokens => json(TokenCompletion {
                 model: self.model(),
                 choices: done
@@ -411,6 +391,19 @@ impl View {
                 usage,
             }),
         }
+    }
+
+    /// A blocking completion body of `object`, with usage and the runtime report: choice `i` is
+    /// `choice(i, &done[i])`.
+    fn blocking<C: Serialize>(
+        &self,
+        object: &str,
+        done: &[Completion],
+        usage: UsageBody,
+        choice: impl Fn(usize, &Completion) -> C,
+    ) -> Response {
+        let choices = done.iter().enumerate().map(|(i, c)| choice(i, c));
+        json(self.body(object, choices.collect(), Some(usage), true))
     }
 
     /// A completion body of `object` with `choices`, usage and (when asked) the runtime report.

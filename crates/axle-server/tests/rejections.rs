@@ -1,6 +1,7 @@
 //! Every refused request names the right field in OpenAI's error shape, on native and on
 //! delegated routes: one case per field, through the router (no socket for our side; the
-//! delegated upstream is a stub that lists one model and must never be asked to generate).
+//! delegated upstream is a stub that lists one model and must never be asked to generate). Also
+//! the key check, and the shape of the blocking bodies those refusals stand beside.
 use axle_models::{Model, ModelOptions};
 use axle_sdk::{EngineConfig, Generator, RuntimeKind, RuntimeReport, Session, Upstream};
 use axle_server::openai::ErrorBody;
@@ -390,4 +391,48 @@ async fn routes_that_need_the_key_refuse_requests_without_it() {
     }
     let r = send("GET", "/metrics", None).await.expect("response");
     assert_eq!(r.status(), StatusCode::OK, "metrics need no key");
+}
+
+/// The blocking bodies of chat and text completions (the counterpart of the refusals above): one
+/// choice per `n`, indexed in order, with usage and the runtime report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_completions_have_openai_shape() {
+    let s = native();
+    for (route, object, body) in [
+        (
+            "/v1/chat/completions",
+            "chat.completion",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/completions",
+            "text_completion",
+            json!({"prompt": "hi"}),
+        ),
+    ] {
+        let body = with(&body, json!({"max_tokens": 2, "n": 2, "logprobs": true}));
+        let req = Request::post(route)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        let r = app(s.clone()).oneshot(req).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK, "{route}");
+        let bytes = r.into_body().collect().await.expect("body").to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["object"], object, "{v}");
+        assert!(v["usage"]["completion_tokens"].as_u64() > Some(0), "{v}");
+        assert!(v["runtime"].is_object(), "{v}");
+        let choices = v["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 2, "{v}");
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i, "{v}");
+            assert!(c["finish_reason"].is_string(), "{v}");
+            assert!(c["logprobs"].is_object(), "{v}");
+            if object == "chat.completion" {
+                assert_eq!(c["message"]["role"], "assistant", "{v}");
+            } else {
+                assert!(c["text"].is_string(), "{v}");
+            }
+        }
+    }
 }
