@@ -1,6 +1,5 @@
 //! `axle bench server`: decode tok/s of one stream through the HTTP server (SSE over loopback)
 //! against the same generation through the SDK directly, same engine, same process.
-use crate::stats::median;
 use crate::BenchError;
 use axle_models::Model;
 use axle_sdk::{EngineConfig, GenerateRequest, Generator, RuntimeReport, Session, StreamEvent};
@@ -9,19 +8,21 @@ use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The result.
+/// The result: decode tok/s per repetition, each way (the scenario's row takes their medians and
+/// ratio).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ServerReport {
     /// SDK decode tok/s per repetition.
     pub sdk: Vec<f64>,
     /// Server decode tok/s per repetition.
     pub server: Vec<f64>,
-    /// Medians.
-    pub sdk_median: f64,
-    /// Server median.
-    pub server_median: f64,
-    /// server / sdk.
-    pub ratio: f64,
+}
+
+/// Decode tok/s of `n` streamed tokens, the first of which came at `first`: the tokens after it
+/// over the time since.
+fn decode_tok_s(first: Option<Instant>, n: usize) -> f64 {
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    n.saturating_sub(1) as f64 / secs.max(1e-9)
 }
 
 const PROMPT: &str = "Once upon a time, in a quiet village by the sea,";
@@ -38,8 +39,7 @@ fn sdk_run(session: &Session, tokens: usize) -> Result<f64, BenchError> {
             n += 1;
         }
     }
-    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-    Ok((n.saturating_sub(1)) as f64 / secs.max(1e-9))
+    Ok(decode_tok_s(first, n))
 }
 
 fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
@@ -59,8 +59,7 @@ fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
             break;
         }
     }
-    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-    Ok((n.saturating_sub(1)) as f64 / secs.max(1e-9))
+    Ok(decode_tok_s(first, n))
 }
 
 /// Runs it on `m` (loaded by the caller).
@@ -87,14 +86,7 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
             sdk.push(sdk_run(&session, tokens)?);
         }
     }
-    let (a, b) = (median(&sdk), median(&server));
-    Ok(ServerReport {
-        sdk,
-        server,
-        sdk_median: a,
-        server_median: b,
-        ratio: b / a,
-    })
+    Ok(ServerReport { sdk, server })
 }
 
 /// An HTTP server over `session` on a loopback port of its own, in a runtime of its own;

@@ -370,6 +370,39 @@ fn with_drafts(mut c: SchedulerConfig, max_len: usize) -> SchedulerConfig {
     c
 }
 
+/// 1 to 6 requests.
+fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
+    prop::collection::vec(arrival(), 1..7)
+}
+
+/// A step's limits, drawn together: its token budget, its sequence cap and the longest draft.
+#[derive(Debug, Clone, Copy)]
+struct StepLimits {
+    budget: usize,
+    max_seqs: usize,
+    draft_len: usize,
+}
+
+impl StepLimits {
+    /// A config of `n_blocks` blocks with these limits (see [`cfg`] and [`with_drafts`]).
+    fn config(self, n_blocks: u32, caching: bool) -> SchedulerConfig {
+        with_drafts(
+            cfg(n_blocks, caching, self.budget, self.max_seqs),
+            self.draft_len,
+        )
+    }
+}
+
+/// Small limits: budgets of 3 to 23 tokens, 1 to 4 sequences, drafts of up to 5 tokens (0:
+/// speculation off).
+fn step_limits() -> impl Strategy<Value = StepLimits> {
+    (3usize..24, 1usize..5, 0usize..6).prop_map(|(budget, max_seqs, draft_len)| StepLimits {
+        budget,
+        max_seqs,
+        draft_len,
+    })
+}
+
 /// The prefill chunks (first position, tokens) of each arrival, in order.
 fn prefill_chunks(arrivals: &[Arrival], cfg: SchedulerConfig) -> Vec<Vec<(u32, usize)>> {
     let mut chunks = vec![Vec::new(); arrivals.len()];
@@ -405,7 +438,7 @@ proptest! {
 
     #[test]
     fn device_picks_change_no_output_and_only_plain_greedy_rows_allow_them(
-        arrivals in prop::collection::vec(arrival(), 1..7),
+        arrivals in arrivals(),
         draft_len in 0usize..6,
     ) {
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
@@ -430,12 +463,10 @@ proptest! {
 
     #[test]
     fn small_budgets_preemption_and_caching_change_no_output(
-        arrivals in prop::collection::vec(arrival(), 1..7),
+        arrivals in arrivals(),
         n_blocks in 7u32..16,
         caching in prop::bool::ANY,
-        budget in 3usize..24,
-        max_seqs in 1usize..5,
-        draft_len in 0usize..6,
+        limits in step_limits(),
         classed in prop::bool::ANY,
     ) {
         // With prompt classes, rows computed from different origins hold different numbers:
@@ -448,7 +479,7 @@ proptest! {
         };
         // Reference: ample memory, no cache, no cancellations, no speculation.
         let reference = simulate(&arrivals, classes(cfg(512, false, 64, 8)), false);
-        let c = classes(with_drafts(cfg(n_blocks, caching, budget, max_seqs), draft_len));
+        let c = classes(limits.config(n_blocks, caching));
         let constrained = simulate(&arrivals, c, true);
         for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
             let (got, reason) = &constrained[i];
@@ -474,17 +505,15 @@ proptest! {
     /// with ample memory and no slot limit.
     #[test]
     fn state_slots_cap_concurrency_and_change_no_output(
-        arrivals in prop::collection::vec(arrival(), 1..7),
+        arrivals in arrivals(),
         n_blocks in 7u32..16,
-        budget in 3usize..24,
-        max_seqs in 1usize..5,
+        limits in step_limits(),
         slots in 1u32..4,
-        draft_len in 0usize..6,
     ) {
         let reference = simulate(&arrivals, cfg(512, false, 64, 8), false);
         let c = SchedulerConfig {
             state_slots: Some(slots),
-            ..with_drafts(cfg(n_blocks, false, budget, max_seqs), draft_len)
+            ..limits.config(n_blocks, false)
         };
         let mut holder: HashMap<RequestId, u32> = HashMap::new();
         let mut violations = Vec::new();
@@ -518,12 +547,10 @@ proptest! {
     /// compute the same numbers batched as alone on kernels that round by the chunk's width.
     #[test]
     fn prefill_chunks_do_not_depend_on_neighbours(
-        arrivals in prop::collection::vec(arrival(), 1..7),
-        budget in 3usize..24,
-        max_seqs in 1usize..5,
-        draft_len in 0usize..6,
+        arrivals in arrivals(),
+        limits in step_limits(),
     ) {
-        let c = with_drafts(cfg(512, false, budget, max_seqs), draft_len);
+        let c = limits.config(512, false);
         let together = prefill_chunks(&arrivals, c.clone());
         for (i, a) in arrivals.iter().enumerate() {
             let alone = prefill_chunks(std::slice::from_ref(a), c.clone());

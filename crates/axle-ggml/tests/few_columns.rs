@@ -3,7 +3,7 @@
 //! threads.
 mod common;
 
-use axle_ggml::{few_columns, Backend, BufferType, Context, DType, GraphScheduler, TensorStore};
+use axle_ggml::{few_columns, BufferType, Context, DType, TensorStore};
 use common::Lcg;
 
 /// A finite f16 of varied magnitude (2^-10 .. 2^-1), optionally of either sign.
@@ -73,12 +73,7 @@ fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, th
             g.expand(s);
         }
         g.expand(whole);
-        let mut sched =
-            GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
-        sched.alloc(0, &mut g).expect("alloc");
-        let xs: Vec<f32> = (0..k * n).map(|_| rng.unit() * 2.0).collect();
-        x.write(&xs).expect("write x");
-        sched.compute(0, &mut g).expect("compute");
+        let _sched = common::compute_with_random_input(&mut g, x, threads, &mut rng);
         let mut got: Vec<f32> = Vec::new();
         few.read(&mut got).expect("read");
         let mut all: Vec<f32> = Vec::new();

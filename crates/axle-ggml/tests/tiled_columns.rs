@@ -3,7 +3,7 @@
 //! several shapes and thread counts, bit for bit.
 mod common;
 
-use axle_ggml::{tiled_columns, Backend, BufferType, Context, DType, GraphScheduler, TensorStore};
+use axle_ggml::{tiled_columns, BufferType, Context, DType, TensorStore};
 use common::Lcg;
 
 /// A finite f16 of moderate size (2^-10 .. 2^-3).
@@ -71,12 +71,7 @@ fn check(name: &str, k: i64, m: i64, widths: &[i64], threads: usize) {
         for &e in &eights {
             g.expand(e);
         }
-        let mut sched =
-            GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("sched");
-        sched.alloc(0, &mut g).expect("alloc");
-        let xs: Vec<f32> = (0..k * n).map(|_| rng.unit() * 2.0).collect();
-        x.write(&xs).expect("x");
-        sched.compute(0, &mut g).expect("compute");
+        let _sched = common::compute_with_random_input(&mut g, x, threads, &mut rng);
         let mut got = Vec::<f32>::new();
         product.read(&mut got).expect("read");
         for (c, e) in eights.iter().enumerate() {

@@ -69,49 +69,38 @@ fn diffs(name: &str, host_kernels: HostKernels, repeat: usize, decode: usize) ->
     out
 }
 
-fn check(name: &str) {
-    let origin = diffs(name, HostKernels::Origin, 1, 12);
-    println!("{name}: origin host kernels, max |dlogit| (prompt, then decode steps): {origin:?}");
-    assert!(
-        origin.iter().all(|&d| d == 0.0),
-        "{name}: origin host kernels differ from libllama: {origin:?}"
+/// Asserts that the origin host kernels give libllama's logits at every step (see [`diffs`]) on
+/// `case`: a prompt of `repeat` x `TEXT`, then `decode` decode steps.
+fn assert_origin_exact(name: &str, repeat: usize, decode: usize, case: &str) {
+    let origin = diffs(name, HostKernels::Origin, repeat, decode);
+    println!(
+        "{name}: {case}, origin host kernels, max |dlogit| (prompt, then decode steps): {origin:?}"
     );
-    let compatible = diffs(name, HostKernels::Compatible, 1, 12);
-    println!("{name}: compatible host kernels: {compatible:?}");
-    assert!(
-        compatible[0] > 0.0,
-        "{name}: the compatible arithmetic gave libllama's prompt logits; the test no longer \
-         tells the two apart"
+    common::assert_exact(
+        &origin,
+        &format!("{name}: origin host kernels differ from libllama after {case}"),
     );
+}
+
+#[test]
+fn origin_rows_follow_libllama() {
+    for name in [common::SMOLLM2, common::GEMMA3] {
+        assert_origin_exact(name, 1, 12, "a short prompt");
+        let compatible = diffs(name, HostKernels::Compatible, 1, 12);
+        println!("{name}: compatible host kernels: {compatible:?}");
+        assert!(
+            compatible[0] > 0.0,
+            "{name}: the compatible arithmetic gave libllama's prompt logits; the test no longer \
+             tells the two apart"
+        );
+    }
 }
 
 /// A prompt of 4 x `TEXT` (over 256 tokens), then decode steps whose libllama KV view is 512 and
 /// then 768 cells: libllama takes ggml's split-KV kernel for them, and so do the generated rows.
-fn check_long(name: &str) {
-    let origin = diffs(name, HostKernels::Origin, 4, 40);
-    println!("{name}: long prompt, origin host kernels: {origin:?}");
-    assert!(
-        origin.iter().all(|&d| d == 0.0),
-        "{name}: origin host kernels differ from libllama after a long prompt: {origin:?}"
-    );
-}
-
 #[test]
-fn smollm2_origin_rows_follow_libllama_past_512_cells() {
-    check_long(common::SMOLLM2);
-}
-
-#[test]
-fn gemma3_origin_rows_follow_libllama_past_512_cells() {
-    check_long(common::GEMMA3);
-}
-
-#[test]
-fn smollm2_origin_rows_follow_libllama() {
-    check(common::SMOLLM2);
-}
-
-#[test]
-fn gemma3_origin_rows_follow_libllama() {
-    check(common::GEMMA3);
+fn origin_rows_follow_libllama_past_512_cells() {
+    for name in [common::SMOLLM2, common::GEMMA3] {
+        assert_origin_exact(name, 4, 40, "a long prompt");
+    }
 }

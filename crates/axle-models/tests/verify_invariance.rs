@@ -30,6 +30,15 @@ enum Layout {
 
 const HOST: Layout = Layout::Host(HostKernels::Compatible);
 
+/// Both real models, each with its blocks in order (first block 0, stride 1) and spread (blocks
+/// 10, 20, 30, ...: the visible slots spread over 512 columns, read through the slot list).
+const BOTH_MODELS_IN_ORDER_AND_SPREAD: [(&str, (u32, u32)); 4] = [
+    (common::SMOLLM2, (0, 1)),
+    (common::SMOLLM2, (10, 10)),
+    (common::GEMMA3, (0, 1)),
+    (common::GEMMA3, (10, 10)),
+];
+
 fn load(name: &str, repack: bool, kv_slots: u32, layout: Layout) -> (Arc<Model>, Runner) {
     let model = Arc::new(
         Model::load(
@@ -180,20 +189,17 @@ fn verify_steps_reproduce_decode_steps() {
 /// Verify steps of 1 to 70 rows against decode steps with `host_kernels`, on both real models,
 /// blocks in order and spread (read through the slot list); every width must be exact.
 fn wide_verify_steps_reproduce_decode_steps(host_kernels: HostKernels) {
-    for (name, blocks) in [
-        (common::SMOLLM2, (0, 1)),
-        (common::SMOLLM2, (10, 10)),
-        (common::GEMMA3, (0, 1)),
-        (common::GEMMA3, (10, 10)),
-    ] {
+    for (name, blocks) in BOTH_MODELS_IN_ORDER_AND_SPREAD {
         let (d, _) = max_diff_by_width(name, false, 70, blocks, Layout::Host(host_kernels));
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
         println!(
             "{name} {host_kernels}, blocks {blocks:?}: max |dlogit| over widths 1..=70: {worst:.2e}"
         );
-        assert!(
-            d.iter().all(|&x| x == 0.0),
-            "{name}: verify steps differ from decode steps with {host_kernels} host kernels: {d:?}"
+        common::assert_exact(
+            &d,
+            &format!(
+                "{name}: verify steps differ from decode steps with {host_kernels} host kernels"
+            ),
         );
     }
 }
@@ -220,18 +226,13 @@ fn origin_host_kernels_verify_steps_reproduce_decode_steps() {
 /// row in its own op, against decode steps; blocks in order and spread (gathered).
 #[test]
 fn origin_host_kernels_verify_steps_reproduce_decode_steps_past_256_positions() {
-    for (name, blocks) in [
-        (common::SMOLLM2, (0, 1)),
-        (common::SMOLLM2, (10, 10)),
-        (common::GEMMA3, (0, 1)),
-        (common::GEMMA3, (10, 10)),
-    ] {
+    for (name, blocks) in BOTH_MODELS_IN_ORDER_AND_SPREAD {
         let layout = Layout::Host(HostKernels::Origin);
         let (d, _) = max_diff_by_width_after(name, false, 9, blocks, layout, 300);
         println!("{name} origin after 300 tokens, blocks {blocks:?}: max |dlogit| by width: {d:?}");
-        assert!(
-            d.iter().all(|&x| x == 0.0),
-            "{name}: verify steps past 256 positions differ from decode steps: {d:?}"
+        common::assert_exact(
+            &d,
+            &format!("{name}: verify steps past 256 positions differ from decode steps"),
         );
     }
 }
@@ -275,17 +276,17 @@ fn fixture_verify_steps_reproduce_decode_steps() {
         let (d, _) = max_diff_by_width(name, false, 63, (0, 1), HOST);
         let worst = d.iter().cloned().fold(0.0f32, f32::max);
         println!("{name}: max |dlogit| over widths 1..=63: {worst:.2e}");
-        assert!(
-            d.iter().all(|&x| x == 0.0),
-            "{name}: verify steps differ from decode steps: {d:?}"
+        common::assert_exact(
+            &d,
+            &format!("{name}: verify steps differ from decode steps"),
         );
         // The GPU step layout (forced on the host), blocks spread: the per-row attention ops,
         // gathered slots, latent (K-only) and shared caches, grouped expert products.
         let (d, _) = max_diff_by_width(name, false, 9, (10, 10), Layout::Device);
         println!("{name} device layout, spread blocks: max |dlogit| by width 1..=9: {d:?}");
-        assert!(
-            d.iter().all(|&x| x == 0.0),
-            "{name}: device layout verify steps differ from decode steps: {d:?}"
+        common::assert_exact(
+            &d,
+            &format!("{name}: device layout verify steps differ from decode steps"),
         );
     }
 }
@@ -331,12 +332,7 @@ fn device_layout_block_placement_does_not_change_logits() {
 /// only in how attention splits the slots).
 #[test]
 fn device_layout_verify_steps_reproduce_decode_steps() {
-    for (name, blocks) in [
-        (common::SMOLLM2, (0, 1)),
-        (common::SMOLLM2, (10, 10)),
-        (common::GEMMA3, (0, 1)),
-        (common::GEMMA3, (10, 10)),
-    ] {
+    for (name, blocks) in BOTH_MODELS_IN_ORDER_AND_SPREAD {
         let (d, shapes) = max_diff_by_width(name, false, 9, blocks, Layout::Device);
         println!("{name} device layout, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
         // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each row
@@ -345,7 +341,7 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
             shapes.iter().any(|&(len, _, ok)| ok && len < 512),
             "{name}: no verify rows shared an attention op: {shapes:?}"
         );
-        assert!(d.iter().all(|&x| x == 0.0), "{name}: {d:?}");
+        common::assert_exact(&d, name);
     }
     for name in [common::SMOLLM2, common::GEMMA3] {
         let (model, _) = load(name, false, 1024, HOST);

@@ -144,9 +144,15 @@ fn run(
     }
 }
 
-/// Engine limits: prefill chunks of `chunk` tokens, `seqs` sequences at a time.
-fn config(chunk: usize, seqs: usize, kv_slots: u32, caching: bool) -> EngineConfig {
-    let host_kernels = HOST_KERNELS.with(|k| k.get());
+/// Engine limits: prefill chunks of `chunk` tokens, `seqs` sequences at a time, with
+/// `host_kernels`.
+fn config(
+    host_kernels: HostKernels,
+    chunk: usize,
+    seqs: usize,
+    kv_slots: u32,
+    caching: bool,
+) -> EngineConfig {
     EngineConfig {
         host_kernels: Some(host_kernels),
         kv_slots,
@@ -159,23 +165,36 @@ fn config(chunk: usize, seqs: usize, kv_slots: u32, caching: bool) -> EngineConf
     }
 }
 
-thread_local! {
-    /// The host kernels of the engines `config` makes (each test runs on its own thread).
-    static HOST_KERNELS: std::cell::Cell<HostKernels> = const { std::cell::Cell::new(HostKernels::Compatible) };
+/// Every case on the model `name`, with each host-kernel choice in turn:
+/// - `origin` (the default);
+/// - `compatible`: libllama's decode arithmetic for every row (attention in ops of at most 63
+///   rows, K-quant products through the dot product);
+/// - `tiled`: the tiled kernels' arithmetic for every row (prefill chunks through ggml's tiled
+///   attention and K-quant GEMM; short chunks, decode rows and recomputation through the row
+///   attention and tiled-columns ops).
+fn check_model(name: &str) {
+    let m = load(name);
+    let prompts = prompts(&m);
+    for host_kernels in [
+        HostKernels::Origin,
+        HostKernels::Compatible,
+        HostKernels::Tiled,
+    ] {
+        check_host_kernels(&m, &prompts, name, host_kernels);
+    }
 }
 
-fn check_model(name: &str, host_kernels: HostKernels) {
-    HOST_KERNELS.with(|k| k.set(host_kernels));
-    let m = load(name);
+fn check_host_kernels(m: &Arc<Model>, prompts: &[Vec<u32>], name: &str, host_kernels: HostKernels) {
     let name = &format!("{name} ({host_kernels} host kernels)");
-    let prompts = prompts(&m);
+    let config =
+        |chunk, seqs, kv_slots, caching| config(host_kernels, chunk, seqs, kv_slots, caching);
     let roomy = 32 * 1024;
     // The reference: each prompt alone in a fresh engine, cold, in the default's 496-token chunks.
     let reference: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
             run(
-                &m,
+                m,
                 &config(496, 16, 2048, false),
                 &[],
                 std::slice::from_ref(p),
@@ -222,7 +241,7 @@ fn check_model(name: &str, host_kernels: HostKernels) {
         } else {
             blocks.to_string()
         };
-        let ran = run(&m, &config(chunk, 4, roomy, true), &warm, &prompts, true);
+        let ran = run(m, &config(chunk, 4, roomy, true), &warm, prompts, true);
         assert_eq!(ran.cached, want, "{name}: cached prefixes ({label} blocks)");
         same(
             &format!("with {label} cached blocks, {chunk}-token chunks, together"),
@@ -233,11 +252,11 @@ fn check_model(name: &str, host_kernels: HostKernels) {
     // reference's.
     same(
         "cold in 64-token chunks, alone",
-        &run(&m, &config(64, 4, roomy, false), &[], &prompts, false),
+        &run(m, &config(64, 4, roomy, false), &[], prompts, false),
     );
     // 100 blocks for 4 sequences of up to 95 blocks each: newer ones are preempted and recompute
     // their prompt and generated tokens as prefill chunks.
-    let ran = run(&m, &config(496, 4, 1600, true), &[], &prompts, true);
+    let ran = run(m, &config(496, 4, 1600, true), &[], prompts, true);
     assert!(
         ran.preemptions > 0,
         "{name}: the small KV budget preempted nothing"
@@ -253,35 +272,10 @@ fn check_model(name: &str, host_kernels: HostKernels) {
 
 #[test]
 fn smollm2_prefill_splits_give_the_same_tokens() {
-    check_model(axle_models::fetched::SMOLLM2, HostKernels::Origin);
+    check_model(axle_models::fetched::SMOLLM2);
 }
 
 #[test]
 fn gemma3_prefill_splits_give_the_same_tokens() {
-    check_model(axle_models::fetched::GEMMA3, HostKernels::Origin);
-}
-
-/// With libllama's decode arithmetic for every row: attention in ops of at most 63 rows, K-quant
-/// products through the dot product.
-#[test]
-fn smollm2_prefill_splits_give_the_same_tokens_with_compatible_host_kernels() {
-    check_model(axle_models::fetched::SMOLLM2, HostKernels::Compatible);
-}
-
-#[test]
-fn gemma3_prefill_splits_give_the_same_tokens_with_compatible_host_kernels() {
-    check_model(axle_models::fetched::GEMMA3, HostKernels::Compatible);
-}
-
-/// With the tiled kernels' arithmetic for every row: prefill chunks through ggml's tiled
-/// attention and K-quant GEMM, short chunks, decode rows and recomputation through the row
-/// attention and tiled-columns ops.
-#[test]
-fn smollm2_prefill_splits_give_the_same_tokens_with_tiled_host_kernels() {
-    check_model(axle_models::fetched::SMOLLM2, HostKernels::Tiled);
-}
-
-#[test]
-fn gemma3_prefill_splits_give_the_same_tokens_with_tiled_host_kernels() {
-    check_model(axle_models::fetched::GEMMA3, HostKernels::Tiled);
+    check_model(axle_models::fetched::GEMMA3);
 }

@@ -16,7 +16,8 @@ use axle_sdk::{
     StreamEvent, TokenLogprob, Tokenizer,
 };
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -88,6 +89,19 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
+    }
+}
+
+/// The app state, for a request whose bearer key [`check_auth`] accepted: the first extractor of
+/// every route that requires the key.
+pub(crate) struct Authorized(AppState);
+
+impl FromRequestParts<AppState> for Authorized {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        check_auth(state, &parts.headers)?;
+        Ok(Authorized(state.clone()))
     }
 }
 
@@ -291,18 +305,9 @@ impl View {
         Some(ChatLogprobs {
             content: lps
                 .iter()
-                .map(|l| {
-                    let TopLogprob {
-                        token,
-                        logprob,
-                        bytes,
-                    } = top(l.token, l.logprob);
-                    LogprobEntry {
-                        token,
-                        logprob,
-                        bytes,
-                        top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
-                    }
+                .map(|l| LogprobEntry {
+                    chosen: top(l.token, l.logprob),
+                    top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
                 })
                 .collect(),
         })
@@ -354,43 +359,23 @@ impl View {
     /// The blocking response.
     fn complete(&self, done: &[Completion], usage: UsageBody) -> Response {
         match self.flavor {
-            Flavor::Chat => json(
-                self.body(
-                    names::CHAT,
-                    done.iter()
-                        .enumerate()
-                        .map(|(index, c)| ChatChoice {
-                            index,
-                            message: AssistantMessage {
-                                role: "assistant".into(),
-                                content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
-                                    .then(|| c.text.clone()),
-                                tool_calls: self.tool_calls(index, &c.finish.tool_calls),
-                            },
-                            logprobs: self.chat_logprobs(&c.logprobs),
-                            finish_reason: c.finish.openai_reason().into(),
-                        })
-                        .collect(),
-                    Some(usage),
-                    true,
-                ),
-            ),
-            Flavor::Text => json(
-                self.body(
-                    names::TEXT,
-                    done.iter()
-                        .enumerate()
-                        .map(|(index, c)| TextChoice {
-                            index,
-                            text: c.text.clone(),
-                            logprobs: self.text_logprobs(&c.logprobs, 0),
-                            finish_reason: Some(c.finish.openai_reason().into()),
-                        })
-                        .collect(),
-                    Some(usage),
-                    true,
-                ),
-            ),
+            Flavor::Chat => self.blocking(names::CHAT, done, usage, |index, c| ChatChoice {
+                index,
+                message: AssistantMessage {
+                    role: "assistant".into(),
+                    content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
+                        .then(|| c.text.clone()),
+                    tool_calls: self.tool_calls(index, &c.finish.tool_calls),
+                },
+                logprobs: self.chat_logprobs(&c.logprobs),
+                finish_reason: c.finish.openai_reason().into(),
+            }),
+            Flavor::Text => self.blocking(names::TEXT, done, usage, |index, c| TextChoice {
+                index,
+                text: c.text.clone(),
+                logprobs: self.text_logprobs(&c.logprobs, 0),
+                finish_reason: Some(c.finish.openai_reason().into()),
+            }),
             Flavor::Tokens => json(TokenCompletion {
                 model: self.model(),
                 choices: done
@@ -406,6 +391,19 @@ impl View {
                 usage,
             }),
         }
+    }
+
+    /// A blocking completion body of `object`, with usage and the runtime report: choice `i` is
+    /// `choice(i, &done[i])`.
+    fn blocking<C: Serialize>(
+        &self,
+        object: &str,
+        done: &[Completion],
+        usage: UsageBody,
+        choice: impl Fn(usize, &Completion) -> C,
+    ) -> Response {
+        let choices = done.iter().enumerate().map(|(i, c)| choice(i, c));
+        json(self.body(object, choices.collect(), Some(usage), true))
     }
 
     /// A completion body of `object` with `choices`, usage and (when asked) the runtime report.
@@ -701,11 +699,9 @@ generation_body!(TokenGenerationRequest, Flavor::Tokens, |r| Ok(vec![
 
 /// `POST /v1/chat/completions`, `/v1/completions` and `/v1/generate`: the same steps for all.
 pub(crate) async fn generation<B: GenerationBody>(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<B>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     let fields = req.fields();
     check_model(&state, &fields.model)?;
@@ -722,11 +718,9 @@ pub(crate) async fn generation<B: GenerationBody>(
 }
 
 pub(crate) async fn tokenize(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     // Megabytes of text take a while: on the blocking pool, not on the async workers.
     let generator = state.generator.clone();
@@ -740,11 +734,9 @@ pub(crate) async fn tokenize(
 }
 
 pub(crate) async fn detokenize(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+    Authorized(state): Authorized,
     body: Body<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
     let Json(req) = body?;
     let text = state
         .generator
@@ -753,11 +745,7 @@ pub(crate) async fn detokenize(
     Ok(json(Text { text }))
 }
 
-pub(crate) async fn models(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
+pub(crate) async fn models(Authorized(state): Authorized) -> Result<Response, ApiError> {
     let owned_by = match &state.generator {
         Generator::Native(_) => "axle".to_string(),
         Generator::Delegated(up) => format!("{} via axle", up.kind().name()),
@@ -774,11 +762,7 @@ pub(crate) async fn models(
     }))
 }
 
-pub(crate) async fn runtime(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    check_auth(&state, &headers)?;
+pub(crate) async fn runtime(Authorized(state): Authorized) -> Result<Response, ApiError> {
     Ok(json(&*state.runtime))
 }
 

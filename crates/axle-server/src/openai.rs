@@ -462,7 +462,7 @@ impl UsageBody {
     }
 }
 
-/// One alternative of a chat token.
+/// A chat token, or one of its alternatives.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopLogprob {
     /// The token's text.
@@ -473,15 +473,12 @@ pub struct TopLogprob {
     pub bytes: Vec<u8>,
 }
 
-/// One chat token's log-probability entry.
+/// One chat token's log-probability entry: the token's own fields, then its alternatives.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogprobEntry {
-    /// The token's text.
-    pub token: String,
-    /// Its log-probability.
-    pub logprob: f32,
-    /// Its bytes.
-    pub bytes: Vec<u8>,
+    /// The token: its text, log-probability and bytes.
+    #[serde(flatten)]
+    pub chosen: TopLogprob,
     /// The most likely alternatives.
     pub top_logprobs: Vec<TopLogprob>,
 }
@@ -719,6 +716,30 @@ mod tests {
         assert_eq!(r.logprobs, Some(3));
         assert_eq!(r.logit_bias, vec![(3, 1.5), (12, -100.0)]);
         assert_eq!((r.n, r.sampling.seed, r.speculate), (2, Some(9), false));
+    }
+
+    /// A chat token's entry is OpenAI's flat object: the token's own fields beside its
+    /// alternatives.
+    #[test]
+    fn logprob_entries_are_flat() {
+        let top = |token: &str, logprob| TopLogprob {
+            token: token.into(),
+            logprob,
+            bytes: token.as_bytes().to_vec(),
+        };
+        let entry = LogprobEntry {
+            chosen: top("a", -0.5),
+            top_logprobs: vec![top("b", -1.0)],
+        };
+        let json = serde_json::json!({
+            "token": "a", "logprob": -0.5, "bytes": [97],
+            "top_logprobs": [{"token": "b", "logprob": -1.0, "bytes": [98]}],
+        });
+        assert_eq!(serde_json::to_value(&entry).expect("serializes"), json);
+        assert_eq!(
+            serde_json::from_value::<LogprobEntry>(json).expect("parses"),
+            entry
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Every refused request names the right field in OpenAI's error shape, on native and on
 //! delegated routes: one case per field, through the router (no socket for our side; the
-//! delegated upstream is a stub that lists one model and must never be asked to generate).
+//! delegated upstream is a stub that lists one model and must never be asked to generate). Also
+//! the key check, and the shape of the blocking bodies those refusals stand beside.
 use axle_models::{Model, ModelOptions};
 use axle_sdk::{EngineConfig, Generator, RuntimeKind, RuntimeReport, Session, Upstream};
 use axle_server::openai::ErrorBody;
@@ -330,5 +331,108 @@ async fn max_tokens_over_the_server_limit_is_refused() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{route}: {e:?}");
         assert_eq!(e.error.param.as_deref(), Some("max_tokens"), "{route}");
         assert!(e.error.message.contains("64"), "{}", e.error.message);
+    }
+}
+
+/// With an API key set, every route but `/health` and `/metrics` refuses a request without it, or
+/// with another, in OpenAI's shape (before looking at the body), and serves one that bears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_that_need_the_key_refuse_requests_without_it() {
+    let s = AppState {
+        api_key: Some("k".into()),
+        ..native()
+    };
+    let send = |method: &str, route: &str, key: Option<&str>| {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(route)
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let body = if method == "POST" {
+            "{\"text\": \"hi\", \"tokens\": [1]}"
+        } else {
+            ""
+        };
+        app(s.clone()).oneshot(req.body(Body::from(body)).expect("request"))
+    };
+    let keyed = [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/generate"),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/runtime"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+    ];
+    for (method, route) in keyed {
+        for key in [None, Some("other")] {
+            let r = send(method, route, key).await.expect("response");
+            assert_eq!(
+                r.status(),
+                StatusCode::UNAUTHORIZED,
+                "{method} {route} {key:?}"
+            );
+            let bytes = r.into_body().collect().await.expect("body").to_bytes();
+            let e: ErrorBody = serde_json::from_slice(&bytes).expect("an error body");
+            assert_eq!(e.error.kind, "authentication_error");
+        }
+    }
+    for (method, route) in [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/runtime"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/health"),
+    ] {
+        let r = send(method, route, Some("k")).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK, "{method} {route}");
+    }
+    let r = send("GET", "/metrics", None).await.expect("response");
+    assert_eq!(r.status(), StatusCode::OK, "metrics need no key");
+}
+
+/// The blocking bodies of chat and text completions (the counterpart of the refusals above): one
+/// choice per `n`, indexed in order, with usage and the runtime report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_completions_have_openai_shape() {
+    let s = native();
+    for (route, object, body) in [
+        (
+            "/v1/chat/completions",
+            "chat.completion",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/completions",
+            "text_completion",
+            json!({"prompt": "hi"}),
+        ),
+    ] {
+        let body = with(&body, json!({"max_tokens": 2, "n": 2, "logprobs": true}));
+        let req = Request::post(route)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("request");
+        let r = app(s.clone()).oneshot(req).await.expect("response");
+        assert_eq!(r.status(), StatusCode::OK, "{route}");
+        let bytes = r.into_body().collect().await.expect("body").to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["object"], object, "{v}");
+        assert!(v["usage"]["completion_tokens"].as_u64() > Some(0), "{v}");
+        assert!(v["runtime"].is_object(), "{v}");
+        let choices = v["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 2, "{v}");
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i, "{v}");
+            assert!(c["finish_reason"].is_string(), "{v}");
+            assert!(c["logprobs"].is_object(), "{v}");
+            if object == "chat.completion" {
+                assert_eq!(c["message"]["role"], "assistant", "{v}");
+            } else {
+                assert!(c["text"].is_string(), "{v}");
+            }
+        }
     }
 }

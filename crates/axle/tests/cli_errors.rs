@@ -215,35 +215,35 @@ fn device_products_and_host_kernels_where_they_do_not_apply() {
         "--max-tokens",
         "1",
     ];
-    let err = fails(&[&gen[..], &["--device-products", "wide"]].concat());
-    assert!(err.contains("wide device products need"), "{err}");
+    // Refused by the run (one error line, exit code 1) or by the argument parser (exit code 2),
+    // with an error that says `says`; returns the error.
+    let run_refuses = |flags: &[&str], says: &str| {
+        let err = fails(&[&gen[..], flags].concat());
+        assert!(err.contains(says), "{err}");
+        err
+    };
+    let parser_refuses = |flags: &[&str], says: &str| {
+        let stderr = bad_flag(&[&gen[..], flags].concat());
+        assert!(stderr.contains(says), "{stderr}");
+    };
+    let err = run_refuses(&["--device-products", "wide"], "wide device products need");
     assert!(err.contains("CUDA"), "{err}");
-    let err = fails(
-        &[
-            &gen[..],
-            &["--kernels", "fast", "--device-products", "groups"],
-        ]
-        .concat(),
+    run_refuses(
+        &["--kernels", "fast", "--device-products", "groups"],
+        "device products are a choice of the exact",
     );
-    assert!(
-        err.contains("device products are a choice of the exact"),
-        "{err}"
-    );
-    let stderr = bad_flag(&[&gen[..], &["--device-products", "narrow"]].concat());
-    assert!(
-        stderr.contains("device products are groups or wide"),
-        "{stderr}"
+    parser_refuses(
+        &["--device-products", "narrow"],
+        "device products are groups or wide",
     );
     // Host kernels: a choice of the exact kernels, by name.
-    let err = fails(&[&gen[..], &["--kernels", "fast", "--host-kernels", "tiled"]].concat());
-    assert!(
-        err.contains("host kernels are a choice of the exact"),
-        "{err}"
+    run_refuses(
+        &["--kernels", "fast", "--host-kernels", "tiled"],
+        "host kernels are a choice of the exact",
     );
-    let stderr = bad_flag(&[&gen[..], &["--host-kernels", "fused"]].concat());
-    assert!(
-        stderr.contains("host kernels are origin, compatible or tiled"),
-        "{stderr}"
+    parser_refuses(
+        &["--host-kernels", "fused"],
+        "host kernels are origin, compatible or tiled",
     );
 }
 

@@ -139,6 +139,13 @@ fn ngram_summary(a: &Artifact) -> Option<String> {
     ))
 }
 
+/// A table of its own after the main one: a blank line, `title` and a colon, a blank line, then
+/// the table.
+fn titled_table(title: &str, header: &[String], rows: &[Vec<String>]) -> String {
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    format!("\n{title}:\n\n{}", markdown_table(&header, rows))
+}
+
 /// Conditional acceptance by draft position, one row per workload (n-gram runs).
 fn acceptance_table(a: &Artifact) -> Option<String> {
     let n = a
@@ -164,10 +171,10 @@ fn acceptance_table(a: &Artifact) -> Option<String> {
             row
         })
         .collect();
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    Some(format!(
-        "\nAcceptance by draft position (share of checks of that position that were accepted, given every earlier one was):\n\n{}",
-        markdown_table(&header, &rows)
+    Some(titled_table(
+        "Acceptance by draft position (share of checks of that position that were accepted, given every earlier one was)",
+        &header,
+        &rows,
     ))
 }
 
@@ -222,10 +229,10 @@ fn llama_server_table(a: &Artifact) -> Option<String> {
             row
         })
         .collect();
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    Some(format!(
-        "\nllama-server's n-gram speculative modes on the same prompt tokens, each ratio against its own plain decoding:\n\n{}",
-        markdown_table(&header, &rows)
+    Some(titled_table(
+        "llama-server's n-gram speculative modes on the same prompt tokens, each ratio against its own plain decoding",
+        &header,
+        &rows,
     ))
 }
 

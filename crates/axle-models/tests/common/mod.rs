@@ -51,6 +51,12 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Asserts that every difference in `diffs` is zero (bit-identical logits); `what` says what
+/// was compared, in the failure message (followed by the differences).
+pub fn assert_exact(diffs: &[f32], what: &str) {
+    assert!(diffs.iter().all(|&d| d == 0.0), "{what}: {diffs:?}");
+}
+
 pub fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in v.iter().enumerate() {
