@@ -194,7 +194,7 @@ def test_every_error_class(engine, tmp_path):
     with pytest.raises(axle.ModelError, match="one non-negative share per device"):
         axle.Engine(str(MODEL), threads=2, device="cpu", split=[1, 2])
     # A tensor split names what it needs: a known mode, two or more accelerators.
-    with pytest.raises(ValueError, match="unknown split mode"):
+    with pytest.raises(ValueError, match="split modes are layer or tensor"):
         axle.Engine(str(MODEL), threads=2, split_mode="rows")
     with pytest.raises(axle.ModelError, match="two or more accelerators"):
         axle.Engine(str(MODEL), threads=2, device="cpu", split_mode="tensor")

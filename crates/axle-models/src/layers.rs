@@ -432,12 +432,12 @@ impl<'a> Step<'a> {
     /// On the host every row of a product is computed by itself, so the fused weight serves
     /// every column. On a device, prefill chunks multiply the parts, as libllama does (MMQ's
     /// stream-k split depends on the weight's rows, so a fused product would round a prompt
-    /// differently); small columns multiply the fused weight, which gives each row what the
-    /// parts give it in MMVQ and reads the weights once in MMQ. `fused_in_groups: false` keeps
-    /// the parts for small columns too where they go through MMVQ groups: ggml's CUDA backend
-    /// fuses a one-column gate product, up product and gated unit into one kernel, as it does
-    /// for libllama, and a fused weight's product followed by the gated unit would round
-    /// differently.
+    /// differently); small columns multiply the fused weight, which reads the weights once per
+    /// MMQ op instead of once per part. `fused_in_groups: false` keeps the parts for small
+    /// columns too where they go through MMVQ groups: ggml's CUDA backend fuses a one-column
+    /// gate product, up product and gated unit into one kernel, as it does for libllama. (By
+    /// default weights are fused only for wide products: see
+    /// [`crate::model::FusedProjections`] for what fused weights did to MMVQ steps' numbers.)
     pub fn matmul_fused(
         &self,
         fused: &'a StoredTensor,
