@@ -5,7 +5,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::{Backend, BufferType, Context, DType, Error, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 struct Buffer(sys::ggml_backend_buffer_t);
@@ -221,7 +221,7 @@ impl TensorStore {
             }
         };
         let host_placement = matches!(placement, WeightPlacement::Host { .. });
-        let mut fused_parts = HashMap::new();
+        let mut fused_parts = HashSet::new();
         let mut fused_names = Vec::new();
         let mut views = Vec::new();
         for group in &fusion.groups {
@@ -244,7 +244,7 @@ impl TensorStore {
                 offset += infos[i].nbytes as usize;
                 by_name.insert(infos[i].name.clone(), part.raw());
                 views.push(part.raw());
-                fused_parts.insert(i, ());
+                fused_parts.insert(i);
             }
             by_name.insert(group.name.clone(), fused.raw());
             fused_names.push(group.name.clone());
@@ -254,7 +254,7 @@ impl TensorStore {
                 .push((Source::Fused(parts), fused.raw()));
         }
         for (i, info) in infos.iter().enumerate() {
-            if fused_parts.contains_key(&i) {
+            if fused_parts.contains(&i) {
                 continue;
             }
             let target = target_of(info);
