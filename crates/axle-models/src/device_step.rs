@@ -64,6 +64,15 @@ pub enum DeviceProducts {
     Wide,
 }
 
+impl DeviceProducts {
+    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide` only; anything else: none), for the
+    /// runner's default and the loader's choice of fused projections to agree.
+    pub fn from_env() -> Option<DeviceProducts> {
+        (std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() == Ok("wide"))
+            .then_some(DeviceProducts::Wide)
+    }
+}
+
 // The names of the CLI's `--device-products`.
 crate::choice::named_choice!(DeviceProducts, "device products", {
     "groups" => DeviceProducts::Groups,

@@ -63,11 +63,7 @@ impl FusedProjections {
     /// The default for an engine whose small columns multiply with `products` (None: the
     /// runner's default, `AXLE_DEVICE_PRODUCTS`): fused on devices with wide products, else off.
     pub fn for_products(products: Option<DeviceProducts>) -> FusedProjections {
-        let wide = match products {
-            Some(p) => p == DeviceProducts::Wide,
-            None => std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() == Ok("wide"),
-        };
-        if wide {
+        if products.or_else(DeviceProducts::from_env) == Some(DeviceProducts::Wide) {
             FusedProjections::Devices
         } else {
             FusedProjections::Off

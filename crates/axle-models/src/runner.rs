@@ -133,8 +133,8 @@ impl StepOutput {
 /// pay off from about 16 concurrent sequences and cost half the speed of a lone one (measured on
 /// an H100: docs/gpu.md), so they are a choice for throughput serving, not the default.
 pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
-    match std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() {
-        Ok("wide") if all_cuda(accelerators) => DeviceProducts::Wide,
+    match DeviceProducts::from_env() {
+        Some(DeviceProducts::Wide) if all_cuda(accelerators) => DeviceProducts::Wide,
         _ => DeviceProducts::Groups,
     }
 }
