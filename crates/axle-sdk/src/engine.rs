@@ -91,7 +91,7 @@ impl Default for EngineConfig {
 }
 
 /// What a caller sizes an engine by (CLI flags, Python keywords); the rest of [`EngineConfig`]
-/// keeps its defaults.
+/// keeps its defaults (a caller sets its kernel choices on the sized configuration).
 #[derive(Debug, Clone)]
 pub struct EngineSizing {
     /// Context length per sequence (default: the model's, capped at [`defaults::CONTEXT`]).
@@ -109,12 +109,6 @@ pub struct EngineSizing {
     pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
     pub max_draft: usize,
-    /// Kernel choice.
-    pub kernels: Kernels,
-    /// Products of small columns on accelerators ([`EngineConfig::device_products`]).
-    pub device_products: Option<DeviceProducts>,
-    /// The arithmetic of CPU rows ([`EngineConfig::host_kernels`]).
-    pub host_kernels: Option<HostKernels>,
 }
 
 impl EngineConfig {
@@ -143,9 +137,6 @@ impl EngineConfig {
                 .max(sizing.max_draft + 1)
                 .max(max_seqs),
             max_draft: sizing.max_draft,
-            kernels: sizing.kernels,
-            device_products: sizing.device_products,
-            host_kernels: sizing.host_kernels,
             state_slots: sizing.state_slots,
             ..Default::default()
         }
