@@ -443,19 +443,17 @@ fn model_id(model: &Model) -> u64 {
 impl EngineCore {
     /// An engine over a loaded model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
-        if cfg.device_products.is_some() && cfg.kernels != Kernels::BatchInvariant {
-            return Err(SdkError::Config(
-                "device products are a choice of the exact (batch-invariant) kernels; the fast \
-                 kernels take ggml's own for each step's shape"
-                    .into(),
-            ));
-        }
-        if cfg.host_kernels.is_some() && cfg.kernels != Kernels::BatchInvariant {
-            return Err(SdkError::Config(
-                "host kernels are a choice of the exact (batch-invariant) kernels; the fast \
-                 kernels take ggml's own for each step's shape"
-                    .into(),
-            ));
+        let exact_choices = [
+            ("device products", cfg.device_products.is_some()),
+            ("host kernels", cfg.host_kernels.is_some()),
+        ];
+        if let Some((what, _)) = exact_choices.iter().find(|(_, set)| *set) {
+            if cfg.kernels != Kernels::BatchInvariant {
+                return Err(SdkError::Config(format!(
+                    "{what} are a choice of the exact (batch-invariant) kernels; the fast kernels \
+                     take ggml's own for each step's shape"
+                )));
+            }
         }
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
         // Recurrent models: one state group per sequence that can run, and as many kept states
