@@ -58,19 +58,36 @@ pub struct NgramOptions {
     pub llama_server_modes: Vec<String>,
 }
 
-/// llama-server on one workload in one speculative mode.
+/// Decode speed with speculation against without, and how much of the draft was accepted.
 #[derive(Debug, Clone, Serialize)]
-pub struct LlamaServerRow {
-    /// `--spec-type`.
-    pub mode: String,
-    /// Its decode tok/s without speculation (median over prompts and reps).
+pub struct Speedup {
+    /// Decode tok/s without speculation (median over prompts and reps).
     pub plain: f64,
-    /// Its decode tok/s with this mode.
+    /// Decode tok/s with speculation.
     pub accelerated: f64,
     /// accelerated / plain.
     pub ratio: f64,
     /// Accepted / drafted.
     pub acceptance: f64,
+}
+
+/// `part / whole`, or 0 when `whole` is 0.
+fn fraction(part: usize, whole: usize) -> f64 {
+    if whole > 0 {
+        part as f64 / whole as f64
+    } else {
+        0.0
+    }
+}
+
+/// llama-server on one workload in one speculative mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaServerRow {
+    /// `--spec-type`.
+    pub mode: String,
+    /// Its decode speed without speculation and with this mode.
+    #[serde(flatten)]
+    pub speed: Speedup,
     /// Share of outputs identical to its plain output.
     pub identical_share: f64,
 }
@@ -82,14 +99,9 @@ pub struct NgramRow {
     pub workload: String,
     /// Kind.
     pub kind: String,
-    /// Plain decode tok/s (median over prompts and reps).
-    pub plain: f64,
-    /// Accelerated decode tok/s.
-    pub accelerated: f64,
-    /// accelerated / plain.
-    pub ratio: f64,
-    /// Accepted / drafted.
-    pub acceptance: f64,
+    /// Plain and accelerated decode tok/s.
+    #[serde(flatten)]
+    pub speed: Speedup,
     /// Mean accepted draft tokens per verify step.
     pub mean_accepted: f64,
     /// Share of outputs (prompts x repetitions) identical to plain decoding.
@@ -190,8 +202,8 @@ fn llama_server_rows(
 ) -> Result<Vec<Vec<LlamaServerRow>>, BenchError> {
     struct ModeRuns {
         speed: Vec<f64>,
-        drafted: u64,
-        accepted: u64,
+        drafted: usize,
+        accepted: usize,
         contents: Vec<String>,
     }
     let ctx = 4096;
@@ -220,8 +232,8 @@ fn llama_server_rows(
                     bar.set_message(format!("llama-server {name}: workload {}", wi + 1));
                     let out = server.complete(p, opts.max_tokens)?;
                     r.speed.push(out.decode_tok_s);
-                    r.drafted += out.drafted;
-                    r.accepted += out.accepted;
+                    r.drafted += out.drafted as usize;
+                    r.accepted += out.accepted as usize;
                     r.contents.push(out.content);
                     bar.inc(1);
                 }
@@ -249,15 +261,13 @@ fn llama_server_rows(
                         .count();
                     LlamaServerRow {
                         mode: mode.clone(),
-                        plain: p,
-                        accelerated: f,
-                        ratio: f / p,
-                        acceptance: if r.drafted > 0 {
-                            r.accepted as f64 / r.drafted as f64
-                        } else {
-                            0.0
+                        speed: Speedup {
+                            plain: p,
+                            accelerated: f,
+                            ratio: f / p,
+                            acceptance: fraction(r.accepted, r.drafted),
                         },
-                        identical_share: same as f64 / r.contents.len().max(1) as f64,
+                        identical_share: fraction(same, r.contents.len()),
                     }
                 })
                 .collect()
@@ -353,20 +363,14 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         rows.push(NgramRow {
             workload: w.name.clone(),
             kind: w.kind.clone(),
-            plain: p,
-            accelerated: f,
-            ratio: if p > 0.0 { f / p } else { 0.0 },
-            acceptance: if drafted > 0 {
-                accepted as f64 / drafted as f64
-            } else {
-                0.0
+            speed: Speedup {
+                plain: p,
+                accelerated: f,
+                ratio: if p > 0.0 { f / p } else { 0.0 },
+                acceptance: fraction(accepted, drafted),
             },
-            mean_accepted: if verifies > 0 {
-                accepted as f64 / verifies as f64
-            } else {
-                0.0
-            },
-            identical_share: same as f64 / runs.max(1) as f64,
+            mean_accepted: fraction(accepted, verifies),
+            identical_share: fraction(same, runs),
             acceptance_by_position: positions.rates(),
             llama_server: Vec::new(),
         });

@@ -319,11 +319,42 @@ impl std::fmt::Debug for BufferType {
     }
 }
 
+/// A persistent ggml thread pool, freed when dropped. Its owner (a CPU backend, the oracle's
+/// context) holds it in a field, so the pool is freed after the owner's own drop has freed what
+/// uses it.
+#[derive(Debug)]
+pub(crate) struct ThreadPool(*mut sys::ggml_threadpool);
+
+impl ThreadPool {
+    /// A pool of `n_threads` threads, or None where ggml could not start one.
+    pub(crate) fn new(n_threads: i32) -> Option<ThreadPool> {
+        // SAFETY: plain init calls; the result is checked for null.
+        let raw = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(n_threads);
+            sys::ggml_threadpool_new(&mut params)
+        };
+        (!raw.is_null()).then_some(ThreadPool(raw))
+    }
+
+    /// The pool, for ggml and libllama calls.
+    pub(crate) fn raw(&self) -> *mut sys::ggml_threadpool {
+        self.0
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from ggml_threadpool_new (not null) and is freed once.
+        unsafe { sys::ggml_threadpool_free(self.0) }
+    }
+}
+
 /// A backend instance: a device ready to run graphs.
 #[derive(Debug)]
 pub struct Backend {
     raw: sys::ggml_backend_t,
-    threadpool: *mut sys::ggml_threadpool,
+    /// The CPU backend's threads; dropped after the backend that uses them.
+    _threadpool: Option<ThreadPool>,
     device: Device,
 }
 
@@ -333,14 +364,9 @@ unsafe impl Send for Backend {}
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: raw came from a backend init and is freed once; the thread pool is freed after the
-        // backend that uses it.
-        unsafe {
-            sys::ggml_backend_free(self.raw);
-            if !self.threadpool.is_null() {
-                sys::ggml_threadpool_free(self.threadpool);
-            }
-        }
+        // SAFETY: raw came from a backend init and is freed once; the thread pool, a field, is
+        // freed after this.
+        unsafe { sys::ggml_backend_free(self.raw) }
     }
 }
 
@@ -356,14 +382,13 @@ impl Backend {
                 return Err(Error::NoDevice("ggml_backend_cpu_init failed".into()));
             }
             sys::ggml_backend_cpu_set_n_threads(raw, n_threads);
-            let mut params = sys::ggml_threadpool_params_default(n_threads);
-            let tp = sys::ggml_threadpool_new(&mut params);
-            if !tp.is_null() {
-                sys::ggml_backend_cpu_set_threadpool(raw, tp);
+            let threadpool = ThreadPool::new(n_threads);
+            if let Some(tp) = &threadpool {
+                sys::ggml_backend_cpu_set_threadpool(raw, tp.raw());
             }
             Ok(Backend {
                 raw,
-                threadpool: tp,
+                _threadpool: threadpool,
                 device: Device(sys::ggml_backend_get_device(raw)),
             })
         }
@@ -381,7 +406,7 @@ impl Backend {
         }
         Ok(Backend {
             raw,
-            threadpool: std::ptr::null_mut(),
+            _threadpool: None,
             device,
         })
     }

@@ -1,5 +1,6 @@
 //! libllama in-process, for tests (reference logits and tokenization) and benchmarks (the
 //! baseline). Never Axle's execution path. Same crate, same ggml build, same file.
+use crate::backend::ThreadPool;
 use crate::{Error, Result};
 use llama_cpp_sys_2 as sys;
 use std::ffi::CString;
@@ -13,7 +14,8 @@ pub type Token = i32;
 pub struct LlamaOracle {
     model: *mut sys::llama_model,
     ctx: *mut sys::llama_context,
-    threadpool: *mut sys::ggml_threadpool,
+    /// Dropped after the context that uses it.
+    _threadpool: Option<ThreadPool>,
     n_vocab: usize,
     n_batch: usize,
 }
@@ -23,13 +25,11 @@ unsafe impl Send for LlamaOracle {}
 
 impl Drop for LlamaOracle {
     fn drop(&mut self) {
-        // SAFETY: pointers came from libllama/ggml constructors and are freed once, context first.
+        // SAFETY: pointers came from libllama constructors and are freed once, context first; the
+        // thread pool, a field, is freed after them.
         unsafe {
             sys::llama_free(self.ctx);
             sys::llama_model_free(self.model);
-            if !self.threadpool.is_null() {
-                sys::ggml_threadpool_free(self.threadpool);
-            }
         }
     }
 }
@@ -137,7 +137,7 @@ impl LlamaOracle {
                 return Ok(LlamaOracle {
                     model,
                     ctx: std::ptr::null_mut(),
-                    threadpool: std::ptr::null_mut(),
+                    _threadpool: None,
                     n_vocab,
                     n_batch: 0,
                 });
@@ -161,15 +161,14 @@ impl LlamaOracle {
                 sys::llama_model_free(model);
                 return Err(Error::Oracle("cannot create llama context".into()));
             }
-            let mut tpp = sys::ggml_threadpool_params_default(opts.n_threads as i32);
-            let threadpool = sys::ggml_threadpool_new(&mut tpp);
-            if !threadpool.is_null() {
-                sys::llama_attach_threadpool(ctx, threadpool, threadpool);
+            let threadpool = ThreadPool::new(opts.n_threads as i32);
+            if let Some(tp) = &threadpool {
+                sys::llama_attach_threadpool(ctx, tp.raw(), tp.raw());
             }
             Ok(LlamaOracle {
                 model,
                 ctx,
-                threadpool,
+                _threadpool: threadpool,
                 n_vocab,
                 n_batch: opts.n_batch as usize,
             })

@@ -362,11 +362,13 @@ impl Engine {
             max_batch_tokens,
             state_slots,
             max_draft: if ngram { draft_len } else { 0 },
+        };
+        let configure = |m: &Model| EngineConfig {
             kernels,
             device_products,
             host_kernels,
+            ..EngineConfig::sized(m, &sizing)
         };
-        let configure = |m: &Model| EngineConfig::sized(m, &sizing);
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
         let (generator, report) = opened.map_err(|e| py_err(py, e))?;
         Ok(Engine {

@@ -91,7 +91,7 @@ impl Default for EngineConfig {
 }
 
 /// What a caller sizes an engine by (CLI flags, Python keywords); the rest of [`EngineConfig`]
-/// keeps its defaults.
+/// keeps its defaults (a caller sets its kernel choices on the sized configuration).
 #[derive(Debug, Clone)]
 pub struct EngineSizing {
     /// Context length per sequence (default: the model's, capped at [`defaults::CONTEXT`]).
@@ -109,12 +109,6 @@ pub struct EngineSizing {
     pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
     pub max_draft: usize,
-    /// Kernel choice.
-    pub kernels: Kernels,
-    /// Products of small columns on accelerators ([`EngineConfig::device_products`]).
-    pub device_products: Option<DeviceProducts>,
-    /// The arithmetic of CPU rows ([`EngineConfig::host_kernels`]).
-    pub host_kernels: Option<HostKernels>,
 }
 
 impl EngineConfig {
@@ -143,9 +137,6 @@ impl EngineConfig {
                 .max(sizing.max_draft + 1)
                 .max(max_seqs),
             max_draft: sizing.max_draft,
-            kernels: sizing.kernels,
-            device_products: sizing.device_products,
-            host_kernels: sizing.host_kernels,
             state_slots: sizing.state_slots,
             ..Default::default()
         }
@@ -452,19 +443,17 @@ fn model_id(model: &Model) -> u64 {
 impl EngineCore {
     /// An engine over a loaded model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<EngineCore, SdkError> {
-        if cfg.device_products.is_some() && cfg.kernels != Kernels::BatchInvariant {
-            return Err(SdkError::Config(
-                "device products are a choice of the exact (batch-invariant) kernels; the fast \
-                 kernels take ggml's own for each step's shape"
-                    .into(),
-            ));
-        }
-        if cfg.host_kernels.is_some() && cfg.kernels != Kernels::BatchInvariant {
-            return Err(SdkError::Config(
-                "host kernels are a choice of the exact (batch-invariant) kernels; the fast \
-                 kernels take ggml's own for each step's shape"
-                    .into(),
-            ));
+        let exact_choices = [
+            ("device products", cfg.device_products.is_some()),
+            ("host kernels", cfg.host_kernels.is_some()),
+        ];
+        if let Some((what, _)) = exact_choices.iter().find(|(_, set)| *set) {
+            if cfg.kernels != Kernels::BatchInvariant {
+                return Err(SdkError::Config(format!(
+                    "{what} are a choice of the exact (batch-invariant) kernels; the fast kernels \
+                     take ggml's own for each step's shape"
+                )));
+            }
         }
         let kv_slots = cfg.kv_slots.div_ceil(cfg.block_size) * cfg.block_size;
         // Recurrent models: one state group per sequence that can run, and as many kept states

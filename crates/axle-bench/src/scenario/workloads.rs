@@ -164,10 +164,10 @@ pub fn run(
                     let mut out = Row::new(
                         format!("{} ({})", row.workload, row.kind),
                         "decode_tok_s",
-                        vec![row.accelerated],
-                        Some(("no speculation", vec![row.plain])),
+                        vec![row.speed.accelerated],
+                        Some(("no speculation", vec![row.speed.plain])),
                     )
-                    .with("acceptance_rate", row.acceptance)
+                    .with("acceptance_rate", row.speed.acceptance)
                     .with("mean_accepted", row.mean_accepted)
                     .with("identical_share", row.identical_share);
                     for (j, a) in row.acceptance_by_position.iter().enumerate() {
@@ -176,11 +176,11 @@ pub fn run(
                     for ls in &row.llama_server {
                         let key = format!("llama_server_{}", ls.mode.replace('-', "_"));
                         out = out
-                            .with(&format!("{key}_tok_s"), ls.accelerated)
-                            .with(&format!("{key}_ratio"), ls.ratio)
-                            .with(&format!("{key}_acceptance"), ls.acceptance)
+                            .with(&format!("{key}_tok_s"), ls.speed.accelerated)
+                            .with(&format!("{key}_ratio"), ls.speed.ratio)
+                            .with(&format!("{key}_acceptance"), ls.speed.acceptance)
                             .with(&format!("{key}_identical_share"), ls.identical_share)
-                            .with("llama_server_plain_tok_s", ls.plain);
+                            .with("llama_server_plain_tok_s", ls.speed.plain);
                     }
                     out
                 })

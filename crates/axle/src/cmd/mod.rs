@@ -221,14 +221,16 @@ impl EngineArgs {
                 Switch::On => self.draft_len,
                 Switch::Off => 0,
             },
+        };
+        EngineConfig {
             kernels: match self.kernels {
                 KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
             device_products: self.device_products,
             host_kernels: self.host_kernels,
-        };
-        EngineConfig::sized(model, &sizing)
+            ..EngineConfig::sized(model, &sizing)
+        }
     }
 
     /// Refuses native-only options on a delegated route.
