@@ -15,6 +15,7 @@
 #        made with --pack (for a GPU machine with nvcc but no Rust).
 # --out  where the libraries go (default: target/release/backends, where target/release/axle
 #        looks; any folder works with AXLE_BACKENDS_DIR=DIR).
+# $AXLE_BACKEND_CMAKE_ARGS: more cmake options (for experiments, e.g. -DGGML_CUDA_GRAPHS=OFF).
 # --arch CMAKE_CUDA_ARCHITECTURES (default: native, the GPUs of this machine; 90-real = H100/H200).
 # cuda: about 5 minutes on 16 cores for one arch. rpc: about 2 minutes on 2 cores, no toolkit.
 set -euo pipefail
@@ -77,7 +78,7 @@ cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TOOLS=$([ $tools = 1 ] && echo ON || echo OFF) >/dev/null
+  -DLLAMA_BUILD_TOOLS=$([ $tools = 1 ] && echo ON || echo OFF) ${AXLE_BACKEND_CMAKE_ARGS:-} >/dev/null
 targets=()
 [ $cuda = ON ] && targets+=(ggml-cuda)
 [ $rpc = ON ] && targets+=(ggml-rpc)

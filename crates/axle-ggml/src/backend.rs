@@ -566,13 +566,105 @@ impl GraphScheduler {
     }
 
     /// Runs a graph allocated in `slot` to completion.
+    ///
+    /// With `AXLE_TRACE_NODES=FILE` in the environment, every node is computed by itself and
+    /// FILE gets one line per node (graph number, node index, op, type, shape, a hash of its
+    /// bytes), for finding the first node where two runs part (a debugging aid: slow).
     pub fn compute(&mut self, slot: usize, graph: &mut Graph<'_>) -> Result<()> {
+        let sched = self.slots[slot].0;
+        let mut trace = NodeTrace::from_env();
+        if let Some(t) = trace.as_mut() {
+            // SAFETY: `t` outlives the compute below, after which the callback is removed.
+            unsafe {
+                sys::ggml_backend_sched_set_eval_callback(
+                    sched,
+                    Some(NodeTrace::callback),
+                    (t as *mut NodeTrace).cast(),
+                )
+            };
+        }
         // SAFETY: graph was allocated by `alloc` in this slot.
-        let st = unsafe { sys::ggml_backend_sched_graph_compute(self.slots[slot].0, graph.raw()) };
+        let st = unsafe { sys::ggml_backend_sched_graph_compute(sched, graph.raw()) };
+        if trace.is_some() {
+            // SAFETY: live scheduler; removes the callback before `trace` is dropped.
+            unsafe { sys::ggml_backend_sched_set_eval_callback(sched, None, std::ptr::null_mut()) };
+        }
         if st != sys::GGML_STATUS_SUCCESS {
             return Err(Error::Compute(st));
         }
         Ok(())
+    }
+}
+
+/// The state of an `AXLE_TRACE_NODES` trace ([`GraphScheduler::compute`]).
+struct NodeTrace {
+    out: std::fs::File,
+    graph: u64,
+    node: u64,
+    bytes: Vec<u8>,
+}
+
+/// Graphs traced so far in this process.
+static TRACED_GRAPHS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl NodeTrace {
+    fn from_env() -> Option<NodeTrace> {
+        let path = std::env::var_os("AXLE_TRACE_NODES")?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()?;
+        let graph = TRACED_GRAPHS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(NodeTrace {
+            out,
+            graph,
+            node: 0,
+            bytes: Vec::new(),
+        })
+    }
+
+    /// ggml's eval callback: asks for every node, then hashes each computed node's bytes.
+    unsafe extern "C" fn callback(
+        t: *mut sys::ggml_tensor,
+        ask: bool,
+        user_data: *mut std::os::raw::c_void,
+    ) -> bool {
+        use std::io::Write;
+        // SAFETY: user_data is the NodeTrace set in `compute`, alive during it; ggml hands a
+        // computed, allocated node.
+        let (trace, t) = unsafe { (&mut *(user_data as *mut NodeTrace), &*t) };
+        // Views, reshapes and permutes compute nothing (and a weight's view is a node too).
+        let moves_no_data = [
+            sys::GGML_OP_VIEW,
+            sys::GGML_OP_RESHAPE,
+            sys::GGML_OP_PERMUTE,
+            sys::GGML_OP_TRANSPOSE,
+            sys::GGML_OP_NONE,
+        ];
+        if ask || moves_no_data.contains(&t.op) {
+            return !moves_no_data.contains(&t.op);
+        }
+        // SAFETY: as above; reads the node's bytes into host memory.
+        let (op, name) = unsafe {
+            let n = sys::ggml_nbytes(t);
+            trace.bytes.resize(n, 0);
+            sys::ggml_backend_tensor_get(t, trace.bytes.as_mut_ptr().cast(), 0, n);
+            (
+                std::ffi::CStr::from_ptr(sys::ggml_op_desc(t)).to_string_lossy(),
+                std::ffi::CStr::from_ptr(t.name.as_ptr()).to_string_lossy(),
+            )
+        };
+        let hash = trace.bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let _ = writeln!(
+            trace.out,
+            "{} {} {} {} {:?} {:016x} {}",
+            trace.graph, trace.node, op, t.type_, t.ne, hash, name
+        );
+        trace.node += 1;
+        true
     }
 }
 

@@ -65,8 +65,8 @@ pub enum DeviceProducts {
 }
 
 impl DeviceProducts {
-    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide` only; anything else: none), for the
-    /// runner's default and the loader's choice of fused projections to agree.
+    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide` only; anything else: none): the
+    /// runner's default.
     pub fn from_env() -> Option<DeviceProducts> {
         (std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() == Ok("wide"))
             .then_some(DeviceProducts::Wide)

@@ -432,12 +432,12 @@ impl<'a> Step<'a> {
     /// On the host every row of a product is computed by itself, so the fused weight serves
     /// every column. On a device, prefill chunks multiply the parts, as libllama does (MMQ's
     /// stream-k split depends on the weight's rows, so a fused product would round a prompt
-    /// differently); small columns multiply the fused weight, which reads the weights once per
-    /// MMQ op instead of once per part. `fused_in_groups: false` keeps the parts for small
-    /// columns too where they go through MMVQ groups: ggml's CUDA backend fuses a one-column
-    /// gate product, up product and gated unit into one kernel, as it does for libllama. (By
-    /// default weights are fused only for wide products: see
-    /// [`crate::model::FusedProjections`] for what fused weights did to MMVQ steps' numbers.)
+    /// differently); small columns multiply the fused weight: one MMVQ pass per group, or one
+    /// MMQ op (wide products), instead of one per part. `fused_in_groups: false` keeps the parts
+    /// for small columns too where they go through MMVQ groups: ggml's CUDA backend fuses a
+    /// one-column gate product, up product and gated unit into one kernel, as it does for
+    /// libllama. With libllama's ops on a device (no device layout: `--kernels fast`) the parts
+    /// serve products of [`WIDE_MIN_COLS`] columns or more, which ggml runs with MMQ.
     pub fn matmul_fused(
         &self,
         fused: &'a StoredTensor,
@@ -447,15 +447,23 @@ impl<'a> Step<'a> {
     ) -> FusedProduct<'a> {
         let g = self.ctx;
         let w = fused.t();
+        let each_part = |x: Tensor<'a>| parts.iter().map(|p| self.matmul(p, x)).collect();
         let device = self
             .device
             .as_ref()
             .filter(|_| x.ne()[2..] == [1, 1] && w.is_on_device());
         let Some(d) = device else {
+            // libllama's ops on a device (`--kernels fast`, and the runner the oracle checks
+            // compare): from WIDE_MIN_COLS columns ggml's CUDA backend multiplies with MMQ,
+            // whose split of the K range depends on the weight's rows, so the parts keep
+            // libllama's numbers; below that the mat-vec kernel computes each row by itself
+            // (but for `fused_in_groups`, below).
+            if w.is_on_device() && (x.ne()[1] >= WIDE_MIN_COLS || !fused_in_groups) {
+                return FusedProduct::Parts(each_part(x));
+            }
             return FusedProduct::Whole(self.matmul(fused, x));
         };
         let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
-        let each_part = |x: Tensor<'a>| parts.iter().map(|p| self.matmul(p, x)).collect();
         if !(fused_in_groups || wide) {
             return FusedProduct::Parts(each_part(x));
         }

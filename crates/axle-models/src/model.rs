@@ -3,7 +3,6 @@
 //! reports it as one clear error.
 use crate::arch::{self, Family};
 use crate::chat::{ChatError, ChatMessage, ChatTemplate};
-use crate::device_step::DeviceProducts;
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
@@ -41,34 +40,23 @@ pub struct ModelOptions {
 /// of the activations, one launch. Prefill chunks keep the separate products (the parts stay
 /// bound, as views of the fused weight's rows).
 ///
-/// The engine fuses where its small columns go through wide products on CUDA
-/// ([`FusedProjections::for_products`]), whose numbers are Axle's own anyway (MMQ's split of the
-/// work depends on the weight's rows; the same in every step, so batch invariance holds). With
-/// the default mat-vec groups it does not: on the H100, SmolLM2 with fused weights agreed with
-/// libllama's greedy output on 13/20 prompts instead of 20/20, with either product for the small
-/// columns (the parts being views of a fused weight was enough), so the default keeps libllama's
-/// separate weights and its numbers, bit for bit.
+/// Fused by default where a layer's weights live in an accelerator's memory. The fused weight
+/// serves only products whose rows it computes as the parts would: mat-vec products (each row by
+/// itself) and, with wide products, the small columns' MMQ ops (Axle's own numbers there anyway).
+/// Products ggml runs with MMQ for libllama (prefill chunks, and every product of 9 columns or
+/// more under `--kernels fast`) take the parts, because MMQ splits the K range by the weight's
+/// rows. So logits stay bit-identical to libllama's (on the H100: SmolLM2, the random 8B and the
+/// fixtures, `benchmarks/artifacts/gpu/dc-*.json`), and a decode step on the 8B costs 3.20-3.25
+/// ms instead of 3.39.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedProjections {
-    /// Separate weights, as the file has them (the default where products are not wide).
-    #[default]
+    /// Separate weights, as the file has them.
     Off,
-    /// Fused where the layer's weights live in an accelerator's memory.
+    /// Fused where the layer's weights live in an accelerator's memory (the default).
+    #[default]
     Devices,
     /// Fused everywhere (on the host a copy of the weights, instead of using them in place).
     Everywhere,
-}
-
-impl FusedProjections {
-    /// The default for an engine whose small columns multiply with `products` (None: the
-    /// runner's default, `AXLE_DEVICE_PRODUCTS`): fused on devices with wide products, else off.
-    pub fn for_products(products: Option<DeviceProducts>) -> FusedProjections {
-        if products.or_else(DeviceProducts::from_env) == Some(DeviceProducts::Wide) {
-            FusedProjections::Devices
-        } else {
-            FusedProjections::Off
-        }
-    }
 }
 
 // The names of the CLI's `--fused-projections` (and of `AXLE_FUSED_PROJECTIONS`).

@@ -337,7 +337,7 @@ impl Engine {
             split,
             rpc: rpc.unwrap_or_default(),
             split_mode: split_mode.parse().map_err(invalid)?,
-            fused_projections: axle_models::FusedProjections::for_products(device_products),
+            fused_projections: Default::default(),
         };
         let spec = RouteSpec {
             model: model_path,

@@ -10,9 +10,8 @@ pub use artifact::{Artifact, CheckResult, Environment, Row};
 pub use manifest::Manifest;
 
 use crate::BenchError;
-use axle_models::{FusedProjections, Model, ModelOptions};
+use axle_models::{Model, ModelOptions};
 use axle_sdk::RuntimeReport;
-use manifest::Workload;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -73,15 +72,7 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
                 Some(s) => s.parse().map_err(BenchError::Invalid)?,
                 None => Default::default(),
             },
-            fused_projections: FusedProjections::for_products(match &m.workload {
-                Workload::Batched(b) => b
-                    .device_products
-                    .as_deref()
-                    .map(str::parse)
-                    .transpose()
-                    .map_err(BenchError::Invalid)?,
-                _ => None,
-            }),
+            fused_projections: Default::default(),
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));

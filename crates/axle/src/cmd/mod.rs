@@ -51,8 +51,8 @@ pub struct DeviceArgs {
     pub split_mode: axle_models::SplitMode,
     /// Where a layer's projections that read the same input (Q, K and V; the FFN's gate and up)
     /// are stored as one weight, so that decoding rows run one product for them: `devices` (on
-    /// accelerators), `off`, or `everywhere` (the host too, from a copy of the weights). Default:
-    /// `devices` with `--device-products wide`, else `off` (libllama's numbers).
+    /// accelerators, the default), `off`, or `everywhere` (the host too, from a copy of the
+    /// weights).
     #[arg(long)]
     pub fused_projections: Option<axle_models::FusedProjections>,
 }
@@ -251,17 +251,11 @@ impl EngineArgs {
 /// Loads a model as `engine` says (threads, device, repacking): a spinner on stderr while the
 /// file is opened, a progress bar while weights are copied to a device.
 pub fn load_model(path: &Path, engine: &EngineArgs) -> anyhow::Result<Model> {
-    load_model_on(path, engine.repack, &engine.device, engine.device_products)
+    load_model_on(path, engine.repack, &engine.device)
 }
 
 /// [`load_model`] for the bench commands, which take threads and device alone.
-/// `products`: the engine's device products, which decide whether projections are fused.
-pub fn load_model_on(
-    path: &Path,
-    repack: bool,
-    device: &DeviceArgs,
-    products: Option<DeviceProducts>,
-) -> anyhow::Result<Model> {
+pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::Result<Model> {
     let opts = ModelOptions {
         threads: device.threads,
         repack,
@@ -270,9 +264,7 @@ pub fn load_model_on(
         split: device.split.clone(),
         rpc: device.rpc.clone(),
         split_mode: device.split_mode,
-        fused_projections: device
-            .fused_projections
-            .unwrap_or_else(|| axle_models::FusedProjections::for_products(products)),
+        fused_projections: device.fused_projections.unwrap_or_default(),
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
