@@ -642,8 +642,11 @@ impl NodeTrace {
             sys::GGML_OP_TRANSPOSE,
             sys::GGML_OP_NONE,
         ];
-        if ask || moves_no_data.contains(&t.op) {
-            return !moves_no_data.contains(&t.op);
+        let computes = !moves_no_data.contains(&t.op);
+        if ask || !computes {
+            // Asked: whether to hand this node back after computing it (a false here never
+            // stops the graph; ggml only stops on a false for a node it handed back).
+            return computes;
         }
         // SAFETY: as above; reads the node's bytes into host memory.
         let (op, name) = unsafe {
