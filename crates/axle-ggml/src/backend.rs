@@ -567,7 +567,7 @@ impl GraphScheduler {
 
     /// Runs a graph allocated in `slot` to completion.
     ///
-    /// With `AXLE_TRACE_NODES=FILE` in the environment, every node is computed by itself and
+    /// With `AXLE_TRACE_NODES=FILE` in the environment (read once), every node is computed by itself and
     /// FILE gets one line per node (graph number, node index, op, type, shape, a hash of its
     /// bytes), for finding the first node where two runs part (a debugging aid: slow).
     pub fn compute(&mut self, slot: usize, graph: &mut Graph<'_>) -> Result<()> {
@@ -608,8 +608,13 @@ struct NodeTrace {
 static TRACED_GRAPHS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl NodeTrace {
+    /// A trace of the next graph, where the process started with `AXLE_TRACE_NODES` set (read
+    /// once: compute is on every step's path).
     fn from_env() -> Option<NodeTrace> {
-        let path = std::env::var_os("AXLE_TRACE_NODES")?;
+        static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+        let path = PATH
+            .get_or_init(|| std::env::var_os("AXLE_TRACE_NODES"))
+            .as_ref()?;
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -337,7 +337,7 @@ impl Engine {
             split,
             rpc: rpc.unwrap_or_default(),
             split_mode: split_mode.parse().map_err(invalid)?,
-            fused_projections: Default::default(),
+            ..Default::default()
         };
         let spec = RouteSpec {
             model: model_path,

@@ -72,7 +72,7 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
                 Some(s) => s.parse().map_err(BenchError::Invalid)?,
                 None => Default::default(),
             },
-            fused_projections: Default::default(),
+            ..Default::default()
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));

@@ -53,8 +53,8 @@ pub struct DeviceArgs {
     /// are stored as one weight, so that decoding rows run one product for them: `devices` (on
     /// accelerators, the default), `off`, or `everywhere` (the host too, from a copy of the
     /// weights).
-    #[arg(long)]
-    pub fused_projections: Option<axle_models::FusedProjections>,
+    #[arg(long, default_value_t)]
+    pub fused_projections: axle_models::FusedProjections,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -264,7 +264,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         split: device.split.clone(),
         rpc: device.rpc.clone(),
         split_mode: device.split_mode,
-        fused_projections: device.fused_projections.unwrap_or_default(),
+        fused_projections: device.fused_projections,
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
