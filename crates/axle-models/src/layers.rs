@@ -456,8 +456,8 @@ impl<'a> Step<'a> {
             // libllama's ops on a device (`--kernels fast`, and the runner the oracle checks
             // compare): from WIDE_MIN_COLS columns ggml's CUDA backend multiplies with MMQ,
             // whose split of the K range depends on the weight's rows, so the parts keep
-            // libllama's numbers; below that the mat-vec kernel computes each row by itself
-            // (but for `fused_in_groups`, below).
+            // libllama's numbers; below that the mat-vec kernel computes each row by itself.
+            // Without `fused_in_groups` (gate and up) the parts serve every width, as below.
             if w.is_on_device() && (x.ne()[1] >= WIDE_MIN_COLS || !fused_in_groups) {
                 return FusedProduct::Parts(each_part(x));
             }
