@@ -567,9 +567,10 @@ impl GraphScheduler {
 
     /// Runs a graph allocated in `slot` to completion.
     ///
-    /// With `AXLE_TRACE_NODES=FILE` in the environment (read once), every node is computed by itself and
-    /// FILE gets one line per node (graph number, node index, op, type, shape, a hash of its
-    /// bytes), for finding the first node where two runs part (a debugging aid: slow).
+    /// With `AXLE_TRACE_NODES=FILE` in the environment (read once per process), every node is
+    /// computed by itself and FILE gets one line per node (graph number, node index, op, type,
+    /// shape, a hash of its bytes), for finding the first node where two runs part (a debugging
+    /// aid: slow).
     pub fn compute(&mut self, slot: usize, graph: &mut Graph<'_>) -> Result<()> {
         let sched = self.slots[slot].0;
         let mut trace = NodeTrace::from_env();
@@ -598,7 +599,7 @@ impl GraphScheduler {
 
 /// The state of an `AXLE_TRACE_NODES` trace ([`GraphScheduler::compute`]).
 struct NodeTrace {
-    out: std::fs::File,
+    out: &'static std::sync::Mutex<std::fs::File>,
     graph: u64,
     node: u64,
     bytes: Vec<u8>,
@@ -608,18 +609,29 @@ struct NodeTrace {
 static TRACED_GRAPHS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl NodeTrace {
-    /// A trace of the next graph, where the process started with `AXLE_TRACE_NODES` set (read
-    /// once: compute is on every step's path).
+    /// A trace of the next graph, where the process started with `AXLE_TRACE_NODES` set. The
+    /// variable is read and the file opened once (compute is on every step's path); a file that
+    /// cannot be opened is said once on stderr, and nothing is traced.
     fn from_env() -> Option<NodeTrace> {
-        static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-        let path = PATH
-            .get_or_init(|| std::env::var_os("AXLE_TRACE_NODES"))
+        static OUT: std::sync::OnceLock<Option<std::sync::Mutex<std::fs::File>>> =
+            std::sync::OnceLock::new();
+        let out = OUT
+            .get_or_init(|| {
+                let path = std::env::var_os("AXLE_TRACE_NODES")?;
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path);
+                match file {
+                    Ok(f) => Some(std::sync::Mutex::new(f)),
+                    Err(e) => {
+                        let path = path.to_string_lossy();
+                        eprintln!("AXLE_TRACE_NODES: cannot open {path}: {e}; not tracing");
+                        None
+                    }
+                }
+            })
             .as_ref()?;
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .ok()?;
         let graph = TRACED_GRAPHS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(NodeTrace {
             out,
@@ -666,11 +678,13 @@ impl NodeTrace {
         let hash = trace.bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-        let _ = writeln!(
-            trace.out,
-            "{} {} {} {} {:?} {:016x} {}",
-            trace.graph, trace.node, op, t.type_, t.ne, hash, name
-        );
+        if let Ok(mut out) = trace.out.lock() {
+            let _ = writeln!(
+                out,
+                "{} {} {} {} {:?} {:016x} {}",
+                trace.graph, trace.node, op, t.type_, t.ne, hash, name
+            );
+        }
         trace.node += 1;
         true
     }

@@ -35,7 +35,6 @@ fn traces_computed_nodes_and_their_bytes() {
         x.write(&[input; 32]).expect("write");
         sched.compute(0, &mut g).expect("compute");
     }
-    std::env::remove_var("AXLE_TRACE_NODES");
 
     let t = lines(&path);
     // Two products per graph; the reshape computes nothing and is left out.

@@ -448,17 +448,18 @@ impl<'a> Step<'a> {
         let g = self.ctx;
         let w = fused.t();
         let each_part = |x: Tensor<'a>| parts.iter().map(|p| self.matmul(p, x)).collect();
+        let on_device = w.is_on_device();
         let device = self
             .device
             .as_ref()
-            .filter(|_| x.ne()[2..] == [1, 1] && w.is_on_device());
+            .filter(|_| x.ne()[2..] == [1, 1] && on_device);
         let Some(d) = device else {
             // libllama's ops on a device (`--kernels fast`, and the runner the oracle checks
             // compare): from WIDE_MIN_COLS columns ggml's CUDA backend multiplies with MMQ,
             // whose split of the K range depends on the weight's rows, so the parts keep
             // libllama's numbers; below that the mat-vec kernel computes each row by itself.
             // Without `fused_in_groups` (gate and up) the parts serve every width, as below.
-            if w.is_on_device() && (x.ne()[1] >= WIDE_MIN_COLS || !fused_in_groups) {
+            if on_device && (x.ne()[1] >= WIDE_MIN_COLS || !fused_in_groups) {
                 return FusedProduct::Parts(each_part(x));
             }
             return FusedProduct::Whole(self.matmul(fused, x));
