@@ -7,7 +7,7 @@ use axle_models::{Model, Runner, RunnerOptions, Sequence, StepProfile};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -51,6 +51,26 @@ pub struct CompareReport {
     pub threads: usize,
     /// Rows.
     pub rows: Vec<CompareRow>,
+}
+
+/// How long an engine runs untimed (short prefills) before each of its timed samples.
+///
+/// The engine that ran just before slows the next one's first tenth of a second on a 2-core
+/// machine. With one 32-token warm-up, every pp128 sample of Gemma 3 taken right after the other
+/// engine was up to 2x slower (540-990 tok/s against 1040-1170 for the one that went first, on
+/// both sides), and a median of 5 landed on either mode. Settling for 128 tokens left two slow
+/// samples in 21, 256 tokens (about 0.23 s) none.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Runs `warm_up` until [`SETTLE`] has passed (at least once).
+fn settle(mut warm_up: impl FnMut() -> Result<f64, BenchError>) -> Result<(), BenchError> {
+    let t = Instant::now();
+    loop {
+        warm_up()?;
+        if t.elapsed() >= SETTLE {
+            return Ok(());
+        }
+    }
 }
 
 fn time_axle_prefill(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError> {
@@ -145,11 +165,10 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
             // Alternate which engine goes first so drift (thermal, caches) does not favour one.
             let axle_first = rep % 2 == 0;
             for turn in 0..2 {
-                // An untimed warm-up on the engine about to be measured: both engines keep a thread
-                // pool, and on a 2-core machine the pool that just ran would otherwise still be
-                // spinning while the other one starts.
+                // Untimed work on the engine about to be measured, until it runs at its own
+                // speed again (see [`SETTLE`]).
                 if (turn == 0) == axle_first {
-                    time_axle_prefill(&mut runner, &warm)?;
+                    settle(|| time_axle_prefill(&mut runner, &warm))?;
                     runner.take_profile();
                     a.push(if prefill {
                         time_axle_prefill(&mut runner, &toks)?
@@ -158,7 +177,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
                     });
                     profile.add(&runner.take_profile());
                 } else {
-                    time_llama_prefill(&mut oracle, &warm)?;
+                    settle(|| time_llama_prefill(&mut oracle, &warm))?;
                     l.push(if prefill {
                         time_llama_prefill(&mut oracle, &toks)?
                     } else {
