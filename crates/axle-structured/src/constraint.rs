@@ -1,8 +1,9 @@
-//! The grammar engine (one per model) and the per-choice constraint. Each constraint owns its
-//! parser on a worker thread: after every emitted token the worker takes the token, takes what
-//! the grammar then forces, answers, and goes on to compute the next mask while the engine runs
-//! the model's forward pass. The engine thread only waits when it needs the mask before the
-//! worker has it.
+//! The grammar engine (one per model) and the per-choice constraint. Each constraint's parser
+//! is shared with a mask thread: the engine thread moves the parser past every emitted token
+//! itself (and takes what the grammar then forces), then leaves the next mask to the mask thread,
+//! which computes it while the engine runs the model's forward pass. The engine thread only waits
+//! when it needs the mask before the thread has it, and never for a thread to wake up just to
+//! answer: a mask the thread has not started yet is computed in place.
 use crate::format::OutputConstraint;
 use crate::vocabulary::{TokenEnv, Vocabulary};
 use crate::StructuredError;
@@ -10,8 +11,7 @@ use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, T
 use llguidance::toktrie::TokEnv;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Compiles constraints for one model's vocabulary.
@@ -161,10 +161,11 @@ impl Grammar {
         overlap: bool,
     ) -> Result<Box<dyn TokenConstraint>, StructuredError> {
         let timing = Arc::new(Counters::default());
-        let mut worker = Worker {
+        let worker = Worker {
             matcher: self.matcher.deep_clone(),
             force,
             mask: None,
+            wanted: false,
             timing: timing.clone(),
             digits: self.digits.clone(),
             run: DigitState::default(),
@@ -172,13 +173,20 @@ impl Grammar {
         if !overlap {
             return Ok(Box::new(GrammarConstraint::Inline(Box::new(worker))));
         }
-        let (tx, rx) = mpsc::channel::<Command>();
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                worker,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("axle-grammar".into())
-            .spawn(move || worker.run(rx))
+            .spawn(move || serve_masks(&thread_shared))
             .map_err(|e| StructuredError::Worker(e.to_string()))?;
         Ok(Box::new(GrammarConstraint::Threaded {
-            tx,
+            shared,
             timing,
             wait_us: 0,
         }))
@@ -191,19 +199,46 @@ struct Counters {
     compute_us: AtomicU64,
 }
 
-type Reply<T> = Sender<Result<T, String>>;
+/// A constraint's parser, shared by the engine thread and its mask thread.
+struct Shared {
+    slot: Mutex<Slot>,
+    /// Wakes the mask thread when a mask is wanted or the constraint is dropped.
+    wake: Condvar,
+}
 
-enum Command {
-    Start(Reply<Advanced>),
-    Allowed(Reply<Allowed>),
-    Advance(TokenId, Reply<Advanced>),
-    ValidPrefix(Vec<TokenId>, Sender<usize>),
+struct Slot {
+    worker: Worker,
+    /// The constraint was dropped: the mask thread ends.
+    closed: bool,
+}
+
+/// The mask thread: computes each mask the worker wants, holding the parser while it does, and
+/// sleeps otherwise. Ends when the constraint is dropped (or a computation panicked).
+fn serve_masks(shared: &Shared) {
+    let Ok(mut slot) = shared.slot.lock() else {
+        return;
+    };
+    loop {
+        if slot.closed {
+            return;
+        }
+        if slot.worker.wants_mask() {
+            slot.worker.precompute();
+            continue;
+        }
+        slot = match shared.wake.wait(slot) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+    }
 }
 
 struct Worker {
     matcher: Matcher,
     force: bool,
     mask: Option<Result<Allowed, String>>,
+    /// The next mask is wanted (the parser moved and is not finished) and not computed yet.
+    wanted: bool,
     timing: Arc<Counters>,
     digits: Option<(Arc<DigitRuns>, usize)>,
     /// Digits at the end of the output so far.
@@ -217,35 +252,6 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    fn run(&mut self, rx: Receiver<Command>) {
-        while let Ok(cmd) = rx.recv() {
-            match cmd {
-                Command::Start(reply) => {
-                    let r = self.start();
-                    let ok = r.as_ref().is_ok_and(|a| !a.finished);
-                    let _ = reply.send(r);
-                    if ok {
-                        self.precompute();
-                    }
-                }
-                Command::Allowed(reply) => {
-                    let _ = reply.send(self.allowed());
-                }
-                Command::Advance(token, reply) => {
-                    let r = self.advance(token);
-                    let ok = r.as_ref().is_ok_and(|a| !a.finished);
-                    let _ = reply.send(r);
-                    if ok {
-                        self.precompute();
-                    }
-                }
-                Command::ValidPrefix(tokens, reply) => {
-                    let _ = reply.send(self.valid_prefix(&tokens));
-                }
-            }
-        }
-    }
-
     fn start(&mut self) -> Result<Advanced, String> {
         let forced = self.forced();
         self.took(&forced);
@@ -253,15 +259,27 @@ impl Worker {
             finished: self.matcher.is_stopped(),
             forced,
         };
-        self.checked(a)
+        self.moved(self.checked(a))
+    }
+
+    /// After the parser moved: the next mask is wanted unless it finished or failed.
+    fn moved(&mut self, r: Result<Advanced, String>) -> Result<Advanced, String> {
+        self.wanted = r.as_ref().is_ok_and(|a| !a.finished);
+        r
+    }
+
+    fn wants_mask(&self) -> bool {
+        self.wanted && self.mask.is_none()
     }
 
     fn allowed(&mut self) -> Result<Allowed, String> {
+        self.wanted = false;
         self.mask.take().unwrap_or_else(|| self.compute())
     }
 
     fn advance(&mut self, token: TokenId) -> Result<Advanced, String> {
         self.mask = None;
+        self.wanted = false;
         self.took(&[token]);
         self.matcher
             .consume_token(token)
@@ -276,7 +294,7 @@ impl Worker {
             finished: self.matcher.is_stopped(),
             forced,
         };
-        self.checked(a)
+        self.moved(self.checked(a))
     }
 
     fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
@@ -341,6 +359,7 @@ impl Worker {
     fn precompute(&mut self) {
         let m = self.compute();
         self.mask = Some(m);
+        self.wanted = false;
     }
 
     fn compute(&mut self) -> Result<Allowed, String> {
@@ -375,65 +394,77 @@ impl Worker {
     }
 }
 
-/// The engine thread's handle on a constraint: a worker thread that computes ahead, or the
-/// worker's state used in place.
+/// The engine thread's handle on a constraint: the parser shared with a mask thread that computes
+/// ahead, or the worker used in place.
 #[derive(Debug)]
 enum GrammarConstraint {
     Threaded {
-        tx: Sender<Command>,
+        shared: Arc<Shared>,
         timing: Arc<Counters>,
         wait_us: u64,
     },
     Inline(Box<Worker>),
 }
 
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shared")
+    }
+}
+
 impl GrammarConstraint {
-    fn ask<T>(&mut self, cmd: impl FnOnce(Sender<T>) -> Command) -> Result<T, String> {
-        let GrammarConstraint::Threaded { tx, wait_us, .. } = self else {
-            return Err("not threaded".into());
-        };
-        let t0 = Instant::now();
-        let (reply, rx) = mpsc::channel();
-        tx.send(cmd(reply))
-            .map_err(|_| "the grammar worker stopped".to_string())?;
-        let r = rx
-            .recv()
-            .map_err(|_| "the grammar worker stopped".to_string());
-        *wait_us += t0.elapsed().as_micros() as u64;
-        r
+    /// Runs `f` on the worker on this thread: at once when the mask thread is idle, after the
+    /// mask it is computing otherwise. Wakes the mask thread when `f` leaves a mask wanted.
+    fn with_worker<T>(&mut self, f: impl FnOnce(&mut Worker) -> T) -> Result<T, String> {
+        match self {
+            GrammarConstraint::Inline(w) => Ok(f(w)),
+            GrammarConstraint::Threaded {
+                shared, wait_us, ..
+            } => {
+                let t0 = Instant::now();
+                let mut slot: MutexGuard<'_, Slot> = shared
+                    .slot
+                    .lock()
+                    .map_err(|_| "the grammar worker stopped".to_string())?;
+                let r = f(&mut slot.worker);
+                let wake = slot.worker.wants_mask();
+                drop(slot);
+                if wake {
+                    shared.wake.notify_one();
+                }
+                *wait_us += t0.elapsed().as_micros() as u64;
+                Ok(r)
+            }
+        }
+    }
+}
+
+impl Drop for GrammarConstraint {
+    fn drop(&mut self) {
+        if let GrammarConstraint::Threaded { shared, .. } = self {
+            if let Ok(mut slot) = shared.slot.lock() {
+                slot.closed = true;
+            }
+            shared.wake.notify_one();
+        }
     }
 }
 
 impl TokenConstraint for GrammarConstraint {
     fn start(&mut self) -> Result<Advanced, String> {
-        match self {
-            GrammarConstraint::Inline(w) => w.start(),
-            _ => self.ask(Command::Start)?,
-        }
+        self.with_worker(Worker::start)?
     }
 
     fn allowed(&mut self) -> Result<Allowed, String> {
-        match self {
-            GrammarConstraint::Inline(w) => w.allowed(),
-            _ => self.ask(Command::Allowed)?,
-        }
+        self.with_worker(Worker::allowed)?
     }
 
     fn advance(&mut self, token: TokenId) -> Result<Advanced, String> {
-        match self {
-            GrammarConstraint::Inline(w) => w.advance(token),
-            _ => self.ask(|r| Command::Advance(token, r))?,
-        }
+        self.with_worker(|w| w.advance(token))?
     }
 
     fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
-        match self {
-            GrammarConstraint::Inline(w) => w.valid_prefix(tokens),
-            _ => {
-                let tokens = tokens.to_vec();
-                self.ask(|r| Command::ValidPrefix(tokens, r)).unwrap_or(0)
-            }
-        }
+        self.with_worker(|w| w.valid_prefix(tokens)).unwrap_or(0)
     }
 
     fn timing(&self) -> ConstraintTiming {
@@ -621,6 +652,34 @@ mod tests {
             c.valid_prefix(&[b'{' as TokenId, b'"' as TokenId, b'x' as TokenId]),
             2
         );
+    }
+
+    /// With overlap, the mask thread computes the next mask after each move on its own, and
+    /// `allowed` hands over that mask instead of computing it again; the masks and the output
+    /// are the ones computed in place.
+    #[test]
+    fn the_mask_thread_computes_ahead_and_allowed_takes_its_mask() {
+        let e = engine();
+        let g = e.compile(&OutputConstraint::JsonObject).unwrap();
+        let mut threaded = g.constraint(false, true).unwrap();
+        let mut inline = g.constraint(false, false).unwrap();
+        assert_eq!(threaded.start().unwrap(), inline.start().unwrap());
+        for (i, &t) in b"{\"a\": 1".iter().enumerate() {
+            // The thread computes this position's mask by itself (give it up to 10 s).
+            let t0 = Instant::now();
+            while threaded.timing().masks <= i as u64 {
+                assert!(t0.elapsed().as_secs() < 10, "no mask computed ahead");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let allowed = threaded.allowed().unwrap();
+            assert_eq!(threaded.timing().masks, i as u64 + 1, "computed twice");
+            assert_eq!(allowed, inline.allowed().unwrap());
+            assert!(allowed.mask.allows(t as TokenId));
+            assert_eq!(
+                threaded.advance(t as TokenId).unwrap(),
+                inline.advance(t as TokenId).unwrap()
+            );
+        }
     }
 
     #[test]
