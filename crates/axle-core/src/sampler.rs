@@ -362,20 +362,77 @@ pub fn logprobs(logits: &[f32], token: TokenId, top: usize) -> TokenLogprob {
     }
 }
 
-/// Index of the largest logit (lowest index on ties).
+/// Index of the largest logit (lowest index on ties; NaNs are passed over, and a NaN first logit
+/// gives 0).
+///
+/// The same pick as a scan that keeps the first strictly larger logit, in two passes the compiler
+/// vectorizes: the maximum over 16 lanes, then the first logit equal to it (-0.0 and 0.0 are
+/// equal in both). About 3.5x faster over Gemma 3's 262,144 logits (19 against 66 us here), which
+/// every greedy pick on the host pays.
 pub fn argmax(logits: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    const LANES: usize = 16;
+    if logits.first().is_none_or(|l| l.is_nan()) {
+        return 0;
+    }
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            if l > *m {
+                *m = l;
+            }
         }
     }
-    best as TokenId
+    let mut max = f32::NEG_INFINITY;
+    for &l in lanes.iter().chain(rest) {
+        if l > max {
+            max = l;
+        }
+    }
+    logits.iter().position(|&l| l == max).unwrap_or(0) as TokenId
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan `argmax` replaced: the first strictly larger logit wins.
+    fn argmax_by_scan(logits: &[f32]) -> TokenId {
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        best as TokenId
+    }
+
+    /// A logit drawn from special values, a few small integers (so that ties are common) and
+    /// ordinary values.
+    fn logit() -> impl proptest::strategy::Strategy<Value = f32> {
+        use proptest::prelude::*;
+        prop_oneof![
+            prop::sample::select(vec![
+                f32::NAN,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                0.0,
+                -0.0,
+                f32::MAX,
+            ]),
+            (-2i32..3).prop_map(|v| v as f32),
+            -100.0f32..100.0,
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(5000))]
+        #[test]
+        fn argmax_picks_what_a_scan_picks(logits in proptest::collection::vec(logit(), 0..70)) {
+            proptest::prop_assert_eq!(argmax(&logits), argmax_by_scan(&logits));
+        }
+    }
 
     #[test]
     fn greedy_picks_argmax_after_bias() {
