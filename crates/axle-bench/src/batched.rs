@@ -66,8 +66,6 @@ pub struct BatchedReport {
     pub rows: Vec<BatchedRow>,
 }
 
-impl BatchedReport {}
-
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
 const WARM: usize = 4;
 

@@ -134,8 +134,6 @@ pub struct NgramReport {
     pub rows: Vec<NgramRow>,
 }
 
-impl NgramReport {}
-
 struct RunResult {
     tokens: Vec<u32>,
     decode_tok_s: f64,
