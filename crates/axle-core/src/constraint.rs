@@ -86,7 +86,9 @@ pub struct ConstraintTiming {
     /// Time computing them (off the engine thread where the implementation overlaps it with the
     /// forward pass).
     pub compute_us: u64,
-    /// Time the engine thread waited for a mask or an answer.
+    /// Time the engine thread spent on the constraint: computing masks in place, or, where a
+    /// thread computes them ahead, its own calls (moving past tokens, checking drafts) and any
+    /// wait for a mask the thread had not finished.
     pub wait_us: u64,
 }
 
@@ -102,6 +104,9 @@ pub trait TokenConstraint: Send + std::fmt::Debug {
     fn advance(&mut self, token: TokenId) -> Result<Advanced, String>;
     /// How many of `tokens`, in order, the constraint would accept from here (it does not move).
     fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize;
+    /// The engine is about to run the step whose logits the next mask applies to, with this
+    /// request's drafts already checked: a constraint that computes masks ahead may start now.
+    fn prepare(&mut self) {}
     /// Time spent on masks so far.
     fn timing(&self) -> ConstraintTiming;
 }

@@ -702,6 +702,17 @@ impl Scheduler {
             p.tokens.extend(draft);
             p.block_table = self.requests[&id].blocks.clone();
         }
+        // Drafts are checked: constraints may compute the step's next masks now (a draft check
+        // needs the parser that a mask computation holds).
+        for p in &plan.seqs {
+            if let Some(c) = self
+                .requests
+                .get_mut(&p.id)
+                .and_then(|r| r.constraint.as_mut())
+            {
+                c.prepare();
+            }
+        }
         plan
     }
 

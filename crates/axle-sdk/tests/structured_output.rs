@@ -17,8 +17,13 @@ const MAX_TOKENS: usize = 320;
 const REPETITION_PENALTY: f32 = 1.2;
 
 fn load(name: &str) -> Arc<Model> {
+    load_with_threads(name, 2)
+}
+
+/// With fewer threads than cores, masks are computed ahead on mask threads.
+fn load_with_threads(name: &str, threads: usize) -> Arc<Model> {
     let p = axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"));
-    Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"))
+    Arc::new(Model::load(&p, &ModelOptions::cpu(threads)).expect("load"))
 }
 
 /// (name, prompt, schema) of the checked-in workload.
@@ -161,6 +166,33 @@ fn smollm2_json_schemas_hold_greedy_sampled_and_speculative() {
 #[test]
 fn gemma3_json_schemas_hold_greedy_sampled_and_speculative() {
     schemas_hold(axle_models::fetched::GEMMA3);
+}
+
+/// Masks computed ahead on mask threads (one model thread on a machine of more cores): every
+/// answer is valid and greedy output is the same with speculation on (drafts checked against
+/// the parser between the mask thread's turns) and off.
+#[test]
+fn masks_computed_ahead_keep_answers_valid_and_speculation_exact() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        cores > 1,
+        "needs 2 cores to put masks on a thread of their own"
+    );
+    let m = load_with_threads(axle_models::fetched::SMOLLM2, 1);
+    let set: Vec<_> = schemas().into_iter().take(6).collect();
+    let greedy: Vec<GenerateRequest> = set.iter().map(|(_, p, s)| request(p, s).greedy()).collect();
+    let plain = run_all(&session(&m, 0), &greedy);
+    let spec = run_all(&session(&m, 4), &greedy);
+    let drafted: usize = spec.iter().map(|c| c.finish.speculation.drafted).sum();
+    for (i, (name, _, schema)) in set.iter().enumerate() {
+        assert_eq!(invalid(schema, &plain[i]), None, "{name}");
+        assert_eq!(
+            spec[i].tokens, plain[i].tokens,
+            "{name}: speculation changed the output"
+        );
+        assert!(plain[i].finish.constraint.masks > 0, "{name}: no mask");
+    }
+    assert!(drafted > 0, "speculation never drafted");
 }
 
 #[test]

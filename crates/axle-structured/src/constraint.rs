@@ -1,18 +1,19 @@
 //! The grammar engine (one per model) and the per-choice constraint. Each constraint's parser
 //! is shared with a mask thread: the engine thread moves the parser past every emitted token
-//! itself (and takes what the grammar then forces), then leaves the next mask to the mask thread,
+//! itself (and takes what the grammar then forces) and checks drafts against it, then, as the
+//! step is about to run ([`TokenConstraint::prepare`]), leaves the next mask to the mask thread,
 //! which computes it while the engine runs the model's forward pass. The engine thread only waits
 //! when it needs the mask before the thread has it, and never for a thread to wake up just to
-//! answer: a mask the thread has not started yet is computed in place.
+//! answer: a mask the thread has not started is computed in place.
 use crate::format::OutputConstraint;
 use crate::vocabulary::{TokenEnv, Vocabulary};
 use crate::StructuredError;
 use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, TokenMask};
 use llguidance::toktrie::TokEnv;
 use llguidance::{Matcher, ParserFactory};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Compiles constraints for one model's vocabulary.
 pub struct GrammarEngine {
@@ -160,36 +161,46 @@ impl Grammar {
         force: bool,
         overlap: bool,
     ) -> Result<Box<dyn TokenConstraint>, StructuredError> {
-        let timing = Arc::new(Counters::default());
-        let worker = Worker {
+        let worker = self.worker(force);
+        Ok(Box::new(if overlap {
+            GrammarConstraint::threaded(worker)?
+        } else {
+            GrammarConstraint::Inline(Box::new(worker))
+        }))
+    }
+
+    fn worker(&self, force: bool) -> Worker {
+        Worker {
             matcher: self.matcher.deep_clone(),
             force,
             mask: None,
             wanted: false,
-            timing: timing.clone(),
+            timing: Arc::new(Counters::default()),
             digits: self.digits.clone(),
             run: DigitState::default(),
-        };
-        if !overlap {
-            return Ok(Box::new(GrammarConstraint::Inline(Box::new(worker))));
         }
+    }
+}
+
+impl GrammarConstraint {
+    /// `worker` shared with a new mask thread.
+    fn threaded(worker: Worker) -> Result<GrammarConstraint, StructuredError> {
+        let timing = worker.timing.clone();
         let shared = Arc::new(Shared {
-            slot: Mutex::new(Slot {
-                worker,
-                closed: false,
-            }),
+            slot: Mutex::new(Slot { worker, go: false }),
             wake: Condvar::new(),
+            closed: AtomicBool::new(false),
         });
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("axle-grammar".into())
             .spawn(move || serve_masks(&thread_shared))
             .map_err(|e| StructuredError::Worker(e.to_string()))?;
-        Ok(Box::new(GrammarConstraint::Threaded {
+        Ok(GrammarConstraint::Threaded {
             shared,
             timing,
             wait_us: 0,
-        }))
+        })
     }
 }
 
@@ -202,32 +213,39 @@ struct Counters {
 /// A constraint's parser, shared by the engine thread and its mask thread.
 struct Shared {
     slot: Mutex<Slot>,
-    /// Wakes the mask thread when a mask is wanted or the constraint is dropped.
+    /// Wakes the mask thread when a mask is asked for or the constraint is dropped.
     wake: Condvar,
+    /// The constraint was dropped: the mask thread ends. Set without the lock, so that dropping
+    /// never waits for a mask nobody will use.
+    closed: AtomicBool,
 }
 
 struct Slot {
     worker: Worker,
-    /// The constraint was dropped: the mask thread ends.
-    closed: bool,
+    /// The engine asked for the next mask ([`TokenConstraint::prepare`]).
+    go: bool,
 }
 
-/// The mask thread: computes each mask the worker wants, holding the parser while it does, and
-/// sleeps otherwise. Ends when the constraint is dropped (or a computation panicked).
+/// How long the mask thread sleeps at most before it looks whether the constraint was dropped
+/// (a drop's wake-up can come between its look and its sleep).
+const CLOSED_POLL: Duration = Duration::from_millis(50);
+
+/// The mask thread: computes each mask the engine asks for, holding the parser while it does,
+/// and sleeps otherwise. Ends when the constraint is dropped (or a computation panicked).
 fn serve_masks(shared: &Shared) {
     let Ok(mut slot) = shared.slot.lock() else {
         return;
     };
     loop {
-        if slot.closed {
+        if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        if slot.worker.wants_mask() {
+        if std::mem::take(&mut slot.go) && slot.worker.wants_mask() {
             slot.worker.precompute();
             continue;
         }
-        slot = match shared.wake.wait(slot) {
-            Ok(s) => s,
+        slot = match shared.wake.wait_timeout(slot, CLOSED_POLL) {
+            Ok((s, _)) => s,
             Err(_) => return,
         };
     }
@@ -414,7 +432,7 @@ impl std::fmt::Debug for Shared {
 
 impl GrammarConstraint {
     /// Runs `f` on the worker on this thread: at once when the mask thread is idle, after the
-    /// mask it is computing otherwise. Wakes the mask thread when `f` leaves a mask wanted.
+    /// mask it is computing otherwise.
     fn with_worker<T>(&mut self, f: impl FnOnce(&mut Worker) -> T) -> Result<T, String> {
         match self {
             GrammarConstraint::Inline(w) => Ok(f(w)),
@@ -427,11 +445,7 @@ impl GrammarConstraint {
                     .lock()
                     .map_err(|_| "the grammar worker stopped".to_string())?;
                 let r = f(&mut slot.worker);
-                let wake = slot.worker.wants_mask();
                 drop(slot);
-                if wake {
-                    shared.wake.notify_one();
-                }
                 *wait_us += t0.elapsed().as_micros() as u64;
                 Ok(r)
             }
@@ -442,9 +456,7 @@ impl GrammarConstraint {
 impl Drop for GrammarConstraint {
     fn drop(&mut self) {
         if let GrammarConstraint::Threaded { shared, .. } = self {
-            if let Ok(mut slot) = shared.slot.lock() {
-                slot.closed = true;
-            }
+            shared.closed.store(true, Ordering::Release);
             shared.wake.notify_one();
         }
     }
@@ -465,6 +477,21 @@ impl TokenConstraint for GrammarConstraint {
 
     fn valid_prefix(&mut self, tokens: &[TokenId]) -> usize {
         self.with_worker(|w| w.valid_prefix(tokens)).unwrap_or(0)
+    }
+
+    fn prepare(&mut self) {
+        if let GrammarConstraint::Threaded { shared, .. } = self {
+            // The thread computes only when asked and the engine took the last mask it asked
+            // for, so the lock is free at once (or after that mask, if it was never taken).
+            let Ok(mut slot) = shared.slot.lock() else {
+                return;
+            };
+            if slot.worker.wants_mask() {
+                slot.go = true;
+                drop(slot);
+                shared.wake.notify_one();
+            }
+        }
     }
 
     fn timing(&self) -> ConstraintTiming {
@@ -665,6 +692,7 @@ mod tests {
         let mut inline = g.constraint(false, false).unwrap();
         assert_eq!(threaded.start().unwrap(), inline.start().unwrap());
         for (i, &t) in b"{\"a\": 1".iter().enumerate() {
+            threaded.prepare();
             // The thread computes this position's mask by itself (give it up to 10 s).
             let t0 = Instant::now();
             while threaded.timing().masks <= i as u64 {
@@ -679,6 +707,26 @@ mod tests {
                 threaded.advance(t as TokenId).unwrap(),
                 inline.advance(t as TokenId).unwrap()
             );
+        }
+    }
+
+    /// Dropping a threaded constraint ends its mask thread (which holds the other reference to
+    /// the shared parser), also while the thread is asleep.
+    #[test]
+    fn dropping_the_constraint_ends_its_mask_thread() {
+        let g = engine().compile(&OutputConstraint::JsonObject).unwrap();
+        let mut c = GrammarConstraint::threaded(g.worker(false)).unwrap();
+        c.start().unwrap();
+        c.prepare();
+        let GrammarConstraint::Threaded { shared, .. } = &c else {
+            unreachable!("threaded")
+        };
+        let shared = Arc::downgrade(shared);
+        drop(c);
+        let t0 = Instant::now();
+        while shared.upgrade().is_some() {
+            assert!(t0.elapsed().as_secs() < 10, "the mask thread did not end");
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
