@@ -12,7 +12,7 @@ use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, T
 use llguidance::toktrie::TokEnv;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Compiles constraints for one model's vocabulary.
@@ -440,7 +440,7 @@ impl GrammarConstraint {
                 shared, wait_us, ..
             } => {
                 let t0 = Instant::now();
-                let mut slot: MutexGuard<'_, Slot> = shared
+                let mut slot = shared
                     .slot
                     .lock()
                     .map_err(|_| "the grammar worker stopped".to_string())?;
@@ -681,9 +681,9 @@ mod tests {
         );
     }
 
-    /// With overlap, the mask thread computes the next mask after each move on its own, and
-    /// `allowed` hands over that mask instead of computing it again; the masks and the output
-    /// are the ones computed in place.
+    /// With overlap, the mask thread computes the next mask once the engine asks for it
+    /// (`prepare`), and `allowed` hands over that mask instead of computing it again; the masks
+    /// and the moves are the ones computed in place.
     #[test]
     fn the_mask_thread_computes_ahead_and_allowed_takes_its_mask() {
         let e = engine();
