@@ -52,11 +52,13 @@ if [ -n "$pack" ]; then
 fi
 
 [ -n "$src" ] || src="$(vendored)"
+copied=0
 if [ -f "$src" ]; then
   dir="$(mktemp -d)/llama.cpp"
   mkdir -p "$dir"
   tar xzf "$src" -C "$dir"
   src="$dir"
+  copied=1
 fi
 [ -n "$backends" ] || { echo "usage: $0 cuda|rpc|cuda,rpc [options]" >&2; exit 2; }
 cuda=OFF rpc=OFF
@@ -66,6 +68,18 @@ if [ $cuda = ON ]; then
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || {
     echo "error: nvcc not found (install the CUDA toolkit)" >&2; exit 1; }
   export PATH="$PATH:/usr/local/cuda/bin"
+fi
+# The CUDA backend carries Axle's column-invariant quantized products (scripts/cuda/: one kernel
+# and a hook that runs it only for products that ask for it, so libllama and llama.cpp's tools
+# are unchanged), added to a copy of the source. AXLE_BACKEND_PLAIN=1 builds ggml as vendored.
+if [ $cuda = ON ] && [ "${AXLE_BACKEND_PLAIN:-0}" != 1 ]; then
+  if [ $copied = 0 ]; then
+    dir="$(mktemp -d)/llama.cpp"
+    cp -a "$src" "$dir"
+    rm -rf "$dir"/build-axle-*
+    src="$dir"
+  fi
+  python3 "$root/scripts/cuda/apply.py" "$src"
 fi
 build="${AXLE_BACKEND_BUILD_DIR:-$src/build-axle-${backends/,/-}}"
 gen=()

@@ -2,7 +2,7 @@
 //! types, and the scheduler that allocates a graph's intermediates and runs it across backends.
 //! Nothing here names a specific accelerator: a build with the matching `llama-cpp-sys-2` feature
 //! (cuda, metal, vulkan) registers its device and Axle picks it up through [`Device::all`].
-use crate::{Error, Graph, Result, Tensor};
+use crate::{DType, Error, Graph, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{CStr, CString};
 
@@ -239,6 +239,26 @@ impl Device {
     pub fn buffer_type(&self) -> BufferType {
         // SAFETY: valid device.
         BufferType(unsafe { sys::ggml_backend_dev_buffer_type(self.0) })
+    }
+
+    /// Whether this device's backend multiplies `dtype` weights through Axle's column-invariant
+    /// kernel when a product asks for it ([`Context::mul_mat_column_invariant`]): a CUDA backend
+    /// built by `scripts/build-backend.sh` exports the query, other backends do not.
+    pub fn column_invariant_products(&self, dtype: DType) -> bool {
+        let name = c"axle_column_invariant_mmvq";
+        // SAFETY: valid device; the registry returns NULL for a name it does not provide.
+        let f = unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.0);
+            sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr())
+        };
+        if f.is_null() {
+            return false;
+        }
+        // SAFETY: Axle's CUDA kernel (scripts/cuda/column-invariant-mmvq.cu) exports this name as
+        // `extern "C" bool ggml_cuda_axle_ci_supports(ggml_type)`, a query without side effects.
+        let f: unsafe extern "C" fn(sys::ggml_type) -> bool = unsafe { std::mem::transmute(f) };
+        // SAFETY: as above; any type id is a valid argument.
+        unsafe { f(dtype.0) }
     }
 
     /// The CPU's extra buffer types (the repacking ones that make Q4_0/Q4_K/IQ4_NL matmuls fast).

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod column_invariant;
 mod dtype;
 mod error;
 pub mod few_columns;

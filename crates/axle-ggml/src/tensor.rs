@@ -420,6 +420,19 @@ impl Context {
         // SAFETY: tensors and context are live for 'a.
         Tensor::from_raw(unsafe { sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) })
     }
+    /// `a^T @ b` marked for Axle's column-invariant kernel (see [`crate::column_invariant`]): on a
+    /// CUDA backend that carries it, every column gets the bits of a one-column product, in one
+    /// pass over the weights per 16 columns. Elsewhere the mark is ignored and this is
+    /// [`Context::mul_mat`]; check [`Device::column_invariant_products`](crate::Device) first.
+    pub fn mul_mat_column_invariant<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        let y = self.mul_mat(a, b);
+        // SAFETY: `y` is a live MUL_MAT node of this context; the hint only writes op_params[1],
+        // which backends without Axle's kernel ignore for values they do not know.
+        unsafe {
+            sys::ggml_mul_mat_set_hint(y.raw(), crate::column_invariant::HINT as sys::ggml_op_hint)
+        };
+        y
+    }
     /// `a^T @ b` for a product with a few columns, through a kernel that unpacks each weight block
     /// once for all columns (see [`crate::few_columns`]); each column's numbers are bit-identical
     /// to ggml's one-column product. `None` where the kernel does not apply (weight type, column

@@ -62,14 +62,17 @@ pub enum DeviceProducts {
     /// Ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns through CUDA's tiled MMQ kernel: one
     /// pass over the weights per 128 columns (see the module notes).
     Wide,
+    /// One op over all small columns through Axle's column-invariant kernel in the CUDA backend
+    /// ([`axle_ggml::column_invariant`]): one-column MMVQ arithmetic for every column, one pass
+    /// over the weights per 16 columns; groups for weight types the backend does not cover.
+    Columns,
 }
 
 impl DeviceProducts {
-    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide` only; anything else: none): the
-    /// runner's default.
+    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide`, `groups` or `columns`; anything
+    /// else: none): the runner's default.
     pub fn from_env() -> Option<DeviceProducts> {
-        (std::env::var("AXLE_DEVICE_PRODUCTS").as_deref() == Ok("wide"))
-            .then_some(DeviceProducts::Wide)
+        std::env::var("AXLE_DEVICE_PRODUCTS").ok()?.parse().ok()
     }
 }
 
@@ -77,6 +80,7 @@ impl DeviceProducts {
 crate::choice::named_choice!(DeviceProducts, "device products", {
     "groups" => DeviceProducts::Groups,
     "wide" => DeviceProducts::Wide,
+    "columns" => DeviceProducts::Columns,
 });
 
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
@@ -122,6 +126,18 @@ pub struct DeviceStep {
     pub gathered: Option<i64>,
     /// How small columns multiply quantized weights (the runner's choice for its devices).
     pub products: DeviceProducts,
+    /// With [`DeviceProducts::Columns`]: the weight types (bit `1 << ggml type id`) that every
+    /// device of the model multiplies through the column-invariant kernel, as probed.
+    pub column_types: u64,
+}
+
+impl DeviceStep {
+    /// Whether small columns of a `dtype` weight go through the column-invariant kernel.
+    pub fn column_invariant(&self, dtype: axle_ggml::DType) -> bool {
+        self.products == DeviceProducts::Columns
+            && dtype.raw() < 64
+            && self.column_types & (1u64 << dtype.raw()) != 0
+    }
 }
 
 impl DeviceStep {
@@ -246,6 +262,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
             mask_len: mask.len() as i64,
             gathered: (!direct).then_some(kv_ids.len() as i64),
             products: DeviceProducts::default(),
+            column_types: 0,
         },
         mask,
         mask_swa,

@@ -418,6 +418,11 @@ impl<'a> Step<'a> {
         if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() {
             return self.mul_mat_wide(w, xs);
         }
+        // Up to GROUP_COLS columns ggml's own mat-vec kernel has the same arithmetic (and fuses
+        // a one-column gate, up and gated unit); wider, Axle's kernel in one op.
+        if d.column_invariant(w.dtype()) && xs.ne()[1] > GROUP_COLS {
+            return self.ctx.mul_mat_column_invariant(w, xs);
+        }
         let group = if w.dtype() == DType::F32 {
             FLOAT_GROUP_COLS
         } else {
@@ -465,7 +470,10 @@ impl<'a> Step<'a> {
             return FusedProduct::Whole(self.matmul(fused, x));
         };
         let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
-        if !(fused_in_groups || wide) {
+        // Column-invariant products take the fused weight (a row's arithmetic does not depend on
+        // the weight it sits in) except for a few columns of gate and up, as groups do.
+        let invariant = d.column_invariant(w.dtype()) && x.ne()[1] > GROUP_COLS;
+        if !(fused_in_groups || wide || invariant) {
             return FusedProduct::Parts(each_part(x));
         }
         if self.all_small(x, d) {

@@ -127,16 +127,31 @@ impl StepOutput {
     }
 }
 
-/// The device layout's products for these accelerators: mat-vec groups
-/// ([`DeviceProducts::Groups`]), unless `AXLE_DEVICE_PRODUCTS=wide` asks for MMQ ops and every
-/// accelerator is a CUDA device (whose tiled kernel's column invariance they rely on). Wide ops
-/// pay off from about 16 concurrent sequences and cost half the speed of a lone one (measured on
-/// an H100: docs/gpu.md), so they are a choice for throughput serving, not the default.
+/// The device layout's products for these accelerators: Axle's column-invariant kernel
+/// ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec
+/// groups ([`DeviceProducts::Groups`]); `AXLE_DEVICE_PRODUCTS` may ask for another where it can
+/// run (`wide`: MMQ ops, on CUDA devices only, whose tiled kernel's column invariance they rely
+/// on; they cost half the speed of a lone sequence: docs/gpu.md).
 pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
+    let columns = column_types(accelerators) != 0;
     match DeviceProducts::from_env() {
         Some(DeviceProducts::Wide) if all_cuda(accelerators) => DeviceProducts::Wide,
+        Some(DeviceProducts::Groups) => DeviceProducts::Groups,
+        _ if columns => DeviceProducts::Columns,
         _ => DeviceProducts::Groups,
     }
+}
+
+/// The quantized weight types (bit `1 << ggml id`) that every accelerator multiplies through
+/// Axle's column-invariant kernel; 0 without accelerators or where one lacks the kernel.
+fn column_types(accelerators: &[axle_ggml::Device]) -> u64 {
+    if accelerators.is_empty() {
+        return 0;
+    }
+    (0..64u32)
+        .filter_map(DType::from_raw)
+        .filter(|&t| accelerators.iter().all(|d| d.column_invariant_products(t)))
+        .fold(0, |mask, t| mask | 1u64 << t.raw())
 }
 
 /// Whether there are accelerators and all are CUDA devices: where wide products may run.
@@ -293,6 +308,8 @@ pub struct Runner {
     pinned: Option<PinnedHost>,
     /// How the device layout multiplies small columns.
     products: DeviceProducts,
+    /// With column-invariant products: the weight types every accelerator covers (bit per type).
+    column_types: u64,
     /// Which runs of one-row attention ops may share an op (`None`: never).
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
@@ -423,6 +440,14 @@ impl Runner {
                     .into(),
             ));
         }
+        let column_types = column_types(&accelerators);
+        if products == DeviceProducts::Columns && column_types == 0 {
+            return Err(ModelError::Invalid(
+                "column device products need every accelerator's backend to carry Axle's \
+                 column-invariant kernel: build the CUDA backend with scripts/build-backend.sh"
+                    .into(),
+            ));
+        }
         let stacking = (opts.stacked_rows
             && std::env::var("AXLE_STACKED_ROWS").as_deref() != Ok("0"))
         .then(StackTable::default);
@@ -459,6 +484,7 @@ impl Runner {
         Ok(Runner {
             host_kernels,
             products,
+            column_types,
             stacking,
             kv_bufts,
             model,
@@ -566,6 +592,7 @@ impl Runner {
             h.kv_ids = d.kv_ids;
             h.device = Some(DeviceStep {
                 products: self.products,
+                column_types: self.column_types,
                 ..d.step
             });
         } else {

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Adds Axle's column-invariant quantized products (column-invariant-mmvq.cu) to a copy of the
+vendored llama.cpp source before scripts/build-backend.sh builds its CUDA backend.
+
+    scripts/cuda/apply.py LLAMA_CPP_DIR
+
+Appends the kernel to ggml-cuda/mmvq.cu, declares it in mmvq.cuh, calls it first in
+ggml_cuda_mul_mat (it runs only for products carrying Axle's hint) and exports its capability
+query through the CUDA registry's get_proc_address. Each edit is anchored on a line of ggml's
+source; a missing anchor (another ggml) stops the build with an error rather than building
+without the kernel. Applying twice is refused the same way.
+"""
+import pathlib
+import sys
+
+MARK = "Axle's column-invariant quantized products"
+
+
+def edit(path: pathlib.Path, anchor: str, insert: str, after: bool = True) -> None:
+    text = path.read_text()
+    if text.count(anchor) != 1:
+        sys.exit(f"error: {path.name}: expected one '{anchor.strip()[:60]}', found {text.count(anchor)}")
+    at = text.index(anchor) + (len(anchor) if after else 0)
+    path.write_text(text[:at] + insert + text[at:])
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: apply.py LLAMA_CPP_DIR")
+    cuda = pathlib.Path(sys.argv[1]) / "ggml" / "src" / "ggml-cuda"
+    mmvq = cuda / "mmvq.cu"
+    if MARK in mmvq.read_text():
+        sys.exit(f"error: {mmvq} already carries Axle's kernel")
+    kernel = (pathlib.Path(__file__).parent / "column-invariant-mmvq.cu").read_text()
+    mmvq.write_text(mmvq.read_text() + "\n" + kernel)
+    header = cuda / "mmvq.cuh"
+    header.write_text(
+        header.read_text()
+        + "\n// " + MARK + " (scripts/cuda/column-invariant-mmvq.cu in Axle).\n"
+        + "bool ggml_cuda_axle_ci_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
+        + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
+        + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
+    )
+    main_cu = cuda / "ggml-cuda.cu"
+    edit(
+        main_cu,
+        "    if (ggml_cuda_op_mul_mat_use_fwht(dst) && ggml_cuda_op_fwht(ctx, src1, dst)) {\n"
+        "        return;\n"
+        "    }\n",
+        "\n    // " + MARK + ": only for products carrying Axle's hint.\n"
+        "    if (ggml_cuda_axle_ci_mul_mat(ctx, src0, src1, dst)) {\n"
+        "        return;\n"
+        "    }\n",
+    )
+    edit(
+        main_cu,
+        '    if (strcmp(name, "ggml_backend_get_features") == 0) {\n',
+        '    if (strcmp(name, "axle_column_invariant_mmvq") == 0) {\n'
+        "        return (void *)ggml_cuda_axle_ci_supports;\n"
+        "    }\n",
+        after=False,
+    )
+    print(f"applied Axle's column-invariant products to {cuda}")
+
+
+if __name__ == "__main__":
+    main()

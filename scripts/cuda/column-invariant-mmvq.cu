@@ -1,0 +1,209 @@
+// Axle's column-invariant quantized products, appended to ggml's ggml-cuda/mmvq.cu by
+// scripts/build-backend.sh (so that it sees that file's vec-dot table), with a hook in
+// ggml_cuda_mul_mat (scripts/cuda/hook-ggml-cuda.py). Written for Axle; not part of ggml.
+//
+// What it is for. ggml's mat-vec kernel (MMVQ) sums a row of a one-column product with 4 warps
+// on NVIDIA's generic parameter table (Ampere, Ada, Hopper): thread t of the block takes the
+// weight blocks t/(qi/vdr), t/(qi/vdr) + vdr*128/qi, ... in that order, warps 1-3 hand their
+// partial sums to warp 0 through shared memory, warp 0 adds them in warp order and a butterfly
+// reduction finishes the row. At 5-8 columns it takes 2 warps and from 9 columns the tiled MMQ
+// kernel, so a column's bits depend on how many columns share the op: the reason Axle's device
+// layout multiplies a batch's decode columns in groups of 4, one pass over the weights per group.
+//
+// This kernel gives every column of a product of any width exactly the arithmetic of the
+// one-column kernel (the same thread-to-block assignment, the same vec-dot function, the same
+// order of partial sums), for up to AXLE_CI_COLS columns per block, so a column's result is the
+// same bit for bit alone or beside 63 others, and the weights are read once per AXLE_CI_COLS
+// columns instead of once per 4. Axle asks for it per product with the mul_mat hint
+// AXLE_HINT_COLUMN_INVARIANT (op_params[1]); nothing else changes, so libllama and llama.cpp's
+// tools built from the same source run exactly as without it. `axle bench device-check` checks
+// the bits (batched against alone, speculation on against off) on each device it runs on.
+
+#define AXLE_HINT_COLUMN_INVARIANT 0x41584c31 // "AXL1"
+#define AXLE_CI_WARPS 4 // ggml's MMVQ at 1-4 columns on the generic parameter table
+#define AXLE_CI_ROWS 2  // output rows per block
+
+static constexpr bool axle_ci_type(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_MXFP4:
+        case GGML_TYPE_Q2_K:
+        case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_IQ4_XS:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// One block: AXLE_CI_ROWS output rows times up to `cols` columns (blockIdx.y picks the columns).
+template <ggml_type type, int cols>
+__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, 1)
+static __global__ void axle_ci_mul_mat_vec_q(
+        const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
+        const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+    constexpr int qk  = ggml_cuda_type_traits<type>::qk;
+    constexpr int qi  = ggml_cuda_type_traits<type>::qi;
+    constexpr int vdr = get_vdr_mmvq(type);
+    constexpr vec_dot_q_cuda_t vec_dot = get_vec_dot_q_cuda(type);
+    constexpr int step = vdr*AXLE_CI_WARPS*WARP_SIZE/qi; // weight blocks a pass of the block covers
+
+    const int tid   = WARP_SIZE*threadIdx.y + threadIdx.x;
+    const int row0  = AXLE_CI_ROWS*blockIdx.x;
+    const int col0  = cols*blockIdx.y;
+    const int ncols = min(cols, ncols_y - col0);
+    const block_q8_1 * y = vy + (int64_t) col0*stride_col_y;
+
+    // Rows past the end (an odd row count) read the last row and are not written.
+    int row_base[AXLE_CI_ROWS];
+#pragma unroll
+    for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+        row_base[i] = min(row0 + i, nrows_x - 1)*stride_row_x;
+    }
+
+    float sum[cols][AXLE_CI_ROWS] = {{0.0f}};
+    for (int kbx = tid/(qi/vdr); kbx < blocks_per_row_x; kbx += step) {
+        const int kby = kbx*(qk/QK8_1);
+        const int kqs = vdr*(tid % (qi/vdr));
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+            if (j < ncols) {
+#pragma unroll
+                for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+                    sum[j][i] += vec_dot(vx, &y[j*stride_col_y + kby], row_base[i] + kbx, kqs);
+                }
+            }
+        }
+    }
+
+    // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][AXLE_CI_ROWS][WARP_SIZE];
+    if (threadIdx.y > 0) {
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+#pragma unroll
+            for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y > 0) {
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+#pragma unroll
+        for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+#pragma unroll
+            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
+                sum[j][i] += handed[w][j][i][threadIdx.x];
+            }
+            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
+            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
+                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            }
+        }
+    }
+}
+
+template <ggml_type type>
+static void axle_ci_launch(
+        const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
+        const int stride_row_x, const int stride_col_y, const int stride_col_dst, const int ncols_y,
+        cudaStream_t stream) {
+    constexpr int qk = ggml_cuda_type_traits<type>::qk;
+    const int blocks_per_row_x = ncols_x/qk;
+    const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
+    if (ncols_y <= 8) {
+        const dim3 block_nums((nrows_x + AXLE_CI_ROWS - 1)/AXLE_CI_ROWS, 1, 1);
+        axle_ci_mul_mat_vec_q<type, 8><<<block_nums, block_dims, 0, stream>>>(
+            vx, vy, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    } else {
+        const dim3 block_nums((nrows_x + AXLE_CI_ROWS - 1)/AXLE_CI_ROWS, (ncols_y + 15)/16, 1);
+        axle_ci_mul_mat_vec_q<type, 16><<<block_nums, block_dims, 0, stream>>>(
+            vx, vy, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Whether every CUDA device of this process sums a one-column MMVQ row as above (the generic
+// parameter table) and `type` is covered. Exported through the CUDA registry's get_proc_address
+// as "axle_column_invariant_mmvq".
+extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
+    if (!axle_ci_type(type) || ggml_cuda_info().device_count == 0) {
+        return false;
+    }
+    for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+        const int cc = ggml_cuda_info().devices[id].cc;
+        if (!GGML_CUDA_CC_IS_NVIDIA(cc) || get_device_table_id(cc) != MMVQ_PARAMETERS_GENERIC ||
+                ggml_cuda_info().devices[id].warp_size != WARP_SIZE) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Runs `dst = src0 @ src1` with the kernel above if `dst` carries Axle's hint and the op fits
+// (a 2-D quantized weight outside the compute buffer, F32 columns and result); false otherwise,
+// and the caller goes on with ggml's own choice.
+bool ggml_cuda_axle_ci_mul_mat(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_COLUMN_INVARIANT || !ggml_cuda_axle_ci_supports(src0->type)) {
+        return false;
+    }
+    if (src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
+            ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
+            src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
+            src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
+            dst->nb[0] != sizeof(float) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
+        return false;
+    }
+    cudaStream_t stream = ctx.stream();
+    const int64_t ne10 = src1->ne[0];
+    const int64_t ne11 = src1->ne[1];
+    const int64_t ne10_padded = GGML_PAD(ne10, MATRIX_ROW_PADDING);
+    ggml_cuda_pool_alloc<char> src1_q8_1(ctx.pool(), ne11*ne10_padded*sizeof(block_q8_1)/QK8_1);
+    const int64_t s11 = src1->nb[1]/sizeof(float);
+    quantize_row_q8_1_cuda((const float *) src1->data, nullptr, src1_q8_1.get(), src0->type, ne10, s11, s11*ne11,
+        s11*ne11, ne10_padded, ne11, 1, 1, stream);
+
+    const void * vx = src0->data;
+    const block_q8_1 * vy = (const block_q8_1 *) src1_q8_1.get();
+    float * d = (float *) dst->data;
+    const int ncols_x = src0->ne[0];
+    const int nrows_x = src0->ne[1];
+    const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
+    const int stride_col_y = ne10_padded/QK8_1;
+    const int stride_col_dst = dst->nb[1]/sizeof(float);
+    const int ncols_y = ne11;
+    switch (src0->type) {
+#define AXLE_CI_CASE(t) \
+        case t: axle_ci_launch<t>(vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream); break;
+        AXLE_CI_CASE(GGML_TYPE_Q4_0)
+        AXLE_CI_CASE(GGML_TYPE_Q4_1)
+        AXLE_CI_CASE(GGML_TYPE_Q5_0)
+        AXLE_CI_CASE(GGML_TYPE_Q5_1)
+        AXLE_CI_CASE(GGML_TYPE_Q8_0)
+        AXLE_CI_CASE(GGML_TYPE_MXFP4)
+        AXLE_CI_CASE(GGML_TYPE_Q2_K)
+        AXLE_CI_CASE(GGML_TYPE_Q3_K)
+        AXLE_CI_CASE(GGML_TYPE_Q4_K)
+        AXLE_CI_CASE(GGML_TYPE_Q5_K)
+        AXLE_CI_CASE(GGML_TYPE_Q6_K)
+        AXLE_CI_CASE(GGML_TYPE_IQ4_NL)
+        AXLE_CI_CASE(GGML_TYPE_IQ4_XS)
+#undef AXLE_CI_CASE
+        default: return false;
+    }
+    return true;
+}
