@@ -21,7 +21,6 @@
 
 #define AXLE_HINT_COLUMN_INVARIANT 0x41584c31 // "AXL1"
 #define AXLE_CI_WARPS 4 // ggml's MMVQ at 1-4 columns on the generic parameter table
-#define AXLE_CI_ROWS 2  // output rows per block
 
 static constexpr bool axle_ci_type(ggml_type type) {
     switch (type) {
@@ -44,9 +43,11 @@ static constexpr bool axle_ci_type(ggml_type type) {
     }
 }
 
-// One block: AXLE_CI_ROWS output rows times up to `cols` columns (blockIdx.y picks the columns).
-template <ggml_type type, int cols>
-__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, 1)
+// One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
+// least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
+// arithmetic: they trade registers and occupancy against loads of the columns and weights.
+template <ggml_type type, int cols, int rows, int min_blocks>
+__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, min_blocks)
 static __global__ void axle_ci_mul_mat_vec_q(
         const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
         const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
@@ -58,40 +59,46 @@ static __global__ void axle_ci_mul_mat_vec_q(
     constexpr int step = vdr*AXLE_CI_WARPS*WARP_SIZE/qi; // weight blocks a pass of the block covers
 
     const int tid   = WARP_SIZE*threadIdx.y + threadIdx.x;
-    const int row0  = AXLE_CI_ROWS*blockIdx.x;
+    const int row0  = rows*blockIdx.x;
     const int col0  = cols*blockIdx.y;
     const int ncols = min(cols, ncols_y - col0);
     const block_q8_1 * y = vy + (int64_t) col0*stride_col_y;
 
     // Rows past the end (an odd row count) read the last row and are not written.
-    int row_base[AXLE_CI_ROWS];
+    int row_base[rows];
 #pragma unroll
-    for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+    for (int i = 0; i < rows; ++i) {
         row_base[i] = min(row0 + i, nrows_x - 1)*stride_row_x;
     }
 
-    float sum[cols][AXLE_CI_ROWS] = {{0.0f}};
+    // Columns past the end (the last block's) repeat the last column and are not written: no
+    // branch in the loop, so that each weight block is loaded once for all columns.
+    int col_base[cols];
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+        col_base[j] = min(j, ncols - 1)*stride_col_y;
+    }
+
+    float sum[cols][rows] = {{0.0f}};
     for (int kbx = tid/(qi/vdr); kbx < blocks_per_row_x; kbx += step) {
         const int kby = kbx*(qk/QK8_1);
         const int kqs = vdr*(tid % (qi/vdr));
 #pragma unroll
         for (int j = 0; j < cols; ++j) {
-            if (j < ncols) {
 #pragma unroll
-                for (int i = 0; i < AXLE_CI_ROWS; ++i) {
-                    sum[j][i] += vec_dot(vx, &y[j*stride_col_y + kby], row_base[i] + kbx, kqs);
-                }
+            for (int i = 0; i < rows; ++i) {
+                sum[j][i] += vec_dot(vx, &y[col_base[j] + kby], row_base[i] + kbx, kqs);
             }
         }
     }
 
     // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
-    __shared__ float handed[AXLE_CI_WARPS - 1][cols][AXLE_CI_ROWS][WARP_SIZE];
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
     if (threadIdx.y > 0) {
 #pragma unroll
         for (int j = 0; j < cols; ++j) {
 #pragma unroll
-            for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+            for (int i = 0; i < rows; ++i) {
                 handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
             }
         }
@@ -103,7 +110,7 @@ static __global__ void axle_ci_mul_mat_vec_q(
 #pragma unroll
     for (int j = 0; j < cols; ++j) {
 #pragma unroll
-        for (int i = 0; i < AXLE_CI_ROWS; ++i) {
+        for (int i = 0; i < rows; ++i) {
 #pragma unroll
             for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
                 sum[j][i] += handed[w][j][i][threadIdx.x];
@@ -116,24 +123,55 @@ static __global__ void axle_ci_mul_mat_vec_q(
     }
 }
 
+// Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
+// default 16 columns by 2 rows, 8 by 2 for products of at most 8 columns.
+static int axle_ci_shape() {
+    static const int shape = [] {
+        const char * env = getenv("AXLE_CI_SHAPE");
+        static const char * names[] = {"16x2", "8x2", "8x4", "16x4", "32x2", "16x1", "16x2o4", "8x2o6", "16x2o3", "4x4o4"};
+        for (int i = 0; env != nullptr && i < (int) (sizeof(names)/sizeof(names[0])); ++i) {
+            if (strcmp(env, names[i]) == 0) {
+                return i;
+            }
+        }
+        return 0;
+    }();
+    return shape;
+}
+
+template <ggml_type type, int cols, int rows, int min_blocks>
+static void axle_ci_launch_shape(
+        const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
+        const int stride_row_x, const int stride_col_y, const int stride_col_dst, const int ncols_y,
+        cudaStream_t stream) {
+    constexpr int qk = ggml_cuda_type_traits<type>::qk;
+    const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
+    const dim3 block_nums((nrows_x + rows - 1)/rows, (ncols_y + cols - 1)/cols, 1);
+    axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks><<<block_nums, block_dims, 0, stream>>>(
+        vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 template <ggml_type type>
 static void axle_ci_launch(
         const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
         const int stride_row_x, const int stride_col_y, const int stride_col_dst, const int ncols_y,
         cudaStream_t stream) {
-    constexpr int qk = ggml_cuda_type_traits<type>::qk;
-    const int blocks_per_row_x = ncols_x/qk;
-    const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
-    if (ncols_y <= 8) {
-        const dim3 block_nums((nrows_x + AXLE_CI_ROWS - 1)/AXLE_CI_ROWS, 1, 1);
-        axle_ci_mul_mat_vec_q<type, 8><<<block_nums, block_dims, 0, stream>>>(
-            vx, vy, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
-    } else {
-        const dim3 block_nums((nrows_x + AXLE_CI_ROWS - 1)/AXLE_CI_ROWS, (ncols_y + 15)/16, 1);
-        axle_ci_mul_mat_vec_q<type, 16><<<block_nums, block_dims, 0, stream>>>(
-            vx, vy, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+#define AXLE_CI_SHAPE(c, r, o) axle_ci_launch_shape<type, c, r, o>( \
+        vx, vy, dst, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream)
+    switch (ncols_y <= 8 ? 1 : axle_ci_shape()) {
+        case 1: AXLE_CI_SHAPE(8, 2, 1); break;
+        case 2: AXLE_CI_SHAPE(8, 4, 1); break;
+        case 3: AXLE_CI_SHAPE(16, 4, 1); break;
+        case 4: AXLE_CI_SHAPE(32, 2, 1); break;
+        case 5: AXLE_CI_SHAPE(16, 1, 1); break;
+        case 6: AXLE_CI_SHAPE(16, 2, 4); break;
+        case 7: AXLE_CI_SHAPE(8, 2, 6); break;
+        case 8: AXLE_CI_SHAPE(16, 2, 3); break;
+        case 9: AXLE_CI_SHAPE(4, 4, 4); break;
+        default: AXLE_CI_SHAPE(16, 2, 1); break;
     }
-    CUDA_CHECK(cudaGetLastError());
+#undef AXLE_CI_SHAPE
 }
 
 // Whether every CUDA device of this process sums a one-column MMVQ row as above (the generic
