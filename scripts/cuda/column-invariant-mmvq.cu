@@ -124,11 +124,12 @@ static __global__ void axle_ci_mul_mat_vec_q(
 }
 
 // Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
-// default 16 columns by 2 rows with 4 blocks per SM, 8 by 2 for products of at most 8 columns.
+// default 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an H200,
+// docs/gpu.md), 8 by 2 for products of at most 8 columns.
 static int axle_ci_shape() {
     static const int shape = [] {
         const char * env = getenv("AXLE_CI_SHAPE");
-        static const char * names[] = {"16x2o4", "8x2", "8x4o4", "16x4o2", "32x2o2", "16x1o6", "16x2o5", "8x4o5", "16x2", "4x4o4"};
+        static const char * names[] = {"8x4o4", "8x2", "16x2o4", "16x4o2", "32x2o2", "16x1o6", "16x2o5", "8x4o5", "16x2", "4x4o4"};
         for (int i = 0; env != nullptr && i < (int) (sizeof(names)/sizeof(names[0])); ++i) {
             if (strcmp(env, names[i]) == 0) {
                 return i;
@@ -161,7 +162,7 @@ static void axle_ci_launch(
         vx, vy, dst, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream)
     switch (ncols_y <= 8 ? 1 : axle_ci_shape()) {
         case 1: AXLE_CI_SHAPE(8, 2, 1); break;
-        case 2: AXLE_CI_SHAPE(8, 4, 4); break;
+        case 2: AXLE_CI_SHAPE(16, 2, 4); break;
         case 3: AXLE_CI_SHAPE(16, 4, 2); break;
         case 4: AXLE_CI_SHAPE(32, 2, 2); break;
         case 5: AXLE_CI_SHAPE(16, 1, 6); break;
@@ -169,7 +170,7 @@ static void axle_ci_launch(
         case 7: AXLE_CI_SHAPE(8, 4, 5); break;
         case 8: AXLE_CI_SHAPE(16, 2, 1); break;
         case 9: AXLE_CI_SHAPE(4, 4, 4); break;
-        default: AXLE_CI_SHAPE(16, 2, 4); break;
+        default: AXLE_CI_SHAPE(8, 4, 4); break;
     }
 #undef AXLE_CI_SHAPE
 }
