@@ -109,6 +109,11 @@ impl<'a> Tensor<'a> {
         self.get().nb
     }
 
+    /// The node's `i`th 32-bit op parameter (0 past the end of ggml's op parameters).
+    pub fn op_param_i32(&self, i: usize) -> i32 {
+        self.get().op_params.get(i).copied().unwrap_or(0)
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         DType(self.get().type_)

@@ -61,7 +61,11 @@ mod tests {
         ] {
             assert_eq!(k.to_string().parse::<HostKernels>(), Ok(k));
         }
-        for p in [DeviceProducts::Groups, DeviceProducts::Wide] {
+        for p in [
+            DeviceProducts::Groups,
+            DeviceProducts::Wide,
+            DeviceProducts::Columns,
+        ] {
             assert_eq!(p.to_string().parse::<DeviceProducts>(), Ok(p));
         }
         assert_eq!("tensor".parse::<SplitMode>(), Ok(SplitMode::Tensor));

@@ -275,12 +275,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn column_invariant_products_need_the_mode_and_the_type() {
+        let seqs = [SeqSlots {
+            start_pos: 0,
+            n_tokens: 1,
+            slots: &[0],
+        }];
+        let mut step = layout(&seqs, 256, None).step;
+        let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
+        let q8_0 = axle_ggml::DType::Q8_0;
+        step.column_types = 1 << q4_0.raw();
+        assert!(
+            !step.column_invariant(q4_0),
+            "groups: the kernel is not asked for"
+        );
+        step.products = DeviceProducts::Columns;
+        assert!(step.column_invariant(q4_0));
+        assert!(
+            !step.column_invariant(q8_0),
+            "a type the backend does not cover"
+        );
+        assert!(!step.column_invariant(axle_ggml::DType::F32));
+    }
+
+    #[test]
     fn device_products_parse_and_print_their_names() {
         for p in [DeviceProducts::Groups, DeviceProducts::Wide] {
             assert_eq!(p.to_string().parse::<DeviceProducts>(), Ok(p));
         }
         let err = "narrow".parse::<DeviceProducts>().unwrap_err();
-        assert!(err.contains("groups or wide"), "{err}");
+        assert!(err.contains("groups, wide or columns"), "{err}");
     }
 
     fn seq(start_pos: u32, n_tokens: usize, slots: &[u32]) -> SeqSlots<'_> {

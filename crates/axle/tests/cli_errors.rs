@@ -200,8 +200,9 @@ fn unknown_device() {
     assert!(err.contains("GPU backends load from"), "{err}");
 }
 
-/// `--device-products` where it cannot apply: wide products without a CUDA device, any choice
-/// with the fast kernels, and a name that is not one.
+/// `--device-products` where it cannot apply: wide products without a CUDA device, column
+/// products without Axle's CUDA kernel, any choice with the fast kernels, and a name that is not
+/// one.
 #[test]
 fn device_products_and_host_kernels_where_they_do_not_apply() {
     let m = smollm2();
@@ -232,9 +233,14 @@ fn device_products_and_host_kernels_where_they_do_not_apply() {
         &["--kernels", "fast", "--device-products", "groups"],
         "device products are a choice of the exact",
     );
+    let err = run_refuses(
+        &["--device-products", "columns"],
+        "column device products need",
+    );
+    assert!(err.contains("scripts/build-backend.sh"), "{err}");
     parser_refuses(
         &["--device-products", "narrow"],
-        "device products are groups or wide",
+        "device products are groups, wide or columns",
     );
     // Host kernels: a choice of the exact kernels, by name.
     run_refuses(

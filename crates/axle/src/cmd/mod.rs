@@ -124,10 +124,12 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = KernelChoice::Exact)]
     pub kernels: KernelChoice,
     /// With `--kernels exact` on GPUs: how decode and verify rows multiply quantized weights.
-    /// `groups` (the default): the mat-vec kernel, 4 columns at a time, the fastest for one or a
-    /// few sequences. `wide` (CUDA only): tiled ops of up to 128 columns, one pass over the
-    /// weights a step, the choice for serving many concurrent sequences (about half the speed of
-    /// a lone one). Both exact; one engine keeps one choice.
+    /// `columns` (the default where the CUDA backend was built by scripts/build-backend.sh):
+    /// Axle's column-invariant kernel, one pass over the weights per 8 columns and ggml's
+    /// one-column arithmetic for each. `groups` (the default elsewhere): ggml's mat-vec kernel,
+    /// 4 columns at a time. `wide` (CUDA only): tiled ops of up to 128 columns, one pass over
+    /// the weights a step, the choice for serving many concurrent sequences (about half the
+    /// speed of a lone one). All exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
