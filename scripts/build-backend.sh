@@ -75,8 +75,8 @@ fi
 if [ $cuda = ON ] && [ "${AXLE_BACKEND_PLAIN:-0}" != 1 ]; then
   if [ $copied = 0 ]; then
     dir="$(mktemp -d)/llama.cpp"
-    cp -a "$src" "$dir"
-    rm -rf "$dir"/build-axle-*
+    mkdir -p "$dir"
+    tar -C "$src" --exclude='./build*' -cf - . | tar -C "$dir" -xf -
     src="$dir"
   fi
   python3 "$root/scripts/cuda/apply.py" "$src"
