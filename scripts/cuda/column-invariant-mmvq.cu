@@ -1,6 +1,6 @@
 // Axle's column-invariant quantized products, appended to ggml's ggml-cuda/mmvq.cu by
 // scripts/build-backend.sh (so that it sees that file's vec-dot table), with a hook in
-// ggml_cuda_mul_mat (scripts/cuda/hook-ggml-cuda.py). Written for Axle; not part of ggml.
+// ggml_cuda_mul_mat (both by scripts/cuda/apply.py). Written for Axle; not part of ggml.
 //
 // What it is for. ggml's mat-vec kernel (MMVQ) sums a row of a one-column product with 4 warps
 // on NVIDIA's generic parameter table (Ampere, Ada, Hopper): thread t of the block takes the
@@ -12,8 +12,8 @@
 //
 // This kernel gives every column of a product of any width exactly the arithmetic of the
 // one-column kernel (the same thread-to-block assignment, the same vec-dot function, the same
-// order of partial sums), for up to AXLE_CI_COLS columns per block, so a column's result is the
-// same bit for bit alone or beside 63 others, and the weights are read once per AXLE_CI_COLS
+// order of partial sums), for up to 8 columns per block (the default shape), so a column's
+// result is the same bit for bit alone or beside 63 others, and the weights are read once per 8
 // columns instead of once per 4. Axle asks for it per product with the mul_mat hint
 // AXLE_HINT_COLUMN_INVARIANT (op_params[1]); nothing else changes, so libllama and llama.cpp's
 // tools built from the same source run exactly as without it. `axle bench device-check` checks
@@ -178,6 +178,8 @@ static void axle_ci_launch(
 // Whether every CUDA device of this process sums a one-column MMVQ row as above (the generic
 // parameter table) and `type` is covered. Exported through the CUDA registry's get_proc_address
 // as "axle_column_invariant_mmvq".
+// Also required: ggml itself takes MMVQ for 1 to 4 columns of the type (Axle leaves products of
+// up to 4 columns to ggml; on Jetson Orin ggml sends K-quants of 2 or more columns to MMQ).
 extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
     if (!axle_ci_type(type) || ggml_cuda_info().device_count == 0) {
         return false;
@@ -185,7 +187,8 @@ extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
     for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
         const int cc = ggml_cuda_info().devices[id].cc;
         if (!GGML_CUDA_CC_IS_NVIDIA(cc) || get_device_table_id(cc) != MMVQ_PARAMETERS_GENERIC ||
-                ggml_cuda_info().devices[id].warp_size != WARP_SIZE) {
+                ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
+                !ggml_cuda_should_use_mmvq(type, cc, 4)) {
             return false;
         }
     }
@@ -197,14 +200,22 @@ extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
 // and the caller goes on with ggml's own choice.
 bool ggml_cuda_axle_ci_mul_mat(
         ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
-    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_COLUMN_INVARIANT || !ggml_cuda_axle_ci_supports(src0->type)) {
+    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_COLUMN_INVARIANT) {
         return false;
     }
-    if (src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
+    // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
+    if (!ggml_cuda_axle_ci_supports(src0->type) ||
+            src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
             ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
             src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
             src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
             dst->nb[0] != sizeof(float) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
+        static bool warned = false; // once per process
+        if (!warned) {
+            warned = true;
+            GGML_LOG_WARN("%s: Axle's column-invariant product refused for %s (%s weight): ggml's kernel runs it, "
+                "and its columns may round differently by batch\n", __func__, dst->name, ggml_type_name(src0->type));
+        }
         return false;
     }
     cudaStream_t stream = ctx.stream();

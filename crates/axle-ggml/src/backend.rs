@@ -244,13 +244,17 @@ impl Device {
     /// Whether this device's backend multiplies `dtype` weights through Axle's column-invariant
     /// kernel when a product asks for it ([`Context::mul_mat_column_invariant`]): a CUDA backend
     /// built by `scripts/build-backend.sh` exports the query, other backends do not.
+    /// Devices without a registry (ggml's combined tensor-split device) answer no.
     pub fn column_invariant_products(&self, dtype: DType) -> bool {
         let name = c"axle_column_invariant_mmvq";
-        // SAFETY: valid device; the registry returns NULL for a name it does not provide.
-        let f = unsafe {
-            let reg = sys::ggml_backend_dev_backend_reg(self.0);
-            sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr())
-        };
+        // SAFETY: valid device; a device may have no registry (ggml's meta device), which
+        // get_proc_address would assert on.
+        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
+        if reg.is_null() {
+            return false;
+        }
+        // SAFETY: valid registry; it returns NULL for a name it does not provide.
+        let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) };
         if f.is_null() {
             return false;
         }

@@ -9,7 +9,7 @@
 //! `scripts/build-backend.sh` builds ggml's CUDA backend with a kernel of Axle's
 //! (`scripts/cuda/column-invariant-mmvq.cu`) that gives every column of a product of any width the
 //! arithmetic of ggml's one-column MMVQ kernel (the same assignment of weight blocks to threads,
-//! the same vec-dot functions, the same order of partial sums) and reads the weights once per 16
+//! the same vec-dot functions, the same order of partial sums) and reads the weights once per 8
 //! columns. It runs only for products carrying [`HINT`] (ggml's mul_mat hint, `op_params[1]`), so
 //! libllama and llama.cpp's tools built from that source are unchanged. The backend answers
 //! [`crate::Device::column_invariant_products`] for each weight type (yes only on NVIDIA GPUs

@@ -64,7 +64,7 @@ pub enum DeviceProducts {
     Wide,
     /// One op over all small columns through Axle's column-invariant kernel in the CUDA backend
     /// ([`axle_ggml::column_invariant`]): one-column MMVQ arithmetic for every column, one pass
-    /// over the weights per 16 columns; groups for weight types the backend does not cover.
+    /// over the weights per 8 columns; groups for weight types the backend does not cover.
     Columns,
 }
 
@@ -300,7 +300,11 @@ mod tests {
 
     #[test]
     fn device_products_parse_and_print_their_names() {
-        for p in [DeviceProducts::Groups, DeviceProducts::Wide] {
+        for p in [
+            DeviceProducts::Groups,
+            DeviceProducts::Wide,
+            DeviceProducts::Columns,
+        ] {
             assert_eq!(p.to_string().parse::<DeviceProducts>(), Ok(p));
         }
         let err = "narrow".parse::<DeviceProducts>().unwrap_err();

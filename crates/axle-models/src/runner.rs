@@ -143,9 +143,10 @@ pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
 }
 
 /// The quantized weight types (bit `1 << ggml id`) that every accelerator multiplies through
-/// Axle's column-invariant kernel; 0 without accelerators or where one lacks the kernel.
+/// Axle's column-invariant kernel; 0 without accelerators, where one is not a CUDA device (a
+/// tensor split's combined device among them) or where one lacks the kernel.
 fn column_types(accelerators: &[axle_ggml::Device]) -> u64 {
-    if accelerators.is_empty() {
+    if !all_cuda(accelerators) {
         return 0;
     }
     (0..64u32)
