@@ -298,15 +298,9 @@ mod tests {
         assert!(!step.column_invariant(axle_ggml::DType::F32));
     }
 
+    /// Round trips of the names are in `choice.rs`; here the error lists every name.
     #[test]
-    fn device_products_parse_and_print_their_names() {
-        for p in [
-            DeviceProducts::Groups,
-            DeviceProducts::Wide,
-            DeviceProducts::Columns,
-        ] {
-            assert_eq!(p.to_string().parse::<DeviceProducts>(), Ok(p));
-        }
+    fn device_products_parse_errors_name_every_choice() {
         let err = "narrow".parse::<DeviceProducts>().unwrap_err();
         assert!(err.contains("groups, wide or columns"), "{err}");
     }
