@@ -198,11 +198,13 @@ def test_every_error_class(engine, tmp_path):
         axle.Engine(str(MODEL), threads=2, split_mode="rows")
     with pytest.raises(axle.ModelError, match="two or more accelerators"):
         axle.Engine(str(MODEL), threads=2, device="cpu", split_mode="tensor")
-    # Device products: a known name; wide ones need CUDA devices.
-    with pytest.raises(ValueError, match="groups or wide"):
+    # Device products: a known name; wide ones need CUDA devices, column ones Axle's CUDA kernel.
+    with pytest.raises(ValueError, match="groups, wide or columns"):
         axle.Engine(str(MODEL), threads=2, device_products="narrow")
     with pytest.raises(axle.AxleError, match="wide device products need"):
         axle.Engine(str(MODEL), threads=2, device="cpu", device_products="wide")
+    with pytest.raises(axle.AxleError, match="column device products need"):
+        axle.Engine(str(MODEL), threads=2, device="cpu", device_products="columns")
     # Host kernels: a known name, with the exact kernels; tiled ones run (and stay greedy-stable).
     with pytest.raises(ValueError, match="compatible or tiled"):
         axle.Engine(str(MODEL), threads=2, host_kernels="fused")

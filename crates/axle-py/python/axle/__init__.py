@@ -55,8 +55,10 @@ class Engine:
     ``device="cuda0,cuda1"`` (or ``"all"``), ``split=[3, 1]`` for shares other than by free
     memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves,
     ``split_mode="tensor"`` (with ``kernels="fast"``) to run every layer on every device instead
-    of a range of layers on each. ``device_products="wide"`` (CUDA, exact kernels) reads the
-    weights once per step for many concurrent sequences, at half the speed of a lone one.
+    of a range of layers on each. ``device_products`` (GPUs, exact kernels): ``"columns"`` (the
+    default where the CUDA backend carries Axle's kernel) reads the weights once per 8 decoding
+    sequences, ``"groups"`` once per 4; ``"wide"`` (CUDA) once per step for many concurrent
+    sequences, at half the speed of a lone one.
     ``host_kernels`` (CPU, exact kernels): the default ``"origin"`` gives prompt rows the
     arithmetic libllama prefills with and generated rows the one it decodes with, so prompts
     prefill at libllama's speed and greedy output follows libllama's; ``"compatible"`` gives every
