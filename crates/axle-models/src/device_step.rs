@@ -127,7 +127,8 @@ pub struct DeviceStep {
     /// How small columns multiply quantized weights (the runner's choice for its devices).
     pub products: DeviceProducts,
     /// With [`DeviceProducts::Columns`]: the weight types (bit `1 << ggml type id`) that every
-    /// device of the model multiplies through the column-invariant kernel, as probed.
+    /// device of the model multiplies through the column-invariant kernel, as their backends
+    /// answer ([`axle_ggml::Device::column_invariant_products`]).
     pub column_types: u64,
 }
 

@@ -127,17 +127,17 @@ impl StepOutput {
     }
 }
 
-/// The device layout's products for these accelerators: Axle's column-invariant kernel
-/// ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec
+/// The device layout's products for these accelerators, given the weight types they multiply
+/// through Axle's column-invariant kernel (`column_types`, bit per type: [`column_types`]): that
+/// kernel ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec
 /// groups ([`DeviceProducts::Groups`]); `AXLE_DEVICE_PRODUCTS` may ask for another where it can
 /// run (`wide`: MMQ ops, on CUDA devices only, whose tiled kernel's column invariance they rely
 /// on; they cost half the speed of a lone sequence: docs/gpu.md).
-pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
-    let columns = column_types(accelerators) != 0;
+pub fn default_products(accelerators: &[axle_ggml::Device], column_types: u64) -> DeviceProducts {
     match DeviceProducts::from_env() {
         Some(DeviceProducts::Wide) if all_cuda(accelerators) => DeviceProducts::Wide,
         Some(DeviceProducts::Groups) => DeviceProducts::Groups,
-        _ if columns => DeviceProducts::Columns,
+        _ if column_types != 0 => DeviceProducts::Columns,
         _ => DeviceProducts::Groups,
     }
 }
@@ -145,7 +145,7 @@ pub fn default_products(accelerators: &[axle_ggml::Device]) -> DeviceProducts {
 /// The quantized weight types (bit `1 << ggml id`) that every accelerator multiplies through
 /// Axle's column-invariant kernel; 0 without accelerators, where one is not a CUDA device (a
 /// tensor split's combined device among them) or where one lacks the kernel.
-fn column_types(accelerators: &[axle_ggml::Device]) -> u64 {
+pub fn column_types(accelerators: &[axle_ggml::Device]) -> u64 {
     if !all_cuda(accelerators) {
         return 0;
     }
@@ -431,9 +431,10 @@ impl Runner {
             .head_device()
             .and_then(|d| PinnedHost::for_device(&d));
         let accelerators = placement.accelerators();
+        let column_types = column_types(&accelerators);
         let products = opts
             .device_products
-            .unwrap_or_else(|| default_products(&accelerators));
+            .unwrap_or_else(|| default_products(&accelerators, column_types));
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
                 "wide device products need the model's layers on CUDA devices only: their column \
@@ -441,7 +442,6 @@ impl Runner {
                     .into(),
             ));
         }
-        let column_types = column_types(&accelerators);
         if products == DeviceProducts::Columns && column_types == 0 {
             return Err(ModelError::Invalid(
                 "column device products need every accelerator's backend to carry Axle's \
