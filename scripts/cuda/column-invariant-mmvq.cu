@@ -123,6 +123,261 @@ static __global__ void axle_ci_mul_mat_vec_q(
     }
 }
 
+// Tensor-core variant for Q4_0 weights. In the one-column kernel a thread's share of a Q4_0
+// block is 16 weights (half a block): it sums their products with the column as integers (dp4a),
+// then adds d4*(sumi*d8 - 4*s8) to its float sum. The integer sum is exact in any order, so an
+// int8 tensor-core product (mma m16n8k16) gives it for 16 rows by 8 columns at once; the float
+// part then replays the one-column kernel step for step. Its thread t (0..127) takes the
+// 16-weight chunks t, t + 128, t + 256, ... of a row (chunk c: block c/2, half c%2) in that order;
+// warp 0's lane l adds the other warps' sums in warp order, ((a_l + a_{32+l}) + a_{64+l}) +
+// a_{96+l}, and a butterfly over the 32 lanes finishes the row.
+//
+// Here a block of 16 warps takes 16 rows by 8*ntiles columns and walks the row in slabs of 128
+// chunks (64 weight blocks), so that each of the 128 threads it replays gets one chunk of each
+// slab, in order. The slabs of weights and columns are copied to shared memory ahead of use
+// (cp.async, two buffers). Warp v replays the lanes l = v and v + 16, each with its four threads
+// t = l + 32*m, and keeps their sums in registers; at the end each lane's sum goes to shared
+// memory and one thread per output adds the 32 lane sums in the butterfly's order. Rows must be a
+// whole number of slabs (2048 weights) with 16-byte aligned rows; other products take the dp4a
+// kernel above, which gives the same bits. Needs Ampere or newer (cp.async, int8 m16n8k16).
+#define AXLE_CI_MMA_WARPS 16
+#define AXLE_CI_SLAB_BLOCKS 64                                 // Q4_0 blocks per slab = 128 chunks
+#define AXLE_CI_SLAB_X (AXLE_CI_SLAB_BLOCKS*18 + 16)           // bytes per row, padded against bank conflicts
+#define AXLE_CI_SLAB_Y (AXLE_CI_SLAB_BLOCKS*36 + 16)           // bytes per column
+#define AXLE_CI_SLAB_S (AXLE_CI_SLAB_BLOCKS*8 + 16)            // bytes per column of scales
+
+// The column side of the float step, d8 and -4*s8 per q8_1 block, as floats (both exact:
+// half to float, and a product by a power of two), so that a column's chunk needs one load.
+static __global__ void axle_ci_q8_1_scales(
+        const block_q8_1 * __restrict__ vy, float2 * __restrict__ scales, const int n) {
+    const int i = blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float2 ds = __half22float2(vy[i].ds);
+        scales[i] = make_float2(ds.x, -4.0f*ds.y);
+    }
+}
+
+template <int ntiles>
+static constexpr __host__ __device__ int axle_ci_mma_stage_bytes() {
+    return 16*AXLE_CI_SLAB_X + 8*ntiles*(AXLE_CI_SLAB_Y + AXLE_CI_SLAB_S);
+}
+
+template <int ntiles>
+static constexpr __host__ __device__ int axle_ci_mma_shared_bytes() {
+    return 2*axle_ci_mma_stage_bytes<ntiles>() + ntiles*128*(WARP_SIZE + 1)*4; // two stages, the lane sums
+}
+
+static __device__ __forceinline__ void axle_ci_copy_16(char * dst, const char * src) {
+#ifdef AMPERE_MMA_AVAILABLE
+    const unsigned int d = (unsigned int) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(src));
+#else
+    GGML_UNUSED_VARS(dst, src);
+    NO_DEVICE_CODE;
+#endif // AMPERE_MMA_AVAILABLE
+}
+
+template <int ntiles>
+__launch_bounds__(AXLE_CI_MMA_WARPS*WARP_SIZE, 1)
+static __global__ void axle_ci_mma_q4_0(
+        const char * __restrict__ vx, const char * __restrict__ vy, const char * __restrict__ scales,
+        float * __restrict__ dst, const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+#ifdef AMPERE_MMA_AVAILABLE
+    constexpr int cols = 8*ntiles;
+    const int col_tiles = (ncols_y + cols - 1)/cols;
+    const int nwork = col_tiles*((nrows_x + 15)/16); // tiles of 16 rows by `cols` columns
+    constexpr int stage_bytes = axle_ci_mma_stage_bytes<ntiles>();
+    extern __shared__ __align__(16) char axle_ci_smem[];
+    const int tid = WARP_SIZE*threadIdx.y + threadIdx.x;
+    const int lane = threadIdx.x;
+    const int g = lane/4; // fragment row of A and C, column of B
+    const int q = lane%4; // which 4 of a chunk's 16 weights (A, B), which 2 columns (C)
+    const int nslabs = blocks_per_row_x/AXLE_CI_SLAB_BLOCKS;
+
+    // The block takes the tiles blockIdx.x, blockIdx.x + gridDim.x, ... (columns vary fastest, so
+    // that blocks running together share rows) as one stream of slabs: the next slab, of the same
+    // tile or the next one, is copied while the current one is used.
+    const int nmine = (nwork - (int) blockIdx.x + (int) gridDim.x - 1)/(int) gridDim.x;
+    const int nsteps = nmine*nslabs;
+
+    // Copies slab i of tile w into stage buffer b: 16 rows of weights, the columns' q8_1 blocks
+    // and their scales. Rows and columns past the end copy the last one (computed, not written).
+    auto copy_slab = [&](const int w, const int i, const int b) {
+        const int col0 = cols*(w % col_tiles);
+        const int row0 = 16*(w / col_tiles);
+        char * stage = axle_ci_smem + b*stage_bytes;
+        char * sx = stage;
+        char * sy = sx + 16*AXLE_CI_SLAB_X;
+        char * ss = sy + cols*AXLE_CI_SLAB_Y;
+        constexpr int px = AXLE_CI_SLAB_BLOCKS*18/16; // 16-byte pieces per row
+        constexpr int py = AXLE_CI_SLAB_BLOCKS*36/16;
+        constexpr int ps = AXLE_CI_SLAB_BLOCKS*8/16;
+        for (int k = tid; k < 16*px; k += AXLE_CI_MMA_WARPS*WARP_SIZE) {
+            const int r = k/px;
+            const int64_t row = min(row0 + r, nrows_x - 1);
+            axle_ci_copy_16(sx + r*AXLE_CI_SLAB_X + 16*(k % px),
+                vx + (row*stride_row_x + (int64_t) i*AXLE_CI_SLAB_BLOCKS)*18 + 16*(k % px));
+        }
+        for (int k = tid; k < cols*py; k += AXLE_CI_MMA_WARPS*WARP_SIZE) {
+            const int c = k/py;
+            const int64_t col = min(col0 + c, ncols_y - 1);
+            axle_ci_copy_16(sy + c*AXLE_CI_SLAB_Y + 16*(k % py),
+                vy + (col*stride_col_y + (int64_t) i*AXLE_CI_SLAB_BLOCKS)*36 + 16*(k % py));
+        }
+        for (int k = tid; k < cols*ps; k += AXLE_CI_MMA_WARPS*WARP_SIZE) {
+            const int c = k/ps;
+            const int64_t col = min(col0 + c, ncols_y - 1);
+            axle_ci_copy_16(ss + c*AXLE_CI_SLAB_S + 16*(k % ps),
+                scales + (col*stride_col_y + (int64_t) i*AXLE_CI_SLAB_BLOCKS)*8 + 16*(k % ps));
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    // The 16 weights of a chunk as mma's k = 0..15: the low nibbles of the half block's two ints,
+    // then their high nibbles; the column's q8_1 ints at the same positions (0, 1, 4, 5, plus 2
+    // for the second half).
+    const int shift = 4*(q >> 1);
+    const int xi = q & 1;
+    const int yi = (q & 1) + 4*(q >> 1);
+
+    float (*lane_sums)[WARP_SIZE + 1] = (float (*)[WARP_SIZE + 1]) (axle_ci_smem + 2*stage_bytes);
+    float acc[2][4][ntiles][4] = {{{{0.0f}}}}; // threads l + 32*m of lanes l = v, v + 16
+    copy_slab(blockIdx.x, 0, 0);
+    for (int step = 0; step < nsteps; ++step) {
+        if (step + 1 < nsteps) {
+            copy_slab(blockIdx.x + ((step + 1)/nslabs)*gridDim.x, (step + 1) % nslabs, (step + 1) & 1);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        const char * sx = axle_ci_smem + (step & 1)*stage_bytes;
+        const char * sy = sx + 16*AXLE_CI_SLAB_X;
+        const char * ss = sy + cols*AXLE_CI_SLAB_Y;
+#pragma unroll
+        for (int lj = 0; lj < 2; ++lj) {
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const int kc = threadIdx.y + AXLE_CI_MMA_WARPS*lj + WARP_SIZE*m; // chunk in the slab
+                const int kb = kc >> 1;
+                const int h = kc & 1;
+                const char * xa = sx + g*AXLE_CI_SLAB_X + kb*18;
+                const char * xb = xa + 8*AXLE_CI_SLAB_X;
+                const int a0 = (get_int_b2(xa + 2, 2*h + xi) >> shift) & 0x0F0F0F0F;
+                const int a1 = (get_int_b2(xb + 2, 2*h + xi) >> shift) & 0x0F0F0F0F;
+                const float da = __half2float(*(const half *) xa);
+                const float db = __half2float(*(const half *) xb);
+#pragma unroll
+                for (int n = 0; n < ntiles; ++n) {
+                    const int b = get_int_b4(sy + (8*n + g)*AXLE_CI_SLAB_Y + kb*36 + 4, 2*h + yi);
+                    const float2 s0 = *(const float2 *) (ss + (8*n + 2*q + 0)*AXLE_CI_SLAB_S + kb*8);
+                    const float2 s1 = *(const float2 *) (ss + (8*n + 2*q + 1)*AXLE_CI_SLAB_S + kb*8);
+                    int c0, c1, c2, c3;
+                    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+                        : "=r"(c0), "=r"(c1), "=r"(c2), "=r"(c3) : "r"(a0), "r"(a1), "r"(b), "r"(0));
+                    // d4*(sumi*d8 - 4*s8) added to the thread's sum: the one-column kernel's two FMAs.
+                    acc[lj][m][n][0] = __fmaf_rn(da, __fmaf_rn(s0.x, (float) c0, s0.y), acc[lj][m][n][0]);
+                    acc[lj][m][n][1] = __fmaf_rn(da, __fmaf_rn(s1.x, (float) c1, s1.y), acc[lj][m][n][1]);
+                    acc[lj][m][n][2] = __fmaf_rn(db, __fmaf_rn(s0.x, (float) c2, s0.y), acc[lj][m][n][2]);
+                    acc[lj][m][n][3] = __fmaf_rn(db, __fmaf_rn(s1.x, (float) c3, s1.y), acc[lj][m][n][3]);
+                }
+            }
+        }
+        __syncthreads(); // the buffer is refilled next
+        if ((step + 1) % nslabs != 0) {
+            continue;
+        }
+
+        // The tile is done. Each lane's sum, ((a_l + a_{32+l}) + a_{64+l}) + a_{96+l}, to shared
+        // memory ([output][lane], padded against bank conflicts); the next write to it comes
+        // after the next slab's barriers.
+#pragma unroll
+        for (int lj = 0; lj < 2; ++lj) {
+#pragma unroll
+            for (int n = 0; n < ntiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float sum = acc[lj][0][n][e];
+                    sum += acc[lj][1][n][e];
+                    sum += acc[lj][2][n][e];
+                    sum += acc[lj][3][n][e];
+                    lane_sums[128*n + 8*(g + 8*(e >> 1)) + 2*q + (e & 1)][threadIdx.y + AXLE_CI_MMA_WARPS*lj] = sum;
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+                        acc[lj][m][n][e] = 0.0f;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // The butterfly (warp_reduce_sum): at offset o, lane i adds lane i + o, for o = 16, 8, 4, 2, 1.
+        const int w = blockIdx.x + (step/nslabs)*gridDim.x;
+        const int col0 = cols*(w % col_tiles);
+        const int row0 = 16*(w / col_tiles);
+        for (int o = tid; o < ntiles*128; o += AXLE_CI_MMA_WARPS*WARP_SIZE) {
+            float v[WARP_SIZE];
+#pragma unroll
+            for (int k = 0; k < WARP_SIZE; ++k) {
+                v[k] = lane_sums[o][k];
+            }
+#define AXLE_CI_BUTTERFLY(off) _Pragma("unroll") for (int k = 0; k < (off); ++k) { v[k] += v[k + (off)]; }
+            AXLE_CI_BUTTERFLY(16) AXLE_CI_BUTTERFLY(8) AXLE_CI_BUTTERFLY(4) AXLE_CI_BUTTERFLY(2) AXLE_CI_BUTTERFLY(1)
+#undef AXLE_CI_BUTTERFLY
+            const int row = row0 + (o % 128)/8;
+            const int col = col0 + 8*(o/128) + o%8;
+            if (row < nrows_x && col < ncols_y) {
+                dst[(int64_t) col*stride_col_dst + row] = v[0];
+            }
+        }
+    }
+#else
+    GGML_UNUSED_VARS(vx, vy, scales, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y,
+        stride_col_dst, ncols_y);
+    NO_DEVICE_CODE;
+#endif // AMPERE_MMA_AVAILABLE
+}
+
+// Whether the tensor-core variant runs: every device Ampere or newer with code compiled for it,
+// unless AXLE_CI_MMA=0 (kept for measurements against the dp4a kernel).
+static bool axle_ci_mma_enabled() {
+    static const bool enabled = [] {
+        const char * env = getenv("AXLE_CI_MMA");
+        if (env != nullptr && strcmp(env, "0") == 0) {
+            return false;
+        }
+        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+            if (!ampere_mma_available(ggml_cuda_info().devices[id].cc)) {
+                return false;
+            }
+        }
+        return true;
+    }();
+    return enabled;
+}
+
+template <int ntiles>
+static void axle_ci_mma_launch_q4_0(
+        ggml_backend_cuda_context & ctx, const void * vx, const block_q8_1 * vy, float * dst,
+        const int ncols_x, const int nrows_x, const int stride_row_x, const int stride_col_y,
+        const int stride_col_dst, const int ncols_y, cudaStream_t stream) {
+    const int nscales = ncols_y*stride_col_y;
+    ggml_cuda_pool_alloc<float2> scales(ctx.pool(), nscales);
+    axle_ci_q8_1_scales<<<(nscales + 255)/256, 256, 0, stream>>>(vy, scales.get(), nscales);
+    CUDA_CHECK(cudaGetLastError());
+    constexpr int nbytes = axle_ci_mma_shared_bytes<ntiles>();
+    CUDA_SET_SHARED_MEMORY_LIMIT(axle_ci_mma_q4_0<ntiles>, nbytes);
+    // One block per SM (registers and shared memory allow no more), each walking several tiles.
+    const int nwork = ((ncols_y + 8*ntiles - 1)/(8*ntiles))*((nrows_x + 15)/16);
+    const dim3 block_dims(WARP_SIZE, AXLE_CI_MMA_WARPS, 1);
+    const dim3 block_nums(std::min(nwork, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm), 1, 1);
+    axle_ci_mma_q4_0<ntiles><<<block_nums, block_dims, nbytes, stream>>>(
+        (const char *) vx, (const char *) vy, (const char *) scales.get(), dst, ncols_x/QK4_0, nrows_x,
+        stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
 // default 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an H200,
 // docs/gpu.md), 8 by 2 for products of at most 8 columns.
@@ -236,6 +491,17 @@ bool ggml_cuda_axle_ci_mul_mat(
     const int stride_col_y = ne10_padded/QK8_1;
     const int stride_col_dst = dst->nb[1]/sizeof(float);
     const int ncols_y = ne11;
+    // The tensor-core variant: whole slabs of 2048 weights, rows and columns 16-byte aligned.
+    if (src0->type == GGML_TYPE_Q4_0 && axle_ci_mma_enabled() && ncols_x % (AXLE_CI_SLAB_BLOCKS*QK4_0) == 0 &&
+            (stride_row_x*sizeof(block_q4_0)) % 16 == 0 && (uintptr_t) vx % 16 == 0 &&
+            (stride_col_y*sizeof(block_q8_1)) % 16 == 0) {
+        if (ncols_y <= 8) {
+            axle_ci_mma_launch_q4_0<1>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+        } else {
+            axle_ci_mma_launch_q4_0<2>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+        }
+        return true;
+    }
     switch (src0->type) {
 #define AXLE_CI_CASE(t) \
         case t: axle_ci_launch<t>(vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream); break;
