@@ -10,7 +10,9 @@
 //! (`scripts/cuda/column-invariant-mmvq.cu`) that gives every column of a product of any width the
 //! arithmetic of ggml's one-column MMVQ kernel (the same assignment of weight blocks to threads,
 //! the same vec-dot functions, the same order of partial sums) and reads the weights once per 8
-//! columns. It runs only for products carrying [`HINT`] (ggml's mul_mat hint, `op_params[1]`), so
+//! columns. For Q4_0 rows of whole 2048-weight slabs on Ampere or newer, a variant takes the
+//! integer sums from tensor cores (exact in any order) and replays the float steps in the
+//! one-column order, 16 columns a pass. It runs only for products carrying [`HINT`] (ggml's mul_mat hint, `op_params[1]`), so
 //! libllama and llama.cpp's tools built from that source are unchanged. The backend answers
 //! [`crate::Device::column_invariant_products`] for each weight type (yes only on NVIDIA GPUs
 //! whose one-column kernel uses ggml's generic parameter table); `axle bench device-check`

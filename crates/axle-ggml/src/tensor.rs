@@ -427,8 +427,9 @@ impl Context {
     }
     /// `a^T @ b` marked for Axle's column-invariant kernel (see [`crate::column_invariant`]): on a
     /// CUDA backend that carries it, every column gets the bits of a one-column product, in one
-    /// pass over the weights per 8 columns. Elsewhere the mark is ignored and this is
-    /// [`Context::mul_mat`]; check [`Device::column_invariant_products`](crate::Device) first.
+    /// pass over the weights per 8 columns (per 16 for Q4_0 on tensor cores). Elsewhere the mark
+    /// is ignored and this is [`Context::mul_mat`]; check
+    /// [`Device::column_invariant_products`](crate::Device) first.
     pub fn mul_mat_column_invariant<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         let y = self.mul_mat(a, b);
         // SAFETY: `y` is a live MUL_MAT node of this context; the hint only writes op_params[1],
