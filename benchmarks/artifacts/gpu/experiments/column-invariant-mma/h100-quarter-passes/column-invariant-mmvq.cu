@@ -1,0 +1,564 @@
+// Axle's column-invariant quantized products, appended to ggml's ggml-cuda/mmvq.cu by
+// scripts/build-backend.sh (so that it sees that file's vec-dot table), with a hook in
+// ggml_cuda_mul_mat (both by scripts/cuda/apply.py). Written for Axle; not part of ggml.
+//
+// What it is for. ggml's mat-vec kernel (MMVQ) sums a row of a one-column product with 4 warps
+// on NVIDIA's generic parameter table (Ampere, Ada, Hopper): thread t of the block takes the
+// weight blocks t/(qi/vdr), t/(qi/vdr) + vdr*128/qi, ... in that order, warps 1-3 hand their
+// partial sums to warp 0 through shared memory, warp 0 adds them in warp order and a butterfly
+// reduction finishes the row. At 5-8 columns it takes 2 warps and from 9 columns the tiled MMQ
+// kernel, so a column's bits depend on how many columns share the op: the reason Axle's device
+// layout multiplies a batch's decode columns in groups of 4, one pass over the weights per group.
+//
+// This kernel gives every column of a product of any width exactly the arithmetic of the
+// one-column kernel (the same thread-to-block assignment, the same vec-dot function, the same
+// order of partial sums), for up to 8 columns per block (the default shape), so a column's
+// result is the same bit for bit alone or beside 63 others, and the weights are read once per 8
+// columns instead of once per 4. Axle asks for it per product with the mul_mat hint
+// AXLE_HINT_COLUMN_INVARIANT (op_params[1]); nothing else changes, so libllama and llama.cpp's
+// tools built from the same source run exactly as without it. `axle bench device-check` checks
+// the bits (batched against alone, speculation on against off) on each device it runs on.
+
+#define AXLE_HINT_COLUMN_INVARIANT 0x41584c31 // "AXL1"
+#define AXLE_CI_WARPS 4 // ggml's MMVQ at 1-4 columns on the generic parameter table
+
+static constexpr bool axle_ci_type(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_MXFP4:
+        case GGML_TYPE_Q2_K:
+        case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_IQ4_XS:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
+// least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
+// arithmetic: they trade registers and occupancy against loads of the columns and weights.
+template <ggml_type type, int cols, int rows, int min_blocks>
+__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, min_blocks)
+static __global__ void axle_ci_mul_mat_vec_q(
+        const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
+        const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+    constexpr int qk  = ggml_cuda_type_traits<type>::qk;
+    constexpr int qi  = ggml_cuda_type_traits<type>::qi;
+    constexpr int vdr = get_vdr_mmvq(type);
+    constexpr vec_dot_q_cuda_t vec_dot = get_vec_dot_q_cuda(type);
+    constexpr int step = vdr*AXLE_CI_WARPS*WARP_SIZE/qi; // weight blocks a pass of the block covers
+
+    const int tid   = WARP_SIZE*threadIdx.y + threadIdx.x;
+    const int row0  = rows*blockIdx.x;
+    const int col0  = cols*blockIdx.y;
+    const int ncols = min(cols, ncols_y - col0);
+    const block_q8_1 * y = vy + (int64_t) col0*stride_col_y;
+
+    // Rows past the end (an odd row count) read the last row and are not written.
+    int row_base[rows];
+#pragma unroll
+    for (int i = 0; i < rows; ++i) {
+        row_base[i] = min(row0 + i, nrows_x - 1)*stride_row_x;
+    }
+
+    // Columns past the end (the last block's) repeat the last column and are not written: no
+    // branch in the loop, so that each weight block is loaded once for all columns.
+    int col_base[cols];
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+        col_base[j] = min(j, ncols - 1)*stride_col_y;
+    }
+
+    float sum[cols][rows] = {{0.0f}};
+    for (int kbx = tid/(qi/vdr); kbx < blocks_per_row_x; kbx += step) {
+        const int kby = kbx*(qk/QK8_1);
+        const int kqs = vdr*(tid % (qi/vdr));
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+#pragma unroll
+            for (int i = 0; i < rows; ++i) {
+                sum[j][i] += vec_dot(vx, &y[col_base[j] + kby], row_base[i] + kbx, kqs);
+            }
+        }
+    }
+
+    // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
+    if (threadIdx.y > 0) {
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+#pragma unroll
+            for (int i = 0; i < rows; ++i) {
+                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y > 0) {
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+#pragma unroll
+        for (int i = 0; i < rows; ++i) {
+#pragma unroll
+            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
+                sum[j][i] += handed[w][j][i][threadIdx.x];
+            }
+            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
+            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
+                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            }
+        }
+    }
+}
+
+// Tensor-core variant for Q4_0 weights. In the one-column kernel a thread's share of a Q4_0
+// block is 16 weights (half a block): it sums their products with the column as integers (dp4a),
+// then adds d4*(sumi*d8 - 4*s8) to its float sum. The integer sum is exact in any order, so an
+// int8 tensor-core product (mma m16n8k16) gives it for 16 rows by 8 columns at once; the float
+// part then replays the one-column kernel step for step. Its thread t = l + 32*m (lane l of warp
+// m) takes the 16-weight chunks t, t + 128, t + 256, ... of a row (chunk c: block c/2, half c%2)
+// in that order; warp 0's lane l adds the other warps' sums in warp order, ((a_l + a_{32+l}) +
+// a_{64+l}) + a_{96+l}, and a butterfly over the 32 lanes finishes the row.
+//
+// Here a block of 16 warps takes 32 rows by 8*ntiles columns in four passes, m = 0..3: pass m
+// walks the row's quarter-slabs m (blocks 16m..16m+15 of every 64), which hold exactly the chunks
+// of the threads l + 32*m, one chunk per lane l, in order. Warp v replays the lanes v and v + 16;
+// after pass m it adds the pass's sums to its lane sums in the order above (registers both). The
+// quarter-slabs of weights and columns are copied to shared memory ahead of use (cp.async, four
+// buffers), and blocks stay resident, walking several tiles, so that the copies of the next tile
+// overlap the end of the current one. At the end of a tile the lane sums go to shared memory and
+// one thread per output adds the 32 of them in the butterfly's order. Rows must be whole slabs
+// (2048 weights) and 16-byte aligned; other products take the dp4a kernel above, which gives
+// the same bits. Needs Ampere or newer (cp.async, int8 m16n8k16).
+#define AXLE_CI_MMA_WARPS 16
+#define AXLE_CI_MMA_ROWS 32                        // rows per tile: two m16 fragments
+#define AXLE_CI_MMA_STAGES 4                       // copy pipeline depth
+#define AXLE_CI_SLAB_BLOCKS 64                     // Q4_0 blocks per slab: one chunk per thread t
+#define AXLE_CI_QUARTER 16                         // blocks per quarter-slab: one chunk per lane
+#define AXLE_CI_STAGE_X (AXLE_CI_QUARTER*18 + 16)  // bytes per row, padded against bank conflicts
+#define AXLE_CI_STAGE_Y (AXLE_CI_QUARTER*36 + 16)  // bytes per column
+#define AXLE_CI_STAGE_S (AXLE_CI_QUARTER*8 + 16)   // bytes per column of scales
+
+// The column side of the float step, d8 and -4*s8 per q8_1 block, as floats (both exact:
+// half to float, and a product by a power of two), so that a column's chunk needs one load.
+static __global__ void axle_ci_q8_1_scales(
+        const block_q8_1 * __restrict__ vy, float2 * __restrict__ scales, const int n) {
+    const int i = blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float2 ds = __half22float2(vy[i].ds);
+        scales[i] = make_float2(ds.x, -4.0f*ds.y);
+    }
+}
+
+template <int ntiles>
+static constexpr __host__ __device__ int axle_ci_mma_stage_bytes() {
+    return AXLE_CI_MMA_ROWS*AXLE_CI_STAGE_X + 8*ntiles*(AXLE_CI_STAGE_Y + AXLE_CI_STAGE_S);
+}
+
+template <int ntiles>
+static constexpr __host__ __device__ int axle_ci_mma_shared_bytes() {
+    // The stage buffers, then the lane sums: [output][lane], padded against bank conflicts.
+    return AXLE_CI_MMA_STAGES*axle_ci_mma_stage_bytes<ntiles>() + AXLE_CI_MMA_ROWS*8*ntiles*(WARP_SIZE + 1)*4;
+}
+
+static __device__ __forceinline__ void axle_ci_copy_16(char * dst, const char * src) {
+#ifdef AMPERE_MMA_AVAILABLE
+    const unsigned int d = (unsigned int) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(src));
+#else
+    GGML_UNUSED_VARS(dst, src);
+    NO_DEVICE_CODE;
+#endif // AMPERE_MMA_AVAILABLE
+}
+
+template <int ntiles>
+__launch_bounds__(AXLE_CI_MMA_WARPS*WARP_SIZE, 1)
+static __global__ void axle_ci_mma_q4_0(
+        const char * __restrict__ vx, const char * __restrict__ vy, const char * __restrict__ scales,
+        float * __restrict__ dst, const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+#ifdef AMPERE_MMA_AVAILABLE
+    constexpr int cols = 8*ntiles;
+    constexpr int rtiles = AXLE_CI_MMA_ROWS/16;
+    constexpr int stage_bytes = axle_ci_mma_stage_bytes<ntiles>();
+    constexpr int nthreads = AXLE_CI_MMA_WARPS*WARP_SIZE;
+    extern __shared__ __align__(16) char axle_ci_smem[];
+    float (*lane_sums)[WARP_SIZE + 1] = (float (*)[WARP_SIZE + 1]) (axle_ci_smem + AXLE_CI_MMA_STAGES*stage_bytes);
+
+    const int tid = WARP_SIZE*threadIdx.y + threadIdx.x;
+    const int g = threadIdx.x/4; // fragment row of A and C, column of B
+    const int q = threadIdx.x%4; // which 4 of a chunk's 16 weights (A, B), which 2 columns (C)
+    const int col_tiles = (ncols_y + cols - 1)/cols;
+    const int nwork = col_tiles*((nrows_x + AXLE_CI_MMA_ROWS - 1)/AXLE_CI_MMA_ROWS);
+    const int nslabs = blocks_per_row_x/AXLE_CI_SLAB_BLOCKS;
+    const int steps_per_tile = 4*nslabs; // pass m, slab i: step m*nslabs + i
+
+    // The block takes the tiles blockIdx.x, blockIdx.x + gridDim.x, ... (columns vary fastest, so
+    // that blocks running together share rows) as one stream of steps.
+    const int nmine = (nwork - (int) blockIdx.x + (int) gridDim.x - 1)/(int) gridDim.x;
+    const int nsteps = nmine*steps_per_tile;
+
+    // Copies step s's quarter-slab (weights of the tile's rows, the columns' q8_1 blocks and their
+    // scales) into its stage buffer. Rows and columns past the end copy the last one (computed,
+    // not written). Commits a copy group in any case, so that the groups count steps.
+    auto copy_step = [&](const int s) {
+        if (s < nsteps) {
+            const int w = blockIdx.x + (s/steps_per_tile)*gridDim.x;
+            const int col0 = cols*(w % col_tiles);
+            const int row0 = AXLE_CI_MMA_ROWS*(w / col_tiles);
+            const int r = s % steps_per_tile;
+            const int64_t block0 = (int64_t) (r % nslabs)*AXLE_CI_SLAB_BLOCKS + (r / nslabs)*AXLE_CI_QUARTER;
+            char * sx = axle_ci_smem + (s % AXLE_CI_MMA_STAGES)*stage_bytes;
+            char * sy = sx + AXLE_CI_MMA_ROWS*AXLE_CI_STAGE_X;
+            char * ss = sy + cols*AXLE_CI_STAGE_Y;
+            constexpr int px = AXLE_CI_QUARTER*18/16; // 16-byte pieces per row
+            constexpr int py = AXLE_CI_QUARTER*36/16;
+            constexpr int ps = AXLE_CI_QUARTER*8/16;
+            constexpr int nx = AXLE_CI_MMA_ROWS*px;
+            constexpr int ny = cols*py;
+            constexpr int ns = cols*ps;
+#pragma unroll
+            for (int k0 = 0; k0 < nx + ny + ns; k0 += nthreads) {
+                const int k = k0 + tid;
+                if (k < nx) {
+                    const int64_t row = min(row0 + k/px, nrows_x - 1);
+                    axle_ci_copy_16(sx + (k/px)*AXLE_CI_STAGE_X + 16*(k % px),
+                        vx + (row*stride_row_x + block0)*18 + 16*(k % px));
+                } else if (k < nx + ny) {
+                    const int kk = k - nx;
+                    const int64_t col = min(col0 + kk/py, ncols_y - 1);
+                    axle_ci_copy_16(sy + (kk/py)*AXLE_CI_STAGE_Y + 16*(kk % py),
+                        vy + (col*stride_col_y + block0)*36 + 16*(kk % py));
+                } else if (k < nx + ny + ns) {
+                    const int kk = k - nx - ny;
+                    const int64_t col = min(col0 + kk/ps, ncols_y - 1);
+                    axle_ci_copy_16(ss + (kk/ps)*AXLE_CI_STAGE_S + 16*(kk % ps),
+                        scales + (col*stride_col_y + block0)*8 + 16*(kk % ps));
+                }
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    // The 16 weights of a chunk as mma's k = 0..15: the low nibbles of the half block's two ints,
+    // then their high nibbles; the column's q8_1 ints at the same positions (0, 1, 4, 5, plus 2
+    // for the second half).
+    const int shift = 4*(q >> 1);
+    const int xi = q & 1;
+    const int yi = (q & 1) + 4*(q >> 1);
+
+    float acc[2][rtiles][ntiles][4] = {{{{0.0f}}}}; // this pass's threads l + 32*m, lanes l = v, v + 16
+    float lsum[2][rtiles][ntiles][4];               // the lanes' sums over the passes so far
+#pragma unroll
+    for (int s = 0; s < AXLE_CI_MMA_STAGES - 1; ++s) {
+        copy_step(s);
+    }
+    for (int step = 0; step < nsteps; ++step) {
+        asm volatile("cp.async.wait_group %0;" : : "n"(AXLE_CI_MMA_STAGES - 2));
+        __syncthreads(); // step's copies visible; the buffer of step - 1 free
+        copy_step(step + AXLE_CI_MMA_STAGES - 1);
+
+        const char * sx = axle_ci_smem + (step % AXLE_CI_MMA_STAGES)*stage_bytes;
+        const char * sy = sx + AXLE_CI_MMA_ROWS*AXLE_CI_STAGE_X;
+        const char * ss = sy + cols*AXLE_CI_STAGE_Y;
+#pragma unroll
+        for (int lj = 0; lj < 2; ++lj) {
+            const int l = threadIdx.y + AXLE_CI_MMA_WARPS*lj; // the chunk of the quarter-slab
+            const int kb = l >> 1;
+            const int h = l & 1;
+            int b[ntiles];
+            float2 s0[ntiles], s1[ntiles];
+#pragma unroll
+            for (int n = 0; n < ntiles; ++n) {
+                b[n] = get_int_b4(sy + (8*n + g)*AXLE_CI_STAGE_Y + kb*36 + 4, 2*h + yi);
+                s0[n] = *(const float2 *) (ss + (8*n + 2*q + 0)*AXLE_CI_STAGE_S + kb*8);
+                s1[n] = *(const float2 *) (ss + (8*n + 2*q + 1)*AXLE_CI_STAGE_S + kb*8);
+            }
+#pragma unroll
+            for (int rt = 0; rt < rtiles; ++rt) {
+                const char * xa = sx + (16*rt + g)*AXLE_CI_STAGE_X + kb*18;
+                const char * xb = xa + 8*AXLE_CI_STAGE_X;
+                const int a0 = (get_int_b2(xa + 2, 2*h + xi) >> shift) & 0x0F0F0F0F;
+                const int a1 = (get_int_b2(xb + 2, 2*h + xi) >> shift) & 0x0F0F0F0F;
+                const float da = __half2float(*(const half *) xa);
+                const float db = __half2float(*(const half *) xb);
+#pragma unroll
+                for (int n = 0; n < ntiles; ++n) {
+                    int c0, c1, c2, c3;
+                    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+                        : "=r"(c0), "=r"(c1), "=r"(c2), "=r"(c3) : "r"(a0), "r"(a1), "r"(b[n]), "r"(0));
+                    // d4*(sumi*d8 - 4*s8) added to the thread's sum: the one-column kernel's two FMAs.
+                    acc[lj][rt][n][0] = __fmaf_rn(da, __fmaf_rn(s0[n].x, (float) c0, s0[n].y), acc[lj][rt][n][0]);
+                    acc[lj][rt][n][1] = __fmaf_rn(da, __fmaf_rn(s1[n].x, (float) c1, s1[n].y), acc[lj][rt][n][1]);
+                    acc[lj][rt][n][2] = __fmaf_rn(db, __fmaf_rn(s0[n].x, (float) c2, s0[n].y), acc[lj][rt][n][2]);
+                    acc[lj][rt][n][3] = __fmaf_rn(db, __fmaf_rn(s1[n].x, (float) c3, s1[n].y), acc[lj][rt][n][3]);
+                }
+            }
+        }
+
+        const int r = step % steps_per_tile;
+        if (r % nslabs != nslabs - 1) {
+            continue;
+        }
+        // Pass m is done: the lane sums become ((a_l + a_{32+l}) + a_{64+l}) + a_{96+l} step by step.
+        const bool first_pass = r < nslabs;
+#pragma unroll
+        for (int lj = 0; lj < 2; ++lj) {
+#pragma unroll
+            for (int rt = 0; rt < rtiles; ++rt) {
+#pragma unroll
+                for (int n = 0; n < ntiles; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        lsum[lj][rt][n][e] = first_pass ? acc[lj][rt][n][e] : lsum[lj][rt][n][e] + acc[lj][rt][n][e];
+                        acc[lj][rt][n][e] = 0.0f;
+                    }
+                }
+            }
+        }
+        if (r != steps_per_tile - 1) {
+            continue;
+        }
+
+        // The tile is done: the lane sums to shared memory, then one thread per output adds them
+        // as the butterfly (warp_reduce_sum) does: at offset o, lane i adds lane i + o, for o = 16,
+        // 8, 4, 2, 1. Output o: n-tile, row tile, row, column = o/(128*rtiles), ..., o%8.
+#pragma unroll
+        for (int lj = 0; lj < 2; ++lj) {
+#pragma unroll
+            for (int rt = 0; rt < rtiles; ++rt) {
+#pragma unroll
+                for (int n = 0; n < ntiles; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int o = 128*(rtiles*n + rt) + 8*(g + 8*(e >> 1)) + 2*q + (e & 1);
+                        lane_sums[o][threadIdx.y + AXLE_CI_MMA_WARPS*lj] = lsum[lj][rt][n][e];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        const int w = blockIdx.x + (step/steps_per_tile)*gridDim.x;
+        const int col0 = cols*(w % col_tiles);
+        const int row0 = AXLE_CI_MMA_ROWS*(w / col_tiles);
+        for (int o = tid; o < AXLE_CI_MMA_ROWS*cols; o += nthreads) {
+            float v[WARP_SIZE];
+#pragma unroll
+            for (int k = 0; k < WARP_SIZE; ++k) {
+                v[k] = lane_sums[o][k];
+            }
+#define AXLE_CI_BUTTERFLY(off) _Pragma("unroll") for (int k = 0; k < (off); ++k) { v[k] += v[k + (off)]; }
+            AXLE_CI_BUTTERFLY(16) AXLE_CI_BUTTERFLY(8) AXLE_CI_BUTTERFLY(4) AXLE_CI_BUTTERFLY(2) AXLE_CI_BUTTERFLY(1)
+#undef AXLE_CI_BUTTERFLY
+            const int row = row0 + 16*((o/128) % rtiles) + (o % 128)/8;
+            const int col = col0 + 8*(o/(128*rtiles)) + o%8;
+            if (row < nrows_x && col < ncols_y) {
+                dst[(int64_t) col*stride_col_dst + row] = v[0];
+            }
+        }
+        // The lane sums are written again only after the next tile's steps and their barriers.
+    }
+    asm volatile("cp.async.wait_group 0;"); // the trailing (empty) groups
+#else
+    GGML_UNUSED_VARS(vx, vy, scales, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y,
+        stride_col_dst, ncols_y);
+    NO_DEVICE_CODE;
+#endif // AMPERE_MMA_AVAILABLE
+}
+
+// Whether the tensor-core variant runs: every device Ampere or newer with code compiled for it,
+// unless AXLE_CI_MMA=0 (kept for measurements against the dp4a kernel).
+static bool axle_ci_mma_enabled() {
+    static const bool enabled = [] {
+        const char * env = getenv("AXLE_CI_MMA");
+        if (env != nullptr && strcmp(env, "0") == 0) {
+            return false;
+        }
+        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+            if (!ampere_mma_available(ggml_cuda_info().devices[id].cc)) {
+                return false;
+            }
+        }
+        return true;
+    }();
+    return enabled;
+}
+
+template <int ntiles>
+static void axle_ci_mma_launch_q4_0(
+        ggml_backend_cuda_context & ctx, const void * vx, const block_q8_1 * vy, float * dst,
+        const int ncols_x, const int nrows_x, const int stride_row_x, const int stride_col_y,
+        const int stride_col_dst, const int ncols_y, cudaStream_t stream) {
+    const int nscales = ncols_y*stride_col_y;
+    ggml_cuda_pool_alloc<float2> scales(ctx.pool(), nscales);
+    axle_ci_q8_1_scales<<<(nscales + 255)/256, 256, 0, stream>>>(vy, scales.get(), nscales);
+    CUDA_CHECK(cudaGetLastError());
+    constexpr int nbytes = axle_ci_mma_shared_bytes<ntiles>();
+    CUDA_SET_SHARED_MEMORY_LIMIT(axle_ci_mma_q4_0<ntiles>, nbytes);
+    // One block per SM (registers and shared memory allow no more), each walking several tiles.
+    const int nwork = ((ncols_y + 8*ntiles - 1)/(8*ntiles))*((nrows_x + AXLE_CI_MMA_ROWS - 1)/AXLE_CI_MMA_ROWS);
+    const dim3 block_dims(WARP_SIZE, AXLE_CI_MMA_WARPS, 1);
+    const dim3 block_nums(std::min(nwork, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm), 1, 1);
+    axle_ci_mma_q4_0<ntiles><<<block_nums, block_dims, nbytes, stream>>>(
+        (const char *) vx, (const char *) vy, (const char *) scales.get(), dst, ncols_x/QK4_0, nrows_x,
+        stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
+// default 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an H200,
+// docs/gpu.md), 8 by 2 for products of at most 8 columns.
+static int axle_ci_shape() {
+    static const int shape = [] {
+        const char * env = getenv("AXLE_CI_SHAPE");
+        static const char * names[] = {"8x4o4", "8x2", "16x2o4", "16x4o2", "32x2o2", "16x1o6", "16x2o5", "8x4o5", "16x2", "4x4o4"};
+        for (int i = 0; env != nullptr && i < (int) (sizeof(names)/sizeof(names[0])); ++i) {
+            if (strcmp(env, names[i]) == 0) {
+                return i;
+            }
+        }
+        return 0;
+    }();
+    return shape;
+}
+
+template <ggml_type type, int cols, int rows, int min_blocks>
+static void axle_ci_launch_shape(
+        const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
+        const int stride_row_x, const int stride_col_y, const int stride_col_dst, const int ncols_y,
+        cudaStream_t stream) {
+    constexpr int qk = ggml_cuda_type_traits<type>::qk;
+    const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
+    const dim3 block_nums((nrows_x + rows - 1)/rows, (ncols_y + cols - 1)/cols, 1);
+    axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks><<<block_nums, block_dims, 0, stream>>>(
+        vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type>
+static void axle_ci_launch(
+        const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
+        const int stride_row_x, const int stride_col_y, const int stride_col_dst, const int ncols_y,
+        cudaStream_t stream) {
+#define AXLE_CI_SHAPE(c, r, o) axle_ci_launch_shape<type, c, r, o>( \
+        vx, vy, dst, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream)
+    switch (ncols_y <= 8 ? 1 : axle_ci_shape()) {
+        case 1: AXLE_CI_SHAPE(8, 2, 1); break;
+        case 2: AXLE_CI_SHAPE(16, 2, 4); break;
+        case 3: AXLE_CI_SHAPE(16, 4, 2); break;
+        case 4: AXLE_CI_SHAPE(32, 2, 2); break;
+        case 5: AXLE_CI_SHAPE(16, 1, 6); break;
+        case 6: AXLE_CI_SHAPE(16, 2, 5); break;
+        case 7: AXLE_CI_SHAPE(8, 4, 5); break;
+        case 8: AXLE_CI_SHAPE(16, 2, 1); break;
+        case 9: AXLE_CI_SHAPE(4, 4, 4); break;
+        default: AXLE_CI_SHAPE(8, 4, 4); break;
+    }
+#undef AXLE_CI_SHAPE
+}
+
+// Whether every CUDA device of this process sums a one-column MMVQ row as above (the generic
+// parameter table) and `type` is covered. Exported through the CUDA registry's get_proc_address
+// as "axle_column_invariant_mmvq".
+// Also required: ggml itself takes MMVQ for 1 to 4 columns of the type (Axle leaves products of
+// up to 4 columns to ggml; on Jetson Orin ggml sends K-quants of 2 or more columns to MMQ).
+extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
+    if (!axle_ci_type(type) || ggml_cuda_info().device_count == 0) {
+        return false;
+    }
+    for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+        const int cc = ggml_cuda_info().devices[id].cc;
+        if (!GGML_CUDA_CC_IS_NVIDIA(cc) || get_device_table_id(cc) != MMVQ_PARAMETERS_GENERIC ||
+                ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
+                !ggml_cuda_should_use_mmvq(type, cc, 4)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Runs `dst = src0 @ src1` with the kernel above if `dst` carries Axle's hint and the op fits
+// (a 2-D quantized weight outside the compute buffer, F32 columns and result); false otherwise,
+// and the caller goes on with ggml's own choice.
+bool ggml_cuda_axle_ci_mul_mat(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_COLUMN_INVARIANT) {
+        return false;
+    }
+    // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
+    if (!ggml_cuda_axle_ci_supports(src0->type) ||
+            src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
+            ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
+            src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
+            src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
+            dst->nb[0] != sizeof(float) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
+        static bool warned = false; // once per process
+        if (!warned) {
+            warned = true;
+            GGML_LOG_WARN("%s: Axle's column-invariant product refused for %s (%s weight): ggml's kernel runs it, "
+                "and its columns may round differently by batch\n", __func__, dst->name, ggml_type_name(src0->type));
+        }
+        return false;
+    }
+    cudaStream_t stream = ctx.stream();
+    const int64_t ne10 = src1->ne[0];
+    const int64_t ne11 = src1->ne[1];
+    const int64_t ne10_padded = GGML_PAD(ne10, MATRIX_ROW_PADDING);
+    ggml_cuda_pool_alloc<char> src1_q8_1(ctx.pool(), ne11*ne10_padded*sizeof(block_q8_1)/QK8_1);
+    const int64_t s11 = src1->nb[1]/sizeof(float);
+    quantize_row_q8_1_cuda((const float *) src1->data, nullptr, src1_q8_1.get(), src0->type, ne10, s11, s11*ne11,
+        s11*ne11, ne10_padded, ne11, 1, 1, stream);
+
+    const void * vx = src0->data;
+    const block_q8_1 * vy = (const block_q8_1 *) src1_q8_1.get();
+    float * d = (float *) dst->data;
+    const int ncols_x = src0->ne[0];
+    const int nrows_x = src0->ne[1];
+    const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
+    const int stride_col_y = ne10_padded/QK8_1;
+    const int stride_col_dst = dst->nb[1]/sizeof(float);
+    const int ncols_y = ne11;
+    // The tensor-core variant: whole slabs of 2048 weights, rows and columns 16-byte aligned.
+    if (src0->type == GGML_TYPE_Q4_0 && axle_ci_mma_enabled() && ncols_x % (AXLE_CI_SLAB_BLOCKS*QK4_0) == 0 &&
+            (stride_row_x*sizeof(block_q4_0)) % 16 == 0 && (uintptr_t) vx % 16 == 0 &&
+            (stride_col_y*sizeof(block_q8_1)) % 16 == 0) {
+        if (ncols_y <= 8) {
+            axle_ci_mma_launch_q4_0<1>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+        } else {
+            axle_ci_mma_launch_q4_0<2>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+        }
+        return true;
+    }
+    switch (src0->type) {
+#define AXLE_CI_CASE(t) \
+        case t: axle_ci_launch<t>(vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream); break;
+        AXLE_CI_CASE(GGML_TYPE_Q4_0)
+        AXLE_CI_CASE(GGML_TYPE_Q4_1)
+        AXLE_CI_CASE(GGML_TYPE_Q5_0)
+        AXLE_CI_CASE(GGML_TYPE_Q5_1)
+        AXLE_CI_CASE(GGML_TYPE_Q8_0)
+        AXLE_CI_CASE(GGML_TYPE_MXFP4)
+        AXLE_CI_CASE(GGML_TYPE_Q2_K)
+        AXLE_CI_CASE(GGML_TYPE_Q3_K)
+        AXLE_CI_CASE(GGML_TYPE_Q4_K)
+        AXLE_CI_CASE(GGML_TYPE_Q5_K)
+        AXLE_CI_CASE(GGML_TYPE_Q6_K)
+        AXLE_CI_CASE(GGML_TYPE_IQ4_NL)
+        AXLE_CI_CASE(GGML_TYPE_IQ4_XS)
+#undef AXLE_CI_CASE
+        default: return false;
+    }
+    return true;
+}
