@@ -69,11 +69,18 @@ pub enum DeviceProducts {
 }
 
 impl DeviceProducts {
-    /// The products `AXLE_DEVICE_PRODUCTS` asks for (`wide`, `groups` or `columns`; anything
-    /// else: none): the runner's default.
-    pub fn from_env() -> Option<DeviceProducts> {
-        std::env::var("AXLE_DEVICE_PRODUCTS").ok()?.parse().ok()
+    /// The products `AXLE_DEVICE_PRODUCTS` asks for where the runner's options name none: `None`
+    /// where it is unset, an error that names it where its value is not one of the names. The
+    /// runner honours or refuses the choice as it does an explicit one.
+    pub fn from_env() -> Result<Option<DeviceProducts>, String> {
+        from_env_value(std::env::var("AXLE_DEVICE_PRODUCTS").ok().as_deref())
     }
+}
+
+fn from_env_value(value: Option<&str>) -> Result<Option<DeviceProducts>, String> {
+    value
+        .map(|v| v.parse().map_err(|e| format!("AXLE_DEVICE_PRODUCTS: {e}")))
+        .transpose()
 }
 
 // The names of the CLI's `--device-products`.
@@ -303,6 +310,13 @@ mod tests {
     #[test]
     fn device_products_parse_errors_name_every_choice() {
         let err = "narrow".parse::<DeviceProducts>().unwrap_err();
+        assert!(err.contains("groups, wide or columns"), "{err}");
+        // The environment's value: unset is no choice, a name is one, anything else an error
+        // that names the variable.
+        assert_eq!(from_env_value(None), Ok(None));
+        assert_eq!(from_env_value(Some("wide")), Ok(Some(DeviceProducts::Wide)));
+        let err = from_env_value(Some("narrow")).unwrap_err();
+        assert!(err.starts_with("AXLE_DEVICE_PRODUCTS: "), "{err}");
         assert!(err.contains("groups, wide or columns"), "{err}");
     }
 

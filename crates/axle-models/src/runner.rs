@@ -127,18 +127,18 @@ impl StepOutput {
     }
 }
 
-/// The device layout's products for these accelerators, given the weight types they multiply
-/// through Axle's column-invariant kernel (`column_types`, bit per type: [`column_types`]): that
-/// kernel ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec
-/// groups ([`DeviceProducts::Groups`]); `AXLE_DEVICE_PRODUCTS` may ask for another where it can
-/// run (`wide`: MMQ ops, on CUDA devices only, whose tiled kernel's column invariance they rely
-/// on; they cost half the speed of a lone sequence: docs/gpu.md).
-pub fn default_products(accelerators: &[axle_ggml::Device], column_types: u64) -> DeviceProducts {
-    match DeviceProducts::from_env() {
-        Some(DeviceProducts::Wide) if all_cuda(accelerators) => DeviceProducts::Wide,
-        Some(DeviceProducts::Groups) => DeviceProducts::Groups,
-        _ if column_types != 0 => DeviceProducts::Columns,
-        _ => DeviceProducts::Groups,
+/// The device layout's products where neither the runner's options nor `AXLE_DEVICE_PRODUCTS`
+/// name them, given the weight types the accelerators multiply through Axle's column-invariant
+/// kernel (`column_types`, bit per type: [`column_types`]): that kernel
+/// ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec groups
+/// ([`DeviceProducts::Groups`]). Wide products (MMQ ops, on CUDA devices only, whose tiled
+/// kernel's column invariance they rely on) cost half the speed of a lone sequence
+/// (docs/gpu.md) and are never the default.
+pub fn default_products(column_types: u64) -> DeviceProducts {
+    if column_types != 0 {
+        DeviceProducts::Columns
+    } else {
+        DeviceProducts::Groups
     }
 }
 
@@ -432,9 +432,13 @@ impl Runner {
             .and_then(|d| PinnedHost::for_device(&d));
         let accelerators = placement.accelerators();
         let column_types = column_types(&accelerators);
-        let products = opts
-            .device_products
-            .unwrap_or_else(|| default_products(&accelerators, column_types));
+        // An explicit choice, else the environment's, is honoured or refused below.
+        let products = match opts.device_products {
+            Some(p) => p,
+            None => DeviceProducts::from_env()
+                .map_err(ModelError::Invalid)?
+                .unwrap_or_else(|| default_products(column_types)),
+        };
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
                 "wide device products need the model's layers on CUDA devices only: their column \

@@ -26,8 +26,13 @@ fn bad_flag(args: &[&str]) -> String {
 }
 
 fn fails(args: &[&str]) -> String {
+    fails_with_env(args, &[])
+}
+
+fn fails_with_env(args: &[&str], envs: &[(&str, &str)]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_axle"))
         .args(args)
+        .envs(envs.iter().copied())
         .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
@@ -241,6 +246,17 @@ fn device_products_and_host_kernels_where_they_do_not_apply() {
     parser_refuses(
         &["--device-products", "narrow"],
         "device products are groups, wide or columns",
+    );
+    // The same choices through AXLE_DEVICE_PRODUCTS: refused alike, not dropped.
+    let env_refuses = |value: &str, says: &str| {
+        let err = fails_with_env(&gen, &[("AXLE_DEVICE_PRODUCTS", value)]);
+        assert!(err.contains(says), "{err}");
+    };
+    env_refuses("columns", "column device products need");
+    env_refuses("wide", "wide device products need");
+    env_refuses(
+        "narrow",
+        "AXLE_DEVICE_PRODUCTS: device products are groups, wide or columns",
     );
     // Host kernels: a choice of the exact kernels, by name.
     run_refuses(
