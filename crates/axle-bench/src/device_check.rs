@@ -6,6 +6,7 @@
 use crate::BenchError;
 use axle_core::TokenId;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::device_step::DeviceProducts;
 use axle_models::{Model, Runner, RunnerOptions, Sequence};
 use axle_sdk::{EngineConfig, EngineCore, RequestOptions};
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,12 @@ pub struct PromptCheck {
 pub struct DeviceCheckReport {
     /// Where Axle ran.
     pub device: String,
+    /// The commit of the code that ran (`AXLE_GIT_COMMIT` where set, as for scenario artifacts).
+    #[serde(default)]
+    pub git_commit: String,
+    /// How the engine's device layout multiplied small columns (`groups`, `wide`, `columns`).
+    #[serde(default)]
+    pub device_products: String,
     /// Per prompt.
     pub prompts: Vec<PromptCheck>,
     /// Greedy continuations identical to libllama's.
@@ -131,21 +138,35 @@ pub(crate) fn greedy_llama(
     Ok((first, out))
 }
 
-/// Greedy outputs of `prompts` through one engine (all admitted at once), with the drafted and
-/// accepted counts.
+/// What one engine gave for a set of prompts.
+struct EngineRun {
+    /// Greedy outputs, in prompt order.
+    outputs: Vec<Vec<TokenId>>,
+    drafted: usize,
+    accepted: usize,
+    /// The engine's device products.
+    products: DeviceProducts,
+}
+
+/// Greedy outputs of `prompts` through one engine (all admitted at once).
 fn engine_run(
     model: &Arc<Model>,
     cfg: &EngineConfig,
     prompts: &[Vec<u32>],
     opts: &RequestOptions,
-) -> Result<(Vec<Vec<TokenId>>, usize, usize), BenchError> {
+) -> Result<EngineRun, BenchError> {
     let mut e = EngineCore::new(model.clone(), cfg)?;
     let ids = prompts
         .iter()
         .map(|p| e.add(p.clone(), opts.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let mut d = e.drain(|_| {});
-    Ok((d.outputs(&ids), d.drafted(), d.accepted()))
+    Ok(EngineRun {
+        outputs: d.outputs(&ids),
+        drafted: d.drafted(),
+        accepted: d.accepted(),
+        products: e.device_products(),
+    })
 }
 
 /// Runs the check on `model` (already loaded on its device) with `prompts`.
@@ -220,22 +241,24 @@ pub fn run(
     let mut alone_same = 0;
     let (mut drafted, mut accepted) = (0, 0);
     for p in &toks {
-        let (a, _, _) = engine_run(model, &cfg(0), std::slice::from_ref(p), &req)?;
-        let (b, d, acc) = engine_run(model, &cfg(4), std::slice::from_ref(p), &req)?;
-        alone_same += usize::from(a == b);
-        drafted += d;
-        accepted += acc;
-        plain.push(a.into_iter().next().unwrap_or_default());
+        let a = engine_run(model, &cfg(0), std::slice::from_ref(p), &req)?;
+        let b = engine_run(model, &cfg(4), std::slice::from_ref(p), &req)?;
+        alone_same += usize::from(a.outputs == b.outputs);
+        drafted += b.drafted;
+        accepted += b.accepted;
+        plain.push(a.outputs.into_iter().next().unwrap_or_default());
         bar.inc(1);
     }
-    let (batched_plain, _, _) = engine_run(model, &cfg(0), &toks, &req)?;
-    let (batched_spec, d, acc) = engine_run(model, &cfg(4), &toks, &req)?;
+    let batched_plain = engine_run(model, &cfg(0), &toks, &req)?;
+    let batched_spec = engine_run(model, &cfg(4), &toks, &req)?;
     bar.finish_and_clear();
-    drafted += d;
-    accepted += acc;
+    drafted += batched_spec.drafted;
+    accepted += batched_spec.accepted;
     let same = |v: &[Vec<TokenId>]| v.iter().zip(&plain).filter(|(a, b)| a == b).count();
     Ok(DeviceCheckReport {
         device: model.device_summary(),
+        git_commit: crate::scenario::git_commit(),
+        device_products: batched_spec.products.to_string(),
         greedy_identical: checks.iter().filter(|c| c.greedy_same).count(),
         llama_self_identical: checks.iter().filter(|c| c.llama_self_greedy_same).count(),
         worst_max_abs_diff: checks.iter().map(|c| c.max_abs_diff).fold(0.0, f32::max),
@@ -245,8 +268,8 @@ pub fn run(
             .fold(0.0, f32::max),
         prompts: checks,
         speculation_alone_identical: alone_same,
-        speculation_batched_identical: same(&batched_spec),
-        batched_plain_identical: same(&batched_plain),
+        speculation_batched_identical: same(&batched_spec.outputs),
+        batched_plain_identical: same(&batched_plain.outputs),
         drafted,
         accepted,
     })
@@ -254,7 +277,10 @@ pub fn run(
 
 /// The report as text.
 pub fn render(r: &DeviceCheckReport) -> String {
-    let mut s = format!("device: {}\n", r.device);
+    let mut s = format!(
+        "device: {}; device products: {}; commit {}\n",
+        r.device, r.device_products, r.git_commit
+    );
     s += &format!(
         "{:>6} {:>11} {:>11} {:>9} {:>5} {:>7} {:>7} {:>6}\n",
         "tokens", "max|dlogit|", "llama-self", "rel-L2", "top1", "greedy", "llama", "agree"

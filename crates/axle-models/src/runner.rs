@@ -960,6 +960,13 @@ impl Runner {
         Ok(())
     }
 
+    /// How the device layout multiplies small columns (chosen at construction: the options, else
+    /// `AXLE_DEVICE_PRODUCTS`, else [`default_products`]); it matters only where steps take the
+    /// device layout.
+    pub fn device_products(&self) -> DeviceProducts {
+        self.products
+    }
+
     /// The shapes of rows probed for stacking so far, and whether they share an op.
     pub fn stacked_shapes(&self) -> Vec<(StackKey, bool)> {
         let mut v: Vec<(StackKey, bool)> = self

@@ -669,6 +669,12 @@ impl EngineCore {
             .collect()
     }
 
+    /// How the runner's device layout multiplies small columns
+    /// ([`axle_models::Runner::device_products`]).
+    pub fn device_products(&self) -> DeviceProducts {
+        self.runner.device_products()
+    }
+
     /// The verify-row shapes the runner probed for shared attention ops so far: (KV slots, rows,
     /// shared).
     pub fn stacked_shapes(&self) -> Vec<(i64, i64, bool)> {

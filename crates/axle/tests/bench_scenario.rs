@@ -18,6 +18,17 @@ fn axle(args: &[&str]) -> std::process::Output {
         .expect("run axle")
 }
 
+/// The stdout of a run that must have succeeded (`what` names it when it did not).
+fn succeeded(o: &std::process::Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("axle-bench-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -36,12 +47,7 @@ fn smoke(out: &Path) -> PathBuf {
         "--output-root",
         out.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "smoke failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    succeeded(&o, "smoke");
     assert!(
         t0.elapsed().as_secs() < 60,
         "the smoke scenario must stay under a minute"
@@ -185,4 +191,56 @@ fn bad_manifests_get_clear_errors() {
         &format!("{ok}[checks.regression]\nbaseline = \"none.json\"\n"),
     ));
     assert!(e.contains("none.json"), "{e}");
+}
+
+/// `axle bench device-check` on the CPU with the tiny llama fixture: the report names the device,
+/// the commit and the device products, and the checks hold (logits equal libllama's, greedy output
+/// identical, speculation and batching exact).
+#[test]
+fn device_check_reports_what_ran_and_passes_on_the_cpu() {
+    let out = tmp("device-check").join("dc.json");
+    let fixture = root().join("fixtures/llama-tiny.gguf");
+    assert!(
+        fixture.exists(),
+        "missing {} (scripts/setup-tests.sh writes it)",
+        fixture.display()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args([
+            "bench",
+            "device-check",
+            "--model",
+            fixture.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--continuation",
+            "8",
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .current_dir(root())
+        .env("AXLE_GIT_COMMIT", "0123abc")
+        .env_remove("AXLE_DEVICE_PRODUCTS")
+        .output()
+        .expect("run axle");
+    let stdout = succeeded(&o, "device-check");
+    assert!(
+        stdout.contains("device products: groups; commit 0123abc"),
+        "{stdout}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(r["device"], "CPU");
+    assert_eq!(r["git_commit"], "0123abc");
+    assert_eq!(r["device_products"], "groups");
+    let n = r["prompts"].as_array().unwrap().len();
+    assert_eq!(n, 20);
+    for key in [
+        "greedy_identical",
+        "speculation_alone_identical",
+        "speculation_batched_identical",
+        "batched_plain_identical",
+    ] {
+        assert_eq!(r[key].as_u64(), Some(n as u64), "{key}: {r}");
+    }
+    assert_eq!(r["worst_max_abs_diff"].as_f64(), Some(0.0), "{r}");
 }
