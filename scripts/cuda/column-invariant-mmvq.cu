@@ -339,8 +339,9 @@ static __global__ void axle_ci_mma_q4_0(
 #endif // AMPERE_MMA_AVAILABLE
 }
 
-// Whether the tensor-core variant runs: every device Ampere or newer with code compiled for it,
-// unless AXLE_CI_MMA=0 (kept for measurements against the dp4a kernel).
+// Whether the tensor-core variant runs: every device Ampere or newer with code compiled for it and
+// room for the 16-column block's shared memory (158.5 KiB: A100, H100 and the like; not the 99 KiB
+// of consumer cards), unless AXLE_CI_MMA=0 (kept for measurements against the dp4a kernel).
 static bool axle_ci_mma_enabled() {
     static const bool enabled = [] {
         const char * env = getenv("AXLE_CI_MMA");
@@ -348,7 +349,8 @@ static bool axle_ci_mma_enabled() {
             return false;
         }
         for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
-            if (!ampere_mma_available(ggml_cuda_info().devices[id].cc)) {
+            if (!ampere_mma_available(ggml_cuda_info().devices[id].cc) ||
+                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_ci_mma_shared_bytes<2>()) {
                 return false;
             }
         }
@@ -492,7 +494,7 @@ bool ggml_cuda_axle_ci_mul_mat(
     const int stride_col_dst = dst->nb[1]/sizeof(float);
     const int ncols_y = ne11;
     // The tensor-core variant: whole slabs of 2048 weights, rows and columns 16-byte aligned.
-    if (src0->type == GGML_TYPE_Q4_0 && axle_ci_mma_enabled() && ncols_x % (AXLE_CI_SLAB_BLOCKS*QK4_0) == 0 &&
+    if (src0->type == GGML_TYPE_Q4_0 && axle_ci_mma_enabled() && ncols_x > 0 && ncols_x % (AXLE_CI_SLAB_BLOCKS*QK4_0) == 0 &&
             (stride_row_x*sizeof(block_q4_0)) % 16 == 0 && (uintptr_t) vx % 16 == 0 &&
             (stride_col_y*sizeof(block_q8_1)) % 16 == 0) {
         if (ncols_y <= 8) {

@@ -50,7 +50,8 @@ pub struct DeviceCheckReport {
     /// The commit of the code that ran (`AXLE_GIT_COMMIT` where set, as for scenario artifacts).
     #[serde(default)]
     pub git_commit: String,
-    /// How the engine's device layout multiplied small columns (`groups`, `wide`, `columns`).
+    /// How the engine's device layout multiplied small columns (`groups`, `wide`, `columns`), or
+    /// `host layout` where its steps did not take the device layout.
     #[serde(default)]
     pub device_products: String,
     /// Per prompt.
@@ -144,8 +145,8 @@ struct EngineRun {
     outputs: Vec<Vec<TokenId>>,
     drafted: usize,
     accepted: usize,
-    /// The engine's device products.
-    products: DeviceProducts,
+    /// The engine's device products (`None`: the host layout).
+    products: Option<DeviceProducts>,
 }
 
 /// Greedy outputs of `prompts` through one engine (all admitted at once).
@@ -258,7 +259,9 @@ pub fn run(
     Ok(DeviceCheckReport {
         device: model.device_summary(),
         git_commit: crate::scenario::git_commit(),
-        device_products: batched_spec.products.to_string(),
+        device_products: batched_spec
+            .products
+            .map_or_else(|| "host layout".to_string(), |p| p.to_string()),
         greedy_identical: checks.iter().filter(|c| c.greedy_same).count(),
         llama_self_identical: checks.iter().filter(|c| c.llama_self_greedy_same).count(),
         worst_max_abs_diff: checks.iter().map(|c| c.max_abs_diff).fold(0.0, f32::max),
@@ -275,11 +278,22 @@ pub fn run(
     })
 }
 
+/// `v`, or `unknown` for a field an older report lacks.
+fn or_unknown(v: &str) -> &str {
+    if v.is_empty() {
+        "unknown"
+    } else {
+        v
+    }
+}
+
 /// The report as text.
 pub fn render(r: &DeviceCheckReport) -> String {
     let mut s = format!(
         "device: {}; device products: {}; commit {}\n",
-        r.device, r.device_products, r.git_commit
+        r.device,
+        or_unknown(&r.device_products),
+        or_unknown(&r.git_commit)
     );
     s += &format!(
         "{:>6} {:>11} {:>11} {:>9} {:>5} {:>7} {:>7} {:>6}\n",

@@ -70,8 +70,9 @@ pub enum DeviceProducts {
 
 impl DeviceProducts {
     /// The products `AXLE_DEVICE_PRODUCTS` asks for where the runner's options name none: `None`
-    /// where it is unset, an error that names it where its value is not one of the names. The
-    /// runner honours or refuses the choice as it does an explicit one.
+    /// where it is unset or empty, an error that names it where its value is not one of the
+    /// names. With the exact kernels the runner honours or refuses the choice as it does an
+    /// explicit one.
     pub fn from_env() -> Result<Option<DeviceProducts>, String> {
         from_env_value(std::env::var("AXLE_DEVICE_PRODUCTS").ok().as_deref())
     }
@@ -79,6 +80,7 @@ impl DeviceProducts {
 
 fn from_env_value(value: Option<&str>) -> Result<Option<DeviceProducts>, String> {
     value
+        .filter(|v| !v.is_empty())
         .map(|v| v.parse().map_err(|e| format!("AXLE_DEVICE_PRODUCTS: {e}")))
         .transpose()
 }
@@ -311,9 +313,10 @@ mod tests {
     fn device_products_parse_errors_name_every_choice() {
         let err = "narrow".parse::<DeviceProducts>().unwrap_err();
         assert!(err.contains("groups, wide or columns"), "{err}");
-        // The environment's value: unset is no choice, a name is one, anything else an error
+        // The environment's value: unset or empty is no choice, a name is one, anything else an error
         // that names the variable.
         assert_eq!(from_env_value(None), Ok(None));
+        assert_eq!(from_env_value(Some("")), Ok(None));
         assert_eq!(from_env_value(Some("wide")), Ok(Some(DeviceProducts::Wide)));
         let err = from_env_value(Some("narrow")).unwrap_err();
         assert!(err.starts_with("AXLE_DEVICE_PRODUCTS: "), "{err}");

@@ -432,12 +432,14 @@ impl Runner {
             .and_then(|d| PinnedHost::for_device(&d));
         let accelerators = placement.accelerators();
         let column_types = column_types(&accelerators);
-        // An explicit choice, else the environment's, is honoured or refused below.
+        // An explicit choice, else (with the exact kernels, whose choice it is) the
+        // environment's, is honoured or refused below.
         let products = match opts.device_products {
             Some(p) => p,
-            None => DeviceProducts::from_env()
+            None if opts.kernels == Kernels::BatchInvariant => DeviceProducts::from_env()
                 .map_err(ModelError::Invalid)?
                 .unwrap_or_else(|| default_products(column_types)),
+            None => default_products(column_types),
         };
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
@@ -961,10 +963,10 @@ impl Runner {
     }
 
     /// How the device layout multiplies small columns (chosen at construction: the options, else
-    /// `AXLE_DEVICE_PRODUCTS`, else [`default_products`]); it matters only where steps take the
+    /// `AXLE_DEVICE_PRODUCTS`, else [`default_products`]); `None` where steps do not take the
     /// device layout.
-    pub fn device_products(&self) -> DeviceProducts {
-        self.products
+    pub fn device_products(&self) -> Option<DeviceProducts> {
+        self.device_layout().then_some(self.products)
     }
 
     /// The shapes of rows probed for stacking so far, and whether they share an op.

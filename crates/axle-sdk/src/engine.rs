@@ -57,7 +57,8 @@ pub struct EngineConfig {
     /// With batch-invariant kernels on accelerators: how small columns (decode and verify rows)
     /// multiply quantized weights. `None`: by device (`axle_models::runner::default_products`:
     /// Axle's column-invariant kernel where the CUDA backend carries it, else mat-vec groups;
-    /// `AXLE_DEVICE_PRODUCTS` may name another, refused like this field where it cannot run).
+    /// `AXLE_DEVICE_PRODUCTS` may name another with `BatchInvariant` kernels, refused like this
+    /// field where it cannot run).
     /// [`DeviceProducts::Wide`] (CUDA only)
     /// reads the weights once per step whatever the batch: the choice for serving many
     /// concurrent sequences, at half the speed of a lone one. Refused with `LikeLlamaCpp`.
@@ -669,9 +670,9 @@ impl EngineCore {
             .collect()
     }
 
-    /// How the runner's device layout multiplies small columns
-    /// ([`axle_models::Runner::device_products`]).
-    pub fn device_products(&self) -> DeviceProducts {
+    /// How the runner's device layout multiplies small columns; `None` where steps do not take
+    /// the device layout ([`axle_models::Runner::device_products`]).
+    pub fn device_products(&self) -> Option<DeviceProducts> {
         self.runner.device_products()
     }
 

@@ -225,13 +225,13 @@ fn device_check_reports_what_ran_and_passes_on_the_cpu() {
         .expect("run axle");
     let stdout = succeeded(&o, "device-check");
     assert!(
-        stdout.contains("device products: groups; commit 0123abc"),
+        stdout.contains("device products: host layout; commit 0123abc"),
         "{stdout}"
     );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(r["device"], "CPU");
     assert_eq!(r["git_commit"], "0123abc");
-    assert_eq!(r["device_products"], "groups");
+    assert_eq!(r["device_products"], "host layout");
     let n = r["prompts"].as_array().unwrap().len();
     assert_eq!(n, 20);
     for key in [
