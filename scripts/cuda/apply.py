@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Adds Axle's column-invariant quantized products (column-invariant-mmvq.cu) to a copy of the
-vendored llama.cpp source before scripts/build-backend.sh builds its CUDA backend.
+"""Adds Axle's column-invariant quantized products (column-invariant-mmvq.cu) and its replay of
+MMQ for a few columns (wide-replay-mmq.cu) to a copy of the vendored llama.cpp source before
+scripts/build-backend.sh builds its CUDA backend.
 
     scripts/cuda/apply.py LLAMA_CPP_DIR
 
-Appends the kernel to ggml-cuda/mmvq.cu, declares it in mmvq.cuh, calls it first in
-ggml_cuda_mul_mat (it runs only for products carrying Axle's hint) and exports its capability
-query through the CUDA registry's get_proc_address. Each edit is anchored on a line of ggml's
+Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh and mmq.cuh,
+calls them first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints) and
+exports their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a line of ggml's
 source; a missing anchor (another ggml) stops the build with an error rather than building
 without the kernel. Applying twice is refused the same way.
 """
@@ -41,6 +42,17 @@ def main() -> None:
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
     )
+    mmq = cuda / "mmq.cu"
+    replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
+    mmq.write_text(mmq.read_text() + "\n" + replay)
+    mmq_header = cuda / "mmq.cuh"
+    mmq_header.write_text(
+        mmq_header.read_text()
+        + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"
+        + "bool ggml_cuda_axle_wr_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
+        + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
+        + 'extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type);\n'
+    )
     main_cu = cuda / "ggml-cuda.cu"
     edit(
         main_cu,
@@ -50,6 +62,9 @@ def main() -> None:
         "\n    // " + MARK + ": only for products carrying Axle's hint.\n"
         "    if (ggml_cuda_axle_ci_mul_mat(ctx, src0, src1, dst)) {\n"
         "        return;\n"
+        "    }\n"
+        "    if (ggml_cuda_axle_wr_mul_mat(ctx, src0, src1, dst)) {\n"
+        "        return;\n"
         "    }\n",
     )
     edit(
@@ -57,10 +72,13 @@ def main() -> None:
         '    if (strcmp(name, "ggml_backend_get_features") == 0) {\n',
         '    if (strcmp(name, "axle_column_invariant_mmvq") == 0) {\n'
         "        return (void *)ggml_cuda_axle_ci_supports;\n"
+        "    }\n"
+        '    if (strcmp(name, "axle_wide_replay_mmq") == 0) {\n'
+        "        return (void *)ggml_cuda_axle_wr_supports;\n"
         "    }\n",
         after=False,
     )
-    print(f"applied Axle's column-invariant products to {cuda}")
+    print(f"applied Axle's column-invariant products and MMQ replay to {cuda}")
 
 
 if __name__ == "__main__":

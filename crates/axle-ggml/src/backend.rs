@@ -246,7 +246,20 @@ impl Device {
     /// built by `scripts/build-backend.sh` exports the query, other backends do not.
     /// Devices without a registry (ggml's combined tensor-split device) answer no.
     pub fn column_invariant_products(&self, dtype: DType) -> bool {
-        let name = c"axle_column_invariant_mmvq";
+        self.axle_kernel_takes(c"axle_column_invariant_mmvq", dtype)
+    }
+
+    /// Whether this device's backend gives products of 1 to 8 columns of `dtype` weights the
+    /// numbers of its tiled MMQ kernel when a product asks for it
+    /// ([`Context::mul_mat_wide_replay`], see [`crate::wide_replay`]): a CUDA backend built by
+    /// `scripts/build-backend.sh` exports the query, other backends do not.
+    pub fn wide_replay_products(&self, dtype: DType) -> bool {
+        self.axle_kernel_takes(c"axle_wide_replay_mmq", dtype)
+    }
+
+    /// Asks the backend's registry for the query `name` that Axle's CUDA kernels export
+    /// (`extern "C" bool f(ggml_type)`) and calls it; no where the registry lacks it.
+    fn axle_kernel_takes(&self, name: &std::ffi::CStr, dtype: DType) -> bool {
         // SAFETY: valid device; a device may have no registry (ggml's meta device), which
         // get_proc_address would assert on.
         let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
@@ -258,8 +271,8 @@ impl Device {
         if f.is_null() {
             return false;
         }
-        // SAFETY: Axle's CUDA kernel (scripts/cuda/column-invariant-mmvq.cu) exports this name as
-        // `extern "C" bool ggml_cuda_axle_ci_supports(ggml_type)`, a query without side effects.
+        // SAFETY: Axle's CUDA kernels (scripts/cuda/*.cu) export these names as
+        // `extern "C" bool f(ggml_type)`, queries without side effects.
         let f: unsafe extern "C" fn(sys::ggml_type) -> bool = unsafe { std::mem::transmute(f) };
         // SAFETY: as above; any type id is a valid argument.
         unsafe { f(dtype.0) }

@@ -22,6 +22,7 @@ mod store;
 mod sysinfo;
 mod tensor;
 pub mod tiled_columns;
+pub mod wide_replay;
 
 pub use backend::{
     backend_search_dirs, load_dynamic_backends, serialize_cuda_launches, Backend, BufferType,

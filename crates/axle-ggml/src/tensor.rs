@@ -439,6 +439,20 @@ impl Context {
         };
         y
     }
+    /// `a^T @ b` (1 to 8 columns) marked for Axle's replay of ggml's tiled MMQ kernel (see
+    /// [`crate::wide_replay`]): on a CUDA backend that carries it, every column gets the bits it
+    /// gets in an MMQ op of 9 to 128 columns, in one pass over the weights. Elsewhere the mark is
+    /// ignored and this is [`Context::mul_mat`]; check
+    /// [`Device::wide_replay_products`](crate::Device) first.
+    pub fn mul_mat_wide_replay<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        let y = self.mul_mat(a, b);
+        // SAFETY: `y` is a live MUL_MAT node of this context; the hint only writes op_params[1],
+        // which backends without Axle's kernel ignore for values they do not know.
+        unsafe {
+            sys::ggml_mul_mat_set_hint(y.raw(), crate::wide_replay::HINT as sys::ggml_op_hint)
+        };
+        y
+    }
     /// `a^T @ b` for a product with a few columns, through a kernel that unpacks each weight block
     /// once for all columns (see [`crate::few_columns`]); each column's numbers are bit-identical
     /// to ggml's one-column product. `None` where the kernel does not apply (weight type, column

@@ -26,8 +26,11 @@
 //! thread blocks (stream-k), and that split depends only on the number of tiles: with all of an
 //! op's columns in one column tile (at most 128 columns) and no batch dimension, it is the number
 //! of row tiles, a property of the weight. So every small column gets the same numbers in an op of
-//! 9 to 128 columns; ops of fewer are padded with zero columns to [`WIDE_MIN_COLS`] (below that
-//! ggml takes MMVQ), and wider runs are cut into ops of at most [`WIDE_MAX_COLS`].
+//! 9 to 128 columns. Below [`WIDE_MIN_COLS`] ggml takes MMVQ, so ops of fewer columns go through
+//! Axle's replay of MMQ's arithmetic where the backends carry it for the weight
+//! ([`axle_ggml::wide_replay`], [`DeviceStep::wide_replay`]: one pass over the weights at mat-vec
+//! speed), else they are padded with zero columns to [`WIDE_MIN_COLS`]; wider runs are cut into
+//! ops of at most [`WIDE_MAX_COLS`].
 
 /// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
 pub const GROUP_COLS: i64 = 4;
@@ -139,6 +142,10 @@ pub struct DeviceStep {
     /// device of the model multiplies through the column-invariant kernel, as their backends
     /// answer ([`axle_ggml::Device::column_invariant_products`]).
     pub column_types: u64,
+    /// With [`DeviceProducts::Wide`]: the weight types (bit per type) whose products of fewer
+    /// than [`WIDE_MIN_COLS`] columns every device of the model gives MMQ's numbers through
+    /// Axle's replay ([`axle_ggml::wide_replay`]) instead of padding them with zero columns.
+    pub replay_types: u64,
 }
 
 impl DeviceStep {
@@ -147,6 +154,16 @@ impl DeviceStep {
         self.products == DeviceProducts::Columns
             && dtype.raw() < 64
             && self.column_types & (1u64 << dtype.raw()) != 0
+    }
+
+    /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of `w` ([k, m]) takes Axle's
+    /// replay of MMQ: wide products, a type the backends replay, rows of whole K iterations.
+    pub fn wide_replay(&self, w: axle_ggml::Tensor<'_>) -> bool {
+        let dtype = w.dtype();
+        self.products == DeviceProducts::Wide
+            && dtype.raw() < 64
+            && self.replay_types & (1u64 << dtype.raw()) != 0
+            && w.ne()[0] % axle_ggml::wide_replay::ROW_MULTIPLE == 0
     }
 }
 
@@ -273,6 +290,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
             gathered: (!direct).then_some(kv_ids.len() as i64),
             products: DeviceProducts::default(),
             column_types: 0,
+            replay_types: 0,
         },
         mask,
         mask_swa,

@@ -416,7 +416,7 @@ impl<'a> Step<'a> {
     /// F32 weights in MMVF groups.
     fn small_product(&self, w: Tensor<'a>, xs: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() {
-            return self.mul_mat_wide(w, xs);
+            return self.mul_mat_wide(w, xs, d);
         }
         // Up to GROUP_COLS columns ggml's own mat-vec kernel has the same arithmetic (and fuses
         // a one-column gate, up and gated unit); wider, Axle's kernel in one op.
@@ -525,8 +525,10 @@ impl<'a> Step<'a> {
     }
 
     /// `w @ x` in ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns (MMQ with one column
-    /// tile on CUDA): runs of at most 128 columns, a shorter one padded with zero columns.
-    fn mul_mat_wide(&self, w: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+    /// tile on CUDA): runs of at most 128 columns; a shorter one through Axle's replay of MMQ
+    /// where the backends carry it for the weight ([`DeviceStep::wide_replay`]), else padded with
+    /// zero columns.
+    fn mul_mat_wide(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         let g = self.ctx;
         let n = x.ne()[1];
         let mut pieces = Vec::new();
@@ -534,7 +536,9 @@ impl<'a> Step<'a> {
         while first < n {
             let cols = (n - first).min(WIDE_MAX_COLS);
             let xs = columns(g, x, first, cols);
-            pieces.push(if cols < WIDE_MIN_COLS {
+            pieces.push(if cols < WIDE_MIN_COLS && d.wide_replay(w) {
+                g.mul_mat_wide_replay(w, xs)
+            } else if cols < WIDE_MIN_COLS {
                 self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
             } else {
                 g.mul_mat(w, xs)

@@ -146,12 +146,27 @@ pub fn default_products(column_types: u64) -> DeviceProducts {
 /// Axle's column-invariant kernel; 0 without accelerators, where one is not a CUDA device (a
 /// tensor split's combined device among them) or where one lacks the kernel.
 pub fn column_types(accelerators: &[axle_ggml::Device]) -> u64 {
+    kernel_types(accelerators, axle_ggml::Device::column_invariant_products)
+}
+
+/// The quantized weight types (bit `1 << ggml id`) whose products of a few columns every
+/// accelerator gives MMQ's numbers through Axle's replay ([`axle_ggml::wide_replay`]); 0 as for
+/// [`column_types`].
+pub fn replay_types(accelerators: &[axle_ggml::Device]) -> u64 {
+    kernel_types(accelerators, axle_ggml::Device::wide_replay_products)
+}
+
+/// The types (bit per type) that every accelerator, all of them CUDA devices, `takes`.
+fn kernel_types(
+    accelerators: &[axle_ggml::Device],
+    takes: impl Fn(&axle_ggml::Device, DType) -> bool,
+) -> u64 {
     if !all_cuda(accelerators) {
         return 0;
     }
     (0..64u32)
         .filter_map(DType::from_raw)
-        .filter(|&t| accelerators.iter().all(|d| d.column_invariant_products(t)))
+        .filter(|&t| accelerators.iter().all(|d| takes(d, t)))
         .fold(0, |mask, t| mask | 1u64 << t.raw())
 }
 
@@ -311,6 +326,9 @@ pub struct Runner {
     products: DeviceProducts,
     /// With column-invariant products: the weight types every accelerator covers (bit per type).
     column_types: u64,
+    /// With wide products: the weight types whose few-column products every accelerator replays
+    /// with MMQ's numbers (bit per type).
+    replay_types: u64,
     /// Which runs of one-row attention ops may share an op (`None`: never).
     stacking: Option<StackTable>,
     /// The memories that hold attention layers' KV (where stacking is probed).
@@ -432,6 +450,7 @@ impl Runner {
             .and_then(|d| PinnedHost::for_device(&d));
         let accelerators = placement.accelerators();
         let column_types = column_types(&accelerators);
+        let replay_types = replay_types(&accelerators);
         // An explicit choice, else (with the exact kernels, whose choice it is) the
         // environment's, is honoured or refused below.
         let products = match opts.device_products {
@@ -492,6 +511,7 @@ impl Runner {
             host_kernels,
             products,
             column_types,
+            replay_types,
             stacking,
             kv_bufts,
             model,
@@ -600,6 +620,7 @@ impl Runner {
             h.device = Some(DeviceStep {
                 products: self.products,
                 column_types: self.column_types,
+                replay_types: self.replay_types,
                 ..d.step
             });
         } else {

@@ -1,0 +1,315 @@
+// Axle's replay of MMQ's arithmetic for products of a few columns, appended to ggml's
+// ggml-cuda/mmq.cu by scripts/cuda/apply.py (so that it sees MMQ's configuration table and the
+// quantizer MMQ uses), with a hook in ggml_cuda_mul_mat. Written for Axle; not part of ggml.
+//
+// What it is for. Axle's wide products (`--device-products wide`) multiply every small column
+// through ggml's tiled MMQ kernel with all of an op's columns in one column tile, where a column
+// gets the same bits in any op of 9 to 128 columns: MMQ splits the K range of each output tile
+// across thread blocks (stream-k) by the weight's rows and the number of SMs alone. Below 9
+// columns ggml takes its mat-vec kernel instead, so Axle padded such ops to 9 columns, and one
+// sequence decoded at about half the mat-vec kernel's speed (MMQ's tiles are made for many
+// columns). This kernel computes exactly MMQ's numbers for 1 to 8 columns, reading the weights
+// once, at mat-vec speed.
+//
+// MMQ's arithmetic, for Q4_0 weights on its tensor-core path (Turing to Hopper, ggml's "ampere"
+// configuration: tiles of I = 128 rows, K iterations of 256 weights, stream-k):
+// - an output tile of rows [128*it, 128*it + 128) has the K range of blocks (of 32 weights)
+//   [0, B); stream-k block b of G takes the blocks [kbc(b), kbc(b+1)) of the tiles laid end to
+//   end, kbc(b) = b*ntiles*B/G rounded down to a multiple of 8 blocks within its tile;
+//   G = ntiles where that fills at least 90% of the SMs' waves, else G = the SM count;
+// - a block's stretch of a tile is one float sum per output, block by block in K order:
+//   sum = fma(float(sumi)*d4, d8, sum), starting from 0, where sumi is the exact integer product
+//   of the block's (q4 - 8) with the column's q8 values (int8 tensor cores; any order gives it),
+//   d4 the weight block's scale and d8 the column block's (MMQ's own q8_1 quantization);
+// - the stretch that reaches the tile's end is written to dst; the others go to a fixup buffer,
+//   and a fixup kernel adds them, from the latest stretch back to the first, into one sum that
+//   it adds to dst.
+// This kernel takes the same stretches and sums each the same way (a warp per 32 rows computes
+// the integer products and float(sumi)*d4 into shared memory, then one thread per output runs
+// the chain of fused multiply-adds), and its fixup kernel adds them in the same order. Axle asks
+// for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and only where
+// ggml_cuda_axle_wr_supports says yes; `axle bench device-check` with wide products checks the
+// bits (one sequence against a batch of 16, speculation on against off) where it runs.
+
+#define AXLE_HINT_WIDE_REPLAY 0x41584c32 // "AXL2"
+#define AXLE_WR_TILE_ROWS 128            // MMQ's I for Q4_0
+#define AXLE_WR_ROWS 32                  // rows per thread block (a quarter of a tile)
+#define AXLE_WR_SLAB 32                  // weight blocks per slab (a multiple of 8)
+#define AXLE_WR_THREADS 256
+#define AXLE_WR_ROW_BYTES (AXLE_WR_SLAB*18)               // one row's slab of Q4_0 blocks
+#define AXLE_WR_COL_BYTES (AXLE_WR_SLAB/4*144)            // one column's slab of block_q8_1_mmq
+#define AXLE_WR_T_STRIDE (AXLE_WR_SLAB + 1)               // floats per (column, row), padded
+
+// Where stream-k block b's stretch starts, as mul_mat_q computes it for one column tile, one
+// channel and one sample.
+static __device__ __forceinline__ int axle_wr_kbc(const int b, const int ntiles, const int nblocks, const int G) {
+    int kbc = int(int64_t(b)*uint32_t(ntiles*nblocks)/G);
+    kbc -= (kbc % nblocks) % (MMQ_ITER_K/QK4_0);
+    return kbc;
+}
+
+template <int ncols>
+static constexpr __host__ __device__ int axle_wr_shared_bytes() {
+    return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
+}
+
+// grid (G, 128/32): stream-k block b's stretches for 32 rows of each tile they touch.
+template <int ncols>
+__launch_bounds__(AXLE_WR_THREADS, 2)
+static __global__ void axle_wr_q4_0(
+        const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
+        float * __restrict__ fixup, const int nblocks, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
+    extern __shared__ __align__(16) char axle_wr_smem[];
+    char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
+    char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq
+    float * st = (float *) (sy + ncols*AXLE_WR_COL_BYTES);       // [column][row][block] sumi*d4
+    const int tid = threadIdx.x;
+    const int G = gridDim.x;
+    const int b = blockIdx.x;
+    const int rg = blockIdx.y;
+    // Chain threads: row r of the 32, column c.
+    const int r = tid % AXLE_WR_ROWS;
+    const int c = tid / AXLE_WR_ROWS;
+
+    int kbc = axle_wr_kbc(b, ntiles, nblocks, G);
+    const int kbc_stop = axle_wr_kbc(b + 1, ntiles, nblocks, G);
+    while (kbc < kbc_stop) {
+        const int it = kbc / nblocks;
+        const int k0 = kbc % nblocks;
+        const int k1 = min(nblocks, k0 + kbc_stop - kbc);
+        const int row0 = AXLE_WR_TILE_ROWS*it + AXLE_WR_ROWS*rg;
+        float sum = 0.0f;
+        for (int s = k0; s < k1; s += AXLE_WR_SLAB) {
+            const int nb = min(AXLE_WR_SLAB, k1 - s); // a multiple of 8: 16-byte pieces
+            const int row_pieces = nb*18/16;
+            for (int k = tid; k < AXLE_WR_ROWS*row_pieces; k += AXLE_WR_THREADS) {
+                const int rr = k / row_pieces;
+                const int64_t row = min(row0 + rr, nrows_x - 1);
+                const int p = k % row_pieces;
+                *(int4 *) (sx + rr*AXLE_WR_ROW_BYTES + 16*p) =
+                    *(const int4 *) (vx + (row*stride_row_x + s)*18 + 16*p);
+            }
+            const int col_pieces = nb/4*144/16;
+            for (int k = tid; k < ncols*col_pieces; k += AXLE_WR_THREADS) {
+                const int cc = k / col_pieces;
+                const int p = k % col_pieces;
+                *(int4 *) (sy + cc*AXLE_WR_COL_BYTES + 16*p) =
+                    *(const int4 *) (vy + ((int64_t) (s/4)*ncols_y + cc)*144 + (p/9)*((int64_t) ncols_y*144) + 16*(p % 9));
+            }
+            __syncthreads();
+
+            // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
+            for (int k = tid; k < AXLE_WR_ROWS*nb; k += AXLE_WR_THREADS) {
+                const int rr = k / nb;
+                const int bl = k % nb;
+                const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
+                const float d4 = __half2float(*(const half *) bx);
+                int lo[4];
+                int hi[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int q = get_int_b2(bx + 2, j);
+                    lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                    hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+                }
+#pragma unroll
+                for (int cc = 0; cc < ncols; ++cc) {
+                    const int * yq = (const int *) (sy + cc*AXLE_WR_COL_BYTES + (bl/4)*144 + 16 + (bl%4)*32);
+                    int sumi = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
+                        sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
+                    }
+                    st[(cc*AXLE_WR_ROWS + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
+                }
+            }
+            __syncthreads();
+
+            // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
+            if (c < ncols) {
+                const float * t = st + (c*AXLE_WR_ROWS + r)*AXLE_WR_T_STRIDE;
+                const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
+                for (int bl = 0; bl < nb; ++bl) {
+                    const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
+                    sum += t[bl]*d8;
+                }
+            }
+            __syncthreads(); // the slab buffers are refilled next
+        }
+        const int row = row0 + r;
+        if (c < ncols) {
+            if (k1 == nblocks) {
+                if (row < nrows_x) {
+                    dst[(int64_t) c*stride_col_dst + row] = sum;
+                }
+            } else {
+                fixup[((int64_t) b*ncols + c)*AXLE_WR_TILE_ROWS + AXLE_WR_ROWS*rg + r] = sum;
+            }
+        }
+        kbc += nblocks - k0; // the next tile's start
+    }
+}
+
+// grid G, 128 threads: where block b0 wrote the end of a tile it did not start, the stretches of
+// the blocks before it in that tile, from the latest back, into one sum added to dst.
+template <int ncols>
+static __global__ void axle_wr_fixup(
+        float * __restrict__ dst, const float * __restrict__ fixup, const int nblocks, const int nrows_x,
+        const int stride_col_dst, const int ntiles) {
+    const int G = gridDim.x;
+    const int b0 = blockIdx.x;
+    const int i = threadIdx.x;
+    const int kbc0 = axle_wr_kbc(b0, ntiles, nblocks, G);
+    const int kbc0_stop = axle_wr_kbc(b0 + 1, ntiles, nblocks, G);
+    if (kbc0 == kbc0_stop || kbc0 % nblocks == 0 ||
+            (kbc0 / nblocks == kbc0_stop / nblocks && kbc0_stop % nblocks != 0)) {
+        return;
+    }
+    float sum[ncols] = {0.0f};
+    bool any = false;
+    int bidx = b0 - 1;
+    int kbc_stop = kbc0;
+    while (bidx >= 0) {
+        const int kbc = axle_wr_kbc(bidx, ntiles, nblocks, G);
+        if (kbc == kbc_stop) { // no data
+            --bidx;
+            continue;
+        }
+        any = true;
+#pragma unroll
+        for (int c = 0; c < ncols; ++c) {
+            sum[c] += fixup[((int64_t) bidx*ncols + c)*AXLE_WR_TILE_ROWS + i];
+        }
+        if (kbc % nblocks == 0 || kbc / nblocks < kbc0 / nblocks) {
+            break;
+        }
+        --bidx;
+        kbc_stop = kbc;
+    }
+    const int row = AXLE_WR_TILE_ROWS*(kbc0 / nblocks) + i;
+    if (!any || row >= nrows_x) {
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < ncols; ++c) {
+        dst[(int64_t) c*stride_col_dst + row] += sum[c];
+    }
+}
+
+// Whether every CUDA device of this process runs Q4_0 products of 9 to 128 columns as analysed
+// above: NVIDIA, MMQ's tensor-core path with ggml's "ampere" configuration (Ampere to Hopper;
+// Blackwell has a table of its own), I = 128, K iterations of 256 and stream-k for every column
+// tile. AXLE_WIDE_REPLAY=0 turns it off (measurements). Exported through the CUDA registry's
+// get_proc_address as "axle_wide_replay_mmq".
+extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
+    static const bool enabled = [] {
+        const char * env = getenv("AXLE_WIDE_REPLAY");
+        if (env != nullptr && strcmp(env, "0") == 0) {
+            return false;
+        }
+        if (ggml_cuda_info().device_count == 0) {
+            return false;
+        }
+        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+            const int cc = ggml_cuda_info().devices[id].cc;
+            if (!ampere_mma_available(cc) || blackwell_mma_available(cc) ||
+                    ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
+                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>()) {
+                return false;
+            }
+            for (int J = 8; J <= 128; J += 8) {
+                for (const bool fallback : {false, true}) {
+                    const ggml_cuda_mmq_config config = ggml_cuda_mmq_get_config(GGML_TYPE_Q4_0, J, fallback, cc);
+                    if (config.type != GGML_TYPE_COUNT && (config.I != AXLE_WR_TILE_ROWS ||
+                            config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
+                        return false;
+                    }
+                }
+            }
+        }
+        return true;
+    }();
+    return enabled && type == GGML_TYPE_Q4_0;
+}
+
+template <int ncols>
+static void axle_wr_launch(
+        ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const int nblocks,
+        const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
+    const int id = ggml_cuda_get_device();
+    const int nsm = ggml_cuda_info().devices[id].nsm;
+    // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
+    const int ntiles = (nrows_x + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS;
+    const int nwaves = (ntiles + nsm - 1)/nsm;
+    const int efficiency = 100*ntiles/(nsm*nwaves);
+    const int G = efficiency >= 90 ? ntiles : nsm;
+    ggml_cuda_pool_alloc<float> fixup(ctx.pool(id), (size_t) G*ncols*AXLE_WR_TILE_ROWS);
+    constexpr int nbytes = axle_wr_shared_bytes<ncols>();
+    CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
+    axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_TILE_ROWS/AXLE_WR_ROWS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
+        vx, vy, dst, fixup.get(), nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+    CUDA_CHECK(cudaGetLastError());
+    if (ntiles % G != 0) {
+        axle_wr_fixup<ncols><<<G, AXLE_WR_TILE_ROWS, 0, stream>>>(
+            dst, fixup.get(), nblocks, nrows_x, stride_col_dst, ntiles);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+// Runs `dst = src0 @ src1` with the kernels above if `dst` carries Axle's hint and the op fits (a
+// 2-D Q4_0 weight outside the compute buffer whose rows are whole K iterations, 1 to 8 F32
+// columns); false otherwise, and the caller goes on with ggml's own choice.
+bool ggml_cuda_axle_wr_mul_mat(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_WIDE_REPLAY) {
+        return false;
+    }
+    // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
+    if (!ggml_cuda_axle_wr_supports(src0->type) ||
+            src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
+            ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
+            src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
+            src1->ne[1] < 1 || src1->ne[1] > 8 ||
+            src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
+            dst->nb[0] != sizeof(float) || src0->ne[0] % MMQ_ITER_K != 0 ||
+            src0->nb[1] % 16 != 0 || (uintptr_t) src0->data % 16 != 0) {
+        static bool warned = false; // once per process
+        if (!warned) {
+            warned = true;
+            GGML_LOG_WARN("%s: Axle's replay of MMQ refused for %s (%s weight, %lld columns): ggml's kernel runs it, "
+                "and its columns may round differently by batch\n", __func__, dst->name, ggml_type_name(src0->type),
+                (long long) src1->ne[1]);
+        }
+        return false;
+    }
+    cudaStream_t stream = ctx.stream();
+    const int64_t ne10 = src1->ne[0];
+    const int64_t ne11 = src1->ne[1];
+    const int64_t ne10_padded = GGML_PAD(ne10, MATRIX_ROW_PADDING);
+    const int64_t s11 = src1->nb[1]/sizeof(float);
+    // MMQ's own quantization of the columns (each column's values do not depend on the others).
+    ggml_cuda_pool_alloc<char> src1_q8_1(ctx.pool(), ne11*ne10_padded*sizeof(block_q8_1)/QK8_1);
+    quantize_mmq_q8_1_cuda((const float *) src1->data, nullptr, src1_q8_1.get(), src0->type, ne10, s11, s11*ne11,
+        s11*ne11, ne10_padded, ne11, 1, 1, stream);
+    CUDA_CHECK(cudaGetLastError());
+
+    const char * vx = (const char *) src0->data;
+    const char * vy = src1_q8_1.get();
+    float * d = (float *) dst->data;
+    const int nblocks = src0->ne[0]/QK4_0;
+    const int nrows_x = src0->ne[1];
+    const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
+    const int stride_col_dst = dst->nb[1]/sizeof(float);
+    const int ncols_y = ne11;
+    switch (ne11) {
+#define AXLE_WR_CASE(n) \
+        case n: axle_wr_launch<n>(ctx, vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
+        AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
+        AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
+#undef AXLE_WR_CASE
+        default: return false;
+    }
+    return true;
+}
