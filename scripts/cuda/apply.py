@@ -49,6 +49,7 @@ def main() -> None:
     mmq_header.write_text(
         mmq_header.read_text()
         + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"
+        + '#define AXLE_HINT_WIDE_REPLAY 0x41584c32 // "AXL2"\n'
         + "bool ggml_cuda_axle_wr_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type);\n'
@@ -65,6 +66,15 @@ def main() -> None:
         "    }\n"
         "    if (ggml_cuda_axle_wr_mul_mat(ctx, src0, src1, dst)) {\n"
         "        return;\n"
+        "    }\n",
+    )
+    # A one-column product followed by an add or a gated unit would be fused into ggml's mat-vec
+    # kernel, past ggml_cuda_mul_mat: never for a product that asks for the replay of MMQ.
+    edit(
+        main_cu,
+        "static bool ggml_cuda_should_fuse_mul_mat_vec_q(const ggml_tensor * tensor) {\n",
+        "    if (tensor->op == GGML_OP_MUL_MAT && ggml_get_op_params_i32(tensor, 1) == AXLE_HINT_WIDE_REPLAY) {\n"
+        "        return false; // Axle's replay of MMQ (wide-replay-mmq.cu) runs it\n"
         "    }\n",
     )
     edit(

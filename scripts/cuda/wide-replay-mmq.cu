@@ -24,18 +24,28 @@
 // - the stretch that reaches the tile's end is written to dst; the others go to a fixup buffer,
 //   and a fixup kernel adds them, from the latest stretch back to the first, into one sum that
 //   it adds to dst.
-// This kernel takes the same stretches and sums each the same way (a warp per 32 rows computes
-// the integer products and float(sumi)*d4 into shared memory, then one thread per output runs
-// the chain of fused multiply-adds), and its fixup kernel adds them in the same order. Axle asks
+// This kernel gives each output the same sums without the split: a thread block takes 16 rows of
+// a tile over its whole K range and walks the tile's stretches from the last but one back to the
+// first, adding each to a running sum as the fixup kernel does, then the last one, and writes
+// last + sum. Within a stretch, the block copies slabs of 32 weight blocks and the columns'
+// q8_1 blocks to shared memory (cp.async, two buffers), computes the integer products and
+// float(sumi)*d4 there, and one thread per output runs the chain of fused multiply-adds. Axle asks
 // for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and only where
-// ggml_cuda_axle_wr_supports says yes; `axle bench device-check` with wide products checks the
-// bits (one sequence against a batch of 16, speculation on against off) where it runs.
+// ggml_cuda_axle_wr_supports says yes (ggml's graph fusion of a one-column product with the next
+// add or gated unit, which would run its mat-vec kernel, is turned off for such products);
+// `axle bench device-check` with wide products checks the bits (one sequence against a batch of
+// 20, speculation on against off) where it runs.
 
-#define AXLE_HINT_WIDE_REPLAY 0x41584c32 // "AXL2"
-#define AXLE_WR_TILE_ROWS 128            // MMQ's I for Q4_0
-#define AXLE_WR_ROWS 32                  // rows per thread block (a quarter of a tile)
-#define AXLE_WR_SLAB 32                  // weight blocks per slab (a multiple of 8)
-#define AXLE_WR_THREADS 256
+#include "cp-async.cuh"
+
+// AXLE_HINT_WIDE_REPLAY ("AXL2") is defined in mmq.cuh, where ggml-cuda.cu's fusion check sees it.
+#define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
+#define AXLE_WR_ROWS 16                                   // rows per thread block
+#define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
+#define AXLE_WR_THREADS 128
+#define AXLE_WR_MAX_K 131072                              // weights per row, at most
+#define AXLE_WR_MAX_STRETCHES 160                         // stretches of one tile (G <= 158)
+#define AXLE_WR_MAX_SLABS (AXLE_WR_MAX_K/(32*AXLE_WR_SLAB) + AXLE_WR_MAX_STRETCHES) // slabs of a tile's walk
 #define AXLE_WR_ROW_BYTES (AXLE_WR_SLAB*18)               // one row's slab of Q4_0 blocks
 #define AXLE_WR_COL_BYTES (AXLE_WR_SLAB/4*144)            // one column's slab of block_q8_1_mmq
 #define AXLE_WR_T_STRIDE (AXLE_WR_SLAB + 1)               // floats per (column, row), padded
@@ -49,159 +59,167 @@ static __device__ __forceinline__ int axle_wr_kbc(const int b, const int ntiles,
 }
 
 template <int ncols>
-static constexpr __host__ __device__ int axle_wr_shared_bytes() {
-    return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
+static constexpr __host__ __device__ int axle_wr_stage_bytes() {
+    return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES;
 }
 
-// grid (G, 128/32): stream-k block b's stretches for 32 rows of each tile they touch.
 template <int ncols>
-__launch_bounds__(AXLE_WR_THREADS, 2)
+static constexpr __host__ __device__ int axle_wr_shared_bytes() {
+    return 2*axle_wr_stage_bytes<ncols>() + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
+}
+
+// grid (tiles of 128 rows, 8): 16 rows of a tile over its whole K range; G: MMQ's stream-k grid.
+template <int ncols>
+__launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
-        float * __restrict__ fixup, const int nblocks, const int nrows_x, const int stride_row_x,
-        const int ncols_y, const int stride_col_dst, const int ntiles) {
+        const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
+        const int stride_col_dst, const int G) {
+#ifdef AMPERE_MMA_AVAILABLE
     extern __shared__ __align__(16) char axle_wr_smem[];
-    char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
-    char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq
-    float * st = (float *) (sy + ncols*AXLE_WR_COL_BYTES);       // [column][row][block] sumi*d4
+    float * st = (float *) (axle_wr_smem + 2*axle_wr_stage_bytes<ncols>()); // [column][row][block] sumi*d4
+    // The walk: slab starts (weight blocks), lengths and whether a slab ends its stretch (1) and
+    // that stretch is the tile's last (2).
+    __shared__ int walk_k[AXLE_WR_MAX_SLABS];
+    __shared__ unsigned char walk_n[AXLE_WR_MAX_SLABS];
+    __shared__ unsigned char walk_end[AXLE_WR_MAX_SLABS];
+    __shared__ int walk_len;
+    __shared__ int nstretches;
     const int tid = threadIdx.x;
-    const int G = gridDim.x;
-    const int b = blockIdx.x;
-    const int rg = blockIdx.y;
-    // Chain threads: row r of the 32, column c.
+    const int it = blockIdx.x;
+    const int ntiles = gridDim.x;
+    const int row0 = AXLE_WR_TILE_ROWS*it + AXLE_WR_ROWS*blockIdx.y;
+    // Chain threads: row r of the 16, column c.
     const int r = tid % AXLE_WR_ROWS;
     const int c = tid / AXLE_WR_ROWS;
 
-    int kbc = axle_wr_kbc(b, ntiles, nblocks, G);
-    const int kbc_stop = axle_wr_kbc(b + 1, ntiles, nblocks, G);
-    while (kbc < kbc_stop) {
-        const int it = kbc / nblocks;
-        const int k0 = kbc % nblocks;
-        const int k1 = min(nblocks, k0 + kbc_stop - kbc);
-        const int row0 = AXLE_WR_TILE_ROWS*it + AXLE_WR_ROWS*rg;
-        float sum = 0.0f;
-        for (int s = k0; s < k1; s += AXLE_WR_SLAB) {
-            const int nb = min(AXLE_WR_SLAB, k1 - s); // a multiple of 8: 16-byte pieces
-            const int row_pieces = nb*18/16;
-            for (int k = tid; k < AXLE_WR_ROWS*row_pieces; k += AXLE_WR_THREADS) {
-                const int rr = k / row_pieces;
-                const int64_t row = min(row0 + rr, nrows_x - 1);
-                const int p = k % row_pieces;
-                *(int4 *) (sx + rr*AXLE_WR_ROW_BYTES + 16*p) =
-                    *(const int4 *) (vx + (row*stride_row_x + s)*18 + 16*p);
+    if (tid == 0) {
+        // The stretches' starts: 0 and every stream-k start inside the tile.
+        int starts[AXLE_WR_MAX_STRETCHES];
+        int m = 0;
+        starts[m++] = 0;
+        for (int b = int(int64_t(it)*G/ntiles); b <= G; ++b) {
+            const int k = axle_wr_kbc(b, ntiles, nblocks, G) - it*nblocks;
+            if (k >= nblocks) {
+                break;
             }
-            const int col_pieces = nb/4*144/16;
-            for (int k = tid; k < ncols*col_pieces; k += AXLE_WR_THREADS) {
-                const int cc = k / col_pieces;
-                const int p = k % col_pieces;
-                *(int4 *) (sy + cc*AXLE_WR_COL_BYTES + 16*p) =
-                    *(const int4 *) (vy + ((int64_t) (s/4)*ncols_y + cc)*144 + (p/9)*((int64_t) ncols_y*144) + 16*(p % 9));
+            if (k > starts[m - 1] && m < AXLE_WR_MAX_STRETCHES) { // at most G + 1 (checked at start-up)
+                starts[m++] = k;
             }
-            __syncthreads();
+        }
+        // Stretches m-2, ..., 0, then m-1; each in slabs.
+        int n = 0;
+        for (int j = 0; j < m; ++j) {
+            const int i = j < m - 1 ? m - 2 - j : m - 1;
+            const int end = i + 1 < m ? starts[i + 1] : nblocks;
+            for (int k = starts[i]; k < end; k += AXLE_WR_SLAB) {
+                walk_k[n] = k;
+                walk_n[n] = min(AXLE_WR_SLAB, end - k);
+                walk_end[n] = (k + AXLE_WR_SLAB >= end) | (i == m - 1 ? 2 : 0);
+                ++n;
+            }
+        }
+        walk_len = n;
+        nstretches = m;
+    }
+    __syncthreads();
+    const int nwalk = walk_len;
 
-            // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
-            for (int k = tid; k < AXLE_WR_ROWS*nb; k += AXLE_WR_THREADS) {
-                const int rr = k / nb;
-                const int bl = k % nb;
-                const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
-                const float d4 = __half2float(*(const half *) bx);
-                int lo[4];
-                int hi[4];
+    // Copies slab i of the walk into buffer `buf`: 16 rows (past the end: the last row again) and
+    // the columns' block_q8_1_mmq blocks.
+    auto copy_slab = [&](const int i, const int buf) {
+        char * sx = axle_wr_smem + buf*axle_wr_stage_bytes<ncols>();
+        char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;
+        const int k0 = walk_k[i];
+        const int row_pieces = walk_n[i]*18/16; // 16-byte pieces: slabs are multiples of 8 blocks
+        for (int k = tid; k < AXLE_WR_ROWS*row_pieces; k += AXLE_WR_THREADS) {
+            const int64_t row = min(row0 + k/row_pieces, nrows_x - 1);
+            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(sx + (k/row_pieces)*AXLE_WR_ROW_BYTES + 16*(k % row_pieces)),
+                vx + (row*stride_row_x + k0)*18 + 16*(k % row_pieces));
+        }
+        const int col_pieces = walk_n[i]/4*9;
+        for (int k = tid; k < ncols*col_pieces; k += AXLE_WR_THREADS) {
+            const int cc = k/col_pieces;
+            const int p = k % col_pieces;
+            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(sy + cc*AXLE_WR_COL_BYTES + 16*p),
+                vy + ((int64_t) (k0/4 + p/9)*ncols_y + cc)*144 + 16*(p % 9));
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    float sum = 0.0f;   // the stretches added so far, as the fixup kernel adds them
+    float chain = 0.0f; // the current stretch
+    copy_slab(0, 0);
+    for (int i = 0; i < nwalk; ++i) {
+        if (i + 1 < nwalk) {
+            copy_slab(i + 1, (i + 1) & 1);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        const char * sx = axle_wr_smem + (i & 1)*axle_wr_stage_bytes<ncols>();
+        const char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;
+        const int nb = walk_n[i];
+
+        // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
+        for (int k = tid; k < AXLE_WR_ROWS*nb; k += AXLE_WR_THREADS) {
+            const int rr = k / nb;
+            const int bl = k % nb;
+            const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
+            const float d4 = __half2float(*(const half *) bx);
+            int lo[4];
+            int hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int q = get_int_b2(bx + 2, j);
+                lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+            }
+#pragma unroll
+            for (int cc = 0; cc < ncols; ++cc) {
+                const int * yq = (const int *) (sy + cc*AXLE_WR_COL_BYTES + (bl/4)*144 + 16 + (bl%4)*32);
+                int sumi = 0;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    const int q = get_int_b2(bx + 2, j);
-                    lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
-                    hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+                    sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
+                    sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
                 }
-#pragma unroll
-                for (int cc = 0; cc < ncols; ++cc) {
-                    const int * yq = (const int *) (sy + cc*AXLE_WR_COL_BYTES + (bl/4)*144 + 16 + (bl%4)*32);
-                    int sumi = 0;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
-                        sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
-                    }
-                    st[(cc*AXLE_WR_ROWS + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
-                }
+                st[(cc*AXLE_WR_ROWS + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
             }
-            __syncthreads();
-
-            // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
-            if (c < ncols) {
-                const float * t = st + (c*AXLE_WR_ROWS + r)*AXLE_WR_T_STRIDE;
-                const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
-                for (int bl = 0; bl < nb; ++bl) {
-                    const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
-                    sum += t[bl]*d8;
-                }
-            }
-            __syncthreads(); // the slab buffers are refilled next
         }
-        const int row = row0 + r;
+        __syncthreads();
+
+        // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
         if (c < ncols) {
-            if (k1 == nblocks) {
+            const float * t = st + (c*AXLE_WR_ROWS + r)*AXLE_WR_T_STRIDE;
+            const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
+            for (int bl = 0; bl < nb; ++bl) {
+                const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
+                chain += t[bl]*d8;
+            }
+            if (walk_end[i] == 1) {
+                sum += chain;
+                chain = 0.0f;
+            } else if (walk_end[i] == 3) {
+                const int row = row0 + r;
                 if (row < nrows_x) {
-                    dst[(int64_t) c*stride_col_dst + row] = sum;
+                    dst[(int64_t) c*stride_col_dst + row] = nstretches == 1 ? chain : chain + sum;
                 }
-            } else {
-                fixup[((int64_t) b*ncols + c)*AXLE_WR_TILE_ROWS + AXLE_WR_ROWS*rg + r] = sum;
             }
         }
-        kbc += nblocks - k0; // the next tile's start
+        __syncthreads(); // buffer i & 1 and the products are refilled next
     }
-}
-
-// grid G, 128 threads: where block b0 wrote the end of a tile it did not start, the stretches of
-// the blocks before it in that tile, from the latest back, into one sum added to dst.
-template <int ncols>
-static __global__ void axle_wr_fixup(
-        float * __restrict__ dst, const float * __restrict__ fixup, const int nblocks, const int nrows_x,
-        const int stride_col_dst, const int ntiles) {
-    const int G = gridDim.x;
-    const int b0 = blockIdx.x;
-    const int i = threadIdx.x;
-    const int kbc0 = axle_wr_kbc(b0, ntiles, nblocks, G);
-    const int kbc0_stop = axle_wr_kbc(b0 + 1, ntiles, nblocks, G);
-    if (kbc0 == kbc0_stop || kbc0 % nblocks == 0 ||
-            (kbc0 / nblocks == kbc0_stop / nblocks && kbc0_stop % nblocks != 0)) {
-        return;
-    }
-    float sum[ncols] = {0.0f};
-    bool any = false;
-    int bidx = b0 - 1;
-    int kbc_stop = kbc0;
-    while (bidx >= 0) {
-        const int kbc = axle_wr_kbc(bidx, ntiles, nblocks, G);
-        if (kbc == kbc_stop) { // no data
-            --bidx;
-            continue;
-        }
-        any = true;
-#pragma unroll
-        for (int c = 0; c < ncols; ++c) {
-            sum[c] += fixup[((int64_t) bidx*ncols + c)*AXLE_WR_TILE_ROWS + i];
-        }
-        if (kbc % nblocks == 0 || kbc / nblocks < kbc0 / nblocks) {
-            break;
-        }
-        --bidx;
-        kbc_stop = kbc;
-    }
-    const int row = AXLE_WR_TILE_ROWS*(kbc0 / nblocks) + i;
-    if (!any || row >= nrows_x) {
-        return;
-    }
-#pragma unroll
-    for (int c = 0; c < ncols; ++c) {
-        dst[(int64_t) c*stride_col_dst + row] += sum[c];
-    }
+#else
+    GGML_UNUSED_VARS(vx, vy, dst, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, G);
+    NO_DEVICE_CODE;
+#endif // AMPERE_MMA_AVAILABLE
 }
 
 // Whether every CUDA device of this process runs Q4_0 products of 9 to 128 columns as analysed
 // above: NVIDIA, MMQ's tensor-core path with ggml's "ampere" configuration (Ampere to Hopper;
 // Blackwell has a table of its own), I = 128, K iterations of 256 and stream-k for every column
-// tile. AXLE_WIDE_REPLAY=0 turns it off (measurements). Exported through the CUDA registry's
+// tile, and at most 158 SMs (a tile's stretches, at most G + 1, fit the kernel's walk). AXLE_WIDE_REPLAY=0 turns it off (measurements). Exported through the CUDA registry's
 // get_proc_address as "axle_wide_replay_mmq".
 extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
     static const bool enabled = [] {
@@ -216,7 +234,8 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
             const int cc = ggml_cuda_info().devices[id].cc;
             if (!ampere_mma_available(cc) || blackwell_mma_available(cc) ||
                     ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
-                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>()) {
+                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>() ||
+                    ggml_cuda_info().devices[id].nsm > AXLE_WR_MAX_STRETCHES - 2) {
                 return false;
             }
             for (int J = 8; J <= 128; J += 8) {
@@ -236,31 +255,25 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
 
 template <int ncols>
 static void axle_wr_launch(
-        ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const int nblocks,
-        const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
-    const int id = ggml_cuda_get_device();
-    const int nsm = ggml_cuda_info().devices[id].nsm;
+        const char * vx, const char * vy, float * dst, const int nblocks, const int nrows_x,
+        const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
+    const int nsm = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
     // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
     const int ntiles = (nrows_x + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS;
     const int nwaves = (ntiles + nsm - 1)/nsm;
     const int efficiency = 100*ntiles/(nsm*nwaves);
     const int G = efficiency >= 90 ? ntiles : nsm;
-    ggml_cuda_pool_alloc<float> fixup(ctx.pool(id), (size_t) G*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
-    axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_TILE_ROWS/AXLE_WR_ROWS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
-        vx, vy, dst, fixup.get(), nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+    axle_wr_q4_0<ncols><<<dim3(ntiles, AXLE_WR_TILE_ROWS/AXLE_WR_ROWS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
+        vx, vy, dst, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, G);
     CUDA_CHECK(cudaGetLastError());
-    if (ntiles % G != 0) {
-        axle_wr_fixup<ncols><<<G, AXLE_WR_TILE_ROWS, 0, stream>>>(
-            dst, fixup.get(), nblocks, nrows_x, stride_col_dst, ntiles);
-        CUDA_CHECK(cudaGetLastError());
-    }
 }
 
-// Runs `dst = src0 @ src1` with the kernels above if `dst` carries Axle's hint and the op fits (a
-// 2-D Q4_0 weight outside the compute buffer whose rows are whole K iterations, 1 to 8 F32
-// columns); false otherwise, and the caller goes on with ggml's own choice.
+// Runs `dst = src0 @ src1` with the kernel above if `dst` carries Axle's hint and the op fits (a
+// 2-D Q4_0 weight outside the compute buffer whose rows are whole K iterations of at most
+// AXLE_WR_MAX_K weights, 1 to 8 F32 columns); false otherwise, and the caller goes on with ggml's
+// own choice.
 bool ggml_cuda_axle_wr_mul_mat(
         ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
     if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_WIDE_REPLAY) {
@@ -273,7 +286,7 @@ bool ggml_cuda_axle_wr_mul_mat(
             src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
             src1->ne[1] < 1 || src1->ne[1] > 8 ||
             src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
-            dst->nb[0] != sizeof(float) || src0->ne[0] % MMQ_ITER_K != 0 ||
+            dst->nb[0] != sizeof(float) || src0->ne[0] % MMQ_ITER_K != 0 || src0->ne[0] > AXLE_WR_MAX_K ||
             src0->nb[1] % 16 != 0 || (uintptr_t) src0->data % 16 != 0) {
         static bool warned = false; // once per process
         if (!warned) {
@@ -305,7 +318,7 @@ bool ggml_cuda_axle_wr_mul_mat(
     const int ncols_y = ne11;
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
-        case n: axle_wr_launch<n>(ctx, vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
+        case n: axle_wr_launch<n>(vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
         AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
         AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
 #undef AXLE_WR_CASE

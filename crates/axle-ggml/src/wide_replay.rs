@@ -21,5 +21,9 @@
 /// numbers, and backends ignore hints they do not know.
 pub const HINT: i32 = 0x4158_4c32;
 
-/// Fewest weights per row the replay takes: MMQ's K iteration (its stretches are whole ones).
+/// Rows of a weight the replay takes are a multiple of this many weights: MMQ's K iteration
+/// (its stretches are whole ones).
 pub const ROW_MULTIPLE: i64 = 256;
+
+/// Most weights per row the replay takes.
+pub const ROW_MAX: i64 = 131_072;

@@ -157,13 +157,15 @@ impl DeviceStep {
     }
 
     /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of `w` ([k, m]) takes Axle's
-    /// replay of MMQ: wide products, a type the backends replay, rows of whole K iterations.
+    /// replay of MMQ: wide products, a type the backends replay, rows of whole K iterations and
+    /// at most [`axle_ggml::wide_replay::ROW_MAX`] weights.
     pub fn wide_replay(&self, w: axle_ggml::Tensor<'_>) -> bool {
         let dtype = w.dtype();
         self.products == DeviceProducts::Wide
             && dtype.raw() < 64
             && self.replay_types & (1u64 << dtype.raw()) != 0
             && w.ne()[0] % axle_ggml::wide_replay::ROW_MULTIPLE == 0
+            && w.ne()[0] <= axle_ggml::wide_replay::ROW_MAX
     }
 }
 
