@@ -24,8 +24,8 @@
 // - the stretch that reaches the tile's end is written to dst; the others go to a fixup buffer,
 //   and a fixup kernel adds them, from the latest stretch back to the first, into one sum that
 //   it adds to dst.
-// This kernel gives each output the same sums without the split: a thread block takes 16 rows of
-// a tile over its whole K range and walks the tile's stretches from the last but one back to the
+// This kernel gives each output the same sums without the split: a thread block takes 4 to 16
+// rows of a tile (by the number of columns) over its whole K range and walks the tile's stretches from the last but one back to the
 // first, adding each to a running sum as the fixup kernel does, then the last one, and writes
 // last + sum. Within a stretch, the block copies slabs of 32 weight blocks and the columns'
 // q8_1 blocks to shared memory (cp.async, two buffers), computes the integer products and
@@ -40,7 +40,6 @@
 
 // AXLE_HINT_WIDE_REPLAY ("AXL2") is defined in mmq.cuh, where ggml-cuda.cu's fusion check sees it.
 #define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
-#define AXLE_WR_ROWS 16                                   // rows per thread block
 #define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
 #define AXLE_WR_THREADS 128
 #define AXLE_WR_MAX_K 131072                              // weights per row, at most
@@ -58,17 +57,24 @@ static __device__ __forceinline__ int axle_wr_kbc(const int b, const int ntiles,
     return kbc;
 }
 
+// Rows per thread block: few for few columns (more blocks, more loads in flight), more for more
+// columns (the columns' slabs are copied once per block).
+static constexpr __host__ __device__ int axle_wr_rows(const int ncols) {
+    return ncols <= 2 ? 4 : ncols <= 4 ? 8 : 16;
+}
+
 template <int ncols>
 static constexpr __host__ __device__ int axle_wr_stage_bytes() {
-    return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES;
+    return axle_wr_rows(ncols)*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES;
 }
 
 template <int ncols>
 static constexpr __host__ __device__ int axle_wr_shared_bytes() {
-    return 2*axle_wr_stage_bytes<ncols>() + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
+    return 2*axle_wr_stage_bytes<ncols>() + ncols*axle_wr_rows(ncols)*AXLE_WR_T_STRIDE*4;
 }
 
-// grid (tiles of 128 rows, 8): 16 rows of a tile over its whole K range; G: MMQ's stream-k grid.
+// grid (tiles of 128 rows, 128/rows): `rows` rows of a tile over its whole K range; G: MMQ's
+// stream-k grid.
 template <int ncols>
 __launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
@@ -76,6 +82,7 @@ static __global__ void axle_wr_q4_0(
         const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
         const int stride_col_dst, const int G) {
 #ifdef AMPERE_MMA_AVAILABLE
+    constexpr int rows = axle_wr_rows(ncols);
     extern __shared__ __align__(16) char axle_wr_smem[];
     float * st = (float *) (axle_wr_smem + 2*axle_wr_stage_bytes<ncols>()); // [column][row][block] sumi*d4
     // The walk: slab starts (weight blocks), lengths and whether a slab ends its stretch (1) and
@@ -88,10 +95,10 @@ static __global__ void axle_wr_q4_0(
     const int tid = threadIdx.x;
     const int it = blockIdx.x;
     const int ntiles = gridDim.x;
-    const int row0 = AXLE_WR_TILE_ROWS*it + AXLE_WR_ROWS*blockIdx.y;
-    // Chain threads: row r of the 16, column c.
-    const int r = tid % AXLE_WR_ROWS;
-    const int c = tid / AXLE_WR_ROWS;
+    const int row0 = AXLE_WR_TILE_ROWS*it + rows*blockIdx.y;
+    // Chain threads: row r of the block's, column c.
+    const int r = tid % rows;
+    const int c = tid / rows;
 
     if (tid == 0) {
         // The stretches' starts: 0 and every stream-k start inside the tile.
@@ -125,14 +132,14 @@ static __global__ void axle_wr_q4_0(
     __syncthreads();
     const int nwalk = walk_len;
 
-    // Copies slab i of the walk into buffer `buf`: 16 rows (past the end: the last row again) and
+    // Copies slab i of the walk into buffer `buf`: the block's rows (past the end: the last row again) and
     // the columns' block_q8_1_mmq blocks.
     auto copy_slab = [&](const int i, const int buf) {
         char * sx = axle_wr_smem + buf*axle_wr_stage_bytes<ncols>();
-        char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;
+        char * sy = sx + rows*AXLE_WR_ROW_BYTES;
         const int k0 = walk_k[i];
         const int row_pieces = walk_n[i]*18/16; // 16-byte pieces: slabs are multiples of 8 blocks
-        for (int k = tid; k < AXLE_WR_ROWS*row_pieces; k += AXLE_WR_THREADS) {
+        for (int k = tid; k < rows*row_pieces; k += AXLE_WR_THREADS) {
             const int64_t row = min(row0 + k/row_pieces, nrows_x - 1);
             cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(sx + (k/row_pieces)*AXLE_WR_ROW_BYTES + 16*(k % row_pieces)),
                 vx + (row*stride_row_x + k0)*18 + 16*(k % row_pieces));
@@ -159,11 +166,11 @@ static __global__ void axle_wr_q4_0(
         }
         __syncthreads();
         const char * sx = axle_wr_smem + (i & 1)*axle_wr_stage_bytes<ncols>();
-        const char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;
+        const char * sy = sx + rows*AXLE_WR_ROW_BYTES;
         const int nb = walk_n[i];
 
         // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
-        for (int k = tid; k < AXLE_WR_ROWS*nb; k += AXLE_WR_THREADS) {
+        for (int k = tid; k < rows*nb; k += AXLE_WR_THREADS) {
             const int rr = k / nb;
             const int bl = k % nb;
             const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
@@ -185,14 +192,14 @@ static __global__ void axle_wr_q4_0(
                     sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
                     sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
                 }
-                st[(cc*AXLE_WR_ROWS + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
+                st[(cc*rows + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
             }
         }
         __syncthreads();
 
         // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
         if (c < ncols) {
-            const float * t = st + (c*AXLE_WR_ROWS + r)*AXLE_WR_T_STRIDE;
+            const float * t = st + (c*rows + r)*AXLE_WR_T_STRIDE;
             const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
             for (int bl = 0; bl < nb; ++bl) {
                 const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
@@ -265,7 +272,7 @@ static void axle_wr_launch(
     const int G = efficiency >= 90 ? ntiles : nsm;
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
-    axle_wr_q4_0<ncols><<<dim3(ntiles, AXLE_WR_TILE_ROWS/AXLE_WR_ROWS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
+    axle_wr_q4_0<ncols><<<dim3(ntiles, AXLE_WR_TILE_ROWS/axle_wr_rows(ncols), 1), AXLE_WR_THREADS, nbytes, stream>>>(
         vx, vy, dst, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, G);
     CUDA_CHECK(cudaGetLastError());
 }
