@@ -83,7 +83,7 @@ case "$cmd" in
     src="$(dirname "$(ls -d /tmp/tmp.*/llama.cpp/build-axle-cuda | head -n 1)")"
     [ -d "$src" ] || { echo "no earlier build under /tmp: run start first" >&2; exit 1; }
     tar xzf "$w/llama-src.tgz" -C "$src" ./ggml/src/ggml-cuda/mmvq.cu ./ggml/src/ggml-cuda/mmvq.cuh \
-      ./ggml/src/ggml-cuda/ggml-cuda.cu
+      ./ggml/src/ggml-cuda/mmq.cu ./ggml/src/ggml-cuda/ggml-cuda.cu
     python3 "$root/scripts/cuda/apply.py" "$src"
     cmake --build "$src/build-axle-cuda" --config Release -j "$(nproc)" --target ggml-cuda >"$w/logs/rebuild.log" 2>&1 \
       || { tail -n 30 "$w/logs/rebuild.log"; exit 1; }

@@ -5,7 +5,7 @@ scripts/build-backend.sh builds its CUDA backend.
 
     scripts/cuda/apply.py LLAMA_CPP_DIR
 
-Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh and mmq.cuh,
+Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh,
 calls them first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints) and
 exports their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a line of ggml's
 source; a missing anchor (another ggml) stops the build with an error rather than building
@@ -41,19 +41,17 @@ def main() -> None:
         + "bool ggml_cuda_axle_ci_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
-    )
-    mmq = cuda / "mmq.cu"
-    replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
-    mmq.write_text(mmq.read_text() + "\n" + replay)
-    mmq_header = cuda / "mmq.cuh"
-    mmq_header.write_text(
-        mmq_header.read_text()
+        # The replay's declarations live here too, where ggml-cuda.cu sees them, so that a rebuild
+        # after a change to the kernels does not recompile every file that includes mmq.cuh.
         + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"
         + '#define AXLE_HINT_WIDE_REPLAY 0x41584c32 // "AXL2"\n'
         + "bool ggml_cuda_axle_wr_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type);\n'
     )
+    mmq = cuda / "mmq.cu"
+    replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
+    mmq.write_text(mmq.read_text() + "\n" + replay)
     main_cu = cuda / "ggml-cuda.cu"
     edit(
         main_cu,

@@ -37,8 +37,7 @@
 // 20, speculation on against off) where it runs.
 
 #include "cp-async.cuh"
-
-// AXLE_HINT_WIDE_REPLAY ("AXL2") is defined in mmq.cuh, where ggml-cuda.cu's fusion check sees it.
+#include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
 #define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
 #define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
 #define AXLE_WR_THREADS 128
