@@ -24,26 +24,27 @@
 // - the stretch that reaches the tile's end is written to dst; the others go to a fixup buffer,
 //   and a fixup kernel adds them, from the latest stretch back to the first, into one sum that
 //   it adds to dst.
-// This kernel gives each output the same sums without the split: a thread block takes 4 to 16
-// rows of a tile (by the number of columns) over its whole K range and walks the tile's stretches from the last but one back to the
-// first, adding each to a running sum as the fixup kernel does, then the last one, and writes
-// last + sum. Within a stretch, the block copies slabs of 32 weight blocks and the columns'
-// q8_1 blocks to shared memory (cp.async, two buffers), computes the integer products and
-// float(sumi)*d4 there, and one thread per output runs the chain of fused multiply-adds. Axle asks
-// for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and only where
-// ggml_cuda_axle_wr_supports says yes (ggml's graph fusion of a one-column product with the next
-// add or gated unit, which would run its mat-vec kernel, is turned off for such products);
-// `axle bench device-check` with wide products checks the bits (one sequence against a batch of
-// 20, speculation on against off) where it runs.
+// This kernel takes the same stretches with the same grid (G blocks, each in 4 parts of 32 rows)
+// and sums each the same way: per slab of 32 weight blocks, the block copies the weights and the
+// columns' q8_1 blocks to shared memory, computes the integer products and float(sumi)*d4 there,
+// and one thread per output runs the chain of fused multiply-adds. A stretch that is not a whole
+// tile goes to a buffer; the last block to finish a tile (an atomic count per tile and part of
+// 32 rows) adds them in the fixup kernel's order and writes the tile, so there is no second
+// kernel. Axle asks for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY
+// (op_params[1]) and only where ggml_cuda_axle_wr_supports says yes (ggml's graph fusion of a
+// one-column product with the next add or gated unit, which would run its mat-vec kernel, is
+// turned off for such products); `axle bench device-check` with wide products checks the bits
+// (one sequence against a batch of 20, speculation on against off) where it runs.
 
-#include "cp-async.cuh"
 #include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
+
 #define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
+#define AXLE_WR_ROWS 32                                   // rows per part of a tile
+#define AXLE_WR_PARTS (AXLE_WR_TILE_ROWS/AXLE_WR_ROWS)
 #define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
-#define AXLE_WR_THREADS 128
+#define AXLE_WR_THREADS 256
 #define AXLE_WR_MAX_K 131072                              // weights per row, at most
-#define AXLE_WR_MAX_STRETCHES 160                         // stretches of one tile (G <= 158)
-#define AXLE_WR_MAX_SLABS (AXLE_WR_MAX_K/(32*AXLE_WR_SLAB) + AXLE_WR_MAX_STRETCHES) // slabs of a tile's walk
+#define AXLE_WR_COUNTERS 65536                            // per device: tiles x parts, at most
 #define AXLE_WR_ROW_BYTES (AXLE_WR_SLAB*18)               // one row's slab of Q4_0 blocks
 #define AXLE_WR_COL_BYTES (AXLE_WR_SLAB/4*144)            // one column's slab of block_q8_1_mmq
 #define AXLE_WR_T_STRIDE (AXLE_WR_SLAB + 1)               // floats per (column, row), padded
@@ -56,176 +57,168 @@ static __device__ __forceinline__ int axle_wr_kbc(const int b, const int ntiles,
     return kbc;
 }
 
-// Rows per thread block: few for few columns (more blocks, more loads in flight), more for more
-// columns (the columns' slabs are copied once per block).
-static constexpr __host__ __device__ int axle_wr_rows(const int ncols) {
-    return ncols <= 2 ? 4 : ncols <= 4 ? 8 : 16;
-}
-
-template <int ncols>
-static constexpr __host__ __device__ int axle_wr_stage_bytes() {
-    return axle_wr_rows(ncols)*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES;
-}
-
 template <int ncols>
 static constexpr __host__ __device__ int axle_wr_shared_bytes() {
-    return 2*axle_wr_stage_bytes<ncols>() + ncols*axle_wr_rows(ncols)*AXLE_WR_T_STRIDE*4;
+    return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
 }
 
-// grid (tiles of 128 rows, 128/rows): `rows` rows of a tile over its whole K range; G: MMQ's
-// stream-k grid.
+// grid (G, 4): stream-k block b's stretches for 32 rows of each tile they touch. `partials`:
+// [G][2][ncols][128], a block's stretch that starts inside a tile in slot 0, one that starts at a
+// tile's start and ends inside it in slot 1; `counters`: per tile and part, zero between ops.
 template <int ncols>
-__launch_bounds__(AXLE_WR_THREADS, 4)
+__launch_bounds__(AXLE_WR_THREADS, 2)
 static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
-        const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
-        const int stride_col_dst, const int G) {
-#ifdef AMPERE_MMA_AVAILABLE
-    constexpr int rows = axle_wr_rows(ncols);
+        float * partials, int * counters, const int nblocks, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_smem[];
-    float * st = (float *) (axle_wr_smem + 2*axle_wr_stage_bytes<ncols>()); // [column][row][block] sumi*d4
-    // The walk: slab starts (weight blocks), lengths and whether a slab ends its stretch (1) and
-    // that stretch is the tile's last (2).
-    __shared__ int walk_k[AXLE_WR_MAX_SLABS];
-    __shared__ unsigned char walk_n[AXLE_WR_MAX_SLABS];
-    __shared__ unsigned char walk_end[AXLE_WR_MAX_SLABS];
-    __shared__ int walk_len;
-    __shared__ int nstretches;
+    char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
+    char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq
+    float * st = (float *) (sy + ncols*AXLE_WR_COL_BYTES);       // [column][row][block] sumi*d4
+    __shared__ bool folds;
     const int tid = threadIdx.x;
-    const int it = blockIdx.x;
-    const int ntiles = gridDim.x;
-    const int row0 = AXLE_WR_TILE_ROWS*it + rows*blockIdx.y;
-    // Chain threads: row r of the block's, column c.
-    const int r = tid % rows;
-    const int c = tid / rows;
-
-    if (tid == 0) {
-        // The stretches' starts: 0 and every stream-k start inside the tile.
-        int starts[AXLE_WR_MAX_STRETCHES];
-        int m = 0;
-        starts[m++] = 0;
-        for (int b = int(int64_t(it)*G/ntiles); b <= G; ++b) {
-            const int k = axle_wr_kbc(b, ntiles, nblocks, G) - it*nblocks;
-            if (k >= nblocks) {
-                break;
-            }
-            if (k > starts[m - 1] && m < AXLE_WR_MAX_STRETCHES) { // at most G + 1 (checked at start-up)
-                starts[m++] = k;
-            }
-        }
-        // Stretches m-2, ..., 0, then m-1; each in slabs.
-        int n = 0;
-        for (int j = 0; j < m; ++j) {
-            const int i = j < m - 1 ? m - 2 - j : m - 1;
-            const int end = i + 1 < m ? starts[i + 1] : nblocks;
-            for (int k = starts[i]; k < end; k += AXLE_WR_SLAB) {
-                walk_k[n] = k;
-                walk_n[n] = min(AXLE_WR_SLAB, end - k);
-                walk_end[n] = (k + AXLE_WR_SLAB >= end) | (i == m - 1 ? 2 : 0);
-                ++n;
-            }
-        }
-        walk_len = n;
-        nstretches = m;
-    }
-    __syncthreads();
-    const int nwalk = walk_len;
-
-    // Copies slab i of the walk into buffer `buf`: the block's rows (past the end: the last row again) and
-    // the columns' block_q8_1_mmq blocks.
-    auto copy_slab = [&](const int i, const int buf) {
-        char * sx = axle_wr_smem + buf*axle_wr_stage_bytes<ncols>();
-        char * sy = sx + rows*AXLE_WR_ROW_BYTES;
-        const int k0 = walk_k[i];
-        const int row_pieces = walk_n[i]*18/16; // 16-byte pieces: slabs are multiples of 8 blocks
-        for (int k = tid; k < rows*row_pieces; k += AXLE_WR_THREADS) {
-            const int64_t row = min(row0 + k/row_pieces, nrows_x - 1);
-            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(sx + (k/row_pieces)*AXLE_WR_ROW_BYTES + 16*(k % row_pieces)),
-                vx + (row*stride_row_x + k0)*18 + 16*(k % row_pieces));
-        }
-        const int col_pieces = walk_n[i]/4*9;
-        for (int k = tid; k < ncols*col_pieces; k += AXLE_WR_THREADS) {
-            const int cc = k/col_pieces;
-            const int p = k % col_pieces;
-            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(sy + cc*AXLE_WR_COL_BYTES + 16*p),
-                vy + ((int64_t) (k0/4 + p/9)*ncols_y + cc)*144 + 16*(p % 9));
-        }
-        asm volatile("cp.async.commit_group;");
+    const int G = gridDim.x;
+    const int b = blockIdx.x;
+    const int part = blockIdx.y;
+    // Chain threads: row r of the 32, column c.
+    const int r = tid % AXLE_WR_ROWS;
+    const int c = tid / AXLE_WR_ROWS;
+    // Where block bb keeps its stretch of tile it.
+    auto partial = [&](const int bb, const int it) -> float * {
+        const int slot = axle_wr_kbc(bb, ntiles, nblocks, G) > it*nblocks ? 0 : 1;
+        return partials + (((int64_t) bb*2 + slot)*ncols + c)*AXLE_WR_TILE_ROWS + AXLE_WR_ROWS*part + r;
     };
 
-    float sum = 0.0f;   // the stretches added so far, as the fixup kernel adds them
-    float chain = 0.0f; // the current stretch
-    copy_slab(0, 0);
-    for (int i = 0; i < nwalk; ++i) {
-        if (i + 1 < nwalk) {
-            copy_slab(i + 1, (i + 1) & 1);
-            asm volatile("cp.async.wait_group 1;");
-        } else {
-            asm volatile("cp.async.wait_group 0;");
-        }
-        __syncthreads();
-        const char * sx = axle_wr_smem + (i & 1)*axle_wr_stage_bytes<ncols>();
-        const char * sy = sx + rows*AXLE_WR_ROW_BYTES;
-        const int nb = walk_n[i];
-
-        // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
-        for (int k = tid; k < rows*nb; k += AXLE_WR_THREADS) {
-            const int rr = k / nb;
-            const int bl = k % nb;
-            const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
-            const float d4 = __half2float(*(const half *) bx);
-            int lo[4];
-            int hi[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int q = get_int_b2(bx + 2, j);
-                lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
-                hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+    int kbc = axle_wr_kbc(b, ntiles, nblocks, G);
+    const int kbc_stop = axle_wr_kbc(b + 1, ntiles, nblocks, G);
+    while (kbc < kbc_stop) {
+        const int it = kbc / nblocks;
+        const int k0 = kbc % nblocks;
+        const int k1 = min(nblocks, k0 + kbc_stop - kbc);
+        const int row0 = AXLE_WR_TILE_ROWS*it + AXLE_WR_ROWS*part;
+        float sum = 0.0f;
+        for (int s = k0; s < k1; s += AXLE_WR_SLAB) {
+            const int nb = min(AXLE_WR_SLAB, k1 - s); // a multiple of 8: 16-byte pieces
+            const int row_pieces = nb*18/16;
+            for (int k = tid; k < AXLE_WR_ROWS*row_pieces; k += AXLE_WR_THREADS) {
+                const int rr = k / row_pieces;
+                const int64_t row = min(row0 + rr, nrows_x - 1);
+                const int p = k % row_pieces;
+                *(int4 *) (sx + rr*AXLE_WR_ROW_BYTES + 16*p) =
+                    *(const int4 *) (vx + (row*stride_row_x + s)*18 + 16*p);
             }
-#pragma unroll
-            for (int cc = 0; cc < ncols; ++cc) {
-                const int * yq = (const int *) (sy + cc*AXLE_WR_COL_BYTES + (bl/4)*144 + 16 + (bl%4)*32);
-                int sumi = 0;
+            const int col_pieces = nb/4*9;
+            for (int k = tid; k < ncols*col_pieces; k += AXLE_WR_THREADS) {
+                const int cc = k / col_pieces;
+                const int p = k % col_pieces;
+                *(int4 *) (sy + cc*AXLE_WR_COL_BYTES + 16*p) =
+                    *(const int4 *) (vy + ((int64_t) (s/4 + p/9)*ncols_y + cc)*144 + 16*(p % 9));
+            }
+            __syncthreads();
+
+            // Integer products and float(sumi)*d4, a (row, block) pair per thread at a time.
+            for (int k = tid; k < AXLE_WR_ROWS*nb; k += AXLE_WR_THREADS) {
+                const int rr = k / nb;
+                const int bl = k % nb;
+                const char * bx = sx + rr*AXLE_WR_ROW_BYTES + bl*18;
+                const float d4 = __half2float(*(const half *) bx);
+                int lo[4];
+                int hi[4];
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
-                    sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
+                    const int q = get_int_b2(bx + 2, j);
+                    lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                    hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
                 }
-                st[(cc*rows + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
+#pragma unroll
+                for (int cc = 0; cc < ncols; ++cc) {
+                    const int * yq = (const int *) (sy + cc*AXLE_WR_COL_BYTES + (bl/4)*144 + 16 + (bl%4)*32);
+                    int sumi = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        sumi = ggml_cuda_dp4a(lo[j], yq[j], sumi);
+                        sumi = ggml_cuda_dp4a(hi[j], yq[j + 4], sumi);
+                    }
+                    st[(cc*AXLE_WR_ROWS + rr)*AXLE_WR_T_STRIDE + bl] = (float) sumi * d4;
+                }
             }
-        }
-        __syncthreads();
+            __syncthreads();
 
-        // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
-        if (c < ncols) {
-            const float * t = st + (c*rows + r)*AXLE_WR_T_STRIDE;
-            const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
-            for (int bl = 0; bl < nb; ++bl) {
-                const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
-                chain += t[bl]*d8;
+            // The chain, in K order: MMQ's sum += sumi*d4*d8 (FMUL, then FFMA).
+            if (c < ncols) {
+                const float * t = st + (c*AXLE_WR_ROWS + r)*AXLE_WR_T_STRIDE;
+                const half2 * ds = (const half2 *) (sy + c*AXLE_WR_COL_BYTES);
+                for (int bl = 0; bl < nb; ++bl) {
+                    const float d8 = __low2float(ds[(bl/4)*36 + bl%4]);
+                    sum += t[bl]*d8;
+                }
             }
-            if (walk_end[i] == 1) {
-                sum += chain;
-                chain = 0.0f;
-            } else if (walk_end[i] == 3) {
-                const int row = row0 + r;
+            __syncthreads(); // the slab buffers are refilled next
+        }
+        const int row = row0 + r;
+        if (k0 == 0 && k1 == nblocks) { // a whole tile
+            if (c < ncols && row < nrows_x) {
+                dst[(int64_t) c*stride_col_dst + row] = sum;
+            }
+        } else {
+            if (c < ncols) {
+                *partial(b, it) = sum;
+            }
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                // The tile's stretches: the blocks from the first whose range reaches into it.
+                int b_first = int(int64_t(it)*G/ntiles);
+                while (axle_wr_kbc(b_first + 1, ntiles, nblocks, G) <= it*nblocks) {
+                    ++b_first;
+                }
+                int n = 0;
+                for (int bb = b_first; bb < G && axle_wr_kbc(bb, ntiles, nblocks, G) < (it + 1)*nblocks; ++bb) {
+                    n += axle_wr_kbc(bb + 1, ntiles, nblocks, G) > axle_wr_kbc(bb, ntiles, nblocks, G);
+                }
+                int * counter = counters + it*AXLE_WR_PARTS + part;
+                folds = atomicAdd(counter, 1) == n - 1;
+                if (folds) {
+                    *counter = 0; // for the next op
+                }
+            }
+            __syncthreads();
+            if (folds && c < ncols) {
+                __threadfence();
+                // The fixup kernel's order: the stretch that ends the tile, plus the sum of the
+                // others from the latest back to the first.
+                int b_last = b;
+                while (axle_wr_kbc(b_last + 1, ntiles, nblocks, G) < (it + 1)*nblocks) {
+                    ++b_last;
+                }
+                float others = 0.0f;
+                for (int bb = b_last - 1; bb >= 0; --bb) {
+                    const int kb = axle_wr_kbc(bb, ntiles, nblocks, G);
+                    if (kb == axle_wr_kbc(bb + 1, ntiles, nblocks, G)) {
+                        continue; // no data
+                    }
+                    others += __ldcg(partial(bb, it));
+                    if (kb <= it*nblocks) {
+                        break; // it started the tile
+                    }
+                }
                 if (row < nrows_x) {
-                    dst[(int64_t) c*stride_col_dst + row] = nstretches == 1 ? chain : chain + sum;
+                    dst[(int64_t) c*stride_col_dst + row] = __ldcg(partial(b_last, it)) + others;
                 }
             }
         }
-        __syncthreads(); // buffer i & 1 and the products are refilled next
+        kbc += nblocks - k0; // the next tile's start
     }
-#else
-    GGML_UNUSED_VARS(vx, vy, dst, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, G);
-    NO_DEVICE_CODE;
-#endif // AMPERE_MMA_AVAILABLE
 }
+
+// Per device: the kernel's counters, zeroed once (each op leaves them zero).
+static int * axle_wr_counters[GGML_CUDA_MAX_DEVICES] = {nullptr};
 
 // Whether every CUDA device of this process runs Q4_0 products of 9 to 128 columns as analysed
 // above: NVIDIA, MMQ's tensor-core path with ggml's "ampere" configuration (Ampere to Hopper;
 // Blackwell has a table of its own), I = 128, K iterations of 256 and stream-k for every column
-// tile, and at most 158 SMs (a tile's stretches, at most G + 1, fit the kernel's walk). AXLE_WIDE_REPLAY=0 turns it off (measurements). Exported through the CUDA registry's
+// tile. The first call allocates the kernel's counters on every device; Axle asks at load, before
+// any CUDA graph is captured. AXLE_WIDE_REPLAY=0 turns it off (measurements). Exported through the CUDA registry's
 // get_proc_address as "axle_wide_replay_mmq".
 extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
     static const bool enabled = [] {
@@ -240,8 +233,7 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
             const int cc = ggml_cuda_info().devices[id].cc;
             if (!ampere_mma_available(cc) || blackwell_mma_available(cc) ||
                     ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
-                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>() ||
-                    ggml_cuda_info().devices[id].nsm > AXLE_WR_MAX_STRETCHES - 2) {
+                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>()) {
                 return false;
             }
             for (int J = 8; J <= 128; J += 8) {
@@ -254,6 +246,15 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
                 }
             }
         }
+        // The kernel's counters, before any graph is captured (the backend asks this at load).
+        int current = 0;
+        CUDA_CHECK(cudaGetDevice(&current));
+        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+            ggml_cuda_set_device(id);
+            CUDA_CHECK(cudaMalloc((void **) &axle_wr_counters[id], AXLE_WR_COUNTERS*sizeof(int)));
+            CUDA_CHECK(cudaMemset(axle_wr_counters[id], 0, AXLE_WR_COUNTERS*sizeof(int)));
+        }
+        ggml_cuda_set_device(current);
         return true;
     }();
     return enabled && type == GGML_TYPE_Q4_0;
@@ -261,18 +262,21 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
 
 template <int ncols>
 static void axle_wr_launch(
-        const char * vx, const char * vy, float * dst, const int nblocks, const int nrows_x,
-        const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
-    const int nsm = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
+        ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const int nblocks,
+        const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
+    const int id = ggml_cuda_get_device();
+    const int nsm = ggml_cuda_info().devices[id].nsm;
     // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
     const int ntiles = (nrows_x + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS;
     const int nwaves = (ntiles + nsm - 1)/nsm;
     const int efficiency = 100*ntiles/(nsm*nwaves);
     const int G = efficiency >= 90 ? ntiles : nsm;
+    ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
-    axle_wr_q4_0<ncols><<<dim3(ntiles, AXLE_WR_TILE_ROWS/axle_wr_rows(ncols), 1), AXLE_WR_THREADS, nbytes, stream>>>(
-        vx, vy, dst, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, G);
+    axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
+        vx, vy, dst, partials.get(), axle_wr_counters[id], nblocks, nrows_x, stride_row_x, ncols_y,
+        stride_col_dst, ntiles);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -293,6 +297,7 @@ bool ggml_cuda_axle_wr_mul_mat(
             src1->ne[1] < 1 || src1->ne[1] > 8 ||
             src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
             dst->nb[0] != sizeof(float) || src0->ne[0] % MMQ_ITER_K != 0 || src0->ne[0] > AXLE_WR_MAX_K ||
+            (src0->ne[1] + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS*AXLE_WR_PARTS > AXLE_WR_COUNTERS ||
             src0->nb[1] % 16 != 0 || (uintptr_t) src0->data % 16 != 0) {
         static bool warned = false; // once per process
         if (!warned) {
@@ -324,7 +329,7 @@ bool ggml_cuda_axle_wr_mul_mat(
     const int ncols_y = ne11;
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
-        case n: axle_wr_launch<n>(vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
+        case n: axle_wr_launch<n>(ctx, vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
         AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
         AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
 #undef AXLE_WR_CASE
