@@ -65,8 +65,10 @@ static constexpr __host__ __device__ int axle_wr_shared_bytes() {
 // grid (G, 4): stream-k block b's stretches for 32 rows of each tile they touch. `partials`:
 // [G][2][ncols][128], a block's stretch that starts inside a tile in slot 0, one that starts at a
 // tile's start and ends inside it in slot 1; `counters`: per tile and part, zero between ops.
+// At most 64 registers: 4 blocks an SM, so that the grid of 4 x (SM count) blocks runs in one
+// wave (3 an SM, with 66 registers, took half as long again).
 template <int ncols>
-__launch_bounds__(AXLE_WR_THREADS, 2)
+__launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
         float * partials, int * counters, const int nblocks, const int nrows_x, const int stride_row_x,
