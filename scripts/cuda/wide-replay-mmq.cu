@@ -50,10 +50,18 @@
 #define AXLE_WR_T_STRIDE (AXLE_WR_SLAB + 1)               // floats per (column, row), padded
 
 // Where stream-k block b's stretch starts, as mul_mat_q computes it for one column tile, one
-// channel and one sample.
-static __device__ __forceinline__ int axle_wr_kbc(const int b, const int ntiles, const int nblocks, const int G) {
-    int kbc = int(int64_t(b)*uint32_t(ntiles*nblocks)/G);
-    kbc -= (kbc % nblocks) % (MMQ_ITER_K/QK4_0);
+// channel and one sample: b*T/G with T = ntiles*nblocks, rounded down to a multiple of 8 blocks
+// within its tile. In 32-bit arithmetic from T = q*G + rem: b*T/G = b*q + b*rem/G (b*rem < G*G).
+struct axle_wr_split {
+    int nblocks; // weight blocks per row
+    int G;       // stream-k blocks
+    int q;       // T/G
+    int rem;     // T%G
+};
+
+static __device__ __forceinline__ int axle_wr_kbc(const int b, const axle_wr_split & sp) {
+    int kbc = b*sp.q + b*sp.rem/sp.G;
+    kbc -= (kbc % sp.nblocks) % (MMQ_ITER_K/QK4_0);
     return kbc;
 }
 
@@ -71,15 +79,18 @@ template <int ncols>
 __launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
-        float * partials, int * counters, const int nblocks, const int nrows_x, const int stride_row_x,
+        float * partials, int * counters, const axle_wr_split sp, const int nrows_x, const int stride_row_x,
         const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_smem[];
     char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
     char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq
     float * st = (float *) (sy + ncols*AXLE_WR_COL_BYTES);       // [column][row][block] sumi*d4
     __shared__ bool folds;
+    __shared__ int fold_first; // the tile's first block with data
+    __shared__ int fold_last;  // the block whose stretch ends the tile
     const int tid = threadIdx.x;
-    const int G = gridDim.x;
+    const int nblocks = sp.nblocks;
+    const int G = sp.G;
     const int b = blockIdx.x;
     const int part = blockIdx.y;
     // Chain threads: row r of the 32, column c.
@@ -87,12 +98,12 @@ static __global__ void axle_wr_q4_0(
     const int c = tid / AXLE_WR_ROWS;
     // Where block bb keeps its stretch of tile it.
     auto partial = [&](const int bb, const int it) -> float * {
-        const int slot = axle_wr_kbc(bb, ntiles, nblocks, G) > it*nblocks ? 0 : 1;
+        const int slot = axle_wr_kbc(bb, sp) > it*nblocks ? 0 : 1;
         return partials + (((int64_t) bb*2 + slot)*ncols + c)*AXLE_WR_TILE_ROWS + AXLE_WR_ROWS*part + r;
     };
 
-    int kbc = axle_wr_kbc(b, ntiles, nblocks, G);
-    const int kbc_stop = axle_wr_kbc(b + 1, ntiles, nblocks, G);
+    int kbc = axle_wr_kbc(b, sp);
+    const int kbc_stop = axle_wr_kbc(b + 1, sp);
     while (kbc < kbc_stop) {
         const int it = kbc / nblocks;
         const int k0 = kbc % nblocks;
@@ -169,15 +180,24 @@ static __global__ void axle_wr_q4_0(
             __threadfence();
             __syncthreads();
             if (tid == 0) {
-                // The tile's stretches: the blocks from the first whose range reaches into it.
-                int b_first = int(int64_t(it)*G/ntiles);
-                while (axle_wr_kbc(b_first + 1, ntiles, nblocks, G) <= it*nblocks) {
-                    ++b_first;
+                // The tile's stretches: the blocks from the first whose range reaches into it to
+                // the one whose range reaches its end, those with data.
+                int first = int(int64_t(it)*G/ntiles);
+                while (axle_wr_kbc(first + 1, sp) <= it*nblocks) {
+                    ++first;
                 }
                 int n = 0;
-                for (int bb = b_first; bb < G && axle_wr_kbc(bb, ntiles, nblocks, G) < (it + 1)*nblocks; ++bb) {
-                    n += axle_wr_kbc(bb + 1, ntiles, nblocks, G) > axle_wr_kbc(bb, ntiles, nblocks, G);
+                int last = first;
+                for (int bb = first, kb = axle_wr_kbc(first, sp); bb < G && kb < (it + 1)*nblocks; ++bb) {
+                    const int kb_next = axle_wr_kbc(bb + 1, sp);
+                    if (kb_next > kb) {
+                        ++n;
+                        last = bb;
+                    }
+                    kb = kb_next;
                 }
+                fold_first = first;
+                fold_last = last;
                 int * counter = counters + it*AXLE_WR_PARTS + part;
                 folds = atomicAdd(counter, 1) == n - 1;
                 if (folds) {
@@ -188,24 +208,18 @@ static __global__ void axle_wr_q4_0(
             if (folds && c < ncols) {
                 __threadfence();
                 // The fixup kernel's order: the stretch that ends the tile, plus the sum of the
-                // others from the latest back to the first.
-                int b_last = b;
-                while (axle_wr_kbc(b_last + 1, ntiles, nblocks, G) < (it + 1)*nblocks) {
-                    ++b_last;
-                }
+                // others from the latest back to the first (blocks without data skipped).
                 float others = 0.0f;
-                for (int bb = b_last - 1; bb >= 0; --bb) {
-                    const int kb = axle_wr_kbc(bb, ntiles, nblocks, G);
-                    if (kb == axle_wr_kbc(bb + 1, ntiles, nblocks, G)) {
-                        continue; // no data
+                int kb_next = axle_wr_kbc(fold_last, sp);
+                for (int bb = fold_last - 1; bb >= fold_first; --bb) {
+                    const int kb = axle_wr_kbc(bb, sp);
+                    if (kb < kb_next) {
+                        others += __ldcg(partial(bb, it));
                     }
-                    others += __ldcg(partial(bb, it));
-                    if (kb <= it*nblocks) {
-                        break; // it started the tile
-                    }
+                    kb_next = kb;
                 }
                 if (row < nrows_x) {
-                    dst[(int64_t) c*stride_col_dst + row] = __ldcg(partial(b_last, it)) + others;
+                    dst[(int64_t) c*stride_col_dst + row] = __ldcg(partial(fold_last, it)) + others;
                 }
             }
         }
@@ -276,8 +290,10 @@ static void axle_wr_launch(
     ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
+    const int T = ntiles*nblocks;
+    const axle_wr_split sp = {nblocks, G, T/G, T % G};
     axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
-        vx, vy, dst, partials.get(), axle_wr_counters[id], nblocks, nrows_x, stride_row_x, ncols_y,
+        vx, vy, dst, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
         stride_col_dst, ntiles);
     CUDA_CHECK(cudaGetLastError());
 }
