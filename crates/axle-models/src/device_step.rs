@@ -156,16 +156,17 @@ impl DeviceStep {
             && self.column_types & (1u64 << dtype.raw()) != 0
     }
 
-    /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of `w` ([k, m]) takes Axle's
-    /// replay of MMQ: wide products, a type the backends replay, rows of whole K iterations and
-    /// at most [`axle_ggml::wide_replay::ROW_MAX`] weights.
-    pub fn wide_replay(&self, w: axle_ggml::Tensor<'_>) -> bool {
-        let dtype = w.dtype();
+    /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of a `dtype` weight with rows of
+    /// `row_len` weights takes Axle's replay of MMQ: wide products, a type the backends replay,
+    /// rows of whole K iterations ([`axle_ggml::wide_replay::ROW_MULTIPLE`]) and at most
+    /// [`axle_ggml::wide_replay::ROW_MAX`] weights. Otherwise such a product is padded to
+    /// [`WIDE_MIN_COLS`] columns.
+    pub fn wide_replay(&self, dtype: axle_ggml::DType, row_len: i64) -> bool {
         self.products == DeviceProducts::Wide
             && dtype.raw() < 64
             && self.replay_types & (1u64 << dtype.raw()) != 0
-            && w.ne()[0] % axle_ggml::wide_replay::ROW_MULTIPLE == 0
-            && w.ne()[0] <= axle_ggml::wide_replay::ROW_MAX
+            && row_len % axle_ggml::wide_replay::ROW_MULTIPLE == 0
+            && row_len <= axle_ggml::wide_replay::ROW_MAX
     }
 }
 
@@ -303,6 +304,33 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wide_replay_needs_the_mode_the_type_and_whole_k_iterations() {
+        let seqs = [SeqSlots {
+            start_pos: 0,
+            n_tokens: 1,
+            slots: &[0],
+        }];
+        let mut step = layout(&seqs, 256, None).step;
+        let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
+        step.replay_types = 1 << q4_0.raw();
+        assert!(!step.wide_replay(q4_0, 4096), "groups: no replay");
+        step.products = DeviceProducts::Wide;
+        assert!(step.wide_replay(q4_0, 4096));
+        assert!(step.wide_replay(q4_0, 14336), "56 K iterations of 256");
+        assert!(
+            !step.wide_replay(q4_0, 4096 + 32),
+            "not whole K iterations: padded"
+        );
+        assert!(!step.wide_replay(q4_0, 2 * axle_ggml::wide_replay::ROW_MAX));
+        assert!(
+            !step.wide_replay(axle_ggml::DType::Q8_0, 4096),
+            "a type not replayed"
+        );
+        step.products = DeviceProducts::Columns;
+        assert!(!step.wide_replay(q4_0, 4096), "columns: no replay");
+    }
 
     #[test]
     fn column_invariant_products_need_the_mode_and_the_type() {

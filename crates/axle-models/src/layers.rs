@@ -536,13 +536,15 @@ impl<'a> Step<'a> {
         while first < n {
             let cols = (n - first).min(WIDE_MAX_COLS);
             let xs = columns(g, x, first, cols);
-            pieces.push(if cols < WIDE_MIN_COLS && d.wide_replay(w) {
-                g.mul_mat_wide_replay(w, xs)
-            } else if cols < WIDE_MIN_COLS {
-                self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
-            } else {
-                g.mul_mat(w, xs)
-            });
+            pieces.push(
+                if cols < WIDE_MIN_COLS && d.wide_replay(w.dtype(), w.ne()[0]) {
+                    g.mul_mat_wide_replay(w, xs)
+                } else if cols < WIDE_MIN_COLS {
+                    self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
+                } else {
+                    g.mul_mat(w, xs)
+                },
+            );
             first += cols;
         }
         concat_all(g, pieces, 1)
