@@ -305,14 +305,19 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
 mod tests {
     use super::*;
 
-    #[test]
-    fn wide_replay_needs_the_mode_the_type_and_whole_k_iterations() {
+    /// The layout of a step of one sequence decoding its first token.
+    fn one_decode_row() -> DeviceStep {
         let seqs = [SeqSlots {
             start_pos: 0,
             n_tokens: 1,
             slots: &[0],
         }];
-        let mut step = layout(&seqs, 256, None).step;
+        layout(&seqs, 256, None).step
+    }
+
+    #[test]
+    fn wide_replay_needs_the_mode_the_type_and_whole_k_iterations() {
+        let mut step = one_decode_row();
         let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
         step.replay_types = 1 << q4_0.raw();
         assert!(!step.wide_replay(q4_0, 4096), "groups: no replay");
@@ -334,12 +339,7 @@ mod tests {
 
     #[test]
     fn column_invariant_products_need_the_mode_and_the_type() {
-        let seqs = [SeqSlots {
-            start_pos: 0,
-            n_tokens: 1,
-            slots: &[0],
-        }];
-        let mut step = layout(&seqs, 256, None).step;
+        let mut step = one_decode_row();
         let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
         let q8_0 = axle_ggml::DType::Q8_0;
         step.column_types = 1 << q4_0.raw();
