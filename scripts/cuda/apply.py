@@ -5,11 +5,12 @@ scripts/build-backend.sh builds its CUDA backend.
 
     scripts/cuda/apply.py LLAMA_CPP_DIR
 
-Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh,
-calls them first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints) and
-exports their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a line of ggml's
-source; a missing anchor (another ggml) stops the build with an error rather than building
-without the kernel. Applying twice is refused the same way.
+Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh, calls them
+first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints), keeps replayed
+products out of ggml's mat-vec fusion and exports their capability queries through the CUDA
+registry's get_proc_address. Each edit is anchored on a line of ggml's source; a missing anchor
+(another ggml) stops the build with an error rather than building without the kernels. Applying
+twice is refused the same way.
 """
 import pathlib
 import sys

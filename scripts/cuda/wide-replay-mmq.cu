@@ -33,8 +33,9 @@
 // kernel. Axle asks for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY
 // (op_params[1]) and only where ggml_cuda_axle_wr_supports says yes (ggml's graph fusion of a
 // one-column product with the next add or gated unit, which would run its mat-vec kernel, is
-// turned off for such products); `axle bench device-check` with wide products checks the bits
-// (one sequence against a batch of 20, speculation on against off) where it runs.
+// turned off for such products). `axle bench device-check` with wide products compares greedy
+// tokens (one sequence against a batch of 20, speculation on against off) where it runs, and
+// tests/python/test_wide_replay_order.py checks the fold's order against ggml's on the CPU.
 
 #include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
 

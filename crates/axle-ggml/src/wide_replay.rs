@@ -13,9 +13,10 @@
 //! multiply-add, and the stretches added in the order of MMQ's fix-up kernel. It reads the
 //! weights once. It runs only for products carrying [`HINT`] (ggml's mul_mat hint,
 //! `op_params[1]`); the backend answers [`crate::Device::wide_replay_products`] per weight type
-//! (Q4_0 on NVIDIA GPUs from Ampere to Hopper, where MMQ's configuration is the one analysed);
-//! `axle bench device-check` with wide products checks the bits (one sequence against a batch,
-//! speculation on against off) where it runs.
+//! (Q4_0 on NVIDIA GPUs from Ampere to Hopper, where MMQ's configuration is the one analysed).
+//! `axle bench device-check` with wide products compares greedy tokens (one sequence against a
+//! batch, speculation on against off) where it runs; `tests/python/test_wide_replay_order.py`
+//! checks the order in which the replay adds a tile's stretches against ggml's.
 
 /// The mul_mat hint that asks for Axle's replay of MMQ (`"AXL2"`); ggml's own hints are small
 /// numbers, and backends ignore hints they do not know.
