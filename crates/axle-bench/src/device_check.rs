@@ -70,6 +70,10 @@ pub struct DeviceCheckReport {
     pub speculation_batched_identical: usize,
     /// Prompts whose batched plain output equals their plain output alone.
     pub batched_plain_identical: usize,
+    /// Prompts whose batched plain tokens have log-probabilities bit-identical to alone (a
+    /// function of every logit of every step: a stricter check than the tokens).
+    #[serde(default)]
+    pub batched_logprobs_identical: usize,
     /// Draft tokens proposed and accepted in the speculative runs.
     pub drafted: usize,
     /// Accepted draft tokens.
@@ -143,6 +147,8 @@ pub(crate) fn greedy_llama(
 struct EngineRun {
     /// Greedy outputs, in prompt order.
     outputs: Vec<Vec<TokenId>>,
+    /// Their tokens' log-probabilities, where the requests asked for them.
+    logprobs: Vec<Vec<f32>>,
     drafted: usize,
     accepted: usize,
     /// The engine's device products (`None`: the host layout).
@@ -164,6 +170,7 @@ fn engine_run(
     let mut d = e.drain(|_| {});
     Ok(EngineRun {
         outputs: d.outputs(&ids),
+        logprobs: d.logprobs(&ids),
         drafted: d.drafted(),
         accepted: d.accepted(),
         products: e.device_products(),
@@ -238,19 +245,24 @@ pub fn run(
         ignore_eos: true,
         ..Default::default()
     };
+    // Plain runs report each token's log-probability (the logits read back whole).
+    let mut with_logprobs = req.clone();
+    with_logprobs.sampling.logprobs = Some(0);
     let mut plain = Vec::new();
+    let mut plain_logprobs = Vec::new();
     let mut alone_same = 0;
     let (mut drafted, mut accepted) = (0, 0);
     for p in &toks {
-        let a = engine_run(model, &cfg(0), std::slice::from_ref(p), &req)?;
+        let a = engine_run(model, &cfg(0), std::slice::from_ref(p), &with_logprobs)?;
         let b = engine_run(model, &cfg(4), std::slice::from_ref(p), &req)?;
         alone_same += usize::from(a.outputs == b.outputs);
         drafted += b.drafted;
         accepted += b.accepted;
         plain.push(a.outputs.into_iter().next().unwrap_or_default());
+        plain_logprobs.push(a.logprobs.into_iter().next().unwrap_or_default());
         bar.inc(1);
     }
-    let batched_plain = engine_run(model, &cfg(0), &toks, &req)?;
+    let batched_plain = engine_run(model, &cfg(0), &toks, &with_logprobs)?;
     let batched_spec = engine_run(model, &cfg(4), &toks, &req)?;
     bar.finish_and_clear();
     drafted += batched_spec.drafted;
@@ -273,9 +285,20 @@ pub fn run(
         speculation_alone_identical: alone_same,
         speculation_batched_identical: same(&batched_spec.outputs),
         batched_plain_identical: same(&batched_plain.outputs),
+        batched_logprobs_identical: batched_plain
+            .logprobs
+            .iter()
+            .zip(&plain_logprobs)
+            .filter(|(a, b)| !a.is_empty() && bits(a) == bits(b))
+            .count(),
         drafted,
         accepted,
     })
+}
+
+/// The bit patterns of `v`, for comparisons that tell -0.0 from 0.0 and NaN from NaN.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// `v`, or `unknown` for a field an older report lacks.
@@ -322,11 +345,12 @@ pub fn render(r: &DeviceCheckReport) -> String {
         r.worst_llama_self_max_abs_diff
     );
     s += &format!(
-        "speculation on == off: alone {}/{n}, batched {}/{n}; batched plain == alone plain {}/{n}; \
-         drafted {} accepted {}\n",
+        "speculation on == off: alone {}/{n}, batched {}/{n}; batched plain == alone plain {}/{n} \
+         (log-probabilities bit-identical {}/{n}); drafted {} accepted {}\n",
         r.speculation_alone_identical,
         r.speculation_batched_identical,
         r.batched_plain_identical,
+        r.batched_logprobs_identical,
         r.drafted,
         r.accepted
     );

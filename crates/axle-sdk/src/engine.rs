@@ -210,6 +210,8 @@ pub enum Output {
 pub struct Drained {
     /// Each request's tokens.
     pub tokens: HashMap<RequestId, Vec<TokenId>>,
+    /// Each token's log-probability, for requests that asked for them.
+    pub logprobs: HashMap<RequestId, Vec<f32>>,
     /// How each request ended (usage, speculation counts, ...).
     pub finished: HashMap<RequestId, Finish>,
 }
@@ -219,6 +221,14 @@ impl Drained {
     pub fn outputs(&mut self, ids: &[RequestId]) -> Vec<Vec<TokenId>> {
         ids.iter()
             .map(|id| self.tokens.remove(id).unwrap_or_default())
+            .collect()
+    }
+
+    /// The log-probabilities of `ids`' tokens, in that order (empty for a request that asked for
+    /// none).
+    pub fn logprobs(&mut self, ids: &[RequestId]) -> Vec<Vec<f32>> {
+        ids.iter()
+            .map(|id| self.logprobs.remove(id).unwrap_or_default())
             .collect()
     }
 
@@ -698,7 +708,14 @@ impl EngineCore {
         while self.has_work() {
             for o in self.step() {
                 match o {
-                    Output::Token { id, token, .. } => d.tokens.entry(id).or_default().push(token),
+                    Output::Token {
+                        id, token, logprob, ..
+                    } => {
+                        d.tokens.entry(id).or_default().push(token);
+                        if let Some(l) = logprob {
+                            d.logprobs.entry(id).or_default().push(l.logprob);
+                        }
+                    }
                     Output::Finished { id, finish, .. } => {
                         d.finished.insert(id, finish);
                     }

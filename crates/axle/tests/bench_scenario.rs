@@ -239,6 +239,7 @@ fn device_check_reports_what_ran_and_passes_on_the_cpu() {
         "speculation_alone_identical",
         "speculation_batched_identical",
         "batched_plain_identical",
+        "batched_logprobs_identical",
     ] {
         assert_eq!(r[key].as_u64(), Some(n as u64), "{key}: {r}");
     }
