@@ -228,7 +228,9 @@ static __global__ void axle_wr_q4_0(
     }
 }
 
-// Per device: the kernel's counters, zeroed once (each op leaves them zero).
+// Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
+// device: ggml runs a graph's nodes on one stream; two engines replaying on one device from
+// different streams at the same time would share them (not supported).
 static int * axle_wr_counters[GGML_CUDA_MAX_DEVICES] = {nullptr};
 
 // Whether every CUDA device of this process runs Q4_0 products of 9 to 128 columns as analysed
