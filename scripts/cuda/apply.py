@@ -42,6 +42,8 @@ def main() -> None:
         + "bool ggml_cuda_axle_ci_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
+        + "bool ggml_cuda_axle_plain_product(const ggml_tensor * src0, const ggml_tensor * src1,\n"
+        + "    const ggml_tensor * dst);\n"
         # The replay's declarations live here too, where ggml-cuda.cu sees them, so that a rebuild
         # after a change to the kernels does not recompile every file that includes mmq.cuh.
         + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"

@@ -452,6 +452,16 @@ extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type) {
     return true;
 }
 
+// Whether `dst = src0 @ src1` is a product Axle's kernels take at all: a 2-D weight outside the
+// compute buffer (its padding is never cleared) with elements side by side, F32 columns and
+// result, one matrix each. Both hooks (this file's and the replay of MMQ's) ask it first.
+bool ggml_cuda_axle_plain_product(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * dst) {
+    return src1->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
+        ggml_backend_buffer_get_usage(src0->buffer) != GGML_BACKEND_BUFFER_USAGE_COMPUTE &&
+        src0->ne[2] == 1 && src0->ne[3] == 1 && src1->ne[2] == 1 && src1->ne[3] == 1 &&
+        src0->nb[0] == ggml_type_size(src0->type) && src1->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float);
+}
+
 // Runs `dst = src0 @ src1` with the kernel above if `dst` carries Axle's hint and the op fits
 // (a 2-D quantized weight outside the compute buffer, F32 columns and result); false otherwise,
 // and the caller goes on with ggml's own choice.
@@ -461,12 +471,8 @@ bool ggml_cuda_axle_ci_mul_mat(
         return false;
     }
     // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
-    if (!ggml_cuda_axle_ci_supports(src0->type) ||
-            src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
-            ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
-            src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
-            src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
-            dst->nb[0] != sizeof(float) || src0->ne[0] % ggml_blck_size(src0->type) != 0) {
+    if (!ggml_cuda_axle_ci_supports(src0->type) || !ggml_cuda_axle_plain_product(src0, src1, dst) ||
+            src0->ne[0] % ggml_blck_size(src0->type) != 0) {
         static bool warned = false; // once per process
         if (!warned) {
             warned = true;

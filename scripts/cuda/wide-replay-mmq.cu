@@ -311,13 +311,9 @@ bool ggml_cuda_axle_wr_mul_mat(
         return false;
     }
     // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
-    if (!ggml_cuda_axle_wr_supports(src0->type) ||
-            src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32 ||
-            ggml_backend_buffer_get_usage(src0->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE ||
-            src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 ||
+    if (!ggml_cuda_axle_wr_supports(src0->type) || !ggml_cuda_axle_plain_product(src0, src1, dst) ||
             src1->ne[1] < 1 || src1->ne[1] > 8 ||
-            src0->nb[0] != ggml_type_size(src0->type) || src1->nb[0] != sizeof(float) ||
-            dst->nb[0] != sizeof(float) || src0->ne[0] % MMQ_ITER_K != 0 || src0->ne[0] > AXLE_WR_MAX_K ||
+            src0->ne[0] % MMQ_ITER_K != 0 || src0->ne[0] > AXLE_WR_MAX_K ||
             (src0->ne[1] + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS*AXLE_WR_PARTS > AXLE_WR_COUNTERS ||
             src0->nb[1] % 16 != 0 || (uintptr_t) src0->data % 16 != 0) {
         static bool warned = false; // once per process
