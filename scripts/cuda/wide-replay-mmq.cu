@@ -45,7 +45,7 @@
 #define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
 #define AXLE_WR_THREADS 256
 #define AXLE_WR_MAX_K 131072                              // weights per row, at most
-#define AXLE_WR_COUNTERS 65536                            // per device: tiles x parts, at most
+#define AXLE_WR_COUNTERS 65536                            // per device: tiles x parts, at most (Rust: ROWS_MAX)
 #define AXLE_WR_ROW_BYTES (AXLE_WR_SLAB*18)               // one row's slab of Q4_0 blocks
 #define AXLE_WR_COL_BYTES (AXLE_WR_SLAB/4*144)            // one column's slab of block_q8_1_mmq
 #define AXLE_WR_T_STRIDE (AXLE_WR_SLAB + 1)               // floats per (column, row), padded

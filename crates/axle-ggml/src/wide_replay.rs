@@ -28,3 +28,7 @@ pub const ROW_MULTIPLE: i64 = 256;
 
 /// Most weights per row the replay takes.
 pub const ROW_MAX: i64 = 131_072;
+
+/// Most rows of a weight the replay takes: its per-device counters cover 65536 quarters of
+/// 128-row tiles.
+pub const ROWS_MAX: i64 = 65_536 / 4 * 128;

@@ -156,17 +156,19 @@ impl DeviceStep {
             && self.column_types & (1u64 << dtype.raw()) != 0
     }
 
-    /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of a `dtype` weight with rows of
-    /// `row_len` weights takes Axle's replay of MMQ: wide products, a type the backends replay,
-    /// rows of whole K iterations ([`axle_ggml::wide_replay::ROW_MULTIPLE`]) and at most
-    /// [`axle_ggml::wide_replay::ROW_MAX`] weights. Otherwise such a product is padded to
-    /// [`WIDE_MIN_COLS`] columns.
-    pub fn wide_replay(&self, dtype: axle_ggml::DType, row_len: i64) -> bool {
+    /// Whether a product of fewer than [`WIDE_MIN_COLS`] columns of a `dtype` weight of `rows`
+    /// rows of `row_len` weights takes Axle's replay of MMQ: wide products, a type the backends
+    /// replay, rows of whole K iterations ([`axle_ggml::wide_replay::ROW_MULTIPLE`]), at most
+    /// [`axle_ggml::wide_replay::ROW_MAX`] weights a row and
+    /// [`axle_ggml::wide_replay::ROWS_MAX`] rows (the bounds the backend refuses beyond).
+    /// Otherwise such a product is padded to [`WIDE_MIN_COLS`] columns.
+    pub fn wide_replay(&self, dtype: axle_ggml::DType, row_len: i64, rows: i64) -> bool {
         self.products == DeviceProducts::Wide
             && dtype.raw() < 64
             && self.replay_types & (1u64 << dtype.raw()) != 0
             && row_len % axle_ggml::wide_replay::ROW_MULTIPLE == 0
             && row_len <= axle_ggml::wide_replay::ROW_MAX
+            && rows <= axle_ggml::wide_replay::ROWS_MAX
     }
 }
 
@@ -320,21 +322,32 @@ mod tests {
         let mut step = one_decode_row();
         let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
         step.replay_types = 1 << q4_0.raw();
-        assert!(!step.wide_replay(q4_0, 4096), "groups: no replay");
+        assert!(!step.wide_replay(q4_0, 4096, 4096), "groups: no replay");
         step.products = DeviceProducts::Wide;
-        assert!(step.wide_replay(q4_0, 4096));
-        assert!(step.wide_replay(q4_0, 14336), "56 K iterations of 256");
+        assert!(step.wide_replay(q4_0, 4096, 4096));
         assert!(
-            !step.wide_replay(q4_0, 4096 + 32),
+            step.wide_replay(q4_0, 14336, 4096),
+            "56 K iterations of 256"
+        );
+        assert!(
+            !step.wide_replay(q4_0, 4096 + 32, 4096),
             "not whole K iterations: padded"
         );
-        assert!(!step.wide_replay(q4_0, 2 * axle_ggml::wide_replay::ROW_MAX));
+        assert!(!step.wide_replay(q4_0, 2 * axle_ggml::wide_replay::ROW_MAX, 4096));
         assert!(
-            !step.wide_replay(axle_ggml::DType::Q8_0, 4096),
+            !step.wide_replay(axle_ggml::DType::Q8_0, 4096, 4096),
             "a type not replayed"
         );
+        assert!(
+            !step.wide_replay(q4_0, 4096, axle_ggml::wide_replay::ROWS_MAX + 1),
+            "more rows than the counters cover: padded"
+        );
+        assert!(
+            step.wide_replay(q4_0, 4096, 128_256),
+            "a 128K-vocabulary head"
+        );
         step.products = DeviceProducts::Columns;
-        assert!(!step.wide_replay(q4_0, 4096), "columns: no replay");
+        assert!(!step.wide_replay(q4_0, 4096, 4096), "columns: no replay");
     }
 
     #[test]

@@ -537,7 +537,7 @@ impl<'a> Step<'a> {
             let cols = (n - first).min(WIDE_MAX_COLS);
             let xs = columns(g, x, first, cols);
             pieces.push(
-                if cols < WIDE_MIN_COLS && d.wide_replay(w.dtype(), w.ne()[0]) {
+                if cols < WIDE_MIN_COLS && d.wide_replay(w.dtype(), w.ne()[0], w.ne()[1]) {
                     g.mul_mat_wide_replay(w, xs)
                 } else if cols < WIDE_MIN_COLS {
                     self.mul_mat_padded(w, xs, WIDE_MIN_COLS)

@@ -61,7 +61,8 @@ pub struct EngineConfig {
     /// field where it cannot run).
     /// [`DeviceProducts::Wide`] (CUDA only)
     /// reads the weights once per step whatever the batch: the choice for serving many
-    /// concurrent sequences, at half the speed of a lone one. Refused with `LikeLlamaCpp`.
+    /// concurrent sequences, slower for a lone one (0.75x libllama with Q4_0 weights on an H200,
+    /// docs/gpu.md). Refused with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
     /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic

@@ -58,7 +58,7 @@ class Engine:
     of a range of layers on each. ``device_products`` (GPUs, exact kernels): ``"columns"`` (the
     default where the CUDA backend carries Axle's kernel) reads the weights once per 8 decoding
     sequences, ``"groups"`` once per 4; ``"wide"`` (CUDA) once per step for many concurrent
-    sequences, at half the speed of a lone one.
+    sequences, slower for a lone one (0.75x libllama with Q4_0 weights on an H200).
     ``host_kernels`` (CPU, exact kernels): the default ``"origin"`` gives prompt rows the
     arithmetic libllama prefills with and generated rows the one it decodes with, so prompts
     prefill at libllama's speed and greedy output follows libllama's; ``"compatible"`` gives every
