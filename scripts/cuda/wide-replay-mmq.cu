@@ -37,6 +37,7 @@
 // tokens (one sequence against a batch of 20, speculation on against off) where it runs, and
 // tests/python/test_wide_replay_order.py checks the fold's order against ggml's on the CPU.
 
+#include "cp-async.cuh"
 #include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
 
 #define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
@@ -228,6 +229,203 @@ static __global__ void axle_wr_q4_0(
     }
 }
 
+// The rows kernel: a thread block takes R rows of one tile (R divides 128) over the whole K range,
+// so that it needs no partial sums in global memory, no counters and no second pass.
+// 0. Its weights, R rows of the whole K range, are copied to shared memory at once (coalesced
+//    asynchronous 16-byte copies, every one in flight together).
+// 1. Integer products: a thread takes a row's 8 weight blocks of a K iteration at a time, rows
+//    fastest (so that a warp's threads read the same column blocks) and computes float(sumi)*d4
+//    per column into shared memory; each column's d8 goes beside them.
+// 2. The chains: one thread per (column, row, stretch) runs the stretch's fused multiply-adds in
+//    K order (MMQ's sum += sumi*d4*d8 from 0) and leaves the sum at the stretch's first place.
+// 3. The fold: one thread per (column, row) adds the stretches in the fix-up kernel's order.
+// The stretches of the tile are those of MMQ's stream-k blocks (axle_wr_kbc), found once per
+// thread block while the copies are in flight. The launcher picks R to fit shared memory
+// (axle_wr_rows_for).
+#define AXLE_WR_ROWS_THREADS 128
+#define AXLE_WR_ROWS_MAX_BYTES (96*1024)                  // shared memory of a block, at most
+
+// A row's weights in shared memory, padded by 16 bytes so that the rows' 16-byte reads of one
+// warp fall in different banks.
+static constexpr __host__ __device__ int axle_wr_rows_stage_stride(const int nblocks) {
+    return nblocks*18 + 16;
+}
+
+static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(const int ncols, const int R, const int nblocks) {
+    return (size_t) R*axle_wr_rows_stage_stride(nblocks) +
+        ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nblocks/8 + 1)*4;
+}
+
+template <int ncols>
+__launch_bounds__(AXLE_WR_ROWS_THREADS)
+static __global__ void axle_wr_rows_q4_0(
+        const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
+        const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
+    extern __shared__ __align__(16) char axle_wr_rows_smem[];
+    const int nblocks = sp.nblocks;
+    const int stage_stride = axle_wr_rows_stage_stride(nblocks);
+    const int stride = nblocks + 1;                                    // floats per (column, row), padded
+    char * stage = axle_wr_rows_smem;                                  // [row] raw Q4_0 blocks
+    float * st = (float *) (stage + R*stage_stride);                   // [column][row][block] sumi*d4
+    float * d8s = st + ncols*R*stride;                                 // [column][block] d8
+    int * starts = (int *) (d8s + ncols*nblocks);                      // the tile's stretches, K order
+    __shared__ int nstretches;
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x*R;
+    const int it = row0/AXLE_WR_TILE_ROWS;
+
+    // 0. The weights (past the last row: the last row again).
+    const int row_pieces = nblocks*18/16;
+    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
+        const int r = k / row_pieces;
+        const int p = k - r*row_pieces;
+        const int64_t row = min(row0 + r, nrows_x - 1);
+        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
+            vx + row*stride_row_x*18 + 16*p);
+    }
+
+    if (tid == 0) {
+        // The stream-k blocks whose ranges reach into tile it, from the first (block it*G/ntiles
+        // starts at or before the tile's start) to the one that reaches its end.
+        const int tile0 = it*nblocks;
+        const int tile1 = tile0 + nblocks;
+        int b = int(int64_t(it)*sp.G/ntiles);
+        while (axle_wr_kbc(b + 1, sp) <= tile0) {
+            ++b;
+        }
+        int m = 0;
+        for (int k = axle_wr_kbc(b, sp); b < sp.G; ++b) {
+            const int k_next = axle_wr_kbc(b + 1, sp);
+            const int lo = max(k, tile0);
+            if (min(k_next, tile1) > lo) {
+                starts[m++] = lo - tile0;
+            }
+            if (k_next >= tile1) {
+                break;
+            }
+            k = k_next;
+        }
+        nstretches = m;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // 1. Integer products.
+    for (int w = tid; w < R*(nblocks/8); w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int g = w / R;
+        const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
+        int x[36];
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int4 v = src[i];
+            x[4*i + 0] = v.x;
+            x[4*i + 1] = v.y;
+            x[4*i + 2] = v.z;
+            x[4*i + 3] = v.w;
+        }
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+            // Block b's bytes start at 18*b: its scale, then 16 bytes of quants.
+            const int at = 18*b;
+            const unsigned d_bits = at % 4 == 0 ? x[at/4] & 0xFFFF : (unsigned) x[at/4] >> 16;
+            const float d4 = __half2float(__ushort_as_half((unsigned short) d_bits));
+            int lo[4];
+            int hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int q0 = at + 2 + 4*j;
+                const int q = q0 % 4 == 0 ? x[q0/4] : __funnelshift_r(x[q0/4], x[q0/4 + 1], 16);
+                lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+            }
+            const int bl = 8*g + b;
+#pragma unroll
+            for (int c = 0; c < ncols; ++c) {
+                const char * yb = vy + ((int64_t) (bl/4)*ncols_y + c)*144;
+                const int4 * y = (const int4 *) (yb + 16 + (bl%4)*32);
+                const int4 ylo = y[0];
+                const int4 yhi = y[1];
+                int sumi = 0;
+                sumi = ggml_cuda_dp4a(lo[0], ylo.x, sumi);
+                sumi = ggml_cuda_dp4a(hi[0], yhi.x, sumi);
+                sumi = ggml_cuda_dp4a(lo[1], ylo.y, sumi);
+                sumi = ggml_cuda_dp4a(hi[1], yhi.y, sumi);
+                sumi = ggml_cuda_dp4a(lo[2], ylo.z, sumi);
+                sumi = ggml_cuda_dp4a(hi[2], yhi.z, sumi);
+                sumi = ggml_cuda_dp4a(lo[3], ylo.w, sumi);
+                sumi = ggml_cuda_dp4a(hi[3], yhi.w, sumi);
+                st[(c*R + r)*stride + bl] = (float) sumi * d4;
+                if (r == 0) {
+                    d8s[c*nblocks + bl] = __low2float(*(const half2 *) (yb + (bl%4)*4));
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    // 2. The chains, rows fastest (rows' products are a padded stride apart: no bank conflicts).
+    const int m = nstretches;
+    for (int w = tid; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int j = (w / R) % m;
+        const int c = w / (R*m);
+        const int k0 = starts[j];
+        const int k1 = j + 1 < m ? starts[j + 1] : nblocks;
+        float * t = st + (c*R + r)*stride;
+        const float * d8 = d8s + c*nblocks;
+        float sum = 0.0f;
+        for (int bl = k0; bl < k1; ++bl) {
+            sum += t[bl]*d8[bl];
+        }
+        t[k0] = sum; // only this thread reads or writes [k0, k1) of this row
+    }
+    __syncthreads();
+
+    // 3. The fold: the stretch that ends the tile plus the others from the latest back to the
+    // first; a tile of one stretch is that stretch.
+    for (int w = tid; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int c = w / R;
+        const int row = row0 + r;
+        const float * t = st + (c*R + r)*stride;
+        float out = t[starts[m - 1]];
+        if (m > 1) {
+            float others = 0.0f;
+            for (int j = m - 2; j >= 0; --j) {
+                others += t[starts[j]];
+            }
+            out = out + others;
+        }
+        if (row < nrows_x) {
+            dst[(int64_t) c*stride_col_dst + row] = out;
+        }
+    }
+}
+
+// Rows a thread block of the rows kernel takes: the fewest, a power of two from 4 to 32 (so that
+// a block stays in one tile), that give every thread a K iteration of a row, within
+// AXLE_WR_ROWS_MAX_BYTES of shared memory; 0 where even 4 rows do not fit (the grid kernel takes
+// the op). AXLE_WR_ROWS
+// overrides it (measurements): R rows, or 0 for the grid kernel always.
+static int axle_wr_rows_for(const int ncols, const int nblocks) {
+    static const int forced = [] {
+        const char * env = getenv("AXLE_WR_ROWS");
+        return env != nullptr ? atoi(env) : -1;
+    }();
+    constexpr size_t max_bytes = AXLE_WR_ROWS_MAX_BYTES;
+    if (forced == 0 || axle_wr_rows_shared_bytes(ncols, 4, nblocks) > max_bytes) {
+        return 0;
+    }
+    int R = 4;
+    while (R < 32 && axle_wr_rows_shared_bytes(ncols, 2*R, nblocks) <= max_bytes &&
+            (forced > 0 ? R < forced : R*(nblocks/8) < AXLE_WR_ROWS_THREADS)) {
+        R *= 2;
+    }
+    return R;
+}
+
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
 // device: ggml runs a graph's nodes on one stream; two engines replaying on one device from
 // different streams at the same time would share them (not supported).
@@ -290,11 +488,20 @@ static void axle_wr_launch(
     const int nwaves = (ntiles + nsm - 1)/nsm;
     const int efficiency = 100*ntiles/(nsm*nwaves);
     const int G = efficiency >= 90 ? ntiles : nsm;
+    const int T = ntiles*nblocks;
+    const axle_wr_split sp = {nblocks, G, T/G, T % G};
+    const int R = axle_wr_rows_for(ncols, nblocks);
+    if (R > 0) {
+        const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
+        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES);
+                axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+            vx, vy, dst, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
-    const int T = ntiles*nblocks;
-    const axle_wr_split sp = {nblocks, G, T/G, T % G};
     axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
         vx, vy, dst, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
         stride_col_dst, ntiles);

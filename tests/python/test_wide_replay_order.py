@@ -131,6 +131,48 @@ def replay_tiles(ntiles: int, nblocks: int, grid: int) -> dict:
     return dst
 
 
+def rows_tiles(ntiles: int, nblocks: int, grid: int) -> dict:
+    """axle_wr_rows_q4_0: each tile's stretches found from the stream-k blocks, one chain per
+    stretch over exactly that block's part of the tile, and the fold in the fix-up order."""
+    def k_of(b):
+        return kbc_32bit(b, ntiles, nblocks, grid)
+
+    dst = {}
+    for tile in range(ntiles):
+        tile0, tile1 = tile * nblocks, (tile + 1) * nblocks
+        b = tile * grid // ntiles
+        while k_of(b + 1) <= tile0:
+            b += 1
+        starts = []
+        k = k_of(b)
+        while b < grid:
+            k_next = k_of(b + 1)
+            lo = max(k, tile0)
+            if min(k_next, tile1) > lo:
+                starts.append(lo - tile0)
+            if k_next >= tile1:
+                break
+            k = k_next
+            b += 1
+        chains = []
+        for j, k0 in enumerate(starts):
+            k1 = starts[j + 1] if j + 1 < len(starts) else nblocks
+            # The block whose range holds this stretch, and that it is all of its part of the tile.
+            owner = [bb for bb in range(grid) if k_of(bb) <= tile0 + k0 < k_of(bb + 1)]
+            assert len(owner) == 1
+            bb = owner[0]
+            assert (max(k_of(bb), tile0), min(k_of(bb + 1), tile1)) == (tile0 + k0, tile0 + k1)
+            chains.append(("p", bb, tile))
+        out = chains[-1]
+        if len(chains) > 1:
+            others = 0.0
+            for part in reversed(chains[:-1]):
+                others = ("+", others, part)
+            out = ("+", out, others)
+        dst[tile] = out
+    return dst
+
+
 def canonical(tree):
     """The same float additions up to the order of each one's two operands."""
     if isinstance(tree, tuple) and tree[0] == "+":
@@ -139,12 +181,12 @@ def canonical(tree):
     return tree
 
 
-def test_the_replay_adds_every_tile_as_mmq_and_its_fixup_do():
-    rows = [128, 256, 1000, 1024, 4096, 4100, 6144, 14336, 28672, 128256]
+def test_both_replay_kernels_add_every_tile_as_mmq_and_its_fixup_do():
+    shapes = [128, 256, 1000, 1024, 4096, 4100, 6144, 14336, 28672, 128256]
     ks = [256, 512, 2048, 4096, 5120, 14336]
     sms = [20, 78, 108, 114, 132]
     checked = 0
-    for nrows, k, nsm in itertools.product(rows, ks, sms):
+    for nrows, k, nsm in itertools.product(shapes, ks, sms):
         ntiles = (nrows + 127) // 128
         nblocks = k // 32
         grid = stream_k_grid(ntiles, nsm)
@@ -154,11 +196,13 @@ def test_the_replay_adds_every_tile_as_mmq_and_its_fixup_do():
         )
         want = ggml_tiles(ntiles, nblocks, grid)
         got = replay_tiles(ntiles, nblocks, grid)
+        rows = rows_tiles(ntiles, nblocks, grid)
         assert sorted(want) == list(range(ntiles)), (nrows, k, nsm)
         for tile in range(ntiles):
             assert canonical(got[tile]) == canonical(want[tile]), (nrows, k, nsm, tile)
+            assert canonical(rows[tile]) == canonical(want[tile]), (nrows, k, nsm, tile)
         checked += 1
-    assert checked == len(rows) * len(ks) * len(sms)
+    assert checked == len(shapes) * len(ks) * len(sms)
 
 
 def test_some_shapes_split_tiles_into_several_stretches():
