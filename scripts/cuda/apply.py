@@ -7,10 +7,10 @@ scripts/build-backend.sh builds its CUDA backend.
 
 Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh, calls them
 first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints), keeps replayed
-products out of ggml's mat-vec fusion and exports their capability queries through the CUDA
-registry's get_proc_address. Each edit is anchored on a line of ggml's source; a missing anchor
-(another ggml) stops the build with an error rather than building without the kernels. Applying
-twice is refused the same way.
+products out of ggml's mat-vec fusion, fuses a replayed product with the add after it, and exports
+their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a
+line of ggml's source; a missing anchor (another ggml) stops the build with an error rather than
+building without the kernels. Applying twice is refused the same way.
 """
 import pathlib
 import sys
@@ -51,6 +51,8 @@ def main() -> None:
         + "bool ggml_cuda_axle_wr_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type);\n'
+        + "bool ggml_cuda_axle_wr_mul_mat_add(ggml_backend_cuda_context & ctx, const ggml_tensor * mm,\n"
+        + "    const ggml_tensor * bias, ggml_tensor * out);\n"
     )
     mmq = cuda / "mmq.cu"
     replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
@@ -77,6 +79,18 @@ def main() -> None:
         "    if (tensor->op == GGML_OP_MUL_MAT && ggml_get_op_params_i32(tensor, 1) == AXLE_HINT_WIDE_REPLAY) {\n"
         "        return false; // Axle's replay of MMQ (wide-replay-mmq.cu) runs it\n"
         "    }\n",
+    )
+    # A replayed product followed by an add: one kernel, as ggml fuses its mat-vec kernel's.
+    edit(
+        main_cu,
+        "        if (ggml_cuda_should_fuse_mul_mat_vec_f(mm_node)) {\n"
+        "            ggml_cuda_mul_mat_vec_f(*cuda_ctx, src0, src1, ids, bias_node, &fusion_data);\n",
+        "        if (op == GGML_OP_MUL_MAT && ggml_cuda_axle_wr_mul_mat_add(*cuda_ctx, mm_node, bias_tensor, bias_node)) {\n"
+        "            fused_mul_mat_vec = true; // Axle's replay of MMQ, the add in its kernel\n"
+        "            fused_node_count  = 2;\n"
+        "            break;\n"
+        "        }\n",
+        after=False,
     )
     edit(
         main_cu,

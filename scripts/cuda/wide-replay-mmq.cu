@@ -80,8 +80,8 @@ static constexpr __host__ __device__ int axle_wr_shared_bytes() {
 template <int ncols>
 __launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
-        const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
-        float * partials, int * counters, const axle_wr_split sp, const int nrows_x, const int stride_row_x,
+        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
+        const int stride_col_bias, float * partials, int * counters, const axle_wr_split sp, const int nrows_x, const int stride_row_x,
         const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_smem[];
     char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
@@ -173,7 +173,7 @@ static __global__ void axle_wr_q4_0(
         const int row = row0 + r;
         if (k0 == 0 && k1 == nblocks) { // a whole tile
             if (c < ncols && row < nrows_x) {
-                dst[(int64_t) c*stride_col_dst + row] = sum;
+                dst[(int64_t) c*stride_col_dst + row] = bias ? sum + bias[(int64_t) c*stride_col_bias + row] : sum;
             }
         } else {
             if (c < ncols) {
@@ -221,7 +221,8 @@ static __global__ void axle_wr_q4_0(
                     kb_next = kb;
                 }
                 if (row < nrows_x) {
-                    dst[(int64_t) c*stride_col_dst + row] = __ldcg(partial(fold_last, it)) + others;
+                    const float out = __ldcg(partial(fold_last, it)) + others;
+                    dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
                 }
             }
         }
@@ -259,8 +260,8 @@ static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(const int 
 template <int ncols>
 __launch_bounds__(AXLE_WR_ROWS_THREADS)
 static __global__ void axle_wr_rows_q4_0(
-        const char * __restrict__ vx, const char * __restrict__ vy, float * __restrict__ dst,
-        const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
+        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
+        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
         const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_rows_smem[];
     const int nblocks = sp.nblocks;
@@ -399,7 +400,7 @@ static __global__ void axle_wr_rows_q4_0(
             out = out + others;
         }
         if (row < nrows_x) {
-            dst[(int64_t) c*stride_col_dst + row] = out;
+            dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
         }
     }
 }
@@ -450,7 +451,8 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
             const int cc = ggml_cuda_info().devices[id].cc;
             if (!ampere_mma_available(cc) || blackwell_mma_available(cc) ||
                     ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
-                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>()) {
+                    ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>() ||
+                    ggml_cuda_info().devices[id].smpbo < (size_t) AXLE_WR_ROWS_MAX_BYTES) {
                 return false;
             }
             for (int J = 8; J <= 128; J += 8) {
@@ -479,8 +481,9 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
 
 template <int ncols>
 static void axle_wr_launch(
-        ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const int nblocks,
-        const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst, cudaStream_t stream) {
+        ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const float * bias,
+        const int stride_col_bias, const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
+        const int stride_col_dst, cudaStream_t stream) {
     const int id = ggml_cuda_get_device();
     const int nsm = ggml_cuda_info().devices[id].nsm;
     // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
@@ -494,8 +497,8 @@ static void axle_wr_launch(
     if (R > 0) {
         const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
         CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES);
-                axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-            vx, vy, dst, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+        axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+            vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
         CUDA_CHECK(cudaGetLastError());
         return;
     }
@@ -503,35 +506,26 @@ static void axle_wr_launch(
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
     axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
-        vx, vy, dst, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
+        vx, vy, dst, bias, stride_col_bias, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
         stride_col_dst, ntiles);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Runs `dst = src0 @ src1` with the kernel above if `dst` carries Axle's hint and the op fits (a
-// 2-D Q4_0 weight outside the compute buffer whose rows are whole K iterations of at most
-// AXLE_WR_MAX_K weights, 1 to 8 F32 columns); false otherwise, and the caller goes on with ggml's
-// own choice.
-bool ggml_cuda_axle_wr_mul_mat(
-        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
-    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_WIDE_REPLAY) {
-        return false;
-    }
-    // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
-    if (!ggml_cuda_axle_wr_supports(src0->type) || !ggml_cuda_axle_plain_product(src0, src1, dst) ||
-            src1->ne[1] < 1 || src1->ne[1] > 8 ||
-            src0->ne[0] % MMQ_ITER_K != 0 || src0->ne[0] > AXLE_WR_MAX_K ||
-            (src0->ne[1] + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS*AXLE_WR_PARTS > AXLE_WR_COUNTERS ||
-            src0->nb[1] % 16 != 0 || (uintptr_t) src0->data % 16 != 0) {
-        static bool warned = false; // once per process
-        if (!warned) {
-            warned = true;
-            GGML_LOG_WARN("%s: Axle's replay of MMQ refused for %s (%s weight, %lld columns): ggml's kernel runs it, "
-                "and its columns may round differently by batch\n", __func__, dst->name, ggml_type_name(src0->type),
-                (long long) src1->ne[1]);
-        }
-        return false;
-    }
+// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0
+// weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
+// weights, 1 to 8 F32 columns.
+static bool axle_wr_takes(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * mm) {
+    return ggml_cuda_axle_wr_supports(src0->type) && ggml_cuda_axle_plain_product(src0, src1, mm) &&
+        src1->ne[1] >= 1 && src1->ne[1] <= 8 &&
+        src0->ne[0] % MMQ_ITER_K == 0 && src0->ne[0] <= AXLE_WR_MAX_K &&
+        (src0->ne[1] + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS*AXLE_WR_PARTS <= AXLE_WR_COUNTERS &&
+        src0->nb[1] % 16 == 0 && (uintptr_t) src0->data % 16 == 0;
+}
+
+// `out = src0 @ src1 (+ bias)` by the replay, for an op axle_wr_takes.
+static void axle_wr_run(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * out,
+        const ggml_tensor * bias) {
     cudaStream_t stream = ctx.stream();
     const int64_t ne10 = src1->ne[0];
     const int64_t ne11 = src1->ne[1];
@@ -545,19 +539,60 @@ bool ggml_cuda_axle_wr_mul_mat(
 
     const char * vx = (const char *) src0->data;
     const char * vy = src1_q8_1.get();
-    float * d = (float *) dst->data;
+    float * d = (float *) out->data;
+    const float * b = bias ? (const float *) bias->data : nullptr;
+    const int stride_col_bias = bias ? bias->nb[1]/sizeof(float) : 0;
     const int nblocks = src0->ne[0]/QK4_0;
     const int nrows_x = src0->ne[1];
     const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
-    const int stride_col_dst = dst->nb[1]/sizeof(float);
+    const int stride_col_dst = out->nb[1]/sizeof(float);
     const int ncols_y = ne11;
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
-        case n: axle_wr_launch<n>(ctx, vx, vy, d, nblocks, nrows_x, stride_row_x, ncols_y, stride_col_dst, stream); break;
+        case n: axle_wr_launch<n>(ctx, vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
+            stride_col_dst, stream); break;
         AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
         AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
 #undef AXLE_WR_CASE
-        default: return false;
+        default: GGML_ABORT("axle_wr_run: %lld columns", (long long) ne11);
     }
+}
+
+// Runs `dst = src0 @ src1` with the kernels above if `dst` carries Axle's hint and the op fits
+// (axle_wr_takes); false otherwise, and the caller goes on with ggml's own choice.
+bool ggml_cuda_axle_wr_mul_mat(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst) {
+    if (ggml_get_op_params_i32(dst, 1) != AXLE_HINT_WIDE_REPLAY) {
+        return false;
+    }
+    // A hinted product the kernel cannot take would lose its invariance without a sign: say so.
+    if (!axle_wr_takes(src0, src1, dst)) {
+        static bool warned = false; // once per process
+        if (!warned) {
+            warned = true;
+            GGML_LOG_WARN("%s: Axle's replay of MMQ refused for %s (%s weight, %lld columns): ggml's kernel runs it, "
+                "and its columns may round differently by batch\n", __func__, dst->name, ggml_type_name(src0->type),
+                (long long) src1->ne[1]);
+        }
+        return false;
+    }
+    axle_wr_run(ctx, src0, src1, dst, nullptr);
+    return true;
+}
+
+// ggml's graph fusion of a product with the add that follows it, for a product carrying Axle's
+// hint: `out = mm + bias` in one kernel, the add made where the product's value is written (a
+// float addition, so the same bits as ggml's add of the two, in either order). False where the
+// product is not hinted or the op does not fit; then the nodes run one by one.
+bool ggml_cuda_axle_wr_mul_mat_add(
+        ggml_backend_cuda_context & ctx, const ggml_tensor * mm, const ggml_tensor * bias, ggml_tensor * out) {
+    if (ggml_get_op_params_i32(mm, 1) != AXLE_HINT_WIDE_REPLAY || !axle_wr_takes(mm->src[0], mm->src[1], mm) ||
+            mm->src[2] != nullptr || bias->type != GGML_TYPE_F32 || out->type != GGML_TYPE_F32 ||
+            !ggml_are_same_shape(mm, bias) || !ggml_are_same_shape(mm, out) ||
+            bias->nb[0] != sizeof(float) || out->nb[0] != sizeof(float) ||
+            bias->nb[1] % sizeof(float) != 0 || out->nb[1] % sizeof(float) != 0) {
+        return false;
+    }
+    axle_wr_run(ctx, mm->src[0], mm->src[1], out, bias);
     return true;
 }

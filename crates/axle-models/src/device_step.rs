@@ -29,8 +29,10 @@
 //! 9 to 128 columns. Below [`WIDE_MIN_COLS`] ggml takes MMVQ, so ops of fewer columns go through
 //! Axle's replay of MMQ's arithmetic where the backends carry it for the weight
 //! ([`axle_ggml::wide_replay`], [`DeviceStep::wide_replay`]: one pass over the weights at mat-vec
-//! speed), else they are padded with zero columns to [`WIDE_MIN_COLS`]; wider runs are cut into
-//! ops of at most [`WIDE_MAX_COLS`].
+//! speed). A weight the replay does not take (the Q6_K output head of a Q4_0 model) multiplies
+//! its small columns with the column-invariant kernel's arithmetic at every width where the
+//! backends carry it ([`DeviceStep::wide_by_columns`]), and is padded with zero columns to
+//! [`WIDE_MIN_COLS`] otherwise. Wider runs are cut into ops of at most [`WIDE_MAX_COLS`].
 
 /// Columns per MMVQ op: at 1 to 4 columns MMVQ gives every column the same arithmetic.
 pub const GROUP_COLS: i64 = 4;
@@ -63,7 +65,8 @@ pub enum DeviceProducts {
     #[default]
     Groups,
     /// Ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns through CUDA's tiled MMQ kernel: one
-    /// pass over the weights per 128 columns (see the module notes).
+    /// pass over the weights per 128 columns (see the module notes); weights whose few-column
+    /// products Axle cannot replay take the column-invariant kernel where it covers them.
     Wide,
     /// One op over all small columns through Axle's column-invariant kernel in the CUDA backend
     /// ([`axle_ggml::column_invariant`]): one-column MMVQ arithmetic for every column, one pass
@@ -152,6 +155,20 @@ impl DeviceStep {
     /// Whether small columns of a `dtype` weight go through the column-invariant kernel.
     pub fn column_invariant(&self, dtype: axle_ggml::DType) -> bool {
         self.products == DeviceProducts::Columns
+            && dtype.raw() < 64
+            && self.column_types & (1u64 << dtype.raw()) != 0
+    }
+
+    /// Whether small columns of a `dtype` weight of `rows` rows of `row_len` weights take the
+    /// column-invariant kernel's arithmetic (one-column MMVQ's, at every width) under wide
+    /// products: a weight whose few-column products the replay does not take
+    /// ([`DeviceStep::wide_replay`]) where the backends carry the column-invariant kernel for its
+    /// type (the Q6_K output head of a Q4_0 model). Padded to [`WIDE_MIN_COLS`] instead, such a
+    /// product would read the weight through MMQ at about half the mat-vec kernel's speed for a
+    /// lone sequence.
+    pub fn wide_by_columns(&self, dtype: axle_ggml::DType, row_len: i64, rows: i64) -> bool {
+        self.products == DeviceProducts::Wide
+            && !self.wide_replay(dtype, row_len, rows)
             && dtype.raw() < 64
             && self.column_types & (1u64 << dtype.raw()) != 0
     }
@@ -367,6 +384,34 @@ mod tests {
             "a type the backend does not cover"
         );
         assert!(!step.column_invariant(axle_ggml::DType::F32));
+    }
+
+    #[test]
+    fn wide_products_take_the_column_kernel_for_weights_the_replay_does_not_take() {
+        let mut step = one_decode_row();
+        let q4_0 = axle_ggml::DType::from_raw(2).expect("q4_0");
+        let q6_k = axle_ggml::DType::from_raw(14).expect("q6_k");
+        step.replay_types = 1 << q4_0.raw();
+        step.column_types = (1 << q4_0.raw()) | (1 << q6_k.raw());
+        step.products = DeviceProducts::Wide;
+        assert!(step.wide_by_columns(q6_k, 4096, 128_256), "the Q6_K head");
+        assert!(
+            !step.wide_by_columns(q4_0, 4096, 4096),
+            "replayed: MMQ's numbers"
+        );
+        assert!(
+            step.wide_by_columns(q4_0, 4096 + 32, 4096),
+            "a Q4_0 weight the replay does not take"
+        );
+        assert!(
+            !step.wide_by_columns(axle_ggml::DType::Q8_0, 4096, 4096),
+            "neither kernel: padded"
+        );
+        step.products = DeviceProducts::Columns;
+        assert!(
+            !step.wide_by_columns(q6_k, 4096, 128_256),
+            "not wide products"
+        );
     }
 
     /// Round trips of the names are in `choice.rs`; here the error lists every name.

@@ -415,12 +415,13 @@ impl<'a> Step<'a> {
     /// `w @ xs` for small columns: MMVQ groups, or MMQ ops (wide products) for weights it takes;
     /// F32 weights in MMVF groups.
     fn small_product(&self, w: Tensor<'a>, xs: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
-        if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() {
+        let by_columns = by_columns(w, d);
+        if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() && !by_columns {
             return self.mul_mat_wide(w, xs, d);
         }
         // Up to GROUP_COLS columns ggml's own mat-vec kernel has the same arithmetic (and fuses
         // a one-column gate, up and gated unit); wider, Axle's kernel in one op.
-        if d.column_invariant(w.dtype()) && xs.ne()[1] > GROUP_COLS {
+        if by_columns && xs.ne()[1] > GROUP_COLS {
             return self.ctx.mul_mat_column_invariant(w, xs);
         }
         let group = if w.dtype() == DType::F32 {
@@ -469,10 +470,11 @@ impl<'a> Step<'a> {
             }
             return FusedProduct::Whole(self.matmul(fused, x));
         };
-        let wide = d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq();
+        let wide =
+            d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() && !by_columns(w, d);
         // Column-invariant products take the fused weight (a row's arithmetic does not depend on
         // the weight it sits in) except for a few columns of gate and up, as groups do.
-        let invariant = d.column_invariant(w.dtype()) && x.ne()[1] > GROUP_COLS;
+        let invariant = by_columns(w, d) && x.ne()[1] > GROUP_COLS;
         if !(fused_in_groups || wide || invariant) {
             return FusedProduct::Parts(each_part(x));
         }
@@ -1016,7 +1018,6 @@ impl<'a> Step<'a> {
     }
 }
 
-/// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
 /// What [`Step::matmul_fused`] gives: the fused weight's product (the parts' outputs one
 /// after another in each column), or each part's product.
 #[derive(Debug)]
@@ -1027,6 +1028,14 @@ pub enum FusedProduct<'a> {
     Parts(Vec<Tensor<'a>>),
 }
 
+/// Whether small columns of `w` take the column-invariant kernel's arithmetic: with column
+/// products where the kernel covers the type, with wide products where the replay does not take
+/// the weight but the kernel covers it ([`DeviceStep::wide_by_columns`]).
+fn by_columns(w: Tensor<'_>, d: &DeviceStep) -> bool {
+    d.column_invariant(w.dtype()) || d.wide_by_columns(w.dtype(), w.ne()[0], w.ne()[1])
+}
+
+/// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
 fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
     let [k, n, ..] = x.ne();
     if (first, cols) == (0, n) {
