@@ -257,8 +257,9 @@ static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(const int 
         ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nblocks/8 + 1)*4;
 }
 
+// At most 64 registers for 1-2 columns (8 blocks an SM); more columns take what they need (0).
 template <int ncols>
-__launch_bounds__(AXLE_WR_ROWS_THREADS)
+__launch_bounds__(AXLE_WR_ROWS_THREADS, ncols <= 2 ? 8 : 0)
 static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
         const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
@@ -405,26 +406,52 @@ static __global__ void axle_wr_rows_q4_0(
     }
 }
 
-// Rows a thread block of the rows kernel takes: the fewest, a power of two from 4 to 32 (so that
-// a block stays in one tile), that give every thread a K iteration of a row, within
-// AXLE_WR_ROWS_MAX_BYTES of shared memory; 0 where even 4 rows do not fit (the grid kernel takes
-// the op). AXLE_WR_ROWS
-// overrides it (measurements): R rows, or 0 for the grid kernel always.
-static int axle_wr_rows_for(const int ncols, const int nblocks) {
+// Rows a thread block of the rows kernel takes: a power of two from 1 to 32 (a block stays in one
+// tile) within AXLE_WR_ROWS_MAX_BYTES of shared memory, the one that takes the least time by a
+// simple model: the op's waves of blocks (blocks an SM from the occupancy of that size) times a
+// block's time, taken as its rows plus two rows' worth for the barrier and the chains. With the
+// blocks of the last wave counted whole, the down projection of an 8B model (4096 rows of 14336)
+// takes 2 rows a block rather than 4 (1.55 waves, three quarters of the mat-vec kernel's speed).
+// 0 where even 1 row does not fit (the grid kernel takes the op). AXLE_WR_ROWS overrides it
+// (measurements): R rows, or 0 for the grid kernel always.
+template <int ncols>
+static int axle_wr_rows_for(const int nblocks, const int nrows_x, const int nsm) {
     static const int forced = [] {
         const char * env = getenv("AXLE_WR_ROWS");
         return env != nullptr ? atoi(env) : -1;
     }();
-    constexpr size_t max_bytes = AXLE_WR_ROWS_MAX_BYTES;
-    if (forced == 0 || axle_wr_rows_shared_bytes(ncols, 4, nblocks) > max_bytes) {
+    if (forced == 0) {
         return 0;
     }
-    int R = 4;
-    while (R < 32 && axle_wr_rows_shared_bytes(ncols, 2*R, nblocks) <= max_bytes &&
-            (forced > 0 ? R < forced : R*(nblocks/8) < AXLE_WR_ROWS_THREADS)) {
-        R *= 2;
+    int best = 0;
+    int64_t best_cost = INT64_MAX;
+    for (int R = 1; R <= 32; R *= 2) {
+        const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
+        if (nbytes > AXLE_WR_ROWS_MAX_BYTES) {
+            break;
+        }
+        if (forced > 0) {
+            best = R;
+            if (R >= forced) {
+                break;
+            }
+            continue;
+        }
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, axle_wr_rows_q4_0<ncols>,
+            AXLE_WR_ROWS_THREADS, nbytes));
+        if (per_sm == 0) {
+            continue;
+        }
+        const int64_t blocks = (nrows_x + R - 1)/R;
+        const int64_t waves = (blocks + (int64_t) per_sm*nsm - 1)/((int64_t) per_sm*nsm);
+        const int64_t cost = waves*(R + 2);
+        if (cost < best_cost) {
+            best = R;
+            best_cost = cost;
+        }
     }
-    return R;
+    return best;
 }
 
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
@@ -493,10 +520,10 @@ static void axle_wr_launch(
     const int G = efficiency >= 90 ? ntiles : nsm;
     const int T = ntiles*nblocks;
     const axle_wr_split sp = {nblocks, G, T/G, T % G};
-    const int R = axle_wr_rows_for(ncols, nblocks);
+    CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES); // before the occupancy query
+    const int R = axle_wr_rows_for<ncols>(nblocks, nrows_x, nsm);
     if (R > 0) {
         const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
-        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES);
         axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
             vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
         CUDA_CHECK(cudaGetLastError());
