@@ -257,13 +257,13 @@ static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(const int 
         ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nblocks/8 + 1)*4;
 }
 
-// At most 64 registers for 1-2 columns (8 blocks an SM); more columns take what they need (0).
+// One column (all it is launched for): at most 64 registers, 8 blocks an SM.
 template <int ncols>
-__launch_bounds__(AXLE_WR_ROWS_THREADS, ncols <= 2 ? 8 : 0)
+__launch_bounds__(AXLE_WR_ROWS_THREADS, 8)
 static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
-        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
-        const int ncols_y, const int stride_col_dst, const int ntiles) {
+        const int stride_col_bias, const axle_wr_split sp, const int R, const int nchunks, const int nrows_x,
+        const int stride_row_x, const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_rows_smem[];
     const int nblocks = sp.nblocks;
     const int stage_stride = axle_wr_rows_stage_stride(nblocks);
@@ -277,14 +277,20 @@ static __global__ void axle_wr_rows_q4_0(
     const int row0 = blockIdx.x*R;
     const int it = row0/AXLE_WR_TILE_ROWS;
 
-    // 0. The weights (past the last row: the last row again).
-    const int row_pieces = nblocks*18/16;
-    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
-        const int r = k / row_pieces;
-        const int p = k - r*row_pieces;
-        const int64_t row = min(row0 + r, nrows_x - 1);
-        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
-            vx + row*stride_row_x*18 + 16*p);
+    // 0. The weights (past the last row: the last row again), in chunks of the K range, each its
+    // own group of copies, so that the products of one chunk overlap the copies of the next.
+    const int ngroups = nblocks/8; // K iterations of 8 blocks (144 bytes, nine 16-byte pieces)
+    for (int ch = 0; ch < nchunks; ++ch) {
+        const int g0 = ch*ngroups/nchunks;
+        const int pieces = 9*((ch + 1)*ngroups/nchunks - g0);
+        for (int k = tid; k < R*pieces; k += AXLE_WR_ROWS_THREADS) {
+            const int r = k / pieces;
+            const int p = 9*g0 + k - r*pieces;
+            const int64_t row = min(row0 + r, nrows_x - 1);
+            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
+                vx + row*stride_row_x*18 + 16*p);
+        }
+        asm volatile("cp.async.commit_group;");
     }
 
     if (tid == 0) {
@@ -310,57 +316,65 @@ static __global__ void axle_wr_rows_q4_0(
         }
         nstretches = m;
     }
-    cp_async_wait_all();
-    __syncthreads();
 
-    // 1. Integer products.
-    for (int w = tid; w < R*(nblocks/8); w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int g = w / R;
-        const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
-        int x[36];
-#pragma unroll
-        for (int i = 0; i < 9; ++i) {
-            const int4 v = src[i];
-            x[4*i + 0] = v.x;
-            x[4*i + 1] = v.y;
-            x[4*i + 2] = v.z;
-            x[4*i + 3] = v.w;
+    // 1. Integer products, chunk by chunk as its copies arrive.
+    for (int ch = 0; ch < nchunks; ++ch) {
+        switch (nchunks - 1 - ch) { // the groups still allowed in flight (an immediate operand)
+            case 0:  asm volatile("cp.async.wait_group 0;"); break;
+            case 1:  asm volatile("cp.async.wait_group 1;"); break;
+            case 2:  asm volatile("cp.async.wait_group 2;"); break;
+            default: asm volatile("cp.async.wait_group 3;"); break;
         }
+        __syncthreads();
+        const int g0 = ch*ngroups/nchunks;
+        for (int w = tid; w < R*((ch + 1)*ngroups/nchunks - g0); w += AXLE_WR_ROWS_THREADS) {
+            const int r = w % R;
+            const int g = g0 + w / R;
+            const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
+            int x[36];
 #pragma unroll
-        for (int b = 0; b < 8; ++b) {
-            // Block b's bytes start at 18*b: its scale, then 16 bytes of quants.
-            const int at = 18*b;
-            const unsigned d_bits = at % 4 == 0 ? x[at/4] & 0xFFFF : (unsigned) x[at/4] >> 16;
-            const float d4 = __half2float(__ushort_as_half((unsigned short) d_bits));
-            int lo[4];
-            int hi[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int q0 = at + 2 + 4*j;
-                const int q = q0 % 4 == 0 ? x[q0/4] : __funnelshift_r(x[q0/4], x[q0/4 + 1], 16);
-                lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
-                hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+            for (int i = 0; i < 9; ++i) {
+                const int4 v = src[i];
+                x[4*i + 0] = v.x;
+                x[4*i + 1] = v.y;
+                x[4*i + 2] = v.z;
+                x[4*i + 3] = v.w;
             }
-            const int bl = 8*g + b;
 #pragma unroll
-            for (int c = 0; c < ncols; ++c) {
-                const char * yb = vy + ((int64_t) (bl/4)*ncols_y + c)*144;
-                const int4 * y = (const int4 *) (yb + 16 + (bl%4)*32);
-                const int4 ylo = y[0];
-                const int4 yhi = y[1];
-                int sumi = 0;
-                sumi = ggml_cuda_dp4a(lo[0], ylo.x, sumi);
-                sumi = ggml_cuda_dp4a(hi[0], yhi.x, sumi);
-                sumi = ggml_cuda_dp4a(lo[1], ylo.y, sumi);
-                sumi = ggml_cuda_dp4a(hi[1], yhi.y, sumi);
-                sumi = ggml_cuda_dp4a(lo[2], ylo.z, sumi);
-                sumi = ggml_cuda_dp4a(hi[2], yhi.z, sumi);
-                sumi = ggml_cuda_dp4a(lo[3], ylo.w, sumi);
-                sumi = ggml_cuda_dp4a(hi[3], yhi.w, sumi);
-                st[(c*R + r)*stride + bl] = (float) sumi * d4;
-                if (r == 0) {
-                    d8s[c*nblocks + bl] = __low2float(*(const half2 *) (yb + (bl%4)*4));
+            for (int b = 0; b < 8; ++b) {
+                // Block b's bytes start at 18*b: its scale, then 16 bytes of quants.
+                const int at = 18*b;
+                const unsigned d_bits = at % 4 == 0 ? x[at/4] & 0xFFFF : (unsigned) x[at/4] >> 16;
+                const float d4 = __half2float(__ushort_as_half((unsigned short) d_bits));
+                int lo[4];
+                int hi[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int q0 = at + 2 + 4*j;
+                    const int q = q0 % 4 == 0 ? x[q0/4] : __funnelshift_r(x[q0/4], x[q0/4 + 1], 16);
+                    lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                    hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
+                }
+                const int bl = 8*g + b;
+#pragma unroll
+                for (int c = 0; c < ncols; ++c) {
+                    const char * yb = vy + ((int64_t) (bl/4)*ncols_y + c)*144;
+                    const int4 * y = (const int4 *) (yb + 16 + (bl%4)*32);
+                    const int4 ylo = y[0];
+                    const int4 yhi = y[1];
+                    int sumi = 0;
+                    sumi = ggml_cuda_dp4a(lo[0], ylo.x, sumi);
+                    sumi = ggml_cuda_dp4a(hi[0], yhi.x, sumi);
+                    sumi = ggml_cuda_dp4a(lo[1], ylo.y, sumi);
+                    sumi = ggml_cuda_dp4a(hi[1], yhi.y, sumi);
+                    sumi = ggml_cuda_dp4a(lo[2], ylo.z, sumi);
+                    sumi = ggml_cuda_dp4a(hi[2], yhi.z, sumi);
+                    sumi = ggml_cuda_dp4a(lo[3], ylo.w, sumi);
+                    sumi = ggml_cuda_dp4a(hi[3], yhi.w, sumi);
+                    st[(c*R + r)*stride + bl] = (float) sumi * d4;
+                    if (r == 0) {
+                        d8s[c*nblocks + bl] = __low2float(*(const half2 *) (yb + (bl%4)*4));
+                    }
                 }
             }
         }
@@ -454,6 +468,16 @@ static int axle_wr_rows_for(const int nblocks, const int nrows_x, const int nsm)
     return best;
 }
 
+// Chunks of the K range whose copies the rows kernel waits for one by one (1 to 4), as
+// AXLE_WR_CHUNKS says (measurements); 1 by default.
+static int axle_wr_chunks_for(const int nblocks) {
+    static const int forced = [] {
+        const char * env = getenv("AXLE_WR_CHUNKS");
+        return env != nullptr ? atoi(env) : 1;
+    }();
+    return max(1, min(min(forced, 4), nblocks/8));
+}
+
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
 // device: ggml runs a graph's nodes on one stream; two engines replaying on one device from
 // different streams at the same time would share them (not supported).
@@ -520,14 +544,19 @@ static void axle_wr_launch(
     const int G = efficiency >= 90 ? ntiles : nsm;
     const int T = ntiles*nblocks;
     const axle_wr_split sp = {nblocks, G, T/G, T % G};
-    CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES); // before the occupancy query
-    const int R = axle_wr_rows_for<ncols>(nblocks, nrows_x, nsm);
-    if (R > 0) {
-        const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
-        axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-            vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
-        CUDA_CHECK(cudaGetLastError());
-        return;
+    // One column: the rows kernel. More: the grid kernel (with 4 columns the rows kernel made a
+    // step of 4 sequences 2% to 19% slower, by how its rows a block were picked).
+    if constexpr (ncols == 1) {
+        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES); // before the occupancy query
+        const int R = axle_wr_rows_for<ncols>(nblocks, nrows_x, nsm);
+        if (R > 0) {
+            const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
+            axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+                vx, vy, dst, bias, stride_col_bias, sp, R, axle_wr_chunks_for(nblocks), nrows_x, stride_row_x,
+                ncols_y, stride_col_dst, ntiles);
+            CUDA_CHECK(cudaGetLastError());
+            return;
+        }
     }
     ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
