@@ -8,8 +8,8 @@
 // across thread blocks (stream-k) by the weight's rows and the number of SMs alone. Below 9
 // columns ggml takes its mat-vec kernel instead, so Axle padded such ops to 9 columns, and one
 // sequence decoded at about half the mat-vec kernel's speed (MMQ's tiles are made for many
-// columns). This kernel computes exactly MMQ's numbers for 1 to 8 columns, reading the weights
-// once, at mat-vec speed.
+// columns). The kernels below compute exactly MMQ's numbers for 1 to 8 columns, reading the
+// weights once.
 //
 // MMQ's arithmetic, for Q4_0 weights on its tensor-core path (Turing to Hopper, ggml's "ampere"
 // configuration: tiles of I = 128 rows, K iterations of 256 weights, stream-k):
@@ -24,18 +24,27 @@
 // - the stretch that reaches the tile's end is written to dst; the others go to a fixup buffer,
 //   and a fixup kernel adds them, from the latest stretch back to the first, into one sum that
 //   it adds to dst.
-// This kernel takes the same stretches with the same grid (G blocks, each in 4 parts of 32 rows)
-// and sums each the same way: per slab of 32 weight blocks, the block copies the weights and the
-// columns' q8_1 blocks to shared memory, computes the integer products and float(sumi)*d4 there,
-// and one thread per output runs the chain of fused multiply-adds. A stretch that is not a whole
-// tile goes to a buffer; the last block to finish a tile (an atomic count per tile and part of
-// 32 rows) adds them in the fixup kernel's order and writes the tile, so there is no second
-// kernel. Axle asks for it per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY
-// (op_params[1]) and only where ggml_cuda_axle_wr_supports says yes (ggml's graph fusion of a
-// one-column product with the next add or gated unit, which would run its mat-vec kernel, is
-// turned off for such products). `axle bench device-check` with wide products compares greedy
-// tokens (one sequence against a batch of 20, speculation on against off) where it runs, and
-// tests/python/test_wide_replay_order.py checks the fold's order against ggml's on the CPU.
+// Two kernels take the same stretches and sum each the same way:
+// - one column: the rows kernel (axle_wr_rows_q4_0). A thread block takes a few rows of one tile
+//   over the whole K range: it copies their weights to shared memory at once, computes the
+//   integer products and float(sumi)*d4 there, runs one chain of fused multiply-adds per stretch
+//   and adds the stretches in the fixup kernel's order. Nothing leaves the block but the result.
+//   On an H100 it multiplies an 8B model's products at or above the mat-vec kernel's speed but
+//   for the feed-forward down projection (25 us against 19).
+// - 2 to 8 columns: the grid kernel (axle_wr_q4_0), MMQ's own grid (G blocks, each in 4 parts of
+//   32 rows). Per slab of 32 weight blocks a block copies the weights and the columns' q8_1 blocks
+//   to shared memory, computes float(sumi)*d4 there, and one thread per output runs the chain. A
+//   stretch that is not a whole tile goes to a buffer; the last block to finish a tile (an atomic
+//   count per tile and part of 32 rows) adds them in the fixup kernel's order and writes the tile.
+// Axle asks for them per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and
+// only where ggml_cuda_axle_wr_supports says yes. ggml's graph fusion of a one-column product
+// with the next add or gated unit, which would run its mat-vec kernel, is turned off for such
+// products; a product followed by an add is fused here instead (ggml_cuda_axle_wr_mul_mat_add:
+// the add made where the result is written). `axle bench device-check` with wide products
+// compares greedy tokens and log-probability bits (one sequence against a batch of 20, where the
+// batch takes MMQ itself; speculation on against off) where it runs, and
+// tests/python/test_wide_replay_order.py checks both kernels' fold order against ggml's on the
+// CPU.
 
 #include "cp-async.cuh"
 #include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
@@ -262,8 +271,8 @@ template <int ncols>
 __launch_bounds__(AXLE_WR_ROWS_THREADS, 8)
 static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
-        const int stride_col_bias, const axle_wr_split sp, const int R, const int nchunks, const int nrows_x,
-        const int stride_row_x, const int ncols_y, const int stride_col_dst, const int ntiles) {
+        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_rows_smem[];
     const int nblocks = sp.nblocks;
     const int stage_stride = axle_wr_rows_stage_stride(nblocks);
@@ -277,20 +286,14 @@ static __global__ void axle_wr_rows_q4_0(
     const int row0 = blockIdx.x*R;
     const int it = row0/AXLE_WR_TILE_ROWS;
 
-    // 0. The weights (past the last row: the last row again), in chunks of the K range, each its
-    // own group of copies, so that the products of one chunk overlap the copies of the next.
-    const int ngroups = nblocks/8; // K iterations of 8 blocks (144 bytes, nine 16-byte pieces)
-    for (int ch = 0; ch < nchunks; ++ch) {
-        const int g0 = ch*ngroups/nchunks;
-        const int pieces = 9*((ch + 1)*ngroups/nchunks - g0);
-        for (int k = tid; k < R*pieces; k += AXLE_WR_ROWS_THREADS) {
-            const int r = k / pieces;
-            const int p = 9*g0 + k - r*pieces;
-            const int64_t row = min(row0 + r, nrows_x - 1);
-            cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
-                vx + row*stride_row_x*18 + 16*p);
-        }
-        asm volatile("cp.async.commit_group;");
+    // 0. The weights (past the last row: the last row again).
+    const int row_pieces = nblocks*18/16;
+    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
+        const int r = k / row_pieces;
+        const int p = k - r*row_pieces;
+        const int64_t row = min(row0 + r, nrows_x - 1);
+        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
+            vx + row*stride_row_x*18 + 16*p);
     }
 
     if (tid == 0) {
@@ -317,64 +320,57 @@ static __global__ void axle_wr_rows_q4_0(
         nstretches = m;
     }
 
-    // 1. Integer products, chunk by chunk as its copies arrive.
-    for (int ch = 0; ch < nchunks; ++ch) {
-        switch (nchunks - 1 - ch) { // the groups still allowed in flight (an immediate operand)
-            case 0:  asm volatile("cp.async.wait_group 0;"); break;
-            case 1:  asm volatile("cp.async.wait_group 1;"); break;
-            case 2:  asm volatile("cp.async.wait_group 2;"); break;
-            default: asm volatile("cp.async.wait_group 3;"); break;
+    cp_async_wait_all();
+    __syncthreads();
+
+    // 1. Integer products.
+    for (int w = tid; w < R*(nblocks/8); w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int g = w / R;
+        const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
+        int x[36];
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int4 v = src[i];
+            x[4*i + 0] = v.x;
+            x[4*i + 1] = v.y;
+            x[4*i + 2] = v.z;
+            x[4*i + 3] = v.w;
         }
-        __syncthreads();
-        const int g0 = ch*ngroups/nchunks;
-        for (int w = tid; w < R*((ch + 1)*ngroups/nchunks - g0); w += AXLE_WR_ROWS_THREADS) {
-            const int r = w % R;
-            const int g = g0 + w / R;
-            const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
-            int x[36];
 #pragma unroll
-            for (int i = 0; i < 9; ++i) {
-                const int4 v = src[i];
-                x[4*i + 0] = v.x;
-                x[4*i + 1] = v.y;
-                x[4*i + 2] = v.z;
-                x[4*i + 3] = v.w;
+        for (int b = 0; b < 8; ++b) {
+            // Block b's bytes start at 18*b: its scale, then 16 bytes of quants.
+            const int at = 18*b;
+            const unsigned d_bits = at % 4 == 0 ? x[at/4] & 0xFFFF : (unsigned) x[at/4] >> 16;
+            const float d4 = __half2float(__ushort_as_half((unsigned short) d_bits));
+            int lo[4];
+            int hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int q0 = at + 2 + 4*j;
+                const int q = q0 % 4 == 0 ? x[q0/4] : __funnelshift_r(x[q0/4], x[q0/4 + 1], 16);
+                lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
+                hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
             }
+            const int bl = 8*g + b;
 #pragma unroll
-            for (int b = 0; b < 8; ++b) {
-                // Block b's bytes start at 18*b: its scale, then 16 bytes of quants.
-                const int at = 18*b;
-                const unsigned d_bits = at % 4 == 0 ? x[at/4] & 0xFFFF : (unsigned) x[at/4] >> 16;
-                const float d4 = __half2float(__ushort_as_half((unsigned short) d_bits));
-                int lo[4];
-                int hi[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int q0 = at + 2 + 4*j;
-                    const int q = q0 % 4 == 0 ? x[q0/4] : __funnelshift_r(x[q0/4], x[q0/4 + 1], 16);
-                    lo[j] = __vsub4((q >> 0) & 0x0F0F0F0F, 0x08080808);
-                    hi[j] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
-                }
-                const int bl = 8*g + b;
-#pragma unroll
-                for (int c = 0; c < ncols; ++c) {
-                    const char * yb = vy + ((int64_t) (bl/4)*ncols_y + c)*144;
-                    const int4 * y = (const int4 *) (yb + 16 + (bl%4)*32);
-                    const int4 ylo = y[0];
-                    const int4 yhi = y[1];
-                    int sumi = 0;
-                    sumi = ggml_cuda_dp4a(lo[0], ylo.x, sumi);
-                    sumi = ggml_cuda_dp4a(hi[0], yhi.x, sumi);
-                    sumi = ggml_cuda_dp4a(lo[1], ylo.y, sumi);
-                    sumi = ggml_cuda_dp4a(hi[1], yhi.y, sumi);
-                    sumi = ggml_cuda_dp4a(lo[2], ylo.z, sumi);
-                    sumi = ggml_cuda_dp4a(hi[2], yhi.z, sumi);
-                    sumi = ggml_cuda_dp4a(lo[3], ylo.w, sumi);
-                    sumi = ggml_cuda_dp4a(hi[3], yhi.w, sumi);
-                    st[(c*R + r)*stride + bl] = (float) sumi * d4;
-                    if (r == 0) {
-                        d8s[c*nblocks + bl] = __low2float(*(const half2 *) (yb + (bl%4)*4));
-                    }
+            for (int c = 0; c < ncols; ++c) {
+                const char * yb = vy + ((int64_t) (bl/4)*ncols_y + c)*144;
+                const int4 * y = (const int4 *) (yb + 16 + (bl%4)*32);
+                const int4 ylo = y[0];
+                const int4 yhi = y[1];
+                int sumi = 0;
+                sumi = ggml_cuda_dp4a(lo[0], ylo.x, sumi);
+                sumi = ggml_cuda_dp4a(hi[0], yhi.x, sumi);
+                sumi = ggml_cuda_dp4a(lo[1], ylo.y, sumi);
+                sumi = ggml_cuda_dp4a(hi[1], yhi.y, sumi);
+                sumi = ggml_cuda_dp4a(lo[2], ylo.z, sumi);
+                sumi = ggml_cuda_dp4a(hi[2], yhi.z, sumi);
+                sumi = ggml_cuda_dp4a(lo[3], ylo.w, sumi);
+                sumi = ggml_cuda_dp4a(hi[3], yhi.w, sumi);
+                st[(c*R + r)*stride + bl] = (float) sumi * d4;
+                if (r == 0) {
+                    d8s[c*nblocks + bl] = __low2float(*(const half2 *) (yb + (bl%4)*4));
                 }
             }
         }
@@ -420,16 +416,13 @@ static __global__ void axle_wr_rows_q4_0(
     }
 }
 
-// Rows a thread block of the rows kernel takes: a power of two from 1 to 32 (a block stays in one
-// tile) within AXLE_WR_ROWS_MAX_BYTES of shared memory, the one that takes the least time by a
-// simple model: the op's waves of blocks (blocks an SM from the occupancy of that size) times a
-// block's time, taken as its rows plus two rows' worth for the barrier and the chains. With the
-// blocks of the last wave counted whole, the down projection of an 8B model (4096 rows of 14336)
-// takes 2 rows a block rather than 4 (1.55 waves, three quarters of the mat-vec kernel's speed).
-// 0 where even 1 row does not fit (the grid kernel takes the op). AXLE_WR_ROWS overrides it
-// (measurements): R rows, or 0 for the grid kernel always.
-template <int ncols>
-static int axle_wr_rows_for(const int nblocks, const int nrows_x, const int nsm) {
+// Rows a thread block of the rows kernel takes: the fewest, a power of two up to 32 (a block stays
+// in one tile), that give each thread a K iteration of a row (8 blocks), fewer where shared memory
+// asks; 0 where one row does not fit (the grid kernel takes the op). A wave model over each size's
+// occupancy picked other sizes (2 rows for the 8B down projection, 4 for attention output) at the
+// same speed or slower, and 1 to 8 rows everywhere gave the down projection 25-28 us (the mat-vec
+// kernel: 19). AXLE_WR_ROWS overrides it (measurements): R rows, or 0 for the grid kernel.
+static int axle_wr_rows_for(const int ncols, const int nblocks) {
     static const int forced = [] {
         const char * env = getenv("AXLE_WR_ROWS");
         return env != nullptr ? atoi(env) : -1;
@@ -437,45 +430,14 @@ static int axle_wr_rows_for(const int nblocks, const int nrows_x, const int nsm)
     if (forced == 0) {
         return 0;
     }
-    int best = 0;
-    int64_t best_cost = INT64_MAX;
-    for (int R = 1; R <= 32; R *= 2) {
-        const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
-        if (nbytes > AXLE_WR_ROWS_MAX_BYTES) {
-            break;
-        }
-        if (forced > 0) {
-            best = R;
-            if (R >= forced) {
-                break;
-            }
-            continue;
-        }
-        int per_sm = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, axle_wr_rows_q4_0<ncols>,
-            AXLE_WR_ROWS_THREADS, nbytes));
-        if (per_sm == 0) {
-            continue;
-        }
-        const int64_t blocks = (nrows_x + R - 1)/R;
-        const int64_t waves = (blocks + (int64_t) per_sm*nsm - 1)/((int64_t) per_sm*nsm);
-        const int64_t cost = waves*(R + 2);
-        if (cost < best_cost) {
-            best = R;
-            best_cost = cost;
-        }
+    int R = 1;
+    while (R < 32 && (forced > 0 ? R < forced : R*(nblocks/8) < AXLE_WR_ROWS_THREADS)) {
+        R *= 2;
     }
-    return best;
-}
-
-// Chunks of the K range whose copies the rows kernel waits for one by one (1 to 4), as
-// AXLE_WR_CHUNKS says (measurements); 1 by default.
-static int axle_wr_chunks_for(const int nblocks) {
-    static const int forced = [] {
-        const char * env = getenv("AXLE_WR_CHUNKS");
-        return env != nullptr ? atoi(env) : 1;
-    }();
-    return max(1, min(min(forced, 4), nblocks/8));
+    while (R > 0 && axle_wr_rows_shared_bytes(ncols, R, nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
+        R /= 2;
+    }
+    return R;
 }
 
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
@@ -547,13 +509,12 @@ static void axle_wr_launch(
     // One column: the rows kernel. More: the grid kernel (with 4 columns the rows kernel made a
     // step of 4 sequences 2% to 19% slower, by how its rows a block were picked).
     if constexpr (ncols == 1) {
-        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES); // before the occupancy query
-        const int R = axle_wr_rows_for<ncols>(nblocks, nrows_x, nsm);
+        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES);
+        const int R = axle_wr_rows_for(ncols, nblocks);
         if (R > 0) {
             const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
             axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-                vx, vy, dst, bias, stride_col_bias, sp, R, axle_wr_chunks_for(nblocks), nrows_x, stride_row_x,
-                ncols_y, stride_col_dst, ntiles);
+                vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
             CUDA_CHECK(cudaGetLastError());
             return;
         }
