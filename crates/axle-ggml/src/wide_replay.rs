@@ -14,9 +14,13 @@
 //! weights once. It runs only for products carrying [`HINT`] (ggml's mul_mat hint,
 //! `op_params[1]`); the backend answers [`crate::Device::wide_replay_products`] per weight type
 //! (Q4_0 on NVIDIA GPUs from Ampere to Hopper, where MMQ's configuration is the one analysed).
-//! `axle bench device-check` with wide products compares greedy tokens (one sequence against a
-//! batch, speculation on against off) where it runs; `tests/python/test_wide_replay_order.py`
-//! checks the order in which the replay adds a tile's stretches against ggml's.
+//! A one-column product takes a kernel that gives a thread block a few rows over the whole K
+//! range; 2 to 8 columns take MMQ's own grid. A hinted product followed by an add is fused with it
+//! in the backend (the add made where the product is written). `axle bench device-check` with
+//! wide products compares greedy tokens and every token's log-probability bits (one sequence
+//! against a batch, speculation on against off) where it runs;
+//! `tests/python/test_wide_replay_order.py` checks the order in which both kernels add a tile's
+//! stretches against ggml's.
 
 /// The mul_mat hint that asks for Axle's replay of MMQ (`"AXL2"`); ggml's own hints are small
 /// numbers, and backends ignore hints they do not know.

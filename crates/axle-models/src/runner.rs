@@ -132,8 +132,9 @@ impl StepOutput {
 /// kernel (`column_types`, bit per type: [`column_types`]): that kernel
 /// ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec groups
 /// ([`DeviceProducts::Groups`]). Wide products (MMQ ops, on CUDA devices only, whose tiled
-/// kernel's column invariance they rely on) are slower for a lone sequence (0.75x libllama with
-/// Q4_0 weights, below 0.6x where few-column products are padded; docs/gpu.md) and are never the
+/// kernel's column invariance they rely on) are slower for few sequences (level with libllama
+/// alone and 0.88x at 4 with Q4_0 weights, where the column-invariant kernel gives 1.12x and
+/// 1.19x; below 0.6x alone where few-column products are padded; docs/gpu.md) and are never the
 /// default.
 pub fn default_products(column_types: u64) -> DeviceProducts {
     if column_types != 0 {
