@@ -64,6 +64,9 @@ pub struct BatchedReport {
     pub threads: usize,
     /// Rows.
     pub rows: Vec<BatchedRow>,
+    /// How the exact engine multiplied small columns on its devices, as it reported
+    /// (`EngineCore::device_products`; `None`: steps without the device layout).
+    pub device_products: Option<DeviceProducts>,
 }
 
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
@@ -90,7 +93,7 @@ fn axle_run(
     steps: usize,
     kernels: Kernels,
     device_products: Option<DeviceProducts>,
-) -> Result<(f64, StepSplit, i64), BenchError> {
+) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
     let cfg = EngineConfig {
         kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
@@ -155,7 +158,20 @@ fn axle_run(
         .map(|s| s.1)
         .max()
         .unwrap_or(1);
-    Ok((tokens as f64 / wall, split, widest))
+    Ok(AxleRun {
+        tok_s: tokens as f64 / wall,
+        split,
+        widest_stack: widest,
+        products: e.device_products(),
+    })
+}
+
+/// One timed run of Axle's engine.
+struct AxleRun {
+    tok_s: f64,
+    split: StepSplit,
+    widest_stack: i64,
+    products: Option<DeviceProducts>,
 }
 
 fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
@@ -213,6 +229,7 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
     )?;
     let bar = indicatif::ProgressBar::new((opts.concurrency.len() * opts.reps * 2) as u64);
     let mut rows = Vec::new();
+    let mut device_products = None;
     for &b in &opts.concurrency {
         let prompts: Vec<Vec<u32>> = (0..b)
             .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
@@ -221,11 +238,11 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         let (mut split, mut fast_split, mut widest_stack) = (StepSplit::default(), None, 1);
         let invariant = crate::default_kernels(model);
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
-            let (tok_s, s, widest) =
-                axle_run(model, &prompts, opts.steps, invariant, opts.device_products)?;
-            a.push(tok_s);
-            split = s;
-            widest_stack = widest;
+            let run = axle_run(model, &prompts, opts.steps, invariant, opts.device_products)?;
+            a.push(run.tok_s);
+            split = run.split;
+            widest_stack = run.widest_stack;
+            device_products = run.products;
             Ok(())
         };
         for rep in 0..opts.reps {
@@ -240,10 +257,9 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
                 exact(&mut a)?;
             }
             if opts.fast_kernels {
-                let (tok_s, s, _) =
-                    axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp, None)?;
-                f.push(tok_s);
-                fast_split = Some(s);
+                let run = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp, None)?;
+                f.push(run.tok_s);
+                fast_split = Some(run.split);
             }
             bar.inc(1);
         }
@@ -261,5 +277,6 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         model: opts.model.display().to_string(),
         threads: opts.threads,
         rows,
+        device_products,
     })
 }

@@ -76,8 +76,7 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
         },
     )?);
     let runtime = RuntimeReport::native(&model, Some(&sha));
-    let rows = workloads::run(m, dir, &model, &model_path, opts)?;
-    let mut results = Vec::new();
+    let (rows, mut results) = workloads::run(m, dir, &model, &model_path, opts)?;
     if let Some(c) = &m.checks.correctness {
         results.push(checks::correctness(m, c, &model, &model_path)?);
     }

@@ -2,10 +2,11 @@
 //! here; the comparison kinds run the existing benches (compare, batched, prefix, ngram, server),
 //! so there is one way to measure and one format for the results.
 use super::manifest::{GenerateSpec, Manifest, Workload};
-use super::Row;
+use super::{CheckResult, Row};
 use crate::stats::{median, synthetic_tokens};
 use crate::{batched, compare, ngram, prefix, server, structured, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_models::device_step::DeviceProducts;
 use axle_models::Model;
 use axle_sdk::{EngineConfig, GenerateRequest, SamplingParams, Session, StreamEvent};
 use std::path::Path;
@@ -15,18 +16,20 @@ use std::time::Instant;
 /// The runner's step phases, in `StepProfile::per_step_us` order.
 pub(crate) const STEP_PHASES: [&str; 5] = ["prepare", "build", "inputs", "compute", "logits"];
 
-/// Runs the manifest's workload.
+/// Runs the manifest's workload: its rows, and the checks the workload itself makes (the batched
+/// workload's device products).
 pub fn run(
     m: &Manifest,
     dir: &Path,
     model: &Arc<Model>,
     path: &Path,
     opts: &super::RunOptions,
-) -> Result<Vec<Row>, BenchError> {
+) -> Result<(Vec<Row>, Vec<CheckResult>), BenchError> {
     let progress = opts.progress;
     let (threads, reps, path) = (m.model.threads, m.repetitions, path.to_path_buf());
     let (oracle_split, reference) = m.model.oracle_split().map_err(BenchError::Invalid)?;
-    Ok(match &m.workload {
+    let mut checks = Vec::new();
+    let rows = match &m.workload {
         Workload::Generate(g) => generate(g, reps, model, &path, threads, progress)?,
         Workload::Compare(c) => {
             let r = compare::run(
@@ -68,6 +71,12 @@ pub fn run(
                 .collect()
         }
         Workload::Batched(b) => {
+            let asked = b
+                .device_products
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(BenchError::Invalid)?;
             let r = batched::run(
                 model,
                 &batched::BatchedOptions {
@@ -78,15 +87,13 @@ pub fn run(
                     steps: b.steps,
                     reps,
                     fast_kernels: b.fast_kernels,
-                    device_products: b
-                        .device_products
-                        .as_deref()
-                        .map(str::parse)
-                        .transpose()
-                        .map_err(BenchError::Invalid)?,
+                    device_products: asked,
                     oracle_split,
                 },
             )?;
+            if asked.is_some() || r.device_products.is_some() {
+                checks.push(products_check(asked, r.device_products));
+            }
             r.rows
                 .into_iter()
                 .map(|row| {
@@ -280,7 +287,21 @@ pub fn run(
                 Some(("SDK directly", r.sdk)),
             )]
         }
-    })
+    };
+    Ok((rows, checks))
+}
+
+/// The batched workload's record of the products the exact engine multiplied with on its devices
+/// (the manifest's `device_products`, or the device's default where it names none): passes where
+/// the engine took what the manifest asked for.
+fn products_check(asked: Option<DeviceProducts>, chosen: Option<DeviceProducts>) -> CheckResult {
+    let chosen_name = chosen.map_or("none (no device layout)".to_string(), |p| p.to_string());
+    let asked_name = asked.map_or("the device's default".to_string(), |p| p.to_string());
+    CheckResult {
+        kind: "products".into(),
+        passed: asked.is_none() || asked == chosen,
+        detail: format!("asked for {asked_name}, the engine multiplied with {chosen_name}"),
+    }
 }
 
 /// The prompts of a generate workload as token ids.
@@ -522,4 +543,24 @@ pub fn argmax(v: &[f32]) -> usize {
         .enumerate()
         .max_by(|a, b| a.1.total_cmp(b.1))
         .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_products_check_names_what_was_asked_and_what_ran() {
+        let wide = Some(DeviceProducts::Wide);
+        let c = products_check(wide, wide);
+        assert!(c.passed);
+        assert_eq!(c.kind, "products");
+        assert_eq!(c.detail, "asked for wide, the engine multiplied with wide");
+        let c = products_check(None, Some(DeviceProducts::Columns));
+        assert!(c.passed, "no ask: a record of the device's default");
+        assert!(c.detail.ends_with("with columns"), "{}", c.detail);
+        let c = products_check(wide, None);
+        assert!(!c.passed, "asked for wide, ran without the device layout");
+        assert!(c.detail.contains("none (no device layout)"), "{}", c.detail);
+    }
 }
