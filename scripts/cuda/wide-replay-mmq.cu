@@ -90,8 +90,8 @@ template <int ncols>
 __launch_bounds__(AXLE_WR_THREADS, 4)
 static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
-        const int stride_col_bias, float * partials, int * counters, const axle_wr_split sp, const int nrows_x, const int stride_row_x,
-        const int ncols_y, const int stride_col_dst, const int ntiles) {
+        const int stride_col_bias, float * partials, int * counters, const axle_wr_split sp, const int nrows_x,
+        const int stride_row_x, const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_smem[];
     char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
     char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq

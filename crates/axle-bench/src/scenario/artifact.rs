@@ -154,8 +154,8 @@ fn unit_of(metric: &str) -> (&'static str, bool) {
 /// One check's outcome.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckResult {
-    /// `correctness`, `determinism`, `route`, `regression` or `products` (a batched workload's device
-    /// products, asked for and chosen).
+    /// `correctness`, `determinism`, `route`, `regression` or `products` (a batched workload's
+    /// device products, asked for and chosen).
     pub kind: String,
     /// Whether it passed.
     pub passed: bool,
