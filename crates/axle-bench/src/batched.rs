@@ -64,9 +64,17 @@ pub struct BatchedReport {
     pub threads: usize,
     /// Rows.
     pub rows: Vec<BatchedRow>,
-    /// How the exact engine multiplied small columns on its devices, as it reported
-    /// (`EngineCore::device_products`; `None`: steps without the device layout).
-    pub device_products: Option<DeviceProducts>,
+}
+
+/// The device products of a run: what the options asked for (`None`: the device's default) and
+/// what the exact engine multiplied small columns with, as it reported
+/// (`EngineCore::device_products`; `None`: steps without the device layout).
+#[derive(Debug, Clone, Copy)]
+pub struct ProductsUsed {
+    /// Asked for.
+    pub asked: Option<DeviceProducts>,
+    /// Taken.
+    pub chosen: Option<DeviceProducts>,
 }
 
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
@@ -206,8 +214,12 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
     Ok((steps * prompts.len()) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Runs the benchmark on `model` (loaded by the caller), against libllama loaded from `opts.model`.
-pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, BenchError> {
+/// Runs the benchmark on `model` (loaded by the caller), against libllama loaded from `opts.model`;
+/// also says which device products the exact engine took.
+pub fn run(
+    model: &Arc<Model>,
+    opts: &BatchedOptions,
+) -> Result<(BatchedReport, ProductsUsed), BenchError> {
     if opts.reps == 0 || opts.steps == 0 || opts.concurrency.is_empty() {
         return Err(BenchError::Invalid(
             "reps, steps and concurrency must be positive".into(),
@@ -273,10 +285,14 @@ pub fn run(model: &Arc<Model>, opts: &BatchedOptions) -> Result<BatchedReport, B
         });
     }
     bar.finish_and_clear();
-    Ok(BatchedReport {
+    let report = BatchedReport {
         model: opts.model.display().to_string(),
         threads: opts.threads,
         rows,
-        device_products,
-    })
+    };
+    let products = ProductsUsed {
+        asked: opts.device_products,
+        chosen: device_products,
+    };
+    Ok((report, products))
 }

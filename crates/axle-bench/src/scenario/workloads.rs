@@ -71,13 +71,7 @@ pub fn run(
                 .collect()
         }
         Workload::Batched(b) => {
-            let asked = b
-                .device_products
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(BenchError::Invalid)?;
-            let r = batched::run(
+            let (r, products) = batched::run(
                 model,
                 &batched::BatchedOptions {
                     model: path,
@@ -87,12 +81,17 @@ pub fn run(
                     steps: b.steps,
                     reps,
                     fast_kernels: b.fast_kernels,
-                    device_products: asked,
+                    device_products: b
+                        .device_products
+                        .as_deref()
+                        .map(str::parse)
+                        .transpose()
+                        .map_err(BenchError::Invalid)?,
                     oracle_split,
                 },
             )?;
-            if asked.is_some() || r.device_products.is_some() {
-                checks.push(products_check(asked, r.device_products));
+            if products.asked.is_some() || products.chosen.is_some() {
+                checks.push(products_check(products.asked, products.chosen));
             }
             r.rows
                 .into_iter()
