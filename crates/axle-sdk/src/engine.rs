@@ -61,8 +61,9 @@ pub struct EngineConfig {
     /// field where it cannot run).
     /// [`DeviceProducts::Wide`] (CUDA only)
     /// reads the weights once per step whatever the batch: the choice for serving many
-    /// concurrent sequences, slower for a lone one (0.75x libllama with Q4_0 weights on an H200,
-    /// docs/gpu.md). Refused with `LikeLlamaCpp`.
+    /// concurrent sequences; level with libllama for a lone one with Q4_0 weights (0.99-1.01x on
+    /// an H100) and slower than `Columns` for a few (0.88x at 4 sequences; docs/gpu.md). Refused
+    /// with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
     /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic

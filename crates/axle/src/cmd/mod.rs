@@ -128,8 +128,9 @@ pub struct EngineArgs {
     /// Axle's column-invariant kernel, one pass over the weights per 8 columns and ggml's
     /// one-column arithmetic for each. `groups` (the default elsewhere): ggml's mat-vec kernel,
     /// 4 columns at a time. `wide` (CUDA only): tiled ops of up to 128 columns, one pass over
-    /// the weights a step, the choice for serving many concurrent sequences (about half the
-    /// speed of a lone one). All exact; one engine keeps one choice.
+    /// the weights a step, the choice for serving many concurrent sequences (with Q4_0 weights
+    /// level with libllama for a lone one, below `columns` for a few). All exact; one engine
+    /// keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
