@@ -76,6 +76,16 @@ static __device__ __forceinline__ int axle_wr_kbc(const int b, const axle_wr_spl
     return kbc;
 }
 
+// The first stream-k block whose range reaches into tile it: from block it*G/ntiles, which starts
+// at or before the tile's start, the first whose range ends past that start.
+static __device__ __forceinline__ int axle_wr_first_block(const int it, const axle_wr_split & sp, const int ntiles) {
+    int b = int(int64_t(it)*sp.G/ntiles);
+    while (axle_wr_kbc(b + 1, sp) <= it*sp.nblocks) {
+        ++b;
+    }
+    return b;
+}
+
 template <int ncols>
 static constexpr __host__ __device__ int axle_wr_shared_bytes() {
     return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
@@ -193,10 +203,7 @@ static __global__ void axle_wr_q4_0(
             if (tid == 0) {
                 // The tile's stretches: the blocks from the first whose range reaches into it to
                 // the one whose range reaches its end, those with data.
-                int first = int(int64_t(it)*G/ntiles);
-                while (axle_wr_kbc(first + 1, sp) <= it*nblocks) {
-                    ++first;
-                }
+                const int first = axle_wr_first_block(it, sp, ntiles);
                 int n = 0;
                 int last = first;
                 for (int bb = first, kb = axle_wr_kbc(first, sp); bb < G && kb < (it + 1)*nblocks; ++bb) {
@@ -297,14 +304,11 @@ static __global__ void axle_wr_rows_q4_0(
     }
 
     if (tid == 0) {
-        // The stream-k blocks whose ranges reach into tile it, from the first (block it*G/ntiles
-        // starts at or before the tile's start) to the one that reaches its end.
+        // The stream-k blocks whose ranges reach into tile it, from the first to the one that
+        // reaches its end.
         const int tile0 = it*nblocks;
         const int tile1 = tile0 + nblocks;
-        int b = int(int64_t(it)*sp.G/ntiles);
-        while (axle_wr_kbc(b + 1, sp) <= tile0) {
-            ++b;
-        }
+        int b = axle_wr_first_block(it, sp, ntiles);
         int m = 0;
         for (int k = axle_wr_kbc(b, sp); b < sp.G; ++b) {
             const int k_next = axle_wr_kbc(b + 1, sp);
