@@ -58,8 +58,7 @@ pub const WIDE_MIN_COLS: i64 = 9;
 pub const WIDE_MAX_COLS: i64 = 128;
 
 /// How a step's small columns multiply quantized weights on a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceProducts {
     /// Groups of [`GROUP_COLS`] through the mat-vec kernel: one pass over the weights per group.
     /// For devices whose tiled kernel is not known to be column-invariant.
