@@ -7,10 +7,10 @@ scripts/build-backend.sh builds its CUDA backend.
 
 Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh, calls them
 first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints), keeps replayed
-products out of ggml's mat-vec fusion, fuses a replayed product with the add or gated unit after
-it, and exports their capability queries through the CUDA registry's get_proc_address. Each edit
-is anchored on a line of ggml's source; a missing anchor (another ggml) stops the build with an
-error rather than building without the kernels. Applying twice is refused the same way.
+products out of ggml's mat-vec fusion, fuses a replayed product with the add after it, and exports
+their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a
+line of ggml's source; a missing anchor (another ggml) stops the build with an error rather than
+building without the kernels. Applying twice is refused the same way.
 """
 import pathlib
 import sys
@@ -53,8 +53,6 @@ def main() -> None:
         + 'extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type);\n'
         + "bool ggml_cuda_axle_wr_mul_mat_add(ggml_backend_cuda_context & ctx, const ggml_tensor * mm,\n"
         + "    const ggml_tensor * bias, ggml_tensor * out);\n"
-        + "bool ggml_cuda_axle_wr_mul_mat_glu(ggml_backend_cuda_context & ctx, const ggml_tensor * mm,\n"
-        + "    ggml_tensor * glu);\n"
     )
     mmq = cuda / "mmq.cu"
     replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
@@ -81,20 +79,6 @@ def main() -> None:
         "    if (tensor->op == GGML_OP_MUL_MAT && ggml_get_op_params_i32(tensor, 1) == AXLE_HINT_WIDE_REPLAY) {\n"
         "        return false; // Axle's replay of MMQ (wide-replay-mmq.cu) runs it\n"
         "    }\n",
-    )
-    # A replayed one-column product of a fused gate and up weight followed by the gated unit over
-    # its halves, its only use: one kernel. (ggml_can_fuse does not apply: it wants both nodes of
-    # one shape, and the gated unit has half the product's rows.)
-    edit(
-        main_cu,
-        "    if (node->op == GGML_OP_MUL_MAT_ID && cuda_ctx->stream_context().concurrent_events.empty() &&\n"
-        "            ggml_cuda_match_shared_expert(cgraph, i, i + 3) &&\n",
-        "    if (node->op == GGML_OP_MUL_MAT && i + 1 < cgraph->n_nodes && ggml_node_has_n_uses(cgraph, i, 1) &&\n"
-        "            (cgraph->nodes[i + 1]->flags & GGML_TENSOR_FLAG_COMPUTE) &&\n"
-        "            ggml_cuda_axle_wr_mul_mat_glu(*cuda_ctx, node, cgraph->nodes[i + 1])) {\n"
-        "        return 1; // Axle's replay of MMQ, the gated unit in its kernel\n"
-        "    }\n",
-        after=False,
     )
     # A replayed product followed by an add: one kernel, as ggml fuses its mat-vec kernel's.
     edit(

@@ -47,7 +47,6 @@
 // CPU.
 
 #include "cp-async.cuh"
-#include "unary.cuh" // ggml_cuda_op_silu_single, as ggml's gated units compute it
 #include "mmvq.cuh" // declarations and AXLE_HINT_WIDE_REPLAY ("AXL2"), where ggml-cuda.cu sees them too
 
 #define AXLE_WR_TILE_ROWS 128                             // MMQ's I for Q4_0
@@ -269,59 +268,48 @@ static constexpr __host__ __device__ int axle_wr_rows_stage_stride(const int nbl
     return nblocks*18 + 16;
 }
 
-// R: the block's rows, nq: their tiles (2 with a gated unit: gate rows and up rows).
 static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(
-        const int ncols, const int R, const int nblocks, const bool direct, const int nq = 1) {
+        const int ncols, const int R, const int nblocks, const bool direct) {
     return (direct ? 0 : (size_t) R*axle_wr_rows_stage_stride(nblocks)) +
-        ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nq*(nblocks/8 + 1))*4;
+        ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nblocks/8 + 1)*4;
 }
 
-// One column (all it is launched for): at most 64 registers, 8 blocks an SM.
-// - `direct`: each thread loads its K iteration's weights from global memory into registers itself
-//   (no copy to shared memory, so a block's shared memory is its products alone and its loads
-//   overlap other blocks' arithmetic); otherwise step 0 stages the rows' weights first.
-// - `glu`: the product of a fused gate and up weight (rows [0, half) the gate, [half, 2 half) up)
-//   followed by ggml's gated unit over the two halves: the block's first R/2 rows are gate rows,
-//   the others the up rows half further on (each group in one tile, with its own stretches), and
-//   it writes silu(gate)*up with ggml's own expression (unary.cuh) to row r of dst.
-template <int ncols, bool direct, bool glu>
+// One column (all it is launched for): at most 64 registers, 8 blocks an SM. `direct`: each thread
+// loads its K iteration's weights from global memory into registers itself (no copy to shared
+// memory, so a block's shared memory is its products alone and loads overlap other blocks'
+// arithmetic); otherwise step 0 stages the rows' weights first.
+template <int ncols, bool direct>
 __launch_bounds__(AXLE_WR_ROWS_THREADS, 8)
 static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
         const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
-        const int ncols_y, const int stride_col_dst, const int ntiles, const int half) {
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
     extern __shared__ __align__(16) char axle_wr_rows_smem[];
-    constexpr int nq = glu ? 2 : 1;                                    // tiles a block's rows are in
     const int nblocks = sp.nblocks;
     const int stage_stride = axle_wr_rows_stage_stride(nblocks);
     const int stride = nblocks + 1;                                    // floats per (column, row), padded
-    const int nstarts = nblocks/8 + 1;                                 // stretches of a tile, at most
     char * stage = axle_wr_rows_smem;                                  // [row] raw Q4_0 blocks
     float * st = (float *) (stage + (direct ? 0 : R*stage_stride));    // [column][row][block] sumi*d4
     float * d8s = st + ncols*R*stride;                                 // [column][block] d8
-    int * starts = (int *) (d8s + ncols*nblocks);                      // [group][stretch] starts, K order
-    __shared__ int nstretches[nq];
+    int * starts = (int *) (d8s + ncols*nblocks);                      // the tile's stretches, K order
+    __shared__ int nstretches;
     const int tid = threadIdx.x;
-    const int Rq = R/nq;                                               // rows of a group
-    const int row0 = blockIdx.x*Rq;
-    const auto weight_row = [&](const int r) { return glu ? row0 + (r/Rq)*half + r % Rq : row0 + r; };
+    const int row0 = blockIdx.x*R;
+    const int it = row0/AXLE_WR_TILE_ROWS;
 
     // 0. The weights (past the last row: the last row again).
     const int row_pieces = nblocks*18/16;
     for (int k = tid; !direct && k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
         const int r = k / row_pieces;
         const int p = k - r*row_pieces;
-        const int64_t row = min(weight_row(r), nrows_x - 1);
+        const int64_t row = min(row0 + r, nrows_x - 1);
         cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
             vx + row*stride_row_x*18 + 16*p);
     }
 
-    if (tid % WARP_SIZE == 0 && tid/WARP_SIZE < nq) {
-        // The stream-k blocks whose ranges reach into the group's tile, from the first to the one
-        // that reaches its end.
-        const int q = tid/WARP_SIZE;
-        const int it = weight_row(q*Rq)/AXLE_WR_TILE_ROWS;
-        int * starts_q = starts + q*nstarts;
+    if (tid == 0) {
+        // The stream-k blocks whose ranges reach into tile it, from the first to the one that
+        // reaches its end.
         const int tile0 = it*nblocks;
         const int tile1 = tile0 + nblocks;
         int b = axle_wr_first_block(it, sp, ntiles);
@@ -330,14 +318,14 @@ static __global__ void axle_wr_rows_q4_0(
             const int k_next = axle_wr_kbc(b + 1, sp);
             const int lo = max(k, tile0);
             if (min(k_next, tile1) > lo) {
-                starts_q[m++] = lo - tile0;
+                starts[m++] = lo - tile0;
             }
             if (k_next >= tile1) {
                 break;
             }
             k = k_next;
         }
-        nstretches[q] = m;
+        nstretches = m;
     }
 
     if (!direct) {
@@ -350,7 +338,7 @@ static __global__ void axle_wr_rows_q4_0(
         const int r = w % R;
         const int g = w / R;
         const int4 * src = direct ?
-            (const int4 *) (vx + (int64_t) min(weight_row(r), nrows_x - 1)*stride_row_x*18 + 144*g) :
+            (const int4 *) (vx + (int64_t) min(row0 + r, nrows_x - 1)*stride_row_x*18 + 144*g) :
             (const int4 *) (stage + r*stage_stride + 144*g);
         int x[36];
 #pragma unroll
@@ -402,19 +390,13 @@ static __global__ void axle_wr_rows_q4_0(
     __syncthreads();
 
     // 2. The chains, rows fastest (rows' products are a padded stride apart: no bank conflicts).
-    const int mmax = glu ? max(nstretches[0], nstretches[nq - 1]) : nstretches[0];
-    for (int w = tid; w < ncols*R*mmax; w += AXLE_WR_ROWS_THREADS) {
+    const int m = nstretches;
+    for (int w = tid; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
         const int r = w % R;
-        const int j = (w / R) % mmax;
-        const int c = w / (R*mmax);
-        const int q = glu ? r/Rq : 0;
-        const int m = nstretches[q];
-        if (glu && j >= m) {
-            continue;
-        }
-        const int * starts_q = starts + q*nstarts;
-        const int k0 = starts_q[j];
-        const int k1 = j + 1 < m ? starts_q[j + 1] : nblocks;
+        const int j = (w / R) % m;
+        const int c = w / (R*m);
+        const int k0 = starts[j];
+        const int k1 = j + 1 < m ? starts[j + 1] : nblocks;
         float * t = st + (c*R + r)*stride;
         const float * d8 = d8s + c*nblocks;
         float sum = 0.0f;
@@ -427,31 +409,20 @@ static __global__ void axle_wr_rows_q4_0(
 
     // 3. The fold: the stretch that ends the tile plus the others from the latest back to the
     // first; a tile of one stretch is that stretch.
-    const auto fold = [&](const int c, const int r) {
-        const int q = glu ? r/Rq : 0;
-        const int m = nstretches[q];
-        const int * starts_q = starts + q*nstarts;
+    for (int w = tid; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int c = w / R;
+        const int row = row0 + r;
         const float * t = st + (c*R + r)*stride;
-        float out = t[starts_q[m - 1]];
+        float out = t[starts[m - 1]];
         if (m > 1) {
             float others = 0.0f;
             for (int j = m - 2; j >= 0; --j) {
-                others += t[starts_q[j]];
+                others += t[starts[j]];
             }
             out = out + others;
         }
-        return out;
-    };
-    for (int w = tid; w < ncols*Rq; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % Rq;
-        const int c = w / Rq;
-        const int row = row0 + r;
-        if constexpr (glu) {
-            if (row < half) {
-                dst[(int64_t) c*stride_col_dst + row] = ggml_cuda_op_silu_single(fold(c, r)) * fold(c, Rq + r);
-            }
-        } else if (row < nrows_x) {
-            const float out = fold(c, r);
+        if (row < nrows_x) {
             dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
         }
     }
@@ -545,33 +516,11 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
     return enabled && type == GGML_TYPE_Q4_0;
 }
 
-// The rows kernel's instance for `direct` loads and a gated unit.
-template <int ncols, bool direct, bool glu>
-static void axle_wr_rows_launch(
-        const dim3 grid, const size_t nbytes, cudaStream_t stream, const char * vx, const char * vy, float * dst,
-        const float * bias, const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x,
-        const int stride_row_x, const int ncols_y, const int stride_col_dst, const int ntiles, const int half) {
-    CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_q4_0<ncols, direct, glu>), AXLE_WR_ROWS_MAX_BYTES);
-    axle_wr_rows_q4_0<ncols, direct, glu><<<grid, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-        vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles, half);
-}
-
-// Whether the rows kernel loads weights directly (AXLE_WR_DIRECT=1) rather than staging them.
-static bool axle_wr_direct() {
-    static const bool direct = [] {
-        const char * env = getenv("AXLE_WR_DIRECT");
-        return env != nullptr && strcmp(env, "1") == 0;
-    }();
-    return direct;
-}
-
-// `half` > 0: the product's gated unit over its two halves of `half` rows each (one column only,
-// where axle_wr_glu_fits said yes); dst then has `half` rows.
 template <int ncols>
 static void axle_wr_launch(
         ggml_backend_cuda_context & ctx, const char * vx, const char * vy, float * dst, const float * bias,
         const int stride_col_bias, const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
-        const int stride_col_dst, const int half, cudaStream_t stream) {
+        const int stride_col_dst, cudaStream_t stream) {
     const int id = ggml_cuda_get_device();
     const int nsm = ggml_cuda_info().devices[id].nsm;
     // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
@@ -584,22 +533,27 @@ static void axle_wr_launch(
     // One column: the rows kernel. More: the grid kernel (with 4 columns the rows kernel made a
     // step of 4 sequences 2% to 19% slower, by how its rows a block were picked).
     if constexpr (ncols == 1) {
-        const bool direct = axle_wr_direct();
+        static const bool direct = [] {
+            const char * env = getenv("AXLE_WR_DIRECT");
+            return env != nullptr && strcmp(env, "1") == 0;
+        }();
         const int R = axle_wr_rows_for(ncols, nblocks, direct);
         if (R > 0) {
-            const int nq = half > 0 ? 2 : 1;
-            const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks, direct, nq);
-            const dim3 grid(half > 0 ? half/(R/2) : (nrows_x + R - 1)/R);
-            const auto launch = half > 0 ?
-                (direct ? axle_wr_rows_launch<ncols, true, true> : axle_wr_rows_launch<ncols, false, true>) :
-                (direct ? axle_wr_rows_launch<ncols, true, false> : axle_wr_rows_launch<ncols, false, false>);
-            launch(grid, nbytes, stream, vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y,
-                stride_col_dst, ntiles, half);
+            const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks, direct);
+            const dim3 grid((nrows_x + R - 1)/R);
+            if (direct) {
+                CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_q4_0<ncols, true>), AXLE_WR_ROWS_MAX_BYTES);
+                axle_wr_rows_q4_0<ncols, true><<<grid, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+                    vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+            } else {
+                CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_q4_0<ncols, false>), AXLE_WR_ROWS_MAX_BYTES);
+                axle_wr_rows_q4_0<ncols, false><<<grid, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+                    vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+            }
             CUDA_CHECK(cudaGetLastError());
             return;
         }
     }
-    GGML_ASSERT(half == 0);
     ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
@@ -623,7 +577,7 @@ static bool axle_wr_takes(const ggml_tensor * src0, const ggml_tensor * src1, co
 // `out = src0 @ src1 (+ bias)` by the replay, for an op axle_wr_takes.
 static void axle_wr_run(
         ggml_backend_cuda_context & ctx, const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * out,
-        const ggml_tensor * bias, const int half = 0) {
+        const ggml_tensor * bias) {
     cudaStream_t stream = ctx.stream();
     const int64_t ne10 = src1->ne[0];
     const int64_t ne11 = src1->ne[1];
@@ -648,7 +602,7 @@ static void axle_wr_run(
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
         case n: axle_wr_launch<n>(ctx, vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
-            stride_col_dst, half, stream); break;
+            stride_col_dst, stream); break;
         AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
         AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
 #undef AXLE_WR_CASE
@@ -692,39 +646,5 @@ bool ggml_cuda_axle_wr_mul_mat_add(
         return false;
     }
     axle_wr_run(ctx, mm->src[0], mm->src[1], out, bias);
-    return true;
-}
-
-// Whether the rows kernel can give a one-column product of a weight of `nrows` rows of `nblocks`
-// blocks a gated unit over its two halves: blocks of R/2 gate rows and R/2 up rows, each group in
-// one tile (half a multiple of R/2), within shared memory. AXLE_WR_GLU=0 turns the fusion off
-// (measurements).
-static bool axle_wr_glu_fits(const int nblocks, const int64_t nrows) {
-    static const bool enabled = [] {
-        const char * env = getenv("AXLE_WR_GLU");
-        return env == nullptr || strcmp(env, "0") != 0;
-    }();
-    const bool direct = axle_wr_direct();
-    const int R = axle_wr_rows_for(1, nblocks, direct);
-    return enabled && R >= 2 && nrows % 2 == 0 && (nrows/2) % (R/2) == 0 &&
-        axle_wr_rows_shared_bytes(1, R, nblocks, direct, 2) <= AXLE_WR_ROWS_MAX_BYTES;
-}
-
-// ggml's graph fusion of a one-column product of a fused gate and up weight with the gated unit
-// over its halves (ggml_swiglu of the product: silu of the first half times the second): one
-// kernel that writes silu(gate)*up with ggml's own expression (unary.cuh). The caller has checked
-// that the gated unit is the product's only use. False where the product is not hinted or the ops
-// do not fit; then the nodes run one by one.
-bool ggml_cuda_axle_wr_mul_mat_glu(ggml_backend_cuda_context & ctx, const ggml_tensor * mm, ggml_tensor * glu) {
-    if (mm->op != GGML_OP_MUL_MAT || ggml_get_op_params_i32(mm, 1) != AXLE_HINT_WIDE_REPLAY ||
-            glu->op != GGML_OP_GLU || ggml_get_glu_op(glu) != GGML_GLU_OP_SWIGLU ||
-            ggml_get_op_params_i32(glu, 1) != 0 || glu->src[0] != mm || glu->src[1] != nullptr ||
-            !axle_wr_takes(mm->src[0], mm->src[1], mm) || mm->src[2] != nullptr || mm->src[1]->ne[1] != 1 ||
-            glu->type != GGML_TYPE_F32 || glu->ne[0]*2 != mm->ne[0] || glu->ne[1] != 1 ||
-            glu->ne[2] != 1 || glu->ne[3] != 1 || !ggml_is_contiguous(glu) ||
-            !axle_wr_glu_fits(mm->src[0]->ne[0]/QK4_0, mm->src[0]->ne[1])) {
-        return false;
-    }
-    axle_wr_run(ctx, mm->src[0], mm->src[1], glu, nullptr, (int) (mm->ne[0]/2));
     return true;
 }
