@@ -268,17 +268,13 @@ static constexpr __host__ __device__ int axle_wr_rows_stage_stride(const int nbl
     return nblocks*18 + 16;
 }
 
-static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(
-        const int ncols, const int R, const int nblocks, const bool direct) {
-    return (direct ? 0 : (size_t) R*axle_wr_rows_stage_stride(nblocks)) +
+static constexpr __host__ __device__ size_t axle_wr_rows_shared_bytes(const int ncols, const int R, const int nblocks) {
+    return (size_t) R*axle_wr_rows_stage_stride(nblocks) +
         ((size_t) ncols*R*(nblocks + 1) + (size_t) ncols*nblocks + nblocks/8 + 1)*4;
 }
 
-// One column (all it is launched for): at most 64 registers, 8 blocks an SM. `direct`: each thread
-// loads its K iteration's weights from global memory into registers itself (no copy to shared
-// memory, so a block's shared memory is its products alone and loads overlap other blocks'
-// arithmetic); otherwise step 0 stages the rows' weights first.
-template <int ncols, bool direct>
+// One column (all it is launched for): at most 64 registers, 8 blocks an SM.
+template <int ncols>
 __launch_bounds__(AXLE_WR_ROWS_THREADS, 8)
 static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
@@ -289,7 +285,7 @@ static __global__ void axle_wr_rows_q4_0(
     const int stage_stride = axle_wr_rows_stage_stride(nblocks);
     const int stride = nblocks + 1;                                    // floats per (column, row), padded
     char * stage = axle_wr_rows_smem;                                  // [row] raw Q4_0 blocks
-    float * st = (float *) (stage + (direct ? 0 : R*stage_stride));    // [column][row][block] sumi*d4
+    float * st = (float *) (stage + R*stage_stride);                   // [column][row][block] sumi*d4
     float * d8s = st + ncols*R*stride;                                 // [column][block] d8
     int * starts = (int *) (d8s + ncols*nblocks);                      // the tile's stretches, K order
     __shared__ int nstretches;
@@ -299,7 +295,7 @@ static __global__ void axle_wr_rows_q4_0(
 
     // 0. The weights (past the last row: the last row again).
     const int row_pieces = nblocks*18/16;
-    for (int k = tid; !direct && k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
+    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
         const int r = k / row_pieces;
         const int p = k - r*row_pieces;
         const int64_t row = min(row0 + r, nrows_x - 1);
@@ -328,22 +324,18 @@ static __global__ void axle_wr_rows_q4_0(
         nstretches = m;
     }
 
-    if (!direct) {
-        cp_async_wait_all();
-    }
+    cp_async_wait_all();
     __syncthreads();
 
     // 1. Integer products.
     for (int w = tid; w < R*(nblocks/8); w += AXLE_WR_ROWS_THREADS) {
         const int r = w % R;
         const int g = w / R;
-        const int4 * src = direct ?
-            (const int4 *) (vx + (int64_t) min(row0 + r, nrows_x - 1)*stride_row_x*18 + 144*g) :
-            (const int4 *) (stage + r*stage_stride + 144*g);
+        const int4 * src = (const int4 *) (stage + r*stage_stride + 144*g);
         int x[36];
 #pragma unroll
         for (int i = 0; i < 9; ++i) {
-            const int4 v = direct ? __ldg(src + i) : src[i];
+            const int4 v = src[i];
             x[4*i + 0] = v.x;
             x[4*i + 1] = v.y;
             x[4*i + 2] = v.z;
@@ -434,9 +426,7 @@ static __global__ void axle_wr_rows_q4_0(
 // occupancy picked other sizes (2 rows for the 8B down projection, 4 for attention output) at the
 // same speed or slower, and 1 to 8 rows everywhere gave the down projection 25-28 us (the mat-vec
 // kernel: 19). AXLE_WR_ROWS overrides it (measurements): R rows, or 0 for the grid kernel.
-// With direct loads: the most rows whose K iterations the block's threads take at once (each
-// thread one), at least 1.
-static int axle_wr_rows_for(const int ncols, const int nblocks, const bool direct) {
+static int axle_wr_rows_for(const int ncols, const int nblocks) {
     static const int forced = [] {
         const char * env = getenv("AXLE_WR_ROWS");
         return env != nullptr ? atoi(env) : -1;
@@ -445,20 +435,10 @@ static int axle_wr_rows_for(const int ncols, const int nblocks, const bool direc
         return 0;
     }
     int R = 1;
-    if (forced > 0) {
-        while (R < 32 && R < forced) {
-            R *= 2;
-        }
-    } else if (direct) {
-        while (R < 32 && 2*R*(nblocks/8) <= AXLE_WR_ROWS_THREADS) {
-            R *= 2;
-        }
-    } else {
-        while (R < 32 && R*(nblocks/8) < AXLE_WR_ROWS_THREADS) {
-            R *= 2;
-        }
+    while (R < 32 && (forced > 0 ? R < forced : R*(nblocks/8) < AXLE_WR_ROWS_THREADS)) {
+        R *= 2;
     }
-    while (R > 0 && axle_wr_rows_shared_bytes(ncols, R, nblocks, direct) > AXLE_WR_ROWS_MAX_BYTES) {
+    while (R > 0 && axle_wr_rows_shared_bytes(ncols, R, nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
         R /= 2;
     }
     return R;
@@ -533,23 +513,12 @@ static void axle_wr_launch(
     // One column: the rows kernel. More: the grid kernel (with 4 columns the rows kernel made a
     // step of 4 sequences 2% to 19% slower, by how its rows a block were picked).
     if constexpr (ncols == 1) {
-        static const bool direct = [] {
-            const char * env = getenv("AXLE_WR_DIRECT");
-            return env != nullptr && strcmp(env, "1") == 0;
-        }();
-        const int R = axle_wr_rows_for(ncols, nblocks, direct);
+        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_0<ncols>, AXLE_WR_ROWS_MAX_BYTES);
+        const int R = axle_wr_rows_for(ncols, nblocks);
         if (R > 0) {
-            const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks, direct);
-            const dim3 grid((nrows_x + R - 1)/R);
-            if (direct) {
-                CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_q4_0<ncols, true>), AXLE_WR_ROWS_MAX_BYTES);
-                axle_wr_rows_q4_0<ncols, true><<<grid, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-                    vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
-            } else {
-                CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_q4_0<ncols, false>), AXLE_WR_ROWS_MAX_BYTES);
-                axle_wr_rows_q4_0<ncols, false><<<grid, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
-                    vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
-            }
+            const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
+            axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+                vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
             CUDA_CHECK(cudaGetLastError());
             return;
         }
