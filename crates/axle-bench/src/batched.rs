@@ -67,14 +67,15 @@ pub struct BatchedReport {
 }
 
 /// The device products of a run: what the options asked for (`None`: the device's default) and
-/// what the exact engine multiplied small columns with, as it reported
-/// (`EngineCore::device_products`; `None`: steps without the device layout).
-#[derive(Debug, Clone, Copy)]
+/// what the exact engine of each concurrency multiplied small columns with, as it reported
+/// (`EngineCore::device_products`; `None`: steps without the device layout). The default depends
+/// on the engine's capacity, so engines of different concurrency may take different products.
+#[derive(Debug, Clone)]
 pub struct ProductsUsed {
     /// Asked for.
     pub asked: Option<DeviceProducts>,
-    /// Taken.
-    pub chosen: Option<DeviceProducts>,
+    /// Taken, per concurrency (sequences, products), in the order run.
+    pub chosen: Vec<(usize, Option<DeviceProducts>)>,
 }
 
 /// Untimed decode steps before timing (graphs built, thread pools awake, caches warm).
@@ -241,7 +242,7 @@ pub fn run(
     )?;
     let bar = indicatif::ProgressBar::new((opts.concurrency.len() * opts.reps * 2) as u64);
     let mut rows = Vec::new();
-    let mut device_products = None;
+    let mut chosen = Vec::new();
     for &b in &opts.concurrency {
         let prompts: Vec<Vec<u32>> = (0..b)
             .map(|s| synthetic_tokens(opts.prompt, model.tokenizer.len(), 1000 + s as u64))
@@ -249,6 +250,7 @@ pub fn run(
         let (mut a, mut l, mut f) = (Vec::new(), Vec::new(), Vec::new());
         let (mut split, mut fast_split, mut widest_stack) = (StepSplit::default(), None, 1);
         let invariant = crate::default_kernels(model);
+        let mut device_products = None;
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
             let run = axle_run(model, &prompts, opts.steps, invariant, opts.device_products)?;
             a.push(run.tok_s);
@@ -275,6 +277,7 @@ pub fn run(
             }
             bar.inc(1);
         }
+        chosen.push((b, device_products));
         rows.push(BatchedRow {
             sequences: b,
             tok_s: Paired::new(a, l),
@@ -292,7 +295,7 @@ pub fn run(
     };
     let products = ProductsUsed {
         asked: opts.device_products,
-        chosen: device_products,
+        chosen,
     };
     Ok((report, products))
 }

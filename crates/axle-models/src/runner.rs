@@ -127,17 +127,29 @@ impl StepOutput {
     }
 }
 
+/// Engines that run at least this many sequences at once take wide products by default where the
+/// backend replays MMQ for a few columns (see [`default_products`]).
+pub const WIDE_FROM_SEQS: usize = 32;
+
 /// The device layout's products where neither the runner's options nor `AXLE_DEVICE_PRODUCTS`
 /// name them, given the weight types the accelerators multiply through Axle's column-invariant
-/// kernel (`column_types`, bit per type: [`column_types`]): that kernel
-/// ([`DeviceProducts::Columns`]) where every accelerator's backend carries it, else mat-vec groups
-/// ([`DeviceProducts::Groups`]). Wide products (MMQ ops, on CUDA devices only, whose tiled
-/// kernel's column invariance they rely on) are slower for few sequences (level with libllama
-/// alone and 0.88x at 4 with Q4_0 weights, where the column-invariant kernel gives 1.12x and
-/// 1.19x; below 0.6x alone where few-column products are padded; docs/gpu.md) and are never the
-/// default.
-pub fn default_products(column_types: u64) -> DeviceProducts {
-    if column_types != 0 {
+/// kernel (`column_types`, bit per type: [`column_types`]) and through its replay of MMQ for a
+/// few columns (`replay_types`: [`replay_types`]), and the most sequences the engine runs at once
+/// (`max_seqs`):
+/// - wide products ([`DeviceProducts::Wide`]: MMQ ops, one pass over the weights a step) where
+///   both kernels are there and the engine runs [`WIDE_FROM_SEQS`] sequences or more: with Q4_0
+///   weights on an H100, 2.15x libllama at 64 sequences where the column-invariant kernel gives
+///   1.24x, but 0.99-1.01x alone and 0.88x at 4 where it gives 1.12x and 1.19x (docs/gpu.md);
+/// - else the column-invariant kernel ([`DeviceProducts::Columns`]) where every accelerator's
+///   backend carries it;
+/// - else mat-vec groups ([`DeviceProducts::Groups`]).
+///
+/// The choice is the engine's for its life (a step cannot switch kernels without changing a
+/// sequence's numbers), so it goes by the engine's capacity, not by the sequences of a step.
+pub fn default_products(column_types: u64, replay_types: u64, max_seqs: usize) -> DeviceProducts {
+    if column_types != 0 && replay_types != 0 && max_seqs >= WIDE_FROM_SEQS {
+        DeviceProducts::Wide
+    } else if column_types != 0 {
         DeviceProducts::Columns
     } else {
         DeviceProducts::Groups
@@ -192,9 +204,11 @@ pub struct RunnerOptions {
     /// machines without an accelerator can test it. With batch-invariant kernels it is used
     /// whenever some layer's KV lives on an accelerator, whatever this says.
     pub force_device_layout: bool,
-    /// How the device layout multiplies small columns by quantized weights (`None`: by device,
-    /// see [`default_products`]).
+    /// How the device layout multiplies small columns by quantized weights (`None`: by device
+    /// and `max_seqs`, see [`default_products`]).
     pub device_products: Option<DeviceProducts>,
+    /// Most sequences the engine runs at once (its capacity): picks the default products.
+    pub max_seqs: usize,
     /// Step shapes whose graphs are kept (`None`: by device, see `graph_slots`).
     pub graph_slots: Option<usize>,
     /// Recurrent models: sequences that can hold state at once (state groups).
@@ -233,6 +247,7 @@ impl Default for RunnerOptions {
             kernels: Kernels::default(),
             force_device_layout: false,
             device_products: None,
+            max_seqs: 1,
             graph_slots: None,
             state_groups: 1,
             state_snapshots: 1,
@@ -459,8 +474,8 @@ impl Runner {
             Some(p) => p,
             None if opts.kernels == Kernels::BatchInvariant => DeviceProducts::from_env()
                 .map_err(ModelError::Invalid)?
-                .unwrap_or_else(|| default_products(column_types)),
-            None => default_products(column_types),
+                .unwrap_or_else(|| default_products(column_types, replay_types, opts.max_seqs)),
+            None => default_products(column_types, replay_types, opts.max_seqs),
         };
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
@@ -1422,6 +1437,35 @@ mod kv_budget_tests {
         assert_eq!(kv_budget(80 * gib), 72 * gib);
         assert_eq!(kv_budget(4 * gib), 3 * gib);
         assert_eq!(kv_budget(gib / 2), 0);
+    }
+}
+
+#[cfg(test)]
+mod default_products_tests {
+    use super::{default_products, DeviceProducts, WIDE_FROM_SEQS};
+
+    const Q4_0: u64 = 1 << 2;
+
+    #[test]
+    fn large_engines_take_wide_products_where_the_replay_is_there() {
+        let wide = default_products(Q4_0, Q4_0, WIDE_FROM_SEQS);
+        assert_eq!(wide, DeviceProducts::Wide);
+        assert_eq!(default_products(Q4_0, Q4_0, 64), DeviceProducts::Wide);
+        let below = default_products(Q4_0, Q4_0, WIDE_FROM_SEQS - 1);
+        assert_eq!(below, DeviceProducts::Columns, "a smaller engine");
+        assert_eq!(default_products(Q4_0, Q4_0, 1), DeviceProducts::Columns);
+        let no_replay = default_products(Q4_0, 0, 64);
+        assert_eq!(
+            no_replay,
+            DeviceProducts::Columns,
+            "a backend without the replay"
+        );
+        assert_eq!(
+            default_products(0, 0, 64),
+            DeviceProducts::Groups,
+            "no Axle kernels"
+        );
+        assert_eq!(default_products(0, Q4_0, 64), DeviceProducts::Groups);
     }
 }
 

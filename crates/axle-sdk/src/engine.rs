@@ -55,8 +55,10 @@ pub struct EngineConfig {
     /// outputs may differ at close calls with the batch (and speculation is no longer exact).
     pub kernels: Kernels,
     /// With batch-invariant kernels on accelerators: how small columns (decode and verify rows)
-    /// multiply quantized weights. `None`: by device (`axle_models::runner::default_products`:
-    /// Axle's column-invariant kernel where the CUDA backend carries it, else mat-vec groups;
+    /// multiply quantized weights. `None`: by device and `max_seqs`
+    /// (`axle_models::runner::default_products`: wide products for engines of 32 sequences or
+    /// more where the CUDA backend replays MMQ, else Axle's column-invariant kernel where the
+    /// CUDA backend carries it, else mat-vec groups;
     /// `AXLE_DEVICE_PRODUCTS` may name another with `BatchInvariant` kernels, refused like this
     /// field where it cannot run).
     /// [`DeviceProducts::Wide`] (CUDA only)
@@ -492,6 +494,7 @@ impl EngineCore {
                 kernels: cfg.kernels,
                 force_device_layout: false,
                 device_products: cfg.device_products,
+                max_seqs: cfg.max_seqs,
                 graph_slots: None,
                 state_groups: state_slots,
                 state_snapshots: max_draft as u32 + 1,

@@ -90,8 +90,8 @@ pub fn run(
                     oracle_split,
                 },
             )?;
-            if products.asked.is_some() || products.chosen.is_some() {
-                checks.push(products_check(products.asked, products.chosen));
+            if products.asked.is_some() || products.chosen.iter().any(|(_, p)| p.is_some()) {
+                checks.push(products_check(products.asked, &products.chosen));
             }
             r.rows
                 .into_iter()
@@ -290,16 +290,37 @@ pub fn run(
     Ok((rows, checks))
 }
 
-/// The batched workload's record of the products the exact engine multiplied with on its devices
-/// (the manifest's `device_products`, or the device's default where it names none): passes where
-/// the engine took what the manifest asked for.
-fn products_check(asked: Option<DeviceProducts>, chosen: Option<DeviceProducts>) -> CheckResult {
-    let chosen_name = chosen.map_or("none (no device layout)".to_string(), |p| p.to_string());
+/// The batched workload's record of the products the exact engines multiplied with on their
+/// devices (the manifest's `device_products`, or the device's default where it names none, which
+/// goes by the engine's capacity), per concurrency where they differ: passes where every engine
+/// took what the manifest asked for.
+fn products_check(
+    asked: Option<DeviceProducts>,
+    chosen: &[(usize, Option<DeviceProducts>)],
+) -> CheckResult {
+    let name =
+        |p: Option<DeviceProducts>| p.map_or("none (no device layout)".into(), |p| p.to_string());
     let asked_name = asked.map_or("the device's default".to_string(), |p| p.to_string());
+    // Runs of concurrency levels that took the same products, in the order run.
+    let mut runs: Vec<(Option<DeviceProducts>, Vec<String>)> = Vec::new();
+    for &(seqs, p) in chosen {
+        match runs.last_mut() {
+            Some((q, levels)) if *q == p => levels.push(seqs.to_string()),
+            _ => runs.push((p, vec![seqs.to_string()])),
+        }
+    }
+    let taken = match runs.as_slice() {
+        [(p, _)] => name(*p),
+        _ => runs
+            .iter()
+            .map(|(p, levels)| format!("{} at {} sequences", name(*p), levels.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
     CheckResult {
         kind: "products".into(),
-        passed: asked.is_none() || asked == chosen,
-        detail: format!("asked for {asked_name}, the engine multiplied with {chosen_name}"),
+        passed: asked.is_none() || chosen.iter().all(|&(_, p)| p == asked),
+        detail: format!("asked for {asked_name}, the engine multiplied with {taken}"),
     }
 }
 
@@ -551,15 +572,30 @@ mod tests {
     #[test]
     fn the_products_check_names_what_was_asked_and_what_ran() {
         let wide = Some(DeviceProducts::Wide);
-        let c = products_check(wide, wide);
+        let columns = Some(DeviceProducts::Columns);
+        let c = products_check(wide, &[(1, wide), (64, wide)]);
         assert!(c.passed);
         assert_eq!(c.kind, "products");
         assert_eq!(c.detail, "asked for wide, the engine multiplied with wide");
-        let c = products_check(None, Some(DeviceProducts::Columns));
+        let c = products_check(None, &[(1, columns)]);
         assert!(c.passed, "no ask: a record of the device's default");
         assert!(c.detail.ends_with("with columns"), "{}", c.detail);
-        let c = products_check(wide, None);
-        assert!(!c.passed, "asked for wide, ran without the device layout");
-        assert!(c.detail.contains("none (no device layout)"), "{}", c.detail);
+        let c = products_check(None, &[(1, columns), (16, columns), (64, wide)]);
+        assert!(c.passed, "the default goes by the engine's capacity");
+        assert_eq!(
+            c.detail,
+            "asked for the device's default, the engine multiplied with columns at 1, 16 \
+             sequences; wide at 64 sequences"
+        );
+        let c = products_check(wide, &[(1, wide), (4, None)]);
+        assert!(
+            !c.passed,
+            "asked for wide, one engine ran without the device layout"
+        );
+        assert!(
+            c.detail.contains("none (no device layout) at 4"),
+            "{}",
+            c.detail
+        );
     }
 }

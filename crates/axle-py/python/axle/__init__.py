@@ -56,10 +56,11 @@ class Engine:
     memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves,
     ``split_mode="tensor"`` (with ``kernels="fast"``) to run every layer on every device instead
     of a range of layers on each. ``device_products`` (GPUs, exact kernels): ``"columns"`` (the
-    default where the CUDA backend carries Axle's kernel) reads the weights once per 8 decoding
-    sequences, ``"groups"`` once per 4; ``"wide"`` (CUDA) once per step for many concurrent
-    sequences, level with libllama for a lone one with Q4_0 weights (0.99-1.01x on an H100) and
-    slower than ``"columns"`` for a few (0.88x at 4 sequences).
+    default where the CUDA backend carries Axle's kernel and ``max_batch_size`` is under 32)
+    reads the weights once per 8 decoding sequences, ``"groups"`` once per 4; ``"wide"`` (CUDA;
+    the default from ``max_batch_size=32`` where the backend also replays MMQ) once per step for
+    many concurrent sequences, level with libllama for a lone one with Q4_0 weights (0.99-1.01x
+    on an H100) and slower than ``"columns"`` for a few (0.88x at 4 sequences).
     ``host_kernels`` (CPU, exact kernels): the default ``"origin"`` gives prompt rows the
     arithmetic libllama prefills with and generated rows the one it decodes with, so prompts
     prefill at libllama's speed and greedy output follows libllama's; ``"compatible"`` gives every
