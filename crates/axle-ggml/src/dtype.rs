@@ -15,6 +15,8 @@ impl DType {
     pub const I32: DType = DType(sys::GGML_TYPE_I32);
     /// 64-bit signed integer.
     pub const I64: DType = DType(sys::GGML_TYPE_I64);
+    /// 4-bit blocks of 32 with a scale.
+    pub const Q4_0: DType = DType(sys::GGML_TYPE_Q4_0);
     /// 4-bit blocks of 32 with a scale and a minimum.
     pub const Q4_1: DType = DType(sys::GGML_TYPE_Q4_1);
     /// 5-bit blocks of 32 with a scale.

@@ -138,6 +138,19 @@ impl TensorStore {
         })
     }
 
+    /// Every tensor of the store, by name.
+    pub fn tensors(&self) -> Vec<StoredTensor> {
+        let mut named: Vec<(&String, &*mut sys::ggml_tensor)> = self.inner.by_name.iter().collect();
+        named.sort_by(|a, b| a.0.cmp(b.0));
+        named
+            .into_iter()
+            .map(|(_, &ptr)| StoredTensor {
+                store: self.inner.clone(),
+                ptr,
+            })
+            .collect()
+    }
+
     /// A tensor by name, or a clear error.
     pub fn require(&self, name: &str) -> Result<StoredTensor> {
         self.get(name)

@@ -207,6 +207,19 @@ impl<'a> Tensor<'a> {
         t
     }
 
+    /// The type of the buffer that holds the data (its own, or that of the tensor it views);
+    /// `None` before memory is assigned.
+    pub fn buffer_type(&self) -> Option<crate::BufferType> {
+        let t = self.home();
+        if t.buffer.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null buffer of a live tensor; its type is a static descriptor.
+        Some(crate::BufferType(unsafe {
+            sys::ggml_backend_buffer_get_type(t.buffer)
+        }))
+    }
+
     /// Whether backend memory has been assigned.
     pub fn is_allocated(&self) -> bool {
         !self.get().buffer.is_null()

@@ -152,6 +152,20 @@ pub struct DeviceStep {
 }
 
 impl DeviceStep {
+    /// A layout of no rows that only decides how small columns multiply (the runner's check of
+    /// its products at load, [`crate::small_products::probe`]).
+    pub fn for_products(products: DeviceProducts, column_types: u64, replay_types: u64) -> Self {
+        DeviceStep {
+            runs: Vec::new(),
+            attn: Vec::new(),
+            mask_len: 0,
+            gathered: None,
+            products,
+            column_types,
+            replay_types,
+        }
+    }
+
     /// Whether small columns of a `dtype` weight go through the column-invariant kernel.
     pub fn column_invariant(&self, dtype: axle_ggml::DType) -> bool {
         self.products == DeviceProducts::Columns

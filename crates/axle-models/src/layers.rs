@@ -1,10 +1,9 @@
 //! Graph pieces shared by the architecture files: the per-step inputs ([`Step`]), weighted RMS
 //! norm, attention through the KV slots, and gated feed-forward. Models call these with small
 //! structs; they never see block tables or slot arithmetic.
-use crate::device_step::{
-    DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
-};
+use crate::device_step::{DeviceProducts, DeviceStep, GROUP_COLS, WIDE_MIN_COLS};
 use crate::kv::KvCache;
+use crate::small_products::{self, Product};
 use crate::stacked_attention::{attention_op, KvSlots, OpRows, StackKey, StackTable, StackedKv};
 use axle_ggml::row_attention::{RowAttention, TILED_ROWS};
 use axle_ggml::tiled_columns;
@@ -352,7 +351,7 @@ impl<'a> Step<'a> {
         if n < tiled_columns::TILED_COLS {
             return g.mul_mat(w, x);
         }
-        self.mul_mat_grouped(w, x, MATMUL_SLICE)
+        Product { g: self.ctx, w }.grouped(x, MATMUL_SLICE)
     }
 
     /// `w @ x` for a float weight in host memory and fewer than [`FLOAT_MIN_COLS`] columns of
@@ -363,23 +362,7 @@ impl<'a> Step<'a> {
         if !w.dtype().is_float() || n >= FLOAT_MIN_COLS || rest != 1 || !w.is_plain_host() {
             return None;
         }
-        Some(self.mul_mat_padded(w, x, FLOAT_MIN_COLS))
-    }
-
-    /// `w @ x` for `x` [k, n, h] with fewer than `cols` columns: `x` padded with zero columns to
-    /// `cols`, and the product's first `n` columns.
-    fn mul_mat_padded(&self, w: Tensor<'a>, x: Tensor<'a>, cols: i64) -> Tensor<'a> {
-        let g = self.ctx;
-        let [_, n, h, _] = x.ne();
-        let y = g.mul_mat(w, g.pad_cols(x, cols - n));
-        let nb = y.nb();
-        let first = g.view(y, &[w.ne()[1], n, h], &[nb[1], nb[2]], 0);
-        // One head: the first n columns are contiguous already.
-        if h == 1 {
-            first
-        } else {
-            g.cont(first)
-        }
+        Some(Product { g: self.ctx, w }.padded(x, FLOAT_MIN_COLS))
     }
 
     /// `w @ x` on an accelerator, each column's arithmetic independent of the step's shape:
@@ -389,7 +372,7 @@ impl<'a> Step<'a> {
     fn matmul_device(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
         let g = self.ctx;
         if self.all_small(x, d) {
-            return self.small_product(w, x, d);
+            return Product { g: self.ctx, w }.small(x, d);
         }
         let pieces = d
             .runs
@@ -397,7 +380,7 @@ impl<'a> Step<'a> {
             .map(|r| {
                 let xs = columns(g, x, r.first, r.cols);
                 if r.small {
-                    self.small_product(w, xs, d)
+                    Product { g: self.ctx, w }.small(xs, d)
                 } else {
                     g.mul_mat(w, xs)
                 }
@@ -410,26 +393,6 @@ impl<'a> Step<'a> {
     /// for output count as small, as in [`Step::matmul`]).
     fn all_small(&self, x: Tensor<'a>, d: &DeviceStep) -> bool {
         x.ne()[1] != self.n_tokens || d.runs.iter().all(|r| r.small)
-    }
-
-    /// `w @ xs` for small columns: MMVQ groups, or MMQ ops (wide products) for weights it takes;
-    /// F32 weights in MMVF groups.
-    fn small_product(&self, w: Tensor<'a>, xs: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
-        let by_columns = by_columns(w, d);
-        if d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() && !by_columns {
-            return self.mul_mat_wide(w, xs, d);
-        }
-        // Up to GROUP_COLS columns ggml's own mat-vec kernel has the same arithmetic (and fuses
-        // a one-column gate, up and gated unit); wider, Axle's kernel in one op.
-        if by_columns && xs.ne()[1] > GROUP_COLS {
-            return self.ctx.mul_mat_column_invariant(w, xs);
-        }
-        let group = if w.dtype() == DType::F32 {
-            FLOAT_GROUP_COLS
-        } else {
-            GROUP_COLS
-        };
-        self.mul_mat_grouped(w, xs, group)
     }
 
     /// The products of `x` with the parts of a fused weight (a layer's Q, K and V, or its gate and
@@ -470,16 +433,17 @@ impl<'a> Step<'a> {
             }
             return FusedProduct::Whole(self.matmul(fused, x));
         };
-        let wide =
-            d.products == DeviceProducts::Wide && w.dtype().has_cuda_mmq() && !by_columns(w, d);
+        let wide = d.products == DeviceProducts::Wide
+            && w.dtype().has_cuda_mmq()
+            && !small_products::by_columns(w, d);
         // Column-invariant products take the fused weight (a row's arithmetic does not depend on
         // the weight it sits in) except for a few columns of gate and up, as groups do.
-        let invariant = by_columns(w, d) && x.ne()[1] > GROUP_COLS;
+        let invariant = small_products::by_columns(w, d) && x.ne()[1] > GROUP_COLS;
         if !(fused_in_groups || wide || invariant) {
             return FusedProduct::Parts(each_part(x));
         }
         if self.all_small(x, d) {
-            return FusedProduct::Whole(self.small_product(w, x, d));
+            return FusedProduct::Whole(Product { g: self.ctx, w }.small(x, d));
         }
         if d.runs.iter().all(|r| !r.small) {
             return FusedProduct::Parts(each_part(x));
@@ -489,7 +453,7 @@ impl<'a> Step<'a> {
         for r in &d.runs {
             let xs = columns(g, x, r.first, r.cols);
             if r.small {
-                let y = self.small_product(w, xs, d);
+                let y = Product { g: self.ctx, w }.small(xs, d);
                 let mut offset = 0;
                 for (piece, p) in pieces.iter_mut().zip(parts) {
                     let rows = p.t().ne()[1];
@@ -503,53 +467,6 @@ impl<'a> Step<'a> {
             }
         }
         FusedProduct::Parts(pieces.into_iter().map(|p| concat_all(g, p, 1)).collect())
-    }
-
-    /// `w @ x` in products of at most `group` columns: one op over groups of exactly that many
-    /// (a 3-D batch) and one for the rest.
-    fn mul_mat_grouped(&self, w: Tensor<'a>, x: Tensor<'a>, group: i64) -> Tensor<'a> {
-        let g = self.ctx;
-        let [k, n, ..] = x.ne();
-        if n <= group {
-            return g.mul_mat(w, x);
-        }
-        let nb1 = x.nb()[1];
-        let full = n / group;
-        let main = g.view(x, &[k, group, full], &[nb1, nb1 * group as usize], 0);
-        let m = w.ne()[1];
-        let y = g.reshape(g.mul_mat(w, main), &[m, full * group]);
-        let left = n - full * group;
-        if left == 0 {
-            return y;
-        }
-        let tail = g.view(x, &[k, left], &[nb1], (full * group) as usize * nb1);
-        g.concat(y, g.mul_mat(w, tail), 1)
-    }
-
-    /// `w @ x` in ops of [`WIDE_MIN_COLS`] to [`WIDE_MAX_COLS`] columns (MMQ with one column
-    /// tile on CUDA): runs of at most 128 columns; a shorter one through Axle's replay of MMQ
-    /// where the backends carry it for the weight ([`DeviceStep::wide_replay`]), else padded with
-    /// zero columns.
-    fn mul_mat_wide(&self, w: Tensor<'a>, x: Tensor<'a>, d: &DeviceStep) -> Tensor<'a> {
-        let g = self.ctx;
-        let n = x.ne()[1];
-        let mut pieces = Vec::new();
-        let mut first = 0;
-        while first < n {
-            let cols = (n - first).min(WIDE_MAX_COLS);
-            let xs = columns(g, x, first, cols);
-            pieces.push(
-                if cols < WIDE_MIN_COLS && d.wide_replay(w.dtype(), w.ne()[0], w.ne()[1]) {
-                    g.mul_mat_wide_replay(w, xs)
-                } else if cols < WIDE_MIN_COLS {
-                    self.mul_mat_padded(w, xs, WIDE_MIN_COLS)
-                } else {
-                    g.mul_mat(w, xs)
-                },
-            );
-            first += cols;
-        }
-        concat_all(g, pieces, 1)
     }
 
     /// `cap * tanh(x / cap)`: logit softcapping (Gemma); `x` itself when `cap` is 0.
@@ -1028,15 +945,8 @@ pub enum FusedProduct<'a> {
     Parts(Vec<Tensor<'a>>),
 }
 
-/// Whether small columns of `w` take the column-invariant kernel's arithmetic: with column
-/// products where the kernel covers the type, with wide products where the replay does not take
-/// the weight but the kernel covers it ([`DeviceStep::wide_by_columns`]).
-fn by_columns(w: Tensor<'_>, d: &DeviceStep) -> bool {
-    d.column_invariant(w.dtype()) || d.wide_by_columns(w.dtype(), w.ne()[0], w.ne()[1])
-}
-
 /// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
-fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
+pub(crate) fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
     let [k, n, ..] = x.ne();
     if (first, cols) == (0, n) {
         return x;

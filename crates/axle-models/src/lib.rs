@@ -18,6 +18,7 @@ pub mod placement;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;
+pub mod small_products;
 pub mod stacked_attention;
 pub mod tensor_split;
 pub mod tokenizer;

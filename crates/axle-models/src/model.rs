@@ -6,7 +6,7 @@ use crate::chat::{ChatError, ChatMessage, ChatTemplate};
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
-use axle_ggml::{Backend, GgufFile, TensorStore, WeightFusion, WeightPlacement};
+use axle_ggml::{Backend, GgufFile, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
 use std::path::{Path, PathBuf};
 
 /// How to load a model.
@@ -228,6 +228,11 @@ impl Model {
     /// Names of the weights stored fused ([`FusedProjections`]).
     pub fn fused_weights(&self) -> &[String] {
         self._weights.fused()
+    }
+
+    /// Every tensor of the model's file (and its fused weights), by name.
+    pub fn tensors(&self) -> Vec<StoredTensor> {
+        self._weights.tensors()
     }
 
     /// Where the layers run.

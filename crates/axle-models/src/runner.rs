@@ -8,10 +8,11 @@ use crate::kv::KvCache;
 use crate::layers::{AttnGroup, HostKernels, Kernels, RowArithmetic, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
+use crate::small_products;
 use crate::stacked_attention::{self, StackKey, StackTable};
 use crate::ModelError;
 use axle_core::{RowLogits, TokenId};
-use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler, PinnedHost};
+use axle_ggml::{Backend, BufferType, Context, DType, GraphScheduler, PinnedHost, StoredTensor};
 use half::f16;
 use std::sync::Arc;
 
@@ -185,6 +186,32 @@ fn kernel_types(
 }
 
 /// Whether there are accelerators and all are CUDA devices: where wide products may run.
+/// One weight per shape (type, row length, rows, memory) that small products multiply on an
+/// accelerator: the model's quantized 2-D weights in device memory (not split across devices).
+fn product_weights(model: &Model) -> Vec<StoredTensor> {
+    let mut seen = Vec::new();
+    model
+        .tensors()
+        .into_iter()
+        .filter(|w| {
+            let t = w.t();
+            let [k, m, rest @ ..] = t.ne();
+            let buft = t.buffer_type();
+            let key = (t.dtype(), k, m, buft);
+            let take = t.dtype().is_quantized()
+                && m > 1
+                && rest == [1, 1]
+                && t.is_on_device()
+                && buft.is_some_and(|b| !b.is_split())
+                && !seen.contains(&key);
+            if take {
+                seen.push(key);
+            }
+            take
+        })
+        .collect()
+}
+
 fn all_cuda(accelerators: &[axle_ggml::Device]) -> bool {
     !accelerators.is_empty() && accelerators.iter().all(|d| d.name().starts_with("CUDA"))
 }
@@ -341,6 +368,8 @@ pub struct Runner {
     pinned: Option<PinnedHost>,
     /// How the device layout multiplies small columns.
     products: DeviceProducts,
+    /// Why the default products gave way to others at load ([`Runner::check_products`]).
+    products_note: Option<String>,
     /// With column-invariant products: the weight types every accelerator covers (bit per type).
     column_types: u64,
     /// With wide products: the weight types whose few-column products every accelerator replays
@@ -470,13 +499,15 @@ impl Runner {
         let replay_types = replay_types(&accelerators);
         // An explicit choice, else (with the exact kernels, whose choice it is) the
         // environment's, is honoured or refused below.
-        let products = match opts.device_products {
-            Some(p) => p,
-            None if opts.kernels == Kernels::BatchInvariant => DeviceProducts::from_env()
-                .map_err(ModelError::Invalid)?
-                .unwrap_or_else(|| default_products(column_types, replay_types, opts.max_seqs)),
-            None => default_products(column_types, replay_types, opts.max_seqs),
+        let named = match opts.device_products {
+            Some(p) => Some(p),
+            None if opts.kernels == Kernels::BatchInvariant => {
+                DeviceProducts::from_env().map_err(ModelError::Invalid)?
+            }
+            None => None,
         };
+        let products =
+            named.unwrap_or_else(|| default_products(column_types, replay_types, opts.max_seqs));
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
                 "wide device products need the model's layers on CUDA devices only: their column \
@@ -524,9 +555,10 @@ impl Runner {
             }
             k => Some(k),
         };
-        Ok(Runner {
+        let mut runner = Runner {
             host_kernels,
             products,
+            products_note: None,
             column_types,
             replay_types,
             stacking,
@@ -542,7 +574,76 @@ impl Runner {
             graph_slots,
             profile: StepProfile::default(),
             pinned,
-        })
+        };
+        runner.check_products(named.is_some())?;
+        Ok(runner)
+    }
+
+    /// Checks at load that the small products give a column the same bits at every width on
+    /// each weight shape the model multiplies on its accelerators ([`small_products::probe`]).
+    /// Only Axle's own kernels are probed (wide and column products; groups are ggml's mat-vec
+    /// kernel, which computes every column by itself). Products the caller named are refused
+    /// where the probe fails; default ones give way to the next (wide to columns, columns to
+    /// groups), and [`Runner::products_note`] says why. `AXLE_PRODUCTS_PROBE=0` skips it.
+    fn check_products(&mut self, named: bool) -> Result<(), ModelError> {
+        let probed = |p| matches!(p, DeviceProducts::Wide | DeviceProducts::Columns);
+        if !self.device_layout()
+            || !probed(self.products)
+            || std::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Ok("0")
+        {
+            return Ok(());
+        }
+        let weights = product_weights(&self.model);
+        // The slot after every graph slot; resized afterwards, which frees the probe's memory.
+        let slot = self.graph_slots;
+        while self.sched.slots() <= slot {
+            self.sched.add_slot(self.base_nodes)?;
+        }
+        let mut result = Ok(());
+        while probed(self.products) {
+            let d = DeviceStep::for_products(self.products, self.column_types, self.replay_types);
+            let mut failed = None;
+            for w in &weights {
+                if let Some(m) = small_products::probe(&mut self.sched, slot, w.t(), &d)? {
+                    failed = Some((w, m));
+                    break;
+                }
+            }
+            let Some((w, m)) = failed else {
+                break;
+            };
+            let t = w.t();
+            let what = format!(
+                "{} device products failed their check at load on {} ({} [{}, {}] in {}): {m}",
+                self.products,
+                t.name(),
+                t.dtype().name(),
+                t.ne()[0],
+                t.ne()[1],
+                t.buffer_type().map_or_else(String::new, |b| b.name()),
+            );
+            if named {
+                result = Err(ModelError::Invalid(format!(
+                    "{what}; this device or ggml build does not give a column the same numbers at \
+                     every width with them: choose other device products (groups always hold)"
+                )));
+                break;
+            }
+            let next = match self.products {
+                DeviceProducts::Wide if self.column_types != 0 => DeviceProducts::Columns,
+                _ => DeviceProducts::Groups,
+            };
+            self.products_note = Some(format!("{what}; took {next} instead"));
+            self.products = next;
+        }
+        self.sched.resize(slot, self.base_nodes)?;
+        result
+    }
+
+    /// Why the default device products gave way to others at load (their check failed on one
+    /// of the model's weights), if they did.
+    pub fn products_note(&self) -> Option<&str> {
+        self.products_note.as_deref()
     }
 
     /// Whether steps use the device layout of [`device_step`]: batch-invariant kernels with KV

@@ -369,14 +369,7 @@ pub fn probe(
     for &o in &outs {
         graph.expand(o);
     }
-    sched.alloc(slot, &mut graph)?;
-    sched.compute(slot, &mut graph)?;
-    let mut results: Vec<Vec<u32>> = Vec::new();
-    for o in &outs {
-        let mut xs: Vec<f32> = Vec::new();
-        o.read(&mut xs)?;
-        results.push(xs.iter().map(|x| x.to_bits()).collect());
-    }
+    let results = crate::small_products::computed_bits(sched, slot, &mut graph, &outs)?;
     // Per mask placement: rows over the same slots one op each, stacked both ways; rows over
     // their own slots one op each, stacked.
     Ok(results

@@ -691,6 +691,16 @@ impl EngineCore {
         self.runner.device_products()
     }
 
+    /// The device products in words, and why the default ones gave way to others at load where
+    /// they did ([`axle_models::Runner::products_note`]); `None` without the device layout.
+    pub fn device_products_summary(&self) -> Option<String> {
+        let products = self.device_products()?;
+        Some(match self.runner.products_note() {
+            Some(note) => format!("{products} ({note})"),
+            None => products.to_string(),
+        })
+    }
+
     /// The verify-row shapes the runner probed for shared attention ops so far: (KV slots, rows,
     /// shared).
     pub fn stacked_shapes(&self) -> Vec<(i64, i64, bool)> {

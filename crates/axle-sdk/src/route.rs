@@ -233,6 +233,10 @@ pub struct RuntimeReport {
     /// routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// How a native engine's exact kernels multiply decode rows on its devices (`columns`,
+    /// `wide`, `groups`), and why where the default gave way at load; absent without devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_products: Option<String>,
 }
 
 impl RuntimeReport {
@@ -274,6 +278,7 @@ impl RuntimeReport {
             },
             axle_version: env!("CARGO_PKG_VERSION").into(),
             device: None,
+            device_products: None,
         }
     }
 
@@ -301,7 +306,8 @@ impl RuntimeReport {
         self
     }
 
-    /// One line for logs: `native (native) sha256:...` or `llama_cpp (delegated) at URL`.
+    /// One line for logs: `native (native), sha256:...[, device products wide]` or
+    /// `llama_cpp (delegated) at URL, model M`.
     pub fn summary(&self) -> String {
         match &self.upstream_url {
             Some(url) => format!(
@@ -310,12 +316,18 @@ impl RuntimeReport {
                 tier_name(self.support_tier),
                 self.upstream_model.as_deref().unwrap_or("?")
             ),
-            None => format!(
-                "{} ({}), {}",
-                self.selected_backend.name(),
-                tier_name(self.support_tier),
-                self.model_id
-            ),
+            None => {
+                let mut line = format!(
+                    "{} ({}), {}",
+                    self.selected_backend.name(),
+                    tier_name(self.support_tier),
+                    self.model_id
+                );
+                if let Some(p) = &self.device_products {
+                    line.push_str(&format!(", device products {p}"));
+                }
+                line
+            }
         }
     }
 }
@@ -573,10 +585,11 @@ pub async fn open(
             let model = load(path)?;
             let sha = file_sha256(path)
                 .map_err(|e| SdkError::Config(format!("cannot hash {}: {e}", path.display())))?;
-            let report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
+            let mut report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
                 .on_device(&model);
             let cfg = configure(&model);
             let session = Session::new(Arc::new(model), cfg)?;
+            report.device_products = session.device_products().map(str::to_string);
             Ok((Generator::Native(Arc::new(session)), report))
         }
         kind => {

@@ -54,6 +54,8 @@ pub struct Session {
     /// Compute constraint masks on worker threads, overlapping the forward pass (when a core is
     /// left over by the model's threads, or the model runs on a GPU).
     overlap: bool,
+    /// How the engine multiplies decode rows on its devices (see [`Session::device_products`]).
+    device_products: Option<String>,
 }
 
 /// The events of one choice of a native request, ending with `Done` or `Error`; dropping it
@@ -110,6 +112,7 @@ impl Session {
     /// Starts the engine thread for a loaded model.
     pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Session, SdkError> {
         let mut engine = EngineCore::new(model.clone(), &cfg)?;
+        let device_products = engine.device_products_summary();
         let (tx, rx) = mpsc::channel::<Command>();
         let stats = Arc::new(std::sync::Mutex::new(EngineStats::default()));
         let stats_thread = stats.clone();
@@ -125,7 +128,14 @@ impl Session {
             stats,
             grammar: GrammarSlot::default(),
             overlap: structured::overlap_masks(&model),
+            device_products,
         })
+    }
+
+    /// How the engine multiplies decode rows on its devices, and why where the default gave way
+    /// at load ([`EngineCore::device_products_summary`]); `None` without the device layout.
+    pub fn device_products(&self) -> Option<&str> {
+        self.device_products.as_deref()
     }
 
     /// The model.
