@@ -341,18 +341,6 @@ impl BufferType {
         cstr(unsafe { sys::ggml_backend_buft_name(self.0) })
     }
 
-    /// The default buffer type of the device this one belongs to (itself for host buffer types
-    /// without a device).
-    pub fn device_default(&self) -> BufferType {
-        // SAFETY: valid buffer type; the device may be NULL (host buffer types of some backends).
-        let dev = unsafe { sys::ggml_backend_buft_get_device(self.0) };
-        if dev.is_null() {
-            return *self;
-        }
-        // SAFETY: a live device of the registry; its default buffer type is a static descriptor.
-        BufferType(unsafe { sys::ggml_backend_dev_buffer_type(dev) })
-    }
-
     /// Whether it holds tensors split over several devices ([`crate::meta`]): such tensors must
     /// be allocated from their context (see `TensorStore`).
     pub fn is_split(&self) -> bool {

@@ -593,7 +593,6 @@ impl Runner {
         {
             return Ok(());
         }
-        let t0 = std::time::Instant::now();
         let weights = product_weights(&self.model);
         // The slot after every graph slot; resized afterwards, which frees the probe's memory.
         let slot = self.graph_slots;
@@ -638,15 +637,6 @@ impl Runner {
             self.products = next;
         }
         self.sched.resize(slot, self.base_nodes)?;
-        if std::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Ok("verbose") {
-            eprintln!(
-                "products check: {} weight shapes, {:?} ({} slots, {} base nodes)",
-                weights.len(),
-                t0.elapsed(),
-                self.sched.slots(),
-                self.base_nodes
-            );
-        }
         result
     }
 

@@ -169,16 +169,9 @@ fn probe_with(
 ) -> Result<Option<WidthMismatch>, ModelError> {
     let [k, m, ..] = w.ne();
     let widest = PROBE_WIDTHS[PROBE_WIDTHS.len() - 1];
-    let verbose = std::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Ok("verbose");
-    let t0 = std::time::Instant::now();
-    let weight_buft = w
+    let buft = w
         .buffer_type()
         .ok_or_else(|| ModelError::Invalid(format!("probe: weight {} has no memory", w.name())))?;
-    let buft = if std::env::var("AXLE_PROBE_X").as_deref() == Ok("device") {
-        weight_buft.device_default()
-    } else {
-        weight_buft
-    };
     let store = TensorStore::zeroed(buft, &[("probe_x".into(), DType::F32, vec![k, widest])])?;
     let x = store.require("probe_x")?;
     let mut rng = ChaCha8Rng::seed_from_u64(k as u64 ^ (m as u64) << 32);
@@ -186,7 +179,6 @@ fn probe_with(
         .map(|_| (rng.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0)
         .collect();
     x.t().write(&xs)?;
-    let t_written = t0.elapsed();
 
     let nodes = 64 * PROBE_WIDTHS.len() + 256;
     let ctx = Context::new(nodes, nodes)?;
@@ -201,22 +193,7 @@ fn probe_with(
     for &o in &outs {
         graph.expand(o);
     }
-    let t_built = t0.elapsed();
     let results = computed_bits(sched, slot, &mut graph, &outs)?;
-    let t_computed = t0.elapsed();
-    if verbose {
-        eprintln!(
-            "probe {} {} [{k}, {m}] x in {:?} (weight in {:?}): written {:?}, built {:?}, \
-             computed and read {:?}",
-            w.name(),
-            w.dtype().name(),
-            buft,
-            weight_buft,
-            t_written,
-            t_built,
-            t_computed
-        );
-    }
     let Some(reference) = results.last() else {
         return Ok(None);
     };
@@ -232,9 +209,6 @@ fn probe_with(
                 }));
             }
         }
-    }
-    if verbose {
-        eprintln!("probe {}: compared {:?}", w.name(), t0.elapsed());
     }
     Ok(None)
 }
