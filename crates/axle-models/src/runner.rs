@@ -604,7 +604,15 @@ impl Runner {
             let d = DeviceStep::for_products(self.products, self.column_types, self.replay_types);
             let mut failed = None;
             for w in &weights {
-                if let Some(m) = small_products::probe(&mut self.sched, slot, w.t(), &d)? {
+                let probed = small_products::probe(&mut self.sched, slot, w.t(), &d);
+                if let Some(m) = probed.map_err(|e| {
+                    ModelError::Invalid(format!(
+                        "the check of the {} device products at load could not run on {}: {e} \
+                         (AXLE_PRODUCTS_PROBE=0 skips it)",
+                        self.products,
+                        w.t().name()
+                    ))
+                })? {
                     failed = Some((w, m));
                     break;
                 }

@@ -589,7 +589,7 @@ pub async fn open(
                 .on_device(&model);
             let cfg = configure(&model);
             let session = Session::new(Arc::new(model), cfg)?;
-            report.device_products = session.device_products().map(str::to_string);
+            report.device_products = session.device_products_summary().map(str::to_string);
             Ok((Generator::Native(Arc::new(session)), report))
         }
         kind => {

@@ -54,7 +54,8 @@ pub struct Session {
     /// Compute constraint masks on worker threads, overlapping the forward pass (when a core is
     /// left over by the model's threads, or the model runs on a GPU).
     overlap: bool,
-    /// How the engine multiplies decode rows on its devices (see [`Session::device_products`]).
+    /// How the engine multiplies decode rows on its devices (see
+    /// [`Session::device_products_summary`]).
     device_products: Option<String>,
 }
 
@@ -134,7 +135,7 @@ impl Session {
 
     /// How the engine multiplies decode rows on its devices, and why where the default gave way
     /// at load ([`EngineCore::device_products_summary`]); `None` without the device layout.
-    pub fn device_products(&self) -> Option<&str> {
+    pub fn device_products_summary(&self) -> Option<&str> {
         self.device_products.as_deref()
     }
 
