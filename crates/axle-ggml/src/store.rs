@@ -171,15 +171,7 @@ impl TensorStore {
             .into_iter()
             .chain(split)
             .map(|t| {
-                // SAFETY: tensors of a live store; buffer is set for all of them after loading.
-                let buft = unsafe {
-                    let b = (*t.raw()).buffer;
-                    if b.is_null() {
-                        String::new()
-                    } else {
-                        BufferType(sys::ggml_backend_buffer_get_type(b)).name()
-                    }
-                };
+                let buft = t.buffer_type().map_or_else(String::new, |b| b.name());
                 (t.name(), buft)
             })
             .collect()
