@@ -4,7 +4,7 @@
 use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::device_step::DeviceProducts;
+use axle_models::device_step::{DeviceProducts, KV_ALIGN};
 use axle_models::{Kernels, Model};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
@@ -104,8 +104,12 @@ fn axle_run(
     device_products: Option<DeviceProducts>,
 ) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
+    // Room for every sequence, and at least one attention range (256 slots) a sequence, as a
+    // serving pool has (8192 slots for 16 sequences by default): sequences that the scheduler
+    // keeps in lanes of the pool are then read in place on a device instead of gathered.
+    let per_seq = (prompts[0].len() + steps + WARM + 8).max(KV_ALIGN as usize);
     let cfg = EngineConfig {
-        kv_slots: ((b * (prompts[0].len() + steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256,
+        kv_slots: ((b * per_seq) as u32).div_ceil(256) * 256 + 256,
         max_seqs: b.max(1),
         max_batch_tokens: 512.max(b),
         prefix_caching: false,

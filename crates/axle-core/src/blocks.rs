@@ -77,6 +77,8 @@ pub struct BlockPool {
     cached: HashMap<u64, BlockId>,
     clock: u64,
     caching: bool,
+    /// Lanes the pool is cut into for [`BlockPool::allocate_after`] (1: one lane, the whole pool).
+    lanes: u32,
 }
 
 impl BlockPool {
@@ -90,7 +92,17 @@ impl BlockPool {
             cached: HashMap::new(),
             clock: 0,
             caching,
+            lanes: 1,
         }
+    }
+
+    /// Cuts the pool into `lanes` lanes of equal size (at least one block each) where
+    /// [`BlockPool::allocate_after`] starts new sequences, so that sequences that grow side by
+    /// side keep their blocks consecutive (a device then reads each one's KV in place instead of
+    /// gathering it every step). 1 (the default): new sequences take the lowest free block.
+    pub fn with_lanes(mut self, lanes: u32) -> BlockPool {
+        self.lanes = lanes.clamp(1, self.n_blocks().max(1));
+        self
     }
 
     /// Slots per block.
@@ -120,8 +132,45 @@ impl BlockPool {
 
     /// Takes one block for a new owner (evicting the least recently used cached block if needed).
     pub fn allocate(&mut self) -> Option<BlockId> {
-        let id = match self.free.pop_first() {
-            Some(id) => id,
+        let id = self.free.first().copied();
+        self.take(id)
+    }
+
+    /// Takes one block for a sequence whose last block is `last` (`None`: its first block).
+    /// With one lane, as [`BlockPool::allocate`]. With lanes: the block right after `last` where it
+    /// is free, else the first block of the lowest lane that is wholly free for a sequence's first
+    /// block, else the lowest free block after `last` (so that a sequence's blocks still ascend),
+    /// else the lowest free one, else an evicted cached block.
+    pub fn allocate_after(&mut self, last: Option<BlockId>) -> Option<BlockId> {
+        if self.lanes <= 1 {
+            return self.allocate();
+        }
+        let id = match last {
+            Some(b) if self.free.contains(&(b + 1)) => Some(b + 1),
+            Some(b) => self
+                .free
+                .range(b + 1..)
+                .next()
+                .or_else(|| self.free.first())
+                .copied(),
+            None => {
+                let size = self.n_blocks() / self.lanes;
+                (0..self.lanes)
+                    .map(|l| l * size)
+                    .find(|&start| self.free.range(start..start + size).count() == size as usize)
+                    .or_else(|| self.free.first().copied())
+            }
+        };
+        self.take(id)
+    }
+
+    /// Hands out `free` (a free block), or evicts the least recently used cached block.
+    fn take(&mut self, free: Option<BlockId>) -> Option<BlockId> {
+        let id = match free {
+            Some(id) => {
+                self.free.remove(&id);
+                id
+            }
             None => {
                 let (&(t, id), _) = self.evictable.iter().next()?;
                 self.evictable.remove(&(t, id));
@@ -246,6 +295,73 @@ mod tests {
         assert_eq!(p.reuse(&k2), None, "evicted contents are gone");
         assert_eq!(p.reuse(&k1), Some(a));
         assert_eq!(p.allocate(), None);
+        p.check().unwrap();
+    }
+
+    /// Takes `n` blocks for one sequence, each after the last.
+    fn grow(p: &mut BlockPool, seq: &mut Vec<BlockId>, n: usize) {
+        for _ in 0..n {
+            let b = p.allocate_after(seq.last().copied()).expect("a block");
+            seq.push(b);
+        }
+    }
+
+    #[test]
+    fn lanes_keep_sequences_that_grow_side_by_side_consecutive() {
+        // Three sequences growing a block each in turn: one lane each, consecutive blocks.
+        let mut p = BlockPool::new(12, 4, false).with_lanes(3);
+        let mut seqs = vec![Vec::new(); 3];
+        for _ in 0..3 {
+            for s in seqs.iter_mut() {
+                grow(&mut p, s, 1);
+            }
+        }
+        assert_eq!(seqs, [vec![0, 1, 2], vec![4, 5, 6], vec![8, 9, 10]]);
+        // Past its lane a sequence takes the next free block above its last (still ascending).
+        grow(&mut p, &mut seqs[0], 2);
+        assert_eq!(seqs[0], [0, 1, 2, 3, 7]);
+        // A new sequence with no wholly free lane takes the lowest free block.
+        let mut late = Vec::new();
+        grow(&mut p, &mut late, 1);
+        assert_eq!(late, [11]);
+        p.check().unwrap();
+        // A finished sequence's lane is free for the next one.
+        for b in seqs[1].drain(..) {
+            p.release(b);
+        }
+        let mut next = Vec::new();
+        grow(&mut p, &mut next, 2);
+        assert_eq!(next, [4, 5]);
+        // Without lanes: the lowest free block, whatever the sequence's last.
+        let mut one = BlockPool::new(6, 4, false);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            grow(&mut one, &mut a, 1);
+            grow(&mut one, &mut b, 1);
+        }
+        assert_eq!((a, b), (vec![0, 2], vec![1, 3]));
+    }
+
+    #[test]
+    fn lanes_fall_back_to_evicting_cached_blocks() {
+        let mut p = BlockPool::new(4, 2, true).with_lanes(2);
+        let k = block_key(None, &[1, 2], 7, None);
+        let mut s = Vec::new();
+        grow(&mut p, &mut s, 4);
+        assert_eq!(s, [0, 1, 2, 3]);
+        p.register(s[0], k.clone());
+        for b in s.drain(..) {
+            p.release(b);
+        }
+        // Blocks 1-3 are free; block 0 is cached (evictable): lane 0 is not wholly free.
+        grow(&mut p, &mut s, 1);
+        assert_eq!(s, [2]);
+        grow(&mut p, &mut s, 2);
+        assert_eq!(s, [2, 3, 1]);
+        grow(&mut p, &mut s, 1);
+        assert_eq!(s, [2, 3, 1, 0], "the cached block is evicted last");
+        assert_eq!(p.reuse(&k), None);
+        assert_eq!(p.allocate_after(Some(0)), None);
         p.check().unwrap();
     }
 

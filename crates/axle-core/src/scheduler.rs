@@ -115,6 +115,11 @@ pub struct SchedulerConfig {
     /// Recurrent models: per-sequence state slots (conv window and delta-rule state of every
     /// linear-attention layer), one per running sequence; None for attention-only models.
     pub state_slots: Option<u32>,
+    /// Start each sequence in its own lane of the pool (`max_seqs` lanes; see
+    /// [`BlockPool::with_lanes`]), so that sequences growing side by side keep their blocks
+    /// consecutive: for runners that read a sequence's consecutive slots in place and gather
+    /// scattered ones (device layouts). Off: the lowest free block first.
+    pub kv_lanes: bool,
 }
 
 /// One sequence's share of a step.
@@ -276,7 +281,9 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler with an empty pool.
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
-        let pool = BlockPool::new(cfg.n_blocks, cfg.block_size, cfg.prefix_caching);
+        let lanes = if cfg.kv_lanes { cfg.max_seqs as u32 } else { 1 };
+        let pool =
+            BlockPool::new(cfg.n_blocks, cfg.block_size, cfg.prefix_caching).with_lanes(lanes);
         Scheduler {
             pool,
             requests: HashMap::new(),
@@ -554,11 +561,11 @@ impl Scheduler {
     ) -> bool {
         let bs = self.cfg.block_size as usize;
         loop {
-            let have = self.requests[&id].blocks.len() * bs;
-            if have >= upto {
+            let blocks = &self.requests[&id].blocks;
+            if blocks.len() * bs >= upto {
                 return true;
             }
-            if let Some(b) = self.pool.allocate() {
+            if let Some(b) = self.pool.allocate_after(blocks.last().copied()) {
                 self.requests.get_mut(&id).expect("known").blocks.push(b);
                 continue;
             }
@@ -712,6 +719,13 @@ impl Scheduler {
             {
                 c.prepare();
             }
+        }
+        if self.cfg.kv_lanes {
+            // In the order of their blocks, so that sequences in lanes of the pool lie one after
+            // another in the step as in the cache (a device reads them at one stride). Which
+            // sequences run was decided above; the order of a step's sequences changes no
+            // sequence's numbers.
+            plan.seqs.sort_by_key(|p| p.block_table.first().copied());
         }
         plan
     }

@@ -354,6 +354,7 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         prompt_classes: Vec::new(),
         draft: None,
         state_slots: None,
+        kv_lanes: false,
     }
 }
 
@@ -468,6 +469,7 @@ proptest! {
         caching in prop::bool::ANY,
         limits in step_limits(),
         classed in prop::bool::ANY,
+        lanes in prop::bool::ANY,
     ) {
         // With prompt classes, rows computed from different origins hold different numbers:
         // a cached block must serve only requests that would compute the same ones.
@@ -479,7 +481,11 @@ proptest! {
         };
         // Reference: ample memory, no cache, no cancellations, no speculation.
         let reference = simulate(&arrivals, classes(cfg(512, false, 64, 8)), false);
-        let c = classes(limits.config(n_blocks, caching));
+        // Lanes move blocks, never tokens.
+        let c = SchedulerConfig {
+            kv_lanes: lanes,
+            ..classes(limits.config(n_blocks, caching))
+        };
         let constrained = simulate(&arrivals, c, true);
         for (i, (a, (want, want_reason))) in arrivals.iter().zip(&reference).enumerate() {
             let (got, reason) = &constrained[i];
@@ -642,6 +648,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             prompt_classes: Vec::new(),
             draft: None,
             state_slots: None,
+            kv_lanes: false,
         };
         with_drafts(c, if d { 4 } else { 0 })
     };

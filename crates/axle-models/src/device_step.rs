@@ -247,15 +247,24 @@ fn align(n: u32) -> u32 {
 /// the step.
 pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> DeviceInputs {
     // Read the cache directly when every sequence's slots are consecutive and its padded range
-    // fits; otherwise gather each sequence's slots into a segment of its own.
+    // fits, and decoding sequences next to each other in the step have ranges that follow one
+    // another without overlapping (so that their rows can share one op, reading the cache at a
+    // stride: sequences that the scheduler keeps in lanes of the pool); otherwise gather each
+    // sequence's slots into a segment of its own.
+    let range = |s: &SeqSlots<'_>| {
+        let first = s.slots.first().copied().unwrap_or(0) as u64;
+        (first, first + align(s.start_pos + s.n_tokens as u32) as u64)
+    };
     let direct = seqs.iter().all(|s| {
-        let end = s.start_pos + s.n_tokens as u32;
         let first = s.slots.first().copied().unwrap_or(0);
         s.slots
             .iter()
             .enumerate()
             .all(|(q, &slot)| slot == first + q as u32)
-            && first as u64 + align(end) as u64 <= kv_slots as u64
+            && range(s).1 <= kv_slots as u64
+    }) && seqs.windows(2).all(|w| {
+        let small = |s: &SeqSlots<'_>| s.n_tokens <= SMALL_TOKENS;
+        !(small(&w[0]) && small(&w[1])) || range(&w[0]).1 <= range(&w[1]).0
     });
     let mut kv_ids: Vec<i32> = Vec::new();
     let mut bases = Vec::with_capacity(seqs.len());
@@ -459,16 +468,23 @@ mod tests {
         // Verify of positions 297..300 (3 drafts), and the same verify beside another sequence.
         let verify = layout(&[seq(297, 3, &slots[..300])], 4096, None);
         let other: Vec<u32> = (1000..1010).collect();
-        let batched = layout(&[seq(9, 1, &other), seq(297, 3, &slots[..300])], 4096, None);
+        let batched = layout(&[seq(297, 3, &slots[..300]), seq(9, 1, &other)], 4096, None);
         let op_of = |d: &DeviceInputs, row: i64| {
             let op = *d.step.attn.iter().find(|o| o.first == row).unwrap();
             let m = &d.mask[op.mask_off as usize..(op.mask_off + op.kv_len) as usize];
             (op.kv_off, op.kv_len, m.to_vec())
         };
         assert_eq!(op_of(&decode, 0), op_of(&verify, 2));
-        assert_eq!(op_of(&verify, 2), op_of(&batched, 3));
+        assert_eq!(op_of(&verify, 2), op_of(&batched, 2));
         assert_eq!(op_of(&decode, 0).1, 512);
         assert_eq!(decode.step.gathered, None);
+        assert_eq!(batched.step.gathered, None);
+        // Gathered (the other sequence first, its range before this one's): the row's own
+        // segment, the same length and mask.
+        let gathered = layout(&[seq(9, 1, &other), seq(297, 3, &slots[..300])], 4096, None);
+        assert_eq!(gathered.step.gathered, Some(256 + 512));
+        let (off, len, mask) = op_of(&gathered, 3);
+        assert_eq!((off, len, mask), (256, 512, op_of(&decode, 0).2));
         // All small: one column run.
         assert_eq!(
             batched.step.runs,
@@ -512,6 +528,42 @@ mod tests {
         assert_eq!(seen, vec![96, 97, 98, 99]);
         assert_eq!(d.mask.len(), d.mask_swa.len());
         assert_eq!(d.step.mask_len as usize, d.mask.len());
+    }
+
+    #[test]
+    fn sequences_in_lanes_are_read_in_place_where_their_ranges_do_not_overlap() {
+        // Three decoding sequences in lanes of 272 slots, 40-100 positions each: read in place,
+        // one op each at its lane's start.
+        let lane = |l: u32, n: u32| (l * 272..l * 272 + n).collect::<Vec<u32>>();
+        let (a, b, c) = (lane(0, 40), lane(1, 100), lane(2, 64));
+        let d = layout(
+            &[seq(39, 1, &a), seq(99, 1, &b), seq(63, 1, &c)],
+            816 + 256,
+            None,
+        );
+        assert_eq!(d.step.gathered, None);
+        let offs: Vec<(i64, i64)> = d.step.attn.iter().map(|o| (o.kv_off, o.kv_len)).collect();
+        assert_eq!(offs, [(0, 256), (272, 256), (544, 256)]);
+        // A range past the cache's end is gathered (the runner's cache has KV_ALIGN slots past
+        // the pool's for the last lane's).
+        assert_eq!(
+            layout(&[seq(63, 1, &c)], 790, None).step.gathered,
+            Some(256)
+        );
+        // Lanes narrower than a range: the ranges overlap, so the rows are gathered (and share an
+        // op over segments one after another).
+        let narrow = |l: u32, n: u32| (l * 128..l * 128 + n).collect::<Vec<u32>>();
+        let (a, b) = (narrow(0, 40), narrow(1, 100));
+        let d = layout(&[seq(39, 1, &a), seq(99, 1, &b)], 4096, None);
+        assert_eq!(d.step.gathered, Some(512));
+        // Out of order: gathered too.
+        let (a, b) = (lane(0, 40), lane(1, 100));
+        let d = layout(&[seq(99, 1, &b), seq(39, 1, &a)], 4096, None);
+        assert_eq!(d.step.gathered, Some(512));
+        // A prefill chunk beside them may overlap the next lane: it reads in place alone.
+        let p = lane(0, 200);
+        let d = layout(&[seq(0, 200, &p), seq(99, 1, &b)], 4096, None);
+        assert_eq!(d.step.gathered, None);
     }
 
     #[test]

@@ -867,11 +867,11 @@ impl<'a> Step<'a> {
             // numbers that way.
             let stack = match (self.stacking, sinks) {
                 (Some(table), None) if op.rows == 1 => {
-                    let segments = d
-                        .attn
-                        .get(i + 1)
-                        .is_some_and(|o| o.kv_off == op.kv_off + op.kv_len);
-                    let step = if segments { op.kv_len } else { 0 };
+                    // Other sequences' rows: the next op's slots start at or after this one's
+                    // end (a gathered segment right after it, or the next lane of the cache).
+                    let next = d.attn.get(i + 1).map_or(0, |o| o.kv_off - op.kv_off);
+                    let segments = next >= op.kv_len;
+                    let step = if segments { next } else { 0 };
                     let run = d.attn[i..]
                         .iter()
                         .zip(0i64..)
@@ -890,7 +890,7 @@ impl<'a> Step<'a> {
                         .find(|&r| {
                             StackKey::of(spec, op.kv_len, r).is_some_and(|key| table.allows(key))
                         })
-                        .map(|r| (r, segments))
+                        .map(|r| (r, segments.then_some(step)))
                 }
                 _ => None,
             };
@@ -901,8 +901,8 @@ impl<'a> Step<'a> {
                     &[],
                     op.mask_off as usize * f16_row(1),
                 );
-                let how = if segments {
-                    StackedKv::Segments
+                let how = if let Some(stride) = segments {
+                    StackedKv::Segments { stride }
                 } else if slots.strided_fits(spec.head_dim_k, spec.n_head_kv, rows) {
                     StackedKv::Strided
                 } else {

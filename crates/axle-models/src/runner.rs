@@ -437,8 +437,18 @@ impl Runner {
             .map(|il| placement.layer_buffer(il))
             .collect();
         backends.push(Backend::cpu(model.threads())?);
-        check_kv_fits(&model, &bufts, &dims, opts.kv_slots)?;
-        let kv = KvCache::new(&bufts, &dims, opts.kv_slots)?;
+        // With the device layout a sequence whose slots are consecutive is read in place over
+        // its padded range (up to KV_ALIGN slots past its end): slots past the pool's own keep
+        // the last sequences' ranges inside the cache. They are never handed out, and masked.
+        let on_device = bufts.iter().any(|b| *b != BufferType::cpu());
+        let pad =
+            if opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || on_device) {
+                device_step::KV_ALIGN
+            } else {
+                0
+            };
+        check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad)?;
+        let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad)?;
         let state_dims = model.family().state_dims();
         let state = if state_dims.is_empty() {
             None
@@ -654,6 +664,13 @@ impl Runner {
         self.products_note.as_deref()
     }
 
+    /// Whether a step reads a sequence's KV in place where its slots are consecutive (and
+    /// gathers it otherwise): with the device layout. The scheduler then keeps each sequence's
+    /// blocks consecutive where it can ([`axle_core::SchedulerConfig::kv_lanes`]).
+    pub fn reads_consecutive_kv_in_place(&self) -> bool {
+        self.device_layout()
+    }
+
     /// Whether steps use the device layout of [`device_step`]: batch-invariant kernels with KV
     /// on an accelerator, where ggml's kernels choose their arithmetic by the op's shape.
     fn device_layout(&self) -> bool {
@@ -737,7 +754,7 @@ impl Runner {
                         slots: v,
                     })
                     .collect::<Vec<_>>(),
-                self.opts.kv_slots,
+                self.kv.size,
                 window,
             );
             h.mask = d.mask;

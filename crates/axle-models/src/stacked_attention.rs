@@ -171,9 +171,14 @@ pub(crate) enum StackedKv {
     Strided,
     /// Every row the same slots, copied once per row (`repeat`).
     Repeated,
-    /// Each row its own slots: row `r` reads `off + r * len .. off + (r + 1) * len` (rows of
-    /// different sequences whose gathered segments have the same length, one after another).
-    Segments,
+    /// Each row its own slots: row `r` reads `off + r * stride .. off + r * stride + len`, with
+    /// `stride >= len` (rows of different sequences whose slots have the same length, one after
+    /// another: gathered segments, `stride == len`, or sequences read in place in lanes of the
+    /// cache).
+    Segments {
+        /// Slots from one row's first to the next's.
+        stride: i64,
+    },
 }
 
 /// One attention op of the device layout: query rows `q` [dim, n_head, rows] (consecutive in
@@ -223,10 +228,10 @@ pub(crate) fn attention_op<'a>(
             StackedKv::Strided => {
                 g.view(src, &[dim, len, spec.n_head_kv, rows], &[nb1, head, 0], at)
             }
-            StackedKv::Segments => g.view(
+            StackedKv::Segments { stride } => g.view(
                 src,
                 &[dim, len, spec.n_head_kv, rows],
-                &[nb1, head, len as usize * nb1],
+                &[nb1, head, stride as usize * nb1],
                 at,
             ),
             StackedKv::Repeated => {
@@ -361,7 +366,7 @@ pub fn probe(
             slots,
             m,
             &spec,
-            OpRows::Stacked(StackedKv::Segments),
+            OpRows::Stacked(StackedKv::Segments { stride: len }),
         );
         outs.push(ctx.reshape(o, &[dim * key.n_head, rows]));
     }

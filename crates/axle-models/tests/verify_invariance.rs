@@ -416,23 +416,22 @@ fn block_placement(device_layout: bool) {
             .unwrap()
             .row(0)
             .to_vec();
-        for table in [&shuffled, &other] {
-            runner.step(&[seq(table, 0, ctx, LogitRows::None)]).unwrap();
-        }
-        let out = runner
-            .step(&[
-                seq(&other, ctx, ctx + 1, LogitRows::Last),
-                seq(&shuffled, ctx, ctx + 1, LogitRows::Last),
-            ])
-            .unwrap();
-        assert!(
-            out.row(0) == alone.as_slice(),
-            "{name}: batched differs from alone"
-        );
-        assert!(
-            out.row(1) == alone.as_slice(),
-            "{name}: batched rows differ by placement"
-        );
+        // Prefills two sequences, one step each, then decodes them together in one step.
+        let pair = |runner: &mut Runner, a: &[u32], b: &[u32]| {
+            for table in [a, b] {
+                runner.step(&[seq(table, 0, ctx, LogitRows::None)]).unwrap();
+            }
+            let out = runner
+                .step(&[
+                    seq(a, ctx, ctx + 1, LogitRows::Last),
+                    seq(b, ctx, ctx + 1, LogitRows::Last),
+                ])
+                .unwrap();
+            [out.row(0).to_vec(), out.row(1).to_vec()]
+        };
+        let out = pair(&mut runner, &other, &shuffled);
+        assert!(out[0] == alone, "{name}: batched differs from alone");
+        assert!(out[1] == alone, "{name}: batched rows differ by placement");
         if device_layout {
             // The two decoding rows read gathered segments of the same length one after
             // another, so they shared one attention op (the only two-row shape here).
@@ -443,6 +442,18 @@ fn block_placement(device_layout: bool) {
                     .any(|(k, ok)| *ok && k.rows == 2),
                 "{name}: the batched rows did not share an attention op: {:?}",
                 runner.stacked_shapes()
+            );
+            // Two sequences in lanes of the cache (as the scheduler keeps them with the device
+            // layout), each in consecutive blocks, the second 320 slots after the first: read in
+            // place, at a stride, in one op.
+            let lane: Vec<u32> = (0..need).map(|b| b + 20).collect();
+            assert!(
+                need * 16 <= 256,
+                "the first lane's range must end before the second"
+            );
+            assert!(
+                pair(&mut runner, &ascending, &lane) == [alone.clone(), alone.clone()],
+                "{name}: rows read in place in lanes differ from alone"
             );
         }
         println!("{name}: identical logits for ascending, descending, shuffled and batched blocks");

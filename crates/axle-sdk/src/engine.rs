@@ -533,6 +533,7 @@ impl EngineCore {
             prompt_classes: runner.prompt_classes(),
             draft,
             state_slots: recurrent.then_some(state_slots),
+            kv_lanes: runner.reads_consecutive_kv_in_place(),
         });
         Ok(EngineCore {
             model,
