@@ -721,11 +721,17 @@ impl Scheduler {
             }
         }
         if self.cfg.kv_lanes {
-            // In the order of their blocks, so that sequences in lanes of the pool lie one after
-            // another in the step as in the cache (a device reads them at one stride). Which
-            // sequences run was decided above; the order of a step's sequences changes no
-            // sequence's numbers.
-            plan.seqs.sort_by_key(|p| p.block_table.first().copied());
+            // Decoding (and verifying) sequences first, as planned above, each group in the order
+            // of its blocks: sequences in lanes of the pool then lie one after another in the
+            // step as in the cache (a device reads them at one stride), and the decode columns
+            // stay one run of the step's products. Which sequences run was decided above; the
+            // order of a step's sequences changes no sequence's numbers.
+            plan.seqs.sort_by_key(|p| {
+                (
+                    p.tokens.len() > 1 + p.n_draft,
+                    p.block_table.first().copied(),
+                )
+            });
         }
         plan
     }

@@ -790,3 +790,80 @@ fn constrained_arrival() -> impl Strategy<Value = Arrival> {
             }
         })
 }
+
+/// With KV lanes (device layouts) every sequence grows in consecutive blocks of a lane of its
+/// own, a new request takes the lowest lane that is wholly free, and a step lists its decoding
+/// sequences first, in the order of their blocks, then prefill chunks.
+#[test]
+fn lanes_keep_each_sequence_consecutive_and_steps_in_block_order() {
+    let c = SchedulerConfig {
+        kv_lanes: true,
+        ..cfg(24, false, 64, 3)
+    };
+    let mut s = Scheduler::new(c);
+    let mut model = FakeModel::new(s.config());
+    let request = |s: &mut Scheduler, prompt: Vec<u32>, max_tokens| {
+        s.add(RequestSpec {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            stop_tokens: vec![],
+            speculate: false,
+        })
+        .unwrap()
+    };
+    let mut step = |s: &mut Scheduler| {
+        let p = s.schedule();
+        let out = model.run(&p);
+        s.apply(&p, |i, j| out[i][j].as_deref().map(RowLogits::Full));
+        p
+    };
+    // Three sequences of 5 prompt tokens, decoding side by side past a block of BS slots.
+    let a = request(&mut s, vec![1, 2, 3, 4, 5], 14);
+    let b = request(&mut s, vec![2, 3, 4, 5, 6], 3);
+    let c = request(&mut s, vec![3, 4, 5, 6, 7], 14);
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    let lane = 24 / 3;
+    let table = |p: &StepPlan, id| {
+        p.seqs
+            .iter()
+            .find(|q| q.id == id)
+            .unwrap()
+            .block_table
+            .clone()
+    };
+    // b finished; a new request takes its lane (the lowest wholly free one).
+    assert!(matches!(s.phase(b), Some(Phase::Finished(_))));
+    let d = request(&mut s, vec![4, 5, 6, 7, 8, 9, 1, 2, 3], 4);
+    let p = step(&mut s);
+    let ids: Vec<RequestId> = p.seqs.iter().map(|q| q.id).collect();
+    assert_eq!(
+        ids,
+        [a, c, d],
+        "decodes first in block order, then the prefill"
+    );
+    assert_eq!(table(&p, d)[0], lane);
+    for _ in 0..4 {
+        let p = step(&mut s);
+        let ids: Vec<RequestId> = p.seqs.iter().map(|q| q.id).collect();
+        if ids.len() == 3 {
+            assert_eq!(ids, [a, d, c], "in block order once d decodes");
+        }
+        for q in &p.seqs {
+            let t = &q.block_table;
+            assert!(
+                t.windows(2).all(|w| w[1] == w[0] + 1),
+                "request {}: blocks {t:?} not consecutive",
+                q.id
+            );
+            assert_eq!(t[0] % lane, 0, "request {} starts mid-lane: {t:?}", q.id);
+        }
+    }
+    while s.has_work() {
+        step(&mut s);
+    }
+    assert_eq!(s.pool().in_use(), 0);
+    s.check().unwrap();
+}

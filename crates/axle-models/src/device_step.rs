@@ -247,10 +247,11 @@ fn align(n: u32) -> u32 {
 /// the step.
 pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> DeviceInputs {
     // Read the cache directly when every sequence's slots are consecutive and its padded range
-    // fits, and decoding sequences next to each other in the step have ranges that follow one
-    // another without overlapping (so that their rows can share one op, reading the cache at a
-    // stride: sequences that the scheduler keeps in lanes of the pool); otherwise gather each
-    // sequence's slots into a segment of its own.
+    // fits, and decoding sequences next to each other in the step have ranges that do not
+    // overlap (so that rows of sequences in lanes of the pool, one after another, share one op
+    // reading the cache at a stride; overlapping ranges, from lanes narrower than a range,
+    // would leave every row an op of its own); otherwise gather each sequence's slots into a
+    // segment of its own.
     let range = |s: &SeqSlots<'_>| {
         let first = s.slots.first().copied().unwrap_or(0) as u64;
         (first, first + align(s.start_pos + s.n_tokens as u32) as u64)
@@ -264,7 +265,8 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
             && range(s).1 <= kv_slots as u64
     }) && seqs.windows(2).all(|w| {
         let small = |s: &SeqSlots<'_>| s.n_tokens <= SMALL_TOKENS;
-        !(small(&w[0]) && small(&w[1])) || range(&w[0]).1 <= range(&w[1]).0
+        let (a, b) = (range(&w[0]), range(&w[1]));
+        !(small(&w[0]) && small(&w[1])) || a.1 <= b.0 || b.1 <= a.0
     });
     let mut kv_ids: Vec<i32> = Vec::new();
     let mut bases = Vec::with_capacity(seqs.len());
@@ -479,9 +481,14 @@ mod tests {
         assert_eq!(op_of(&decode, 0).1, 512);
         assert_eq!(decode.step.gathered, None);
         assert_eq!(batched.step.gathered, None);
-        // Gathered (the other sequence first, its range before this one's): the row's own
-        // segment, the same length and mask.
-        let gathered = layout(&[seq(9, 1, &other), seq(297, 3, &slots[..300])], 4096, None);
+        // Gathered (beside a sequence whose range overlaps this one's): the row's own segment,
+        // the same length and mask.
+        let overlapping: Vec<u32> = (400..410).collect();
+        let gathered = layout(
+            &[seq(9, 1, &overlapping), seq(297, 3, &slots[..300])],
+            4096,
+            None,
+        );
         assert_eq!(gathered.step.gathered, Some(256 + 512));
         let (off, len, mask) = op_of(&gathered, 3);
         assert_eq!((off, len, mask), (256, 512, op_of(&decode, 0).2));
@@ -556,10 +563,12 @@ mod tests {
         let (a, b) = (narrow(0, 40), narrow(1, 100));
         let d = layout(&[seq(39, 1, &a), seq(99, 1, &b)], 4096, None);
         assert_eq!(d.step.gathered, Some(512));
-        // Out of order: gathered too.
+        // Out of order but not overlapping: read in place (each row its own op).
         let (a, b) = (lane(0, 40), lane(1, 100));
         let d = layout(&[seq(99, 1, &b), seq(39, 1, &a)], 4096, None);
-        assert_eq!(d.step.gathered, Some(512));
+        assert_eq!(d.step.gathered, None);
+        let offs: Vec<i64> = d.step.attn.iter().map(|o| o.kv_off).collect();
+        assert_eq!(offs, [272, 0]);
         // A prefill chunk beside them may overlap the next lane: it reads in place alone.
         let p = lane(0, 200);
         let d = layout(&[seq(0, 200, &p), seq(99, 1, &b)], 4096, None);
