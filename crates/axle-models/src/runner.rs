@@ -441,12 +441,11 @@ impl Runner {
         // its padded range (up to KV_ALIGN slots past its end): slots past the pool's own keep
         // the last sequences' ranges inside the cache. They are never handed out, and masked.
         let on_device = bufts.iter().any(|b| *b != BufferType::cpu());
-        let pad =
-            if opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || on_device) {
-                device_step::KV_ALIGN
-            } else {
-                0
-            };
+        let pad = if takes_device_layout(&opts, on_device) {
+            device_step::KV_ALIGN
+        } else {
+            0
+        };
         check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad)?;
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad)?;
         let state_dims = model.family().state_dims();
@@ -674,8 +673,7 @@ impl Runner {
     /// Whether steps use the device layout of [`device_step`]: batch-invariant kernels with KV
     /// on an accelerator, where ggml's kernels choose their arithmetic by the op's shape.
     fn device_layout(&self) -> bool {
-        self.opts.kernels == Kernels::BatchInvariant
-            && (self.opts.force_device_layout || self.kv.on_device())
+        takes_device_layout(&self.opts, self.kv.on_device())
     }
 
     /// The model.
@@ -1360,6 +1358,12 @@ pub fn kv_slots_that_fit(model: &Model, block_size: u32) -> Option<u32> {
 /// device's share against the device's free memory, and the host's share against the memory the
 /// system has available. Without this a large `--kv-slots` or context ran into the allocator (or
 /// the OOM killer) instead of an error.
+/// Whether a runner with `opts` whose KV is (`kv_on_device`) or is not on an accelerator
+/// takes the device layout ([`Runner::device_layout`]).
+fn takes_device_layout(opts: &RunnerOptions, kv_on_device: bool) -> bool {
+    opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv_on_device)
+}
+
 fn check_kv_fits(
     model: &Model,
     bufts: &[BufferType],
