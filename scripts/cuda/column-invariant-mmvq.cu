@@ -43,6 +43,42 @@ static constexpr bool axle_ci_type(ggml_type type) {
     }
 }
 
+// The end of a one-column MMVQ row, for `cols` by `rows` sums a thread: warps 1..3 hand over their
+// partial sums, warp 0 adds them in warp order, then reduces across its lanes (warp_reduce_sum).
+template <int cols, int rows>
+static __device__ __forceinline__ void axle_ci_finish(
+        float (&sum)[cols][rows], float * __restrict__ dst, const int row0, const int col0,
+        const int ncols, const int nrows_x, const int stride_col_dst) {
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
+    if (threadIdx.y > 0) {
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+#pragma unroll
+            for (int i = 0; i < rows; ++i) {
+                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y > 0) {
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+#pragma unroll
+        for (int i = 0; i < rows; ++i) {
+#pragma unroll
+            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
+                sum[j][i] += handed[w][j][i][threadIdx.x];
+            }
+            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
+            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
+                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            }
+        }
+    }
+}
+
 // One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
 // least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
 // arithmetic: they trade registers and occupancy against loads of the columns and weights.
@@ -92,35 +128,7 @@ static __global__ void axle_ci_mul_mat_vec_q(
         }
     }
 
-    // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
-    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
-    if (threadIdx.y > 0) {
-#pragma unroll
-        for (int j = 0; j < cols; ++j) {
-#pragma unroll
-            for (int i = 0; i < rows; ++i) {
-                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.y > 0) {
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < cols; ++j) {
-#pragma unroll
-        for (int i = 0; i < rows; ++i) {
-#pragma unroll
-            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
-                sum[j][i] += handed[w][j][i][threadIdx.x];
-            }
-            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
-            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
-                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
-            }
-        }
-    }
+    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
 }
 
 // The same kernel for Q6_K weights (an 8B model's output head), with the addressing written out.
@@ -195,35 +203,7 @@ static __global__ void axle_ci_mul_mat_vec_q6_K(
         y += step*(QK_K/QK8_1);
     }
 
-    // As the generic kernel: warps 1..3 hand over, warp 0 adds in warp order, then reduces.
-    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
-    if (threadIdx.y > 0) {
-#pragma unroll
-        for (int j = 0; j < cols; ++j) {
-#pragma unroll
-            for (int i = 0; i < rows; ++i) {
-                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.y > 0) {
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < cols; ++j) {
-#pragma unroll
-        for (int i = 0; i < rows; ++i) {
-#pragma unroll
-            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
-                sum[j][i] += handed[w][j][i][threadIdx.x];
-            }
-            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
-            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
-                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
-            }
-        }
-    }
+    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
 }
 
 // Tensor-core variant for Q4_0 weights. In the one-column kernel a thread's share of a Q4_0
