@@ -43,42 +43,6 @@ static constexpr bool axle_ci_type(ggml_type type) {
     }
 }
 
-// The end of a one-column MMVQ row, for `cols` by `rows` sums a thread: warps 1..3 hand over their
-// partial sums, warp 0 adds them in warp order, then reduces across its lanes (warp_reduce_sum).
-template <int cols, int rows>
-static __device__ __forceinline__ void axle_ci_finish(
-        float (&sum)[cols][rows], float * __restrict__ dst, const int row0, const int col0,
-        const int ncols, const int nrows_x, const int stride_col_dst) {
-    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
-    if (threadIdx.y > 0) {
-#pragma unroll
-        for (int j = 0; j < cols; ++j) {
-#pragma unroll
-            for (int i = 0; i < rows; ++i) {
-                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.y > 0) {
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < cols; ++j) {
-#pragma unroll
-        for (int i = 0; i < rows; ++i) {
-#pragma unroll
-            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
-                sum[j][i] += handed[w][j][i][threadIdx.x];
-            }
-            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
-            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
-                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
-            }
-        }
-    }
-}
-
 // One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
 // least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
 // arithmetic: they trade registers and occupancy against loads of the columns and weights.
@@ -128,82 +92,35 @@ static __global__ void axle_ci_mul_mat_vec_q(
         }
     }
 
-    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
-}
-
-// The same kernel for Q6_K weights (an 8B model's output head), with the addressing written out.
-// In the generic loop each load's address is rebuilt every iteration from the block index (a
-// 64-bit multiply and add per row and per column, and the Q6_K block is 210 bytes), about a third
-// of the loop's instructions; here each row and each column has a pointer advanced by a constant.
-// A thread's arithmetic is ggml's vec_dot_q6_K_q8_1 for iqs = its lane: the same loads and the
-// same call of vec_dot_q6_K_q8_1_impl_mmvq, added to the same sums in the same order.
-template <int cols, int rows, int min_blocks>
-__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, min_blocks)
-static __global__ void axle_ci_mul_mat_vec_q6_K(
-        const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
-        const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
-        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
-    static_assert(get_vdr_mmvq(GGML_TYPE_Q6_K) == 1 && QI6_K == WARP_SIZE, "one Q6_K block per warp pass");
-    constexpr int step = AXLE_CI_WARPS; // weight blocks a pass of the block covers
-
-    const int iqs   = threadIdx.x; // vdr*(tid % (qi/vdr)) with vdr = 1, qi = 32
-    const int kbx0  = threadIdx.y; // tid/(qi/vdr)
-    const int row0  = rows*blockIdx.x;
-    const int col0  = cols*blockIdx.y;
-    const int ncols = min(cols, ncols_y - col0);
-
-    // vec_dot_q6_K_q8_1's offsets for this iqs.
-    const int bq8_offset   = 2*QR6_K*(iqs/(QI6_K/2)) + (iqs % (QI6_K/2))/(QI6_K/4);
-    const int scale_offset = (QI6_K/4)*(iqs/(QI6_K/2)) + (iqs % (QI6_K/2))/(QI6_K/8);
-    const int vh_shift     = 2*((iqs % (QI6_K/2))/(QI6_K/4));
-    const int qh_index     = (QI6_K/4)*(iqs/(QI6_K/2)) + iqs % (QI6_K/4);
-
-    // Rows past the end read the last row, columns past the end the last column; neither is written.
-    const block_q6_K * x[rows];
-#pragma unroll
-    for (int i = 0; i < rows; ++i) {
-        x[i] = (const block_q6_K *) vx + (int64_t) min(row0 + i, nrows_x - 1)*stride_row_x + kbx0;
-    }
-    // The columns as offsets (in q8_1 blocks) from one pointer, which holds fewer registers.
-    const block_q8_1 * y = vy + (int64_t) col0*stride_col_y + kbx0*(QK_K/QK8_1) + bq8_offset;
-    int col_base[cols];
-#pragma unroll
-    for (int j = 0; j < cols; ++j) {
-        col_base[j] = min(j, ncols - 1)*stride_col_y;
-    }
-
-    float sum[cols][rows] = {{0.0f}};
-    for (int kbx = kbx0; kbx < blocks_per_row_x; kbx += step) {
-        int   vl[rows];
-        int   vh[rows];
-        float d[rows];
-        const int8_t * scales[rows];
-#pragma unroll
-        for (int i = 0; i < rows; ++i) {
-            vl[i]     = get_int_b2(x[i]->ql, iqs);
-            vh[i]     = get_int_b2(x[i]->qh, qh_index) >> vh_shift;
-            d[i]      = x[i]->d;
-            scales[i] = x[i]->scales + scale_offset;
-            x[i] += step;
-        }
+    // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
+    if (threadIdx.y > 0) {
 #pragma unroll
         for (int j = 0; j < cols; ++j) {
-            int   u[QR6_K];
-            float d8[QR6_K];
-#pragma unroll
-            for (int k = 0; k < QR6_K; ++k) {
-                u[k]  = get_int_b4(y[col_base[j] + 2*k].qs, iqs % QI8_1);
-                d8[k] = __low2float(y[col_base[j] + 2*k].ds);
-            }
 #pragma unroll
             for (int i = 0; i < rows; ++i) {
-                sum[j][i] += vec_dot_q6_K_q8_1_impl_mmvq(vl[i], vh[i], u, scales[i], d[i], d8);
+                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
             }
         }
-        y += step*(QK_K/QK8_1);
     }
-
-    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
+    __syncthreads();
+    if (threadIdx.y > 0) {
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+#pragma unroll
+        for (int i = 0; i < rows; ++i) {
+#pragma unroll
+            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
+                sum[j][i] += handed[w][j][i][threadIdx.x];
+            }
+            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
+            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
+                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            }
+        }
+    }
 }
 
 // Tensor-core variant for Q4_0 weights. In the one-column kernel a thread's share of a Q4_0
@@ -231,9 +148,13 @@ static __global__ void axle_ci_mul_mat_vec_q6_K(
 
 // The column side of the float step, d8 and -4*s8 per q8_1 block, as floats (both exact:
 // half to float, and a product by a power of two), so that a column's chunk needs one load.
-static __device__ __forceinline__ float2 axle_ci_q8_1_scale(const unsigned int ds_bits) {
-    const float2 ds = __half22float2(*(const half2 *) &ds_bits);
-    return make_float2(ds.x, -4.0f*ds.y);
+static __global__ void axle_ci_q8_1_scales(
+        const block_q8_1 * __restrict__ vy, float2 * __restrict__ scales, const int n) {
+    const int i = blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float2 ds = __half22float2(vy[i].ds);
+        scales[i] = make_float2(ds.x, -4.0f*ds.y);
+    }
 }
 
 template <int ntiles>
@@ -259,7 +180,7 @@ static __device__ __forceinline__ void axle_ci_copy_16(char * dst, const char * 
 template <int ntiles>
 __launch_bounds__(AXLE_CI_MMA_WARPS*WARP_SIZE, 1)
 static __global__ void axle_ci_mma_q4_0(
-        const char * __restrict__ vx, const char * __restrict__ vy,
+        const char * __restrict__ vx, const char * __restrict__ vy, const char * __restrict__ scales,
         float * __restrict__ dst, const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
         const int stride_col_y, const int stride_col_dst, const int ncols_y) {
 #ifdef AMPERE_MMA_AVAILABLE
@@ -280,22 +201,18 @@ static __global__ void axle_ci_mma_q4_0(
     const int nmine = (nwork - (int) blockIdx.x + (int) gridDim.x - 1)/(int) gridDim.x;
     const int nsteps = nmine*nslabs;
 
-    // Copies slab i of tile w into stage buffer b: 16 rows of weights and the columns' q8_1 blocks
-    // (cp.async), and loads the columns' scales into registers (`scale_bits`), which
-    // store_scales writes to the stage buffer as floats once the previous use of it is over
-    // (the scales of a slab are needed as floats, and a kernel of their own before this one cost
-    // a launch a product). Rows and columns past the end copy the last one (computed, not written).
-    constexpr int scales_per_thread = cols*AXLE_CI_SLAB_BLOCKS/(AXLE_CI_MMA_WARPS*WARP_SIZE);
-    static_assert(scales_per_thread*AXLE_CI_MMA_WARPS*WARP_SIZE == cols*AXLE_CI_SLAB_BLOCKS, "whole scales a thread");
-    unsigned int scale_bits[scales_per_thread];
+    // Copies slab i of tile w into stage buffer b: 16 rows of weights, the columns' q8_1 blocks
+    // and their scales. Rows and columns past the end copy the last one (computed, not written).
     auto copy_slab = [&](const int w, const int i, const int b) {
         const int col0 = cols*(w % col_tiles);
         const int row0 = 16*(w / col_tiles);
         char * stage = axle_ci_smem + b*stage_bytes;
         char * sx = stage;
         char * sy = sx + 16*AXLE_CI_SLAB_X;
+        char * ss = sy + cols*AXLE_CI_SLAB_Y;
         constexpr int px = AXLE_CI_SLAB_BLOCKS*18/16; // 16-byte pieces per row
         constexpr int py = AXLE_CI_SLAB_BLOCKS*36/16;
+        constexpr int ps = AXLE_CI_SLAB_BLOCKS*8/16;
         for (int k = tid; k < 16*px; k += AXLE_CI_MMA_WARPS*WARP_SIZE) {
             const int r = k/px;
             const int64_t row = min(row0 + r, nrows_x - 1);
@@ -308,23 +225,13 @@ static __global__ void axle_ci_mma_q4_0(
             axle_ci_copy_16(sy + c*AXLE_CI_SLAB_Y + 16*(k % py),
                 vy + (col*stride_col_y + (int64_t) i*AXLE_CI_SLAB_BLOCKS)*36 + 16*(k % py));
         }
+        for (int k = tid; k < cols*ps; k += AXLE_CI_MMA_WARPS*WARP_SIZE) {
+            const int c = k/ps;
+            const int64_t col = min(col0 + c, ncols_y - 1);
+            axle_ci_copy_16(ss + c*AXLE_CI_SLAB_S + 16*(k % ps),
+                scales + (col*stride_col_y + (int64_t) i*AXLE_CI_SLAB_BLOCKS)*8 + 16*(k % ps));
+        }
         asm volatile("cp.async.commit_group;");
-#pragma unroll
-        for (int e = 0; e < scales_per_thread; ++e) {
-            const int k = tid + e*AXLE_CI_MMA_WARPS*WARP_SIZE;
-            const int64_t col = min(col0 + k/AXLE_CI_SLAB_BLOCKS, ncols_y - 1);
-            scale_bits[e] = *(const unsigned int *) (vy + (col*stride_col_y + (int64_t) i*AXLE_CI_SLAB_BLOCKS +
-                k % AXLE_CI_SLAB_BLOCKS)*36);
-        }
-    };
-    auto store_scales = [&](const int b) {
-        char * ss = axle_ci_smem + b*stage_bytes + 16*AXLE_CI_SLAB_X + cols*AXLE_CI_SLAB_Y;
-#pragma unroll
-        for (int e = 0; e < scales_per_thread; ++e) {
-            const int k = tid + e*AXLE_CI_MMA_WARPS*WARP_SIZE;
-            *(float2 *) (ss + (k/AXLE_CI_SLAB_BLOCKS)*AXLE_CI_SLAB_S + (k % AXLE_CI_SLAB_BLOCKS)*8) =
-                axle_ci_q8_1_scale(scale_bits[e]);
-        }
     };
 
     // The 16 weights of a chunk as mma's k = 0..15: the low nibbles of the half block's two ints,
@@ -338,8 +245,6 @@ static __global__ void axle_ci_mma_q4_0(
     float acc[2][4][ntiles][4] = {{{{0.0f}}}}; // threads l + 32*m of lanes l = v, v + 16
     copy_slab(blockIdx.x, 0, 0);
     for (int step = 0; step < nsteps; ++step) {
-        // This buffer's last reader was step - 2, which ended with a barrier.
-        store_scales(step & 1);
         if (step + 1 < nsteps) {
             copy_slab(blockIdx.x + ((step + 1)/nslabs)*gridDim.x, (step + 1) % nslabs, (step + 1) & 1);
             asm volatile("cp.async.wait_group 1;");
@@ -428,7 +333,7 @@ static __global__ void axle_ci_mma_q4_0(
         }
     }
 #else
-    GGML_UNUSED_VARS(vx, vy, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y,
+    GGML_UNUSED_VARS(vx, vy, scales, dst, blocks_per_row_x, nrows_x, stride_row_x, stride_col_y,
         stride_col_dst, ncols_y);
     NO_DEVICE_CODE;
 #endif // AMPERE_MMA_AVAILABLE
@@ -456,9 +361,13 @@ static bool axle_ci_mma_enabled() {
 
 template <int ntiles>
 static void axle_ci_mma_launch_q4_0(
-        const void * vx, const block_q8_1 * vy, float * dst,
+        ggml_backend_cuda_context & ctx, const void * vx, const block_q8_1 * vy, float * dst,
         const int ncols_x, const int nrows_x, const int stride_row_x, const int stride_col_y,
         const int stride_col_dst, const int ncols_y, cudaStream_t stream) {
+    const int nscales = ncols_y*stride_col_y;
+    ggml_cuda_pool_alloc<float2> scales(ctx.pool(), nscales);
+    axle_ci_q8_1_scales<<<(nscales + 255)/256, 256, 0, stream>>>(vy, scales.get(), nscales);
+    CUDA_CHECK(cudaGetLastError());
     constexpr int nbytes = axle_ci_mma_shared_bytes<ntiles>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_ci_mma_q4_0<ntiles>, nbytes);
     // One block per SM (registers and shared memory allow no more), each walking several tiles.
@@ -466,7 +375,7 @@ static void axle_ci_mma_launch_q4_0(
     const dim3 block_dims(WARP_SIZE, AXLE_CI_MMA_WARPS, 1);
     const dim3 block_nums(std::min(nwork, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm), 1, 1);
     axle_ci_mma_q4_0<ntiles><<<block_nums, block_dims, nbytes, stream>>>(
-        (const char *) vx, (const char *) vy, dst, ncols_x/QK4_0, nrows_x,
+        (const char *) vx, (const char *) vy, (const char *) scales.get(), dst, ncols_x/QK4_0, nrows_x,
         stride_row_x, stride_col_y, stride_col_dst, ncols_y);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -477,7 +386,7 @@ static void axle_ci_mma_launch_q4_0(
 static int axle_ci_shape() {
     static const int shape = [] {
         const char * env = getenv("AXLE_CI_SHAPE");
-        static const char * names[] = {"8x4o4", "8x2", "16x2o4", "16x4o2", "32x2o2", "16x1o6", "16x2o5", "8x4o5", "16x2", "4x4o4", "8x8o2", "4x8o4"};
+        static const char * names[] = {"8x4o4", "8x2", "16x2o4", "16x4o2", "32x2o2", "16x1o6", "16x2o5", "8x4o5", "16x2", "4x4o4"};
         for (int i = 0; env != nullptr && i < (int) (sizeof(names)/sizeof(names[0])); ++i) {
             if (strcmp(env, names[i]) == 0) {
                 return i;
@@ -488,16 +397,6 @@ static int axle_ci_shape() {
     return shape;
 }
 
-// Whether Q6_K weights take their own kernel (the same bits; AXLE_CI_Q6K=0 keeps the generic one,
-// for measurements).
-static bool axle_ci_q6_K_enabled() {
-    static const bool enabled = [] {
-        const char * env = getenv("AXLE_CI_Q6K");
-        return env == nullptr || strcmp(env, "0") != 0;
-    }();
-    return enabled;
-}
-
 template <ggml_type type, int cols, int rows, int min_blocks>
 static void axle_ci_launch_shape(
         const void * vx, const block_q8_1 * vy, float * dst, const int ncols_x, const int nrows_x,
@@ -506,14 +405,6 @@ static void axle_ci_launch_shape(
     constexpr int qk = ggml_cuda_type_traits<type>::qk;
     const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
     const dim3 block_nums((nrows_x + rows - 1)/rows, (ncols_y + cols - 1)/cols, 1);
-    if constexpr (type == GGML_TYPE_Q6_K) {
-        if (axle_ci_q6_K_enabled()) {
-            axle_ci_mul_mat_vec_q6_K<cols, rows, min_blocks><<<block_nums, block_dims, 0, stream>>>(
-                vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
-            CUDA_CHECK(cudaGetLastError());
-            return;
-        }
-    }
     axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks><<<block_nums, block_dims, 0, stream>>>(
         vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
     CUDA_CHECK(cudaGetLastError());
@@ -536,8 +427,6 @@ static void axle_ci_launch(
         case 7: AXLE_CI_SHAPE(8, 4, 5); break;
         case 8: AXLE_CI_SHAPE(16, 2, 1); break;
         case 9: AXLE_CI_SHAPE(4, 4, 4); break;
-        case 10: AXLE_CI_SHAPE(8, 8, 2); break;
-        case 11: AXLE_CI_SHAPE(4, 8, 4); break;
         default: AXLE_CI_SHAPE(8, 4, 4); break;
     }
 #undef AXLE_CI_SHAPE
@@ -615,9 +504,9 @@ bool ggml_cuda_axle_ci_mul_mat(
             (stride_row_x*sizeof(block_q4_0)) % 16 == 0 && (uintptr_t) vx % 16 == 0 &&
             (stride_col_y*sizeof(block_q8_1)) % 16 == 0) {
         if (ncols_y <= 8) {
-            axle_ci_mma_launch_q4_0<1>(vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+            axle_ci_mma_launch_q4_0<1>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
         } else {
-            axle_ci_mma_launch_q4_0<2>(vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
+            axle_ci_mma_launch_q4_0<2>(ctx, vx, vy, d, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream);
         }
         return true;
     }
