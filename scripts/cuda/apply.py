@@ -44,6 +44,18 @@ def main() -> None:
         + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
         + "bool ggml_cuda_axle_plain_product(const ggml_tensor * src0, const ggml_tensor * src1,\n"
         + "    const ggml_tensor * dst);\n"
+        + "bool ggml_cuda_axle_pdl();\n"
+        + "// Launches one of Axle's kernels, with ggml's programmatic dependent launch unless\n"
+        + "// ggml_cuda_axle_pdl() says no.\n"
+        + "template <typename Kernel, typename... Args>\n"
+        + "static void axle_launch(Kernel kernel, const ggml_cuda_kernel_launch_params & params, Args &&... args) {\n"
+        + "    if (ggml_cuda_axle_pdl()) {\n"
+        + "        ggml_cuda_kernel_launch(kernel, params, std::forward<Args>(args)...);\n"
+        + "        return;\n"
+        + "    }\n"
+        + "    kernel<<<params.block_nums, params.block_dims, params.shmem, params.stream>>>(std::forward<Args>(args)...);\n"
+        + "    CUDA_CHECK(cudaGetLastError());\n"
+        + "}\n"
         # The replay's declarations live here too, where ggml-cuda.cu sees them, so that a rebuild
         # after a change to the kernels does not recompile every file that includes mmq.cuh.
         + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"

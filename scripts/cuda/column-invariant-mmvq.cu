@@ -22,6 +22,20 @@
 #define AXLE_HINT_COLUMN_INVARIANT 0x41584c31 // "AXL1"
 #define AXLE_CI_WARPS 4 // ggml's MMVQ at 1-4 columns on the generic parameter table
 
+// Whether Axle's kernels are launched with programmatic dependent launch (declared in mmvq.cuh
+// with axle_launch, which both kernel files use): where ggml would use it (Hopper and newer,
+// GGML_CUDA_PDL not 0), so that the kernel's launch overlaps the end of the one before it, as
+// ggml's own kernels' launches do. AXLE_PDL=0 launches them plainly (for measurements). Each of
+// these kernels waits for the previous kernel (ggml_cuda_pdl_sync) before it touches global
+// memory, so either way it reads complete inputs.
+bool ggml_cuda_axle_pdl() {
+    static const bool pdl = [] {
+        const char * env = getenv("AXLE_PDL");
+        return env == nullptr || strcmp(env, "0") != 0;
+    }();
+    return pdl;
+}
+
 static constexpr bool axle_ci_type(ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q4_0:
@@ -52,6 +66,11 @@ static __global__ void axle_ci_mul_mat_vec_q(
         const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
         const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
         const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+    // Programmatic dependent launch (Hopper): the next kernel may be launched now and waits for
+    // this one's results itself; this one waits here for the previous kernel's, before it reads
+    // or writes any global memory.
+    ggml_cuda_pdl_lc();
+    ggml_cuda_pdl_sync();
     constexpr int qk  = ggml_cuda_type_traits<type>::qk;
     constexpr int qi  = ggml_cuda_type_traits<type>::qi;
     constexpr int vdr = get_vdr_mmvq(type);
@@ -150,6 +169,8 @@ static __global__ void axle_ci_mul_mat_vec_q(
 // half to float, and a product by a power of two), so that a column's chunk needs one load.
 static __global__ void axle_ci_q8_1_scales(
         const block_q8_1 * __restrict__ vy, float2 * __restrict__ scales, const int n) {
+    ggml_cuda_pdl_lc(); // as in axle_ci_mul_mat_vec_q
+    ggml_cuda_pdl_sync();
     const int i = blockIdx.x*blockDim.x + threadIdx.x;
     if (i < n) {
         const float2 ds = __half22float2(vy[i].ds);
@@ -184,6 +205,8 @@ static __global__ void axle_ci_mma_q4_0(
         float * __restrict__ dst, const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
         const int stride_col_y, const int stride_col_dst, const int ncols_y) {
 #ifdef AMPERE_MMA_AVAILABLE
+    ggml_cuda_pdl_lc(); // as in axle_ci_mul_mat_vec_q
+    ggml_cuda_pdl_sync();
     constexpr int cols = 8*ntiles;
     const int col_tiles = (ncols_y + cols - 1)/cols;
     const int nwork = col_tiles*((nrows_x + 15)/16); // tiles of 16 rows by `cols` columns
@@ -366,18 +389,17 @@ static void axle_ci_mma_launch_q4_0(
         const int stride_col_dst, const int ncols_y, cudaStream_t stream) {
     const int nscales = ncols_y*stride_col_y;
     ggml_cuda_pool_alloc<float2> scales(ctx.pool(), nscales);
-    axle_ci_q8_1_scales<<<(nscales + 255)/256, 256, 0, stream>>>(vy, scales.get(), nscales);
-    CUDA_CHECK(cudaGetLastError());
+    axle_launch(axle_ci_q8_1_scales, ggml_cuda_kernel_launch_params((nscales + 255)/256, 256, 0, stream),
+        vy, scales.get(), nscales);
     constexpr int nbytes = axle_ci_mma_shared_bytes<ntiles>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_ci_mma_q4_0<ntiles>, nbytes);
     // One block per SM (registers and shared memory allow no more), each walking several tiles.
     const int nwork = ((ncols_y + 8*ntiles - 1)/(8*ntiles))*((nrows_x + 15)/16);
     const dim3 block_dims(WARP_SIZE, AXLE_CI_MMA_WARPS, 1);
     const dim3 block_nums(std::min(nwork, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm), 1, 1);
-    axle_ci_mma_q4_0<ntiles><<<block_nums, block_dims, nbytes, stream>>>(
+    axle_launch(axle_ci_mma_q4_0<ntiles>, ggml_cuda_kernel_launch_params(block_nums, block_dims, nbytes, stream),
         (const char *) vx, (const char *) vy, (const char *) scales.get(), dst, ncols_x/QK4_0, nrows_x,
         stride_row_x, stride_col_y, stride_col_dst, ncols_y);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
@@ -405,9 +427,9 @@ static void axle_ci_launch_shape(
     constexpr int qk = ggml_cuda_type_traits<type>::qk;
     const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
     const dim3 block_nums((nrows_x + rows - 1)/rows, (ncols_y + cols - 1)/cols, 1);
-    axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks><<<block_nums, block_dims, 0, stream>>>(
+    axle_launch(axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks>,
+        ggml_cuda_kernel_launch_params(block_nums, block_dims, 0, stream),
         vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 template <ggml_type type>

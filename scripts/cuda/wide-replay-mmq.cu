@@ -102,6 +102,8 @@ static __global__ void axle_wr_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
         const int stride_col_bias, float * partials, int * counters, const axle_wr_split sp, const int nrows_x,
         const int stride_row_x, const int ncols_y, const int stride_col_dst, const int ntiles) {
+    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
+    ggml_cuda_pdl_sync();
     extern __shared__ __align__(16) char axle_wr_smem[];
     char * sx = axle_wr_smem;                                    // [row][slab block] raw Q4_0
     char * sy = sx + AXLE_WR_ROWS*AXLE_WR_ROW_BYTES;             // [column][slab] raw block_q8_1_mmq
@@ -280,6 +282,8 @@ static __global__ void axle_wr_rows_q4_0(
         const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
         const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
         const int ncols_y, const int stride_col_dst, const int ntiles) {
+    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
+    ggml_cuda_pdl_sync();
     extern __shared__ __align__(16) char axle_wr_rows_smem[];
     const int nblocks = sp.nblocks;
     const int stage_stride = axle_wr_rows_stage_stride(nblocks);
@@ -517,19 +521,18 @@ static void axle_wr_launch(
         const int R = axle_wr_rows_for(ncols, nblocks);
         if (R > 0) {
             const size_t nbytes = axle_wr_rows_shared_bytes(ncols, R, nblocks);
-            axle_wr_rows_q4_0<ncols><<<(nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream>>>(
+            axle_launch(axle_wr_rows_q4_0<ncols>,
+                ggml_cuda_kernel_launch_params((nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream),
                 vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
-            CUDA_CHECK(cudaGetLastError());
             return;
         }
     }
     ggml_cuda_pool_alloc<float> partials(ctx.pool(id), (size_t) G*2*ncols*AXLE_WR_TILE_ROWS);
     constexpr int nbytes = axle_wr_shared_bytes<ncols>();
     CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_q4_0<ncols>, nbytes);
-    axle_wr_q4_0<ncols><<<dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream>>>(
+    axle_launch(axle_wr_q4_0<ncols>, ggml_cuda_kernel_launch_params(dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream),
         vx, vy, dst, bias, stride_col_bias, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
         stride_col_dst, ntiles);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0
