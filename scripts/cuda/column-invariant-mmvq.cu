@@ -57,6 +57,42 @@ static constexpr bool axle_ci_type(ggml_type type) {
     }
 }
 
+// The end of a one-column MMVQ row, for `cols` by `rows` sums a thread: warps 1..3 hand over their
+// partial sums, warp 0 adds them in warp order, then reduces across its lanes (warp_reduce_sum).
+template <int cols, int rows>
+static __device__ __forceinline__ void axle_ci_finish(
+        float (&sum)[cols][rows], float * __restrict__ dst, const int row0, const int col0,
+        const int ncols, const int nrows_x, const int stride_col_dst) {
+    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
+    if (threadIdx.y > 0) {
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+#pragma unroll
+            for (int i = 0; i < rows; ++i) {
+                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y > 0) {
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < cols; ++j) {
+#pragma unroll
+        for (int i = 0; i < rows; ++i) {
+#pragma unroll
+            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
+                sum[j][i] += handed[w][j][i][threadIdx.x];
+            }
+            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
+            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
+                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            }
+        }
+    }
+}
+
 // One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
 // least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
 // arithmetic: they trade registers and occupancy against loads of the columns and weights.
@@ -111,35 +147,106 @@ static __global__ void axle_ci_mul_mat_vec_q(
         }
     }
 
-    // Warps 1..3 hand over their partial sums; warp 0 adds them in warp order, then reduces.
-    __shared__ float handed[AXLE_CI_WARPS - 1][cols][rows][WARP_SIZE];
-    if (threadIdx.y > 0) {
+    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
+}
+
+// The same kernel for Q6_K weights (an 8B model's output head), with the next pass's weights
+// asked into L2 while this pass is multiplied. The generic loop issues a pass's loads and then
+// waits for them: a thread makes only 4 passes over a 4096-weight row (16 blocks, 4 warps), so
+// each pass waits out a memory latency with nothing to hide it, and the head ran at about a
+// quarter of the memory's speed. Loading the next pass's weights into registers ahead did not
+// work out: the compiler put those loads after the products whatever the registers allowed. A
+// prefetch into L2 needs no registers. A thread's arithmetic is ggml's vec_dot_q6_K_q8_1 for
+// iqs = its lane: the same loads and the same call of vec_dot_q6_K_q8_1_impl_mmvq, added to the
+// same sums in the same order; each row has a pointer advanced by a constant.
+template <int cols, int rows, int min_blocks>
+__launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, min_blocks)
+static __global__ void axle_ci_mul_mat_vec_q6_K(
+        const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
+        const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
+    ggml_cuda_pdl_lc(); // as in axle_ci_mul_mat_vec_q
+    ggml_cuda_pdl_sync();
+    static_assert(get_vdr_mmvq(GGML_TYPE_Q6_K) == 1 && QI6_K == WARP_SIZE, "one Q6_K block per warp pass");
+    static_assert(sizeof(block_q6_K) <= 256, "a block in the two 128-byte lines after its start");
+    constexpr int step = AXLE_CI_WARPS; // weight blocks a pass of the block covers
+
+    const int iqs   = threadIdx.x; // vdr*(tid % (qi/vdr)) with vdr = 1, qi = 32
+    const int kbx0  = threadIdx.y; // tid/(qi/vdr)
+    const int row0  = rows*blockIdx.x;
+    const int col0  = cols*blockIdx.y;
+    const int ncols = min(cols, ncols_y - col0);
+
+    // vec_dot_q6_K_q8_1's offsets for this iqs.
+    const int bq8_offset   = 2*QR6_K*(iqs/(QI6_K/2)) + (iqs % (QI6_K/2))/(QI6_K/4);
+    const int scale_offset = (QI6_K/4)*(iqs/(QI6_K/2)) + (iqs % (QI6_K/2))/(QI6_K/8);
+    const int vh_shift     = 2*((iqs % (QI6_K/2))/(QI6_K/4));
+    const int qh_index     = (QI6_K/4)*(iqs/(QI6_K/2)) + iqs % (QI6_K/4);
+    // Lanes 0-2 of a row prefetch the (up to three) 128-byte lines its next block touches.
+    const int prefetch_offset = 128*min(iqs, 2);
+
+    // Rows past the end read the last row, columns past the end the last column; neither is written.
+    const block_q6_K * x[rows];
 #pragma unroll
-        for (int j = 0; j < cols; ++j) {
-#pragma unroll
-            for (int i = 0; i < rows; ++i) {
-                handed[threadIdx.y - 1][j][i][threadIdx.x] = sum[j][i];
-            }
-        }
+    for (int i = 0; i < rows; ++i) {
+        x[i] = (const block_q6_K *) vx + (int64_t) min(row0 + i, nrows_x - 1)*stride_row_x + kbx0;
     }
-    __syncthreads();
-    if (threadIdx.y > 0) {
-        return;
-    }
+    // The columns as offsets (in q8_1 blocks) from one pointer, which holds fewer registers.
+    const block_q8_1 * y = vy + (int64_t) col0*stride_col_y + kbx0*(QK_K/QK8_1) + bq8_offset;
+    int col_base[cols];
 #pragma unroll
     for (int j = 0; j < cols; ++j) {
+        col_base[j] = min(j, ncols - 1)*stride_col_y;
+    }
+
+    float sum[cols][rows] = {{0.0f}};
+    for (int kbx = kbx0; kbx < blocks_per_row_x; kbx += step) {
+        if (iqs < 3 && kbx + step < blocks_per_row_x) {
 #pragma unroll
-        for (int i = 0; i < rows; ++i) {
-#pragma unroll
-            for (int w = 0; w < AXLE_CI_WARPS - 1; ++w) {
-                sum[j][i] += handed[w][j][i][threadIdx.x];
-            }
-            sum[j][i] = warp_reduce_sum<WARP_SIZE>(sum[j][i]);
-            if (threadIdx.x == i && j < ncols && row0 + i < nrows_x) {
-                dst[(int64_t) (col0 + j)*stride_col_dst + row0 + i] = sum[j][i];
+            for (int i = 0; i < rows; ++i) {
+                asm volatile("prefetch.global.L2 [%0];" : : "l"((const char *) (x[i] + step) + prefetch_offset));
             }
         }
+        int   vl[rows];
+        int   vh[rows];
+        float d[rows];
+        const int8_t * scales[rows];
+#pragma unroll
+        for (int i = 0; i < rows; ++i) {
+            vl[i]     = get_int_b2(x[i]->ql, iqs);
+            vh[i]     = get_int_b2(x[i]->qh, qh_index) >> vh_shift;
+            d[i]      = x[i]->d;
+            scales[i] = x[i]->scales + scale_offset;
+            x[i] += step;
+        }
+#pragma unroll
+        for (int j = 0; j < cols; ++j) {
+            int   u[QR6_K];
+            float d8[QR6_K];
+#pragma unroll
+            for (int k = 0; k < QR6_K; ++k) {
+                u[k]  = get_int_b4(y[col_base[j] + 2*k].qs, iqs % QI8_1);
+                d8[k] = __low2float(y[col_base[j] + 2*k].ds);
+            }
+#pragma unroll
+            for (int i = 0; i < rows; ++i) {
+                sum[j][i] += vec_dot_q6_K_q8_1_impl_mmvq(vl[i], vh[i], u, scales[i], d[i], d8);
+            }
+        }
+        y += step*(QK_K/QK8_1);
     }
+
+    axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
+}
+
+// Whether Q6_K weights take their own kernel (the same bits; AXLE_CI_Q6K=0 keeps the generic one,
+// for measurements).
+static bool axle_ci_q6_K_enabled() {
+    static const bool enabled = [] {
+        const char * env = getenv("AXLE_CI_Q6K");
+        return env == nullptr || strcmp(env, "0") != 0;
+    }();
+    return enabled;
 }
 
 // Tensor-core variant for Q4_0 weights. In the one-column kernel a thread's share of a Q4_0
@@ -427,6 +534,14 @@ static void axle_ci_launch_shape(
     constexpr int qk = ggml_cuda_type_traits<type>::qk;
     const dim3 block_dims(WARP_SIZE, AXLE_CI_WARPS, 1);
     const dim3 block_nums((nrows_x + rows - 1)/rows, (ncols_y + cols - 1)/cols, 1);
+    if constexpr (type == GGML_TYPE_Q6_K) {
+        if (axle_ci_q6_K_enabled()) {
+            axle_launch(axle_ci_mul_mat_vec_q6_K<cols, rows, min_blocks>,
+                ggml_cuda_kernel_launch_params(block_nums, block_dims, 0, stream),
+                vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
+            return;
+        }
+    }
     axle_launch(axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks>,
         ggml_cuda_kernel_launch_params(block_nums, block_dims, 0, stream),
         vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
