@@ -93,26 +93,6 @@ static __device__ __forceinline__ void axle_ci_finish(
     }
 }
 
-// Bytes of one weight block of a type axle_ci_type covers.
-static constexpr __device__ int axle_ci_block_bytes(ggml_type type) {
-    switch (type) {
-        case GGML_TYPE_Q4_0:   return sizeof(block_q4_0);
-        case GGML_TYPE_Q4_1:   return sizeof(block_q4_1);
-        case GGML_TYPE_Q5_0:   return sizeof(block_q5_0);
-        case GGML_TYPE_Q5_1:   return sizeof(block_q5_1);
-        case GGML_TYPE_Q8_0:   return sizeof(block_q8_0);
-        case GGML_TYPE_MXFP4:  return sizeof(block_mxfp4);
-        case GGML_TYPE_Q2_K:   return sizeof(block_q2_K);
-        case GGML_TYPE_Q3_K:   return sizeof(block_q3_K);
-        case GGML_TYPE_Q4_K:   return sizeof(block_q4_K);
-        case GGML_TYPE_Q5_K:   return sizeof(block_q5_K);
-        case GGML_TYPE_Q6_K:   return sizeof(block_q6_K);
-        case GGML_TYPE_IQ4_NL: return sizeof(block_iq4_nl);
-        case GGML_TYPE_IQ4_XS: return sizeof(block_iq4_xs);
-        default:               return 0;
-    }
-}
-
 // One block: `rows` output rows times up to `cols` columns (blockIdx.y picks the columns), with at
 // least `min_blocks` blocks resident per SM (a register cap). None of them changes a row's
 // arithmetic: they trade registers and occupancy against loads of the columns and weights.
@@ -121,7 +101,7 @@ __launch_bounds__(AXLE_CI_WARPS*WARP_SIZE, min_blocks)
 static __global__ void axle_ci_mul_mat_vec_q(
         const void * __restrict__ vx, const block_q8_1 * __restrict__ vy, float * __restrict__ dst,
         const int blocks_per_row_x, const int nrows_x, const int stride_row_x,
-        const int stride_col_y, const int stride_col_dst, const int ncols_y, const bool prefetch) {
+        const int stride_col_y, const int stride_col_dst, const int ncols_y) {
     // Programmatic dependent launch (Hopper): the next kernel may be launched now and waits for
     // this one's results itself; this one waits here for the previous kernel's, before it reads
     // or writes any global memory.
@@ -154,23 +134,10 @@ static __global__ void axle_ci_mul_mat_vec_q(
         col_base[j] = min(j, ncols - 1)*stride_col_y;
     }
 
-    // The next pass's weight blocks asked into L2 while this pass is multiplied (see the Q6_K
-    // kernel below): the threads of a block take its first line and, for blocks over 128 bytes,
-    // the next two (a block need not start on a line).
-    constexpr int block_bytes = axle_ci_block_bytes(type);
-    const int prefetch_offset = block_bytes > 128 ? 128*min(tid % (qi/vdr), 2) : 0;
-
     float sum[cols][rows] = {{0.0f}};
     for (int kbx = tid/(qi/vdr); kbx < blocks_per_row_x; kbx += step) {
         const int kby = kbx*(qk/QK8_1);
         const int kqs = vdr*(tid % (qi/vdr));
-        if (prefetch && kbx + step < blocks_per_row_x) {
-#pragma unroll
-            for (int i = 0; i < rows; ++i) {
-                asm volatile("prefetch.global.L2 [%0];" : : "l"((const char *) vx +
-                    (int64_t) (row_base[i] + kbx + step)*block_bytes + prefetch_offset));
-            }
-        }
 #pragma unroll
         for (int j = 0; j < cols; ++j) {
 #pragma unroll
@@ -270,16 +237,6 @@ static __global__ void axle_ci_mul_mat_vec_q6_K(
     }
 
     axle_ci_finish<cols, rows>(sum, dst, row0, col0, ncols, nrows_x, stride_col_dst);
-}
-
-// Whether the generic kernel prefetches its next pass's weights into L2 (the same bits;
-// AXLE_CI_PREFETCH=0 turns it off, for measurements).
-static bool axle_ci_prefetch_enabled() {
-    static const bool enabled = [] {
-        const char * env = getenv("AXLE_CI_PREFETCH");
-        return env == nullptr || strcmp(env, "0") != 0;
-    }();
-    return enabled;
 }
 
 // Whether Q6_K weights take their own kernel (the same bits; AXLE_CI_Q6K=0 keeps the generic one,
@@ -587,8 +544,7 @@ static void axle_ci_launch_shape(
     }
     axle_launch(axle_ci_mul_mat_vec_q<type, cols, rows, min_blocks>,
         ggml_cuda_kernel_launch_params(block_nums, block_dims, 0, stream),
-        vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y,
-        axle_ci_prefetch_enabled());
+        vx, vy, dst, ncols_x/qk, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y);
 }
 
 template <ggml_type type>
