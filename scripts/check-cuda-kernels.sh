@@ -41,16 +41,12 @@ EOF
 fi
 export PATH="$tk/nvidia/cu13/bin:$PATH"
 
-version="$(sed -n 's/^llama-cpp-sys-2 = { version = "=\{0,1\}\([0-9.]*\)".*/\1/p' "$root/Cargo.toml" | head -n 1)"
-vendored=""
-for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$version"/llama.cpp; do
-  [ -d "$d" ] && vendored="$d"
-done
-[ -n "$vendored" ] || { echo "error: llama-cpp-sys-2 $version's source is not in the cargo registry; run 'cargo fetch' first" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# The vendored source, found and packed as scripts/build-backend.sh packs it for the GPU machine.
+"$root/scripts/build-backend.sh" --pack "$work/src.tgz" >/dev/null
 mkdir -p "$work/llama.cpp"
-cp -r "$vendored/ggml" "$work/llama.cpp/"
+tar xzf "$work/src.tgz" -C "$work/llama.cpp" ./ggml
 python3 "$root/scripts/cuda/apply.py" "$work/llama.cpp" >/dev/null
 g="$work/llama.cpp/ggml"
 status=0
