@@ -510,8 +510,10 @@ static void axle_ci_mma_launch_q4_0(
 }
 
 // Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
-// default 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an H200,
-// docs/gpu.md), 8 by 2 for products of at most 8 columns.
+// default (-1 here) 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an
+// H200, docs/gpu.md), 16 by 2 for Q6_K's own kernel (faster than 8 by 4 once it prefetched;
+// benchmarks/artifacts/gpu/experiments/q6k-head-prefetch/), 8 by 2 for products of at most 8
+// columns.
 static int axle_ci_shape() {
     static const int shape = [] {
         const char * env = getenv("AXLE_CI_SHAPE");
@@ -521,7 +523,7 @@ static int axle_ci_shape() {
                 return i;
             }
         }
-        return 0;
+        return -1;
     }();
     return shape;
 }
@@ -554,7 +556,8 @@ static void axle_ci_launch(
         cudaStream_t stream) {
 #define AXLE_CI_SHAPE(c, r, o) axle_ci_launch_shape<type, c, r, o>( \
         vx, vy, dst, ncols_x, nrows_x, stride_row_x, stride_col_y, stride_col_dst, ncols_y, stream)
-    switch (ncols_y <= 8 ? 1 : axle_ci_shape()) {
+    const int shape = ncols_y <= 8 ? 1 : axle_ci_shape();
+    switch (shape >= 0 ? shape : (type == GGML_TYPE_Q6_K && axle_ci_q6_K_enabled() ? 2 : 0)) {
         case 1: AXLE_CI_SHAPE(8, 2, 1); break;
         case 2: AXLE_CI_SHAPE(16, 2, 4); break;
         case 3: AXLE_CI_SHAPE(16, 4, 2); break;
