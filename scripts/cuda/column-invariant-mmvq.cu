@@ -511,9 +511,9 @@ static void axle_ci_mma_launch_q4_0(
 
 // Block shape: AXLE_CI_SHAPE=CxR[oN] picks one of the instantiated shapes (for measurements); by
 // default (-1 here) 8 columns by 4 rows with 4 blocks per SM (the fastest of 13 shapes on an
-// H200, docs/gpu.md), 16 by 2 for Q6_K's own kernel (faster than 8 by 4 once it prefetched;
-// benchmarks/artifacts/gpu/experiments/q6k-head-prefetch/), 8 by 2 for products of at most 8
-// columns.
+// H200, docs/gpu.md), 16 by 2 for Q6_K's own kernel (with its prefetch 1-2% faster a step than
+// 8 by 4 in one H200 session, level in another: benchmarks/artifacts/gpu/experiments/
+// q6k-head-prefetch/), 8 by 2 for products of at most 8 columns.
 static int axle_ci_shape() {
     static const int shape = [] {
         const char * env = getenv("AXLE_CI_SHAPE");
