@@ -1354,16 +1354,16 @@ pub fn kv_slots_that_fit(model: &Model, block_size: u32) -> Option<u32> {
         .map(|n| n.min(u32::MAX as usize) as u32)
 }
 
-/// Refuses a KV pool larger than the memory that would hold it, before allocating it: each
-/// device's share against the device's free memory, and the host's share against the memory the
-/// system has available. Without this a large `--kv-slots` or context ran into the allocator (or
-/// the OOM killer) instead of an error.
 /// Whether a runner with `opts` whose KV is (`kv_on_device`) or is not on an accelerator
 /// takes the device layout ([`Runner::device_layout`]).
 fn takes_device_layout(opts: &RunnerOptions, kv_on_device: bool) -> bool {
     opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv_on_device)
 }
 
+/// Refuses a KV pool larger than the memory that would hold it, before allocating it: each
+/// device's share against the device's free memory, and the host's share against the memory the
+/// system has available. Without this a large `--kv-slots` or context ran into the allocator (or
+/// the OOM killer) instead of an error.
 fn check_kv_fits(
     model: &Model,
     bufts: &[BufferType],
