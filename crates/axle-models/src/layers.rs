@@ -586,7 +586,7 @@ impl<'a> Step<'a> {
         self.graph.expand(k_written);
         self.graph.expand(v_written);
         self.kv_written.push((il, k_written, v_written));
-        self.attend_sinks(il, q, spec, sinks)
+        self.attend_heads(il, q, Heads { spec, sinks })
     }
 
     /// Multi-head latent attention (DeepSeek V2/V3, GLM-4.7-Flash): stores this step's rows of
@@ -613,17 +613,11 @@ impl<'a> Step<'a> {
     /// [`Step::attention`] or [`Step::attention_latent`]): for layers that reuse an earlier
     /// layer's keys and values (Gemma 4's KV-shared layers). Returns [head_dim_v * n_head, n].
     pub fn attend(&self, il: usize, q: Tensor<'a>, spec: &AttnSpec) -> Tensor<'a> {
-        self.attend_sinks(il, q, spec, None)
+        self.attend_heads(il, q, Heads { spec, sinks: None })
     }
 
-    fn attend_sinks(
-        &self,
-        il: usize,
-        q: Tensor<'a>,
-        spec: &AttnSpec,
-        sinks: Option<Tensor<'a>>,
-    ) -> Tensor<'a> {
-        let g = self.ctx;
+    fn attend_heads(&self, il: usize, q: Tensor<'a>, heads: Heads<'_, 'a>) -> Tensor<'a> {
+        let (g, spec) = (self.ctx, heads.spec);
         let n = self.n_tokens;
         let kc = self.kv.k[il].t();
         // A K-only (latent) cache: V is the start of each K row.
@@ -639,7 +633,7 @@ impl<'a> Step<'a> {
                 None => (kc, vc),
                 Some(ids) => (g.gather_rows(k_written, ids), g.gather_rows(v_written, ids)),
             };
-            return self.attention_device(d, q, ks, vs, spec, sinks);
+            return self.attention_device(d, q, (ks, vs), heads);
         }
         let invariant = self.kernels == Kernels::BatchInvariant;
         let whole = [AttnGroup {
@@ -746,17 +740,8 @@ impl<'a> Step<'a> {
                     &[mn[1]],
                     first as usize * mn[1] + col as usize * mn[0],
                 );
-                let o = g.flash_attn(
-                    g.permute(qg, [0, 2, 1, 3]),
-                    kv_cols(kview),
-                    kv_cols(vview),
-                    mg,
-                    spec.scale,
-                    spec.softcap,
-                );
-                if let Some(s) = sinks {
-                    g.flash_attn_add_sinks(o, s);
-                }
+                let qg = g.permute(qg, [0, 2, 1, 3]);
+                let o = heads.flash(g, qg, kv_cols(kview), kv_cols(vview), mg);
                 let o = g.reshape(o, &[width, 1]);
                 outs.push(o);
                 continue;
@@ -770,7 +755,7 @@ impl<'a> Step<'a> {
                         v: vview,
                         mask: mg,
                         ids,
-                        sinks,
+                        sinks: heads.sinks,
                         scale: spec.scale,
                         softcap: spec.softcap,
                     })
@@ -790,17 +775,7 @@ impl<'a> Step<'a> {
             } else {
                 (qg, mg)
             };
-            let o = g.flash_attn(
-                g.permute(qg, [0, 2, 1, 3]),
-                kview,
-                vview,
-                mg,
-                spec.scale,
-                spec.softcap,
-            );
-            if let Some(s) = sinks {
-                g.flash_attn_add_sinks(o, s);
-            }
+            let o = heads.flash(g, g.permute(qg, [0, 2, 1, 3]), kview, vview, mg);
             let o = if twice {
                 g.view(o, &[width, 1], &[o.nb()[2]], 0)
             } else {
@@ -829,12 +804,10 @@ impl<'a> Step<'a> {
         &self,
         d: &DeviceStep,
         q: Tensor<'a>,
-        ks: Tensor<'a>,
-        vs: Tensor<'a>,
-        spec: &AttnSpec,
-        sinks: Option<Tensor<'a>>,
+        (ks, vs): (Tensor<'a>, Tensor<'a>),
+        heads: Heads<'_, 'a>,
     ) -> Tensor<'a> {
-        let g = self.ctx;
+        let (g, spec) = (self.ctx, heads.spec);
         let il_mask = self.layer_mask(spec);
         let qn = q.nb();
         let width = spec.head_dim_v * spec.n_head;
@@ -865,7 +838,7 @@ impl<'a> Step<'a> {
             // segments of the same length one after another (decoding rows of sequences whose
             // gathered slots line up), shares one op where the device gives each row the same
             // numbers that way.
-            let stack = match (self.stacking, sinks) {
+            let stack = match (self.stacking, heads.sinks) {
                 (Some(table), None) if op.rows == 1 => {
                     // Other sequences' rows: the next op's slots start at or after this one's
                     // end (a gathered segment right after it, or the next lane of the cache).
@@ -925,13 +898,42 @@ impl<'a> Step<'a> {
                 )
             };
             let o = attention_op(g, q_rows(op.rows), slots, mg, spec, OpRows::Own);
-            if let Some(s) = sinks {
-                g.flash_attn_add_sinks(o, s);
-            }
+            heads.add_sinks(g, o);
             outs.push(g.reshape(o, &[width, op.rows]));
             i += 1;
         }
         concat_all(g, outs, 1)
+    }
+}
+
+/// A layer's attention heads as one op sees them: their shape and scale, and the sinks the
+/// layer's softmax has (gpt-oss: one extra logit per head in every row), if any.
+#[derive(Debug, Clone, Copy)]
+struct Heads<'s, 'a> {
+    spec: &'s AttnSpec,
+    sinks: Option<Tensor<'a>>,
+}
+
+impl<'a> Heads<'_, 'a> {
+    /// ggml's fused attention with the layer's scale, softcap and sinks.
+    fn flash(
+        &self,
+        g: &'a Context,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        mask: Tensor<'a>,
+    ) -> Tensor<'a> {
+        let o = g.flash_attn(q, k, v, mask, self.spec.scale, self.spec.softcap);
+        self.add_sinks(g, o);
+        o
+    }
+
+    /// Gives a fused attention op the layer's sinks.
+    fn add_sinks(&self, g: &'a Context, o: Tensor<'a>) {
+        if let Some(s) = self.sinks {
+            g.flash_attn_add_sinks(o, s);
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 //! same bits; `tests/verify_invariance.rs` checks steps of up to 63 rows against one-row steps on
 //! Q4_K experts. Repacked expert weights use a one-row kernel per column. On an accelerator, the
 //! products run in slices of the device layout's group width ([`Step::mul_mat_id`]).
-use crate::arch::Weights;
+use crate::arch::{arch_key, Weights};
 use crate::layers::{FfnWeights, FusedProduct, Kernels, Step};
 use crate::ModelError;
 use axle_ggml::{FusedWeight, GgufFile, GluOp, StoredTensor, Tensor};
@@ -84,7 +84,7 @@ impl MoeConfig {
         gating: Gating,
         norm_default: bool,
     ) -> Result<MoeConfig, ModelError> {
-        let key = |k: &str| format!("{arch}.{k}");
+        let key = |k: &str| arch_key(arch, k);
         let bad =
             |k: &str, what: String| ModelError::Invalid(format!("metadata {} {what}", key(k)));
         let n_expert = f.int(&key("expert_count"))?;

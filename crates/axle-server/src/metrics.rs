@@ -99,68 +99,20 @@ impl Metrics {
         self.observe_running(e.running);
         let mut out = String::new();
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (counter, gauge) = ("counter", "gauge");
+        let (c, g) = ("counter", "gauge");
+        // One series a line: kind, name, help, value.
+        #[rustfmt::skip]
         let series = [
-            (
-                counter,
-                "axle_requests_total",
-                "Requests received.",
-                r(&self.requests),
-            ),
-            (
-                counter,
-                "axle_request_errors_total",
-                "Requests that ended in an error.",
-                r(&self.errors),
-            ),
-            (
-                counter,
-                "axle_prompt_tokens_total",
-                "Prompt tokens processed.",
-                r(&self.prompt_tokens),
-            ),
-            (
-                counter,
-                "axle_completion_tokens_total",
-                "Tokens generated.",
-                r(&self.completion_tokens),
-            ),
-            (
-                counter,
-                "axle_ngram_drafted_tokens_total",
-                "Draft tokens proposed by n-gram speculation.",
-                r(&self.drafted),
-            ),
-            (
-                counter,
-                "axle_ngram_accepted_tokens_total",
-                "Draft tokens accepted.",
-                r(&self.accepted),
-            ),
-            (
-                gauge,
-                "axle_queue_depth",
-                "Requests waiting.",
-                e.waiting as u64,
-            ),
-            (
-                gauge,
-                "axle_running_sequences",
-                "Sequences holding KV.",
-                e.running as u64,
-            ),
-            (
-                gauge,
-                "axle_running_sequences_max",
-                "Peak running sequences since start.",
-                r(&self.max_running),
-            ),
-            (
-                gauge,
-                "axle_kv_blocks_used",
-                "KV blocks in use.",
-                e.kv_blocks_used as u64,
-            ),
+            (c, "axle_requests_total",              "Requests received.",                           r(&self.requests)),
+            (c, "axle_request_errors_total",        "Requests that ended in an error.",             r(&self.errors)),
+            (c, "axle_prompt_tokens_total",         "Prompt tokens processed.",                     r(&self.prompt_tokens)),
+            (c, "axle_completion_tokens_total",     "Tokens generated.",                            r(&self.completion_tokens)),
+            (c, "axle_ngram_drafted_tokens_total",  "Draft tokens proposed by n-gram speculation.", r(&self.drafted)),
+            (c, "axle_ngram_accepted_tokens_total", "Draft tokens accepted.",                       r(&self.accepted)),
+            (g, "axle_queue_depth",                 "Requests waiting.",                            e.waiting as u64),
+            (g, "axle_running_sequences",           "Sequences holding KV.",                        e.running as u64),
+            (g, "axle_running_sequences_max",       "Peak running sequences since start.",          r(&self.max_running)),
+            (g, "axle_kv_blocks_used",              "KV blocks in use.",                            e.kv_blocks_used as u64),
         ];
         for (kind, name, help, v) in series {
             let _ = writeln!(

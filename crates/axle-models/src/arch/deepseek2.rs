@@ -23,6 +23,8 @@ use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, StoredTensor, Tensor, TensorStore};
 
+const ARCH: &str = "deepseek2";
+
 /// How a layer computes its queries.
 #[derive(Debug)]
 enum Query {
@@ -70,12 +72,6 @@ pub struct DeepSeek2 {
     layers: Vec<Layer>,
 }
 
-const ARCH: &str = "deepseek2";
-
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
-
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
     let mut hp = Hparams::from_gguf(f, ARCH, 0)?;
@@ -91,7 +87,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         };
         // The converter writes 0.1 x mscale_all_dim; libllama cancels the 0.1.
         let log_mul = f
-            .float_opt(&key("rope.scaling.yarn_log_multiplier"))?
+            .float_opt(&hp.key("rope.scaling.yarn_log_multiplier"))?
             .map_or(0.0, |v| v as f32 / 0.1);
         let mut attn_factor = if log_mul != 0.0 {
             let mscale = if log_mul != 1.0 { log_mul } else { 1.0 };
@@ -110,41 +106,41 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let int_in = |k: &str, v: Option<i64>, max: i64| -> Result<i64, ModelError> {
         match v {
             Some(v) if (1..=max).contains(&v) => Ok(v),
-            Some(v) => Err(bad(&key(k), &format!("= {v} is outside 1..={max}"))),
-            None => Err(bad(&key(k), "is missing")),
+            Some(v) => Err(bad(&hp.key(k), &format!("= {v} is outside 1..={max}"))),
+            None => Err(bad(&hp.key(k), "is missing")),
         }
     };
     let kv_lora = int_in(
         "attention.kv_lora_rank",
-        f.int_opt(&key("attention.kv_lora_rank"))?,
+        f.int_opt(&hp.key("attention.kv_lora_rank"))?,
         1 << 16,
     )?;
-    let q_lora = f.int_opt(&key("attention.q_lora_rank"))?.unwrap_or(0);
-    let head_k = match f.int_opt(&key("attention.key_length_mla"))? {
+    let q_lora = f.int_opt(&hp.key("attention.q_lora_rank"))?.unwrap_or(0);
+    let head_k = match f.int_opt(&hp.key("attention.key_length_mla"))? {
         Some(v) => int_in("attention.key_length_mla", Some(v), 4096)?,
         None => {
             return Err(ModelError::Unsupported(format!(
                 "{ARCH} without {} (a file from before llama.cpp split attn_kv_b): reconvert it",
-                key("attention.key_length_mla")
+                hp.key("attention.key_length_mla")
             )))
         }
     };
     let head_v = int_in(
         "attention.value_length_mla",
-        f.int_opt(&key("attention.value_length_mla"))?,
+        f.int_opt(&hp.key("attention.value_length_mla"))?,
         4096,
     )?;
     let n_rot = hp.rope.n_dims as i64;
     if n_rot >= head_k {
         return Err(bad(
-            &key("rope.dimension_count"),
+            &hp.key("rope.dimension_count"),
             &format!("= {n_rot} leaves no unrotated key part of the {head_k}-wide heads"),
         ));
     }
     // The cache row: latent then rotated key part, one KV head.
     if hp.head_dim_k != kv_lora + n_rot || hp.n_head_kv != 1 {
         return Err(bad(
-            &key("attention.key_length"),
+            &hp.key("attention.key_length"),
             &format!(
                 "= {} with {} KV heads; an MLA file has kv_lora_rank + rope dims = {} and 1",
                 hp.head_dim_k,
@@ -154,11 +150,11 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         ));
     }
     let n_dense = f
-        .int_opt(&key("leading_dense_block_count"))?
+        .int_opt(&hp.key("leading_dense_block_count"))?
         .unwrap_or(0)
         .clamp(0, hp.n_layer as i64) as usize;
     let n_vocab_hint = hp.n_vocab;
-    let gating = match f.int_opt(&key("expert_gating_func"))?.unwrap_or(0) {
+    let gating = match f.int_opt(&hp.key("expert_gating_func"))?.unwrap_or(0) {
         1 => Gating::Softmax,
         2 => Gating::Sigmoid,
         // Unset in DeepSeek V2/V2.5 files; GLM-4.7-Flash files without it are sigmoid-routed
@@ -168,15 +164,15 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         v => {
             return Err(ModelError::Unsupported(format!(
                 "{} = {v}: only softmax (1) and sigmoid (2) routing are implemented",
-                key("expert_gating_func")
+                hp.key("expert_gating_func")
             )))
         }
     };
     let moe = MoeConfig::from_gguf(f, ARCH, hp.n_ff, gating, false)?;
-    let n_shared = f.int_opt(&key("expert_shared_count"))?.unwrap_or(0);
+    let n_shared = f.int_opt(&hp.key("expert_shared_count"))?.unwrap_or(0);
     if !(0..=64).contains(&n_shared) {
         return Err(bad(
-            &key("expert_shared_count"),
+            &hp.key("expert_shared_count"),
             &format!("= {n_shared} is outside 0..=64"),
         ));
     }

@@ -25,6 +25,8 @@ use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
 
+const ARCH: &str = "gemma4";
+
 /// Attention shape of one layer.
 #[derive(Debug, Clone, Copy)]
 struct LayerShape {
@@ -116,75 +118,75 @@ pub struct Gemma4 {
     layers: Vec<Layer>,
 }
 
-const ARCH: &str = "gemma4";
-
-fn key(k: &str) -> String {
-    format!("{ARCH}.{k}")
-}
-
 /// Reads the config and binds the weights.
 pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelError> {
     let mut hp = Hparams::from_gguf(f, ARCH, 2)?;
     let nl = hp.n_layer;
     let sliding = sliding_layers(f, ARCH, nl, 6)?;
-    let n_head = per_layer(f, &key("attention.head_count"), nl)?.unwrap_or(vec![hp.n_head; nl]);
-    let n_head_kv = per_layer(f, &key("attention.head_count_kv"), nl)?.unwrap_or(n_head.clone());
-    let n_ff = per_layer(f, &key("feed_forward_length"), nl)?.unwrap_or(vec![hp.n_ff; nl]);
+    let n_head = per_layer(f, &hp.key("attention.head_count"), nl)?.unwrap_or(vec![hp.n_head; nl]);
+    let n_head_kv = per_layer(f, &hp.key("attention.head_count_kv"), nl)?.unwrap_or(n_head.clone());
+    let n_ff = per_layer(f, &hp.key("feed_forward_length"), nl)?.unwrap_or(vec![hp.n_ff; nl]);
     let head_full = hp.head_dim_k;
     if hp.head_dim_v != head_full {
         return Err(bad(
-            &key("attention.value_length"),
+            &hp.key("attention.value_length"),
             "must equal the key length (Gemma 4 shares one head size for K and V)",
         ));
     }
     let head_swa = f
-        .int_opt(&key("attention.key_length_swa"))?
+        .int_opt(&hp.key("attention.key_length_swa"))?
         .unwrap_or(head_full);
     let head_swa_v = f
-        .int_opt(&key("attention.value_length_swa"))?
+        .int_opt(&hp.key("attention.value_length_swa"))?
         .unwrap_or(head_swa);
     if head_swa_v != head_swa || !(1..=4096).contains(&head_swa) {
         return Err(bad(
-            &key("attention.key_length_swa"),
+            &hp.key("attention.key_length_swa"),
             &format!("= {head_swa} must be in 1..=4096 and equal the value length {head_swa_v}"),
         ));
     }
     let n_rot_swa = f
-        .int_opt(&key("rope.dimension_count_swa"))?
+        .int_opt(&hp.key("rope.dimension_count_swa"))?
         .unwrap_or(hp.rope.n_dims as i64);
     if n_rot_swa <= 0 || n_rot_swa % 2 != 0 || n_rot_swa > head_swa {
         return Err(bad(
-            &key("rope.dimension_count_swa"),
+            &hp.key("rope.dimension_count_swa"),
             &format!("= {n_rot_swa} must be even and in 2..={head_swa}"),
         ));
     }
-    let shared_kv = f.int_opt(&key("attention.shared_kv_layers"))?.unwrap_or(0);
+    let shared_kv = f
+        .int_opt(&hp.key("attention.shared_kv_layers"))?
+        .unwrap_or(0);
     let kv_from = nl as i64 - shared_kv;
     if shared_kv < 0 || (shared_kv > 0 && kv_from < 2) {
         return Err(bad(
-            &key("attention.shared_kv_layers"),
+            &hp.key("attention.shared_kv_layers"),
             &format!("= {shared_kv} must leave at least 2 of the {nl} layers with their own KV"),
         ));
     }
     let kv_from = kv_from as usize;
     let window = f
-        .int_opt(&key("attention.sliding_window"))?
+        .int_opt(&hp.key("attention.sliding_window"))?
         .filter(|&w| w > 0)
-        .ok_or_else(|| bad(&key("attention.sliding_window"), "must be set and positive"))?
-        as u32;
+        .ok_or_else(|| {
+            bad(
+                &hp.key("attention.sliding_window"),
+                "must be set and positive",
+            )
+        })? as u32;
     hp.sliding_window = Some(window);
     let mut shapes = Vec::with_capacity(nl);
     for il in 0..nl {
         let (h, hkv) = (n_head[il], n_head_kv[il]);
         if h <= 0 || hkv <= 0 || h % hkv != 0 {
             return Err(bad(
-                &key("attention.head_count_kv"),
+                &hp.key("attention.head_count_kv"),
                 &format!("layer {il}: {hkv} KV heads for {h} query heads"),
             ));
         }
         if !(1..=1 << 20).contains(&n_ff[il]) {
             return Err(bad(
-                &key("feed_forward_length"),
+                &hp.key("feed_forward_length"),
                 &format!("layer {il}: {} is outside 1..={}", n_ff[il], 1 << 20),
             ));
         }
@@ -211,7 +213,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         let src = shapes[sh.cache];
         if src.sliding != sh.sliding || src.n_head_kv != sh.n_head_kv {
             return Err(bad(
-                &key("attention.shared_kv_layers"),
+                &hp.key("attention.shared_kv_layers"),
                 &format!(
                     "= {shared_kv}: layer {il} would reuse layer {}'s KV, of another kind",
                     sh.cache
@@ -222,17 +224,21 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let rope_full = hp.rope;
     let rope_swa = RopeParams {
         n_dims: n_rot_swa as i32,
-        freq_base: f.float_opt(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f32,
+        freq_base: f
+            .float_opt(&hp.key("rope.freq_base_swa"))?
+            .unwrap_or(10000.0) as f32,
         freq_scale: 1.0,
         ..hp.rope
     };
-    let final_softcap = f.float_opt(&key("final_logit_softcapping"))?.unwrap_or(0.0) as f32;
+    let final_softcap = f
+        .float_opt(&hp.key("final_logit_softcapping"))?
+        .unwrap_or(0.0) as f32;
     let n_pl = f
-        .int_opt(&key("embedding_length_per_layer_input"))?
+        .int_opt(&hp.key("embedding_length_per_layer_input"))?
         .unwrap_or(0);
     if !(0..=1 << 16).contains(&n_pl) {
         return Err(bad(
-            &key("embedding_length_per_layer_input"),
+            &hp.key("embedding_length_per_layer_input"),
             &format!("= {n_pl} is outside 0..={}", 1 << 16),
         ));
     }

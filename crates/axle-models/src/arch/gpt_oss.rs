@@ -65,7 +65,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         ..MoeConfig::from_gguf(f, ARCH, hp.n_ff, Gating::SoftmaxWeight, false)?
     };
     let window = f
-        .int_opt(&format!("{ARCH}.attention.sliding_window"))?
+        .int_opt(&hp.key("attention.sliding_window"))?
         .filter(|&w| w > 0)
         .map(|w| w as u32);
     hp.sliding_window = window;
@@ -74,7 +74,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         None => vec![false; hp.n_layer],
     };
     let mut rope_swa = hp.rope;
-    if let Some(b) = f.float_opt(&format!("{ARCH}.rope.freq_base_swa"))? {
+    if let Some(b) = f.float_opt(&hp.key("rope.freq_base_swa"))? {
         rope_swa.freq_base = b as f32;
     }
     let mut layers = Vec::with_capacity(hp.n_layer);

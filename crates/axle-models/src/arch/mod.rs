@@ -45,6 +45,11 @@ pub trait Family: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// The GGUF metadata key `k` of architecture `arch`: `{arch}.{k}`.
+pub(crate) fn arch_key(arch: &str, k: &str) -> String {
+    format!("{arch}.{k}")
+}
+
 /// Hyperparameters common to the decoder-only families.
 #[derive(Debug, Clone)]
 pub struct Hparams {
@@ -78,6 +83,11 @@ pub struct Hparams {
 }
 
 impl Hparams {
+    /// The GGUF key `k` of the model's architecture (`{arch}.{k}`).
+    pub fn key(&self, k: &str) -> String {
+        arch_key(&self.arch, k)
+    }
+
     /// Per-layer (K, V) widths of the KV cache.
     pub fn kv_dims(&self) -> Vec<(i64, i64)> {
         vec![
@@ -91,7 +101,7 @@ impl Hparams {
 
     /// Reads the shared keys `{arch}.*`. `rope_mode` is 0 (normal) or 2 (NeoX).
     pub fn from_gguf(f: &GgufFile, arch: &str, rope_mode: i32) -> Result<Hparams, ModelError> {
-        let key = |k: &str| format!("{arch}.{k}");
+        let key = |k: &str| arch_key(arch, k);
         let int = |k: &str| f.int(&key(k)).map_err(ModelError::from);
         let n_embd = int("embedding_length")?;
         let n_layer = int("block_count")?;
@@ -287,7 +297,7 @@ pub fn sliding_layers(
     n_layer: usize,
     default_pattern: i64,
 ) -> Result<Vec<bool>, ModelError> {
-    let key = format!("{arch}.attention.sliding_window_pattern");
+    let key = arch_key(arch, "attention.sliding_window_pattern");
     if let Some(arr) = f.array_opt(&key).ok().flatten() {
         if arr.len() != n_layer {
             return Err(bad(

@@ -17,7 +17,7 @@
 //! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
 //! so that logits match it.
-use super::{bad, Family, Head, Hparams, NormedAttention, Weights};
+use super::{arch_key, bad, Family, Head, Hparams, NormedAttention, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -156,7 +156,7 @@ fn load_arch(
     moe: bool,
     variant: Variant,
 ) -> Result<Box<dyn Family>, ModelError> {
-    let key = |k: &str| format!("{arch}.{k}");
+    let key = |k: &str| arch_key(arch, k);
     let rope_mode = if variant.mrope { ROPE_TYPE_IMROPE } else { 2 };
     let hp = Hparams::from_gguf(f, arch, rope_mode)?;
     let nl = hp.n_layer;
