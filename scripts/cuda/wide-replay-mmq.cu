@@ -36,6 +36,9 @@
 //   to shared memory, computes float(sumi)*d4 there, and one thread per output runs the chain. A
 //   stretch that is not a whole tile goes to a buffer; the last block to finish a tile (an atomic
 //   count per tile and part of 32 rows) adds them in the fixup kernel's order and writes the tile.
+// Q4_K weights take a third kernel (axle_wr_q4_K, below) for 1 to 8 columns: MMQ's Q4_K
+// arithmetic is the same stream-k over tiles of 128 rows, with one weight block (256 weights) a
+// K iteration and two fused multiply-adds per 32 weights.
 // Axle asks for them per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and
 // only where ggml_cuda_axle_wr_supports says yes. ggml's graph fusion of a one-column product
 // with the next add or gated unit, which would run its mat-vec kernel, is turned off for such
@@ -70,17 +73,20 @@ struct axle_wr_split {
     int rem;     // T%G
 };
 
+// per_iter: weight blocks per K iteration (8 for Q4_0; 1 for Q4_K, whose blocks are 256 weights).
+template <int per_iter = MMQ_ITER_K/QK4_0>
 static __device__ __forceinline__ int axle_wr_kbc(const int b, const axle_wr_split & sp) {
     int kbc = b*sp.q + b*sp.rem/sp.G;
-    kbc -= (kbc % sp.nblocks) % (MMQ_ITER_K/QK4_0);
+    kbc -= (kbc % sp.nblocks) % per_iter;
     return kbc;
 }
 
 // The first stream-k block whose range reaches into tile it: from block it*G/ntiles, which starts
 // at or before the tile's start, the first whose range ends past that start.
+template <int per_iter = MMQ_ITER_K/QK4_0>
 static __device__ __forceinline__ int axle_wr_first_block(const int it, const axle_wr_split & sp, const int ntiles) {
     int b = int(int64_t(it)*sp.G/ntiles);
-    while (axle_wr_kbc(b + 1, sp) <= it*sp.nblocks) {
+    while (axle_wr_kbc<per_iter>(b + 1, sp) <= it*sp.nblocks) {
         ++b;
     }
     return b;
@@ -448,6 +454,127 @@ static int axle_wr_rows_for(const int ncols, const int nblocks) {
     return R;
 }
 
+// The Q4_K replay, 1 to 8 columns. MMQ's arithmetic for Q4_K on the same path (I = 128 rows a
+// tile, K iterations of one 256-weight block, stream-k; docs/notes/mmq-q4k-arithmetic.md):
+// - the weight tile holds each 32-weight sub-block s of a block as its nibbles (0..15, no offset)
+//   and a half2 (d*sc_s, -dmin*m_s), each a half product of (d, -dmin) and (sc_s, m_s);
+// - the columns are MMQ's q8_1 (the DS4 layout: per 32 values a half2 of the scale and the sum
+//   of the values before quantization);
+// - per output, a stretch's sum starts at 0 and takes, block by block and sub-block by sub-block
+//   in K order, sum += dA*dB*C and then sum += mA*sB, with C the exact integer product of the
+//   sub-block's nibbles and the column's q8 values (an int8 tensor-core product of k = 32);
+// - the stretches of a tile are folded as for Q4_0 (the one that ends the tile, plus the others
+//   from the latest back to the first).
+// A thread takes one row and every column: it walks its row's stretches from the last back to the
+// first, each from 0, so that the fold needs no stored partial sums. Rows of a block share a
+// tile (AXLE_WR_K_THREADS divides 128). Each thread reads its row's whole K range once for all
+// columns: slower than MMQ's tiles per weight, but these are products of at most 8 columns.
+#define AXLE_WR_K_THREADS 64
+#define AXLE_WR_K_MAX_STRETCHES 256 // stream-k blocks reaching into one tile, at most (G <= SMs)
+
+template <int ncols>
+__launch_bounds__(AXLE_WR_K_THREADS)
+static __global__ void axle_wr_q4_K(
+        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
+        const int stride_col_bias, const axle_wr_split sp, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
+    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
+    ggml_cuda_pdl_sync();
+    __shared__ int starts[AXLE_WR_K_MAX_STRETCHES]; // the tile's stretches, K order
+    __shared__ int nstretches;
+    const int nblocks = sp.nblocks;
+    const int row0 = blockIdx.x*AXLE_WR_K_THREADS;
+    const int it = row0/AXLE_WR_TILE_ROWS;
+    if (threadIdx.x == 0) {
+        const int tile0 = it*nblocks;
+        const int tile1 = tile0 + nblocks;
+        int b = axle_wr_first_block<1>(it, sp, ntiles);
+        int m = 0;
+        for (int k = axle_wr_kbc<1>(b, sp); b < sp.G && m < AXLE_WR_K_MAX_STRETCHES; ++b) {
+            const int k_next = axle_wr_kbc<1>(b + 1, sp);
+            const int lo = max(k, tile0);
+            if (min(k_next, tile1) > lo) {
+                starts[m++] = lo - tile0;
+            }
+            if (k_next >= tile1) {
+                break;
+            }
+            k = k_next;
+        }
+        nstretches = m;
+    }
+    __syncthreads();
+    const int row = row0 + threadIdx.x;
+    const block_q4_K * x = (const block_q4_K *) vx + (int64_t) min(row, nrows_x - 1)*stride_row_x;
+    const int m = nstretches;
+    float out[ncols];
+    float others[ncols];
+#pragma unroll
+    for (int c = 0; c < ncols; ++c) {
+        others[c] = 0.0f;
+    }
+    for (int j = m - 1; j >= 0; --j) {
+        const int k0 = starts[j];
+        const int k1 = j + 1 < m ? starts[j + 1] : nblocks;
+        float sum[ncols];
+#pragma unroll
+        for (int c = 0; c < ncols; ++c) {
+            sum[c] = 0.0f;
+        }
+        for (int kb = k0; kb < k1; ++kb) {
+            const block_q4_K * bx = x + kb;
+            // MMQ's tile loader (ggml_cuda_mmq_load_tiles_q4_K): (d, -dmin) times (sc, m), half
+            // products, the same expressions.
+            const int * scales = (const int *) bx->scales;
+            const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
+            const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
+            const half2 dm = bx->dm * make_half2(1.0f, -1.0f);
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+                const uint8_t * sc8 = (const uint8_t *) &sc32[s/4];
+                const uint8_t *  m8 = (const uint8_t *) &m32[s/4];
+                const float2 dmA = __half22float2(dm*make_half2(sc8[s % 4], m8[s % 4]));
+                int v[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    v[i] = (get_int_b4(bx->qs, 8*(s/2) + i) >> (4*(s % 2))) & 0x0F0F0F0F;
+                }
+#pragma unroll
+                for (int c = 0; c < ncols; ++c) {
+                    // The column's q8_1 block of 128 values holding sub-block s: [k_block][column].
+                    const char * yb = vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144;
+                    const float2 dsB = __half22float2(((const half2 *) yb)[s % 4]);
+                    const int * yq = (const int *) (yb + 16 + 32*(s % 4));
+                    int C = 0;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        C = ggml_cuda_dp4a(v[i], yq[i], C);
+                    }
+                    // As MMQ writes them (ggml_cuda_mmq_vec_dot_q8_1_q8_1_mma), so that they contract alike.
+                    sum[c] += dmA.x*dsB.x*(float) C;
+                    sum[c] += dmA.y*dsB.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < ncols; ++c) {
+            if (j == m - 1) {
+                out[c] = sum[c];
+            } else {
+                others[c] += sum[c];
+            }
+        }
+    }
+    if (row >= nrows_x) {
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < ncols; ++c) {
+        const float o = m > 1 ? out[c] + others[c] : out[c];
+        dst[(int64_t) c*stride_col_dst + row] = bias ? o + bias[(int64_t) c*stride_col_bias + row] : o;
+    }
+}
+
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
 // device: ggml runs a graph's nodes on one stream; two engines replaying on one device from
 // different streams at the same time would share them (not supported).
@@ -473,15 +600,18 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
             if (!ampere_mma_available(cc) || blackwell_mma_available(cc) ||
                     ggml_cuda_info().devices[id].warp_size != WARP_SIZE ||
                     ggml_cuda_info().devices[id].smpbo < (size_t) axle_wr_shared_bytes<8>() ||
-                    ggml_cuda_info().devices[id].smpbo < (size_t) AXLE_WR_ROWS_MAX_BYTES) {
+                    ggml_cuda_info().devices[id].smpbo < (size_t) AXLE_WR_ROWS_MAX_BYTES ||
+                    ggml_cuda_info().devices[id].nsm + 2 > AXLE_WR_K_MAX_STRETCHES) {
                 return false;
             }
-            for (int J = 8; J <= 128; J += 8) {
-                for (const bool fallback : {false, true}) {
-                    const ggml_cuda_mmq_config config = ggml_cuda_mmq_get_config(GGML_TYPE_Q4_0, J, fallback, cc);
-                    if (config.type != GGML_TYPE_COUNT && (config.I != AXLE_WR_TILE_ROWS ||
-                            config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
-                        return false;
+            for (const ggml_type t : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_K}) {
+                for (int J = 8; J <= 128; J += 8) {
+                    for (const bool fallback : {false, true}) {
+                        const ggml_cuda_mmq_config config = ggml_cuda_mmq_get_config(t, J, fallback, cc);
+                        if (config.type != GGML_TYPE_COUNT && (config.I != AXLE_WR_TILE_ROWS ||
+                                config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
+                            return false;
+                        }
                     }
                 }
             }
@@ -497,7 +627,24 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
         ggml_cuda_set_device(current);
         return true;
     }();
-    return enabled && type == GGML_TYPE_Q4_0;
+    // AXLE_WIDE_REPLAY_Q4K=0 leaves Q4_K out (measurements).
+    static const bool q4_K = [] {
+        const char * env = getenv("AXLE_WIDE_REPLAY_Q4K");
+        return env == nullptr || strcmp(env, "0") != 0;
+    }();
+    return enabled && (type == GGML_TYPE_Q4_0 || (type == GGML_TYPE_Q4_K && q4_K));
+}
+
+// MMQ's grid for one column tile of `nrows_x` rows of `nblocks` weight blocks on this device: the
+// tiles themselves where they fill 90% of the waves, else the SM count.
+static axle_wr_split axle_wr_split_for(const int nrows_x, const int nblocks, int & ntiles) {
+    const int nsm = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
+    ntiles = (nrows_x + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS;
+    const int nwaves = (ntiles + nsm - 1)/nsm;
+    const int efficiency = 100*ntiles/(nsm*nwaves);
+    const int G = efficiency >= 90 ? ntiles : nsm;
+    const int T = ntiles*nblocks;
+    return {nblocks, G, T/G, T % G};
 }
 
 template <int ncols>
@@ -506,14 +653,9 @@ static void axle_wr_launch(
         const int stride_col_bias, const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y,
         const int stride_col_dst, cudaStream_t stream) {
     const int id = ggml_cuda_get_device();
-    const int nsm = ggml_cuda_info().devices[id].nsm;
-    // MMQ's grid for one column tile: the tiles themselves where they fill 90% of the waves.
-    const int ntiles = (nrows_x + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS;
-    const int nwaves = (ntiles + nsm - 1)/nsm;
-    const int efficiency = 100*ntiles/(nsm*nwaves);
-    const int G = efficiency >= 90 ? ntiles : nsm;
-    const int T = ntiles*nblocks;
-    const axle_wr_split sp = {nblocks, G, T/G, T % G};
+    int ntiles = 0;
+    const axle_wr_split sp = axle_wr_split_for(nrows_x, nblocks, ntiles);
+    const int G = sp.G;
     // One column: the rows kernel. More: the grid kernel (with 4 columns the rows kernel made a
     // step of 4 sequences 2% to 19% slower, by how its rows a block were picked).
     if constexpr (ncols == 1) {
@@ -533,6 +675,18 @@ static void axle_wr_launch(
     axle_launch(axle_wr_q4_0<ncols>, ggml_cuda_kernel_launch_params(dim3(G, AXLE_WR_PARTS, 1), AXLE_WR_THREADS, nbytes, stream),
         vx, vy, dst, bias, stride_col_bias, partials.get(), axle_wr_counters[id], sp, nrows_x, stride_row_x, ncols_y,
         stride_col_dst, ntiles);
+}
+
+template <int ncols>
+static void axle_wr_launch_q4_K(
+        const char * vx, const char * vy, float * dst, const float * bias, const int stride_col_bias,
+        const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst,
+        cudaStream_t stream) {
+    int ntiles = 0;
+    const axle_wr_split sp = axle_wr_split_for(nrows_x, nblocks, ntiles);
+    axle_launch(axle_wr_q4_K<ncols>,
+        ggml_cuda_kernel_launch_params((nrows_x + AXLE_WR_K_THREADS - 1)/AXLE_WR_K_THREADS, AXLE_WR_K_THREADS, 0, stream),
+        vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
 }
 
 // Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0
@@ -566,15 +720,23 @@ static void axle_wr_run(
     float * d = (float *) out->data;
     const float * b = bias ? (const float *) bias->data : nullptr;
     const int stride_col_bias = bias ? bias->nb[1]/sizeof(float) : 0;
-    const int nblocks = src0->ne[0]/QK4_0;
+    const int nblocks = src0->ne[0]/ggml_blck_size(src0->type);
     const int nrows_x = src0->ne[1];
     const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
     const int stride_col_dst = out->nb[1]/sizeof(float);
     const int ncols_y = ne11;
+    const bool q4_K = src0->type == GGML_TYPE_Q4_K;
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
-        case n: axle_wr_launch<n>(ctx, vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
-            stride_col_dst, stream); break;
+        case n: \
+            if (q4_K) { \
+                axle_wr_launch_q4_K<n>(vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
+                    stride_col_dst, stream); \
+            } else { \
+                axle_wr_launch<n>(ctx, vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
+                    stride_col_dst, stream); \
+            } \
+            break;
         AXLE_WR_CASE(1) AXLE_WR_CASE(2) AXLE_WR_CASE(3) AXLE_WR_CASE(4)
         AXLE_WR_CASE(5) AXLE_WR_CASE(6) AXLE_WR_CASE(7) AXLE_WR_CASE(8)
 #undef AXLE_WR_CASE
