@@ -575,6 +575,146 @@ static __global__ void axle_wr_q4_K(
     }
 }
 
+// The same replay with a block of 128 threads on R rows of one tile over the whole K range (as the
+// Q4_0 rows kernel): much more parallel than a thread a row, where its shared memory fits.
+// 1. A (row, weight block) pair per thread at a time, consecutive threads on consecutive blocks
+//    of a row: the sub-blocks' half2 scales and every column's integer products, to shared memory
+//    (the products as floats: exact, |C| < 2^24); then each column's (d, sum) per sub-block.
+// 2. The chains, one thread per (column, row, stretch), in K order from 0, MMQ's two updates a
+//    sub-block; each leaves its sum at its stretch's first place.
+// 3. The fold, one thread per (column, row), in the fixup kernel's order.
+static constexpr __host__ __device__ size_t axle_wr_q4_K_rows_bytes(const int ncols, const int R, const int nsub) {
+    return ((size_t) ncols*R*(nsub + 1) + (size_t) R*nsub + (size_t) ncols*nsub)*4;
+}
+
+template <int ncols>
+__launch_bounds__(AXLE_WR_ROWS_THREADS)
+static __global__ void axle_wr_rows_q4_K(
+        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
+        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
+    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
+    ggml_cuda_pdl_sync();
+    extern __shared__ __align__(16) char axle_wr_q4_K_smem[];
+    const int nblocks = sp.nblocks;
+    const int nsub = 8*nblocks;
+    const int stride = nsub + 1;                           // floats per (column, row), padded
+    float * cs = (float *) axle_wr_q4_K_smem;              // [column][row][sub-block] float(C)
+    half2 * dmx = (half2 *) (cs + ncols*R*stride);         // [row][sub-block] (d*sc, -dmin*m)
+    half2 * dsy = dmx + R*nsub;                            // [column][sub-block] (d8, sum)
+    __shared__ int starts[AXLE_WR_K_MAX_STRETCHES];
+    __shared__ int nstretches;
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x*R;
+    const int it = row0/AXLE_WR_TILE_ROWS;
+    if (tid == 0) {
+        const int tile0 = it*nblocks;
+        const int tile1 = tile0 + nblocks;
+        int b = axle_wr_first_block<1>(it, sp, ntiles);
+        int m = 0;
+        for (int k = axle_wr_kbc<1>(b, sp); b < sp.G && m < AXLE_WR_K_MAX_STRETCHES; ++b) {
+            const int k_next = axle_wr_kbc<1>(b + 1, sp);
+            const int lo = max(k, tile0);
+            if (min(k_next, tile1) > lo) {
+                starts[m++] = lo - tile0;
+            }
+            if (k_next >= tile1) {
+                break;
+            }
+            k = k_next;
+        }
+        nstretches = m;
+    }
+
+    // 1. Scales and integer products.
+    for (int w = tid; w < R*nblocks; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w / nblocks;
+        const int kb = w - r*nblocks;
+        const block_q4_K * bx = (const block_q4_K *) vx + (int64_t) min(row0 + r, nrows_x - 1)*stride_row_x + kb;
+        const int * scales = (const int *) bx->scales;
+        const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
+        const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
+        const half2 dm = bx->dm * make_half2(1.0f, -1.0f);
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const uint8_t * sc8 = (const uint8_t *) &sc32[s/4];
+            const uint8_t *  m8 = (const uint8_t *) &m32[s/4];
+            dmx[r*nsub + 8*kb + s] = dm*make_half2(sc8[s % 4], m8[s % 4]);
+            int v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                v[i] = (get_int_b4(bx->qs, 8*(s/2) + i) >> (4*(s % 2))) & 0x0F0F0F0F;
+            }
+#pragma unroll
+            for (int c = 0; c < ncols; ++c) {
+                const int * yq = (const int *) (vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
+                int C = 0;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    C = ggml_cuda_dp4a(v[i], yq[i], C);
+                }
+                cs[(c*R + r)*stride + 8*kb + s] = (float) C;
+            }
+        }
+    }
+    for (int w = tid; w < ncols*nsub; w += AXLE_WR_ROWS_THREADS) {
+        const int c = w / nsub;
+        const int sb = w - c*nsub;
+        dsy[w] = ((const half2 *) (vy + ((int64_t) (sb/4)*ncols_y + c)*144))[sb % 4];
+    }
+    __syncthreads();
+
+    // 2. The chains, rows fastest.
+    const int m = nstretches;
+    for (int w = tid; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int j = (w / R) % m;
+        const int c = w / (R*m);
+        const int k0 = 8*starts[j];
+        const int k1 = j + 1 < m ? 8*starts[j + 1] : nsub;
+        float * t = cs + (c*R + r)*stride;
+        float sum = 0.0f;
+        for (int sb = k0; sb < k1; ++sb) {
+            const float2 dmA = __half22float2(dmx[r*nsub + sb]);
+            const float2 dsB = __half22float2(dsy[c*nsub + sb]);
+            // As MMQ writes them (ggml_cuda_mmq_vec_dot_q8_1_q8_1_mma), so that they contract alike.
+            sum += dmA.x*dsB.x*t[sb];
+            sum += dmA.y*dsB.y;
+        }
+        t[k0] = sum; // only this thread reads or writes [k0, k1) of this row
+    }
+    __syncthreads();
+
+    // 3. The fold.
+    for (int w = tid; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int c = w / R;
+        const int row = row0 + r;
+        const float * t = cs + (c*R + r)*stride;
+        float out = t[8*starts[m - 1]];
+        if (m > 1) {
+            float others = 0.0f;
+            for (int j = m - 2; j >= 0; --j) {
+                others += t[8*starts[j]];
+            }
+            out = out + others;
+        }
+        if (row < nrows_x) {
+            dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
+        }
+    }
+}
+
+// Rows a block of axle_wr_rows_q4_K takes: the most, a power of two up to 32 (a block stays in one
+// tile), whose shared memory fits; 0 where one row does not (then a thread a row, axle_wr_q4_K).
+static int axle_wr_q4_K_rows_for(const int ncols, const int nblocks) {
+    int R = 32;
+    while (R > 0 && axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
+        R /= 2;
+    }
+    return R;
+}
+
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
 // device: ggml runs a graph's nodes on one stream; two engines replaying on one device from
 // different streams at the same time would share them (not supported).
@@ -684,6 +824,15 @@ static void axle_wr_launch_q4_K(
         cudaStream_t stream) {
     int ntiles = 0;
     const axle_wr_split sp = axle_wr_split_for(nrows_x, nblocks, ntiles);
+    const int R = axle_wr_q4_K_rows_for(ncols, nblocks);
+    if (R > 0) {
+        const size_t nbytes = axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks);
+        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_K<ncols>, AXLE_WR_ROWS_MAX_BYTES);
+        axle_launch(axle_wr_rows_q4_K<ncols>,
+            ggml_cuda_kernel_launch_params((nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream),
+            vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+        return;
+    }
     axle_launch(axle_wr_q4_K<ncols>,
         ggml_cuda_kernel_launch_params((nrows_x + AXLE_WR_K_THREADS - 1)/AXLE_WR_K_THREADS, AXLE_WR_K_THREADS, 0, stream),
         vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
