@@ -584,7 +584,8 @@ static __global__ void axle_wr_q4_K(
 //    sub-block; each leaves its sum at its stretch's first place.
 // 3. The fold, one thread per (column, row), in the fixup kernel's order.
 static constexpr __host__ __device__ size_t axle_wr_q4_K_rows_bytes(const int ncols, const int R, const int nsub) {
-    return ((size_t) ncols*R*(nsub + 1) + (size_t) R*nsub + (size_t) ncols*nsub)*4;
+    return (size_t) R*(nsub/8*sizeof(block_q4_K) + 16) +
+        ((size_t) ncols*R*(nsub + 1) + (size_t) R*nsub + (size_t) ncols*nsub)*4;
 }
 
 template <int ncols>
@@ -599,7 +600,9 @@ static __global__ void axle_wr_rows_q4_K(
     const int nblocks = sp.nblocks;
     const int nsub = 8*nblocks;
     const int stride = nsub + 1;                           // floats per (column, row), padded
-    float * cs = (float *) axle_wr_q4_K_smem;              // [column][row][sub-block] float(C)
+    const int stage_stride = nblocks*(int) sizeof(block_q4_K) + 16; // bytes per row, padded
+    char * stage = axle_wr_q4_K_smem;                      // [row] raw Q4_K blocks
+    float * cs = (float *) (stage + R*stage_stride);       // [column][row][sub-block] float(C)
     half2 * dmx = (half2 *) (cs + ncols*R*stride);         // [row][sub-block] (d*sc, -dmin*m)
     half2 * dsy = dmx + R*nsub;                            // [column][sub-block] (d8, sum)
     __shared__ int starts[AXLE_WR_K_MAX_STRETCHES];
@@ -607,6 +610,16 @@ static __global__ void axle_wr_rows_q4_K(
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x*R;
     const int it = row0/AXLE_WR_TILE_ROWS;
+    // 0. The weights to shared memory, every copy in flight together (past the last row: the last
+    // row again).
+    const int row_pieces = nblocks*(int) sizeof(block_q4_K)/16;
+    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
+        const int r = k / row_pieces;
+        const int p = k - r*row_pieces;
+        const int64_t row = min(row0 + r, nrows_x - 1);
+        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
+            vx + row*stride_row_x*(int64_t) sizeof(block_q4_K) + 16*p);
+    }
     if (tid == 0) {
         const int tile0 = it*nblocks;
         const int tile1 = tile0 + nblocks;
@@ -626,11 +639,14 @@ static __global__ void axle_wr_rows_q4_K(
         nstretches = m;
     }
 
+    cp_async_wait_all();
+    __syncthreads();
+
     // 1. Scales and integer products.
     for (int w = tid; w < R*nblocks; w += AXLE_WR_ROWS_THREADS) {
         const int r = w / nblocks;
         const int kb = w - r*nblocks;
-        const block_q4_K * bx = (const block_q4_K *) vx + (int64_t) min(row0 + r, nrows_x - 1)*stride_row_x + kb;
+        const block_q4_K * bx = (const block_q4_K *) (stage + r*stage_stride) + kb;
         const int * scales = (const int *) bx->scales;
         const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
         const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
@@ -705,10 +721,14 @@ static __global__ void axle_wr_rows_q4_K(
     }
 }
 
-// Rows a block of axle_wr_rows_q4_K takes: the most, a power of two up to 32 (a block stays in one
-// tile), whose shared memory fits; 0 where one row does not (then a thread a row, axle_wr_q4_K).
+// Rows a block of axle_wr_rows_q4_K takes: as for Q4_0, the fewest, a power of two up to 32 (a
+// block stays in one tile), that give each thread a weight block, fewer where shared memory asks;
+// 0 where one row does not fit (then a thread a row, axle_wr_q4_K).
 static int axle_wr_q4_K_rows_for(const int ncols, const int nblocks) {
-    int R = 32;
+    int R = 1;
+    while (R < 32 && R*nblocks < AXLE_WR_ROWS_THREADS) {
+        R *= 2;
+    }
     while (R > 0 && axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
         R /= 2;
     }
