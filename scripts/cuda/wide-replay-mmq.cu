@@ -36,9 +36,10 @@
 //   to shared memory, computes float(sumi)*d4 there, and one thread per output runs the chain. A
 //   stretch that is not a whole tile goes to a buffer; the last block to finish a tile (an atomic
 //   count per tile and part of 32 rows) adds them in the fixup kernel's order and writes the tile.
-// Q4_K weights take a third kernel (axle_wr_q4_K, below) for 1 to 8 columns: MMQ's Q4_K
-// arithmetic is the same stream-k over tiles of 128 rows, with one weight block (256 weights) a
-// K iteration and two fused multiply-adds per 32 weights.
+// Q4_K weights take kernels of their own (axle_wr_rows_q4_K and axle_wr_q4_K, below) for 1 to 8
+// columns, with AXLE_WIDE_REPLAY_Q4K=1 (see ggml_cuda_axle_wr_supports): MMQ's Q4_K arithmetic is
+// the same stream-k over tiles of 128 rows, with one weight block (256 weights) a K iteration and
+// two fused multiply-adds per 32 weights.
 // Axle asks for them per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and
 // only where ggml_cuda_axle_wr_supports says yes. ggml's graph fusion of a one-column product
 // with the next add or gated unit, which would run its mat-vec kernel, is turned off for such
@@ -787,10 +788,13 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
         ggml_cuda_set_device(current);
         return true;
     }();
-    // AXLE_WIDE_REPLAY_Q4K=0 leaves Q4_K out (measurements).
+    // Q4_K only with AXLE_WIDE_REPLAY_Q4K=1, for now: exact on the H100 and H200, and it lifts an
+    // engine of 64 sequences on a Q4_K_M file from 0.63x to 1.38x libllama (wide products take MMQ
+    // for Q4_K instead of the column-invariant kernel), but its products of 2 to 8 columns are
+    // slow (an engine of 64 slots serving 4 sequences: 0.31x, against 1.1x without it).
     static const bool q4_K = [] {
         const char * env = getenv("AXLE_WIDE_REPLAY_Q4K");
-        return env == nullptr || strcmp(env, "0") != 0;
+        return env != nullptr && strcmp(env, "1") == 0;
     }();
     return enabled && (type == GGML_TYPE_Q4_0 || (type == GGML_TYPE_Q4_K && q4_K));
 }
