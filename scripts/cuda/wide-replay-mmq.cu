@@ -741,6 +741,21 @@ static int axle_wr_q4_K_rows_for(const int ncols, const int nblocks) {
 // different streams at the same time would share them (not supported).
 static int * axle_wr_counters[GGML_CUDA_MAX_DEVICES] = {nullptr};
 
+// Whether MMQ runs `type` on a device of compute capability `cc` as the replay assumes, for every
+// column tile it may pick: I = 128 rows, K iterations of 256 weights, stream-k, the MMA layout.
+static bool axle_wr_config_is_analysed(const ggml_type type, const int cc) {
+    for (int J = 8; J <= 128; J += 8) {
+        for (const bool fallback : {false, true}) {
+            const ggml_cuda_mmq_config config = ggml_cuda_mmq_get_config(type, J, fallback, cc);
+            if (config.type != GGML_TYPE_COUNT && (config.I != AXLE_WR_TILE_ROWS ||
+                    config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 // Whether every CUDA device of this process runs Q4_0 products of 9 to 128 columns as analysed
 // above: NVIDIA, MMQ's tensor-core path with ggml's "ampere" configuration (Ampere to Hopper;
 // Blackwell has a table of its own), I = 128, K iterations of 256 and stream-k for every column
@@ -765,16 +780,8 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
                     ggml_cuda_info().devices[id].nsm + 2 > AXLE_WR_K_MAX_STRETCHES) {
                 return false;
             }
-            for (const ggml_type t : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_K}) {
-                for (int J = 8; J <= 128; J += 8) {
-                    for (const bool fallback : {false, true}) {
-                        const ggml_cuda_mmq_config config = ggml_cuda_mmq_get_config(t, J, fallback, cc);
-                        if (config.type != GGML_TYPE_COUNT && (config.I != AXLE_WR_TILE_ROWS ||
-                                config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
-                            return false;
-                        }
-                    }
-                }
+            if (!axle_wr_config_is_analysed(GGML_TYPE_Q4_0, cc)) {
+                return false;
             }
         }
         // The kernel's counters, before any graph is captured (the backend asks this at load).
@@ -794,7 +801,15 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
     // slow (an engine of 64 slots serving 4 sequences: 0.31x, against 1.1x without it).
     static const bool q4_K = [] {
         const char * env = getenv("AXLE_WIDE_REPLAY_Q4K");
-        return env != nullptr && strcmp(env, "1") == 0;
+        if (env == nullptr || strcmp(env, "1") != 0) {
+            return false;
+        }
+        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+            if (!axle_wr_config_is_analysed(GGML_TYPE_Q4_K, ggml_cuda_info().devices[id].cc)) {
+                return false;
+            }
+        }
+        return true;
     }();
     return enabled && (type == GGML_TYPE_Q4_0 || (type == GGML_TYPE_Q4_K && q4_K));
 }
