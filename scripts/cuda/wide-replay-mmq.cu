@@ -58,6 +58,7 @@
 #define AXLE_WR_PARTS (AXLE_WR_TILE_ROWS/AXLE_WR_ROWS)
 #define AXLE_WR_SLAB 32                                   // weight blocks per slab (a multiple of 8)
 #define AXLE_WR_THREADS 256
+#define AXLE_WR_ROWS_THREADS 128                          // threads of a rows kernel's block
 #define AXLE_WR_MAX_K 131072                              // weights per row, at most
 #define AXLE_WR_COUNTERS 65536                            // per device: tiles x parts, at most (Rust: ROWS_MAX)
 #define AXLE_WR_ROW_BYTES (AXLE_WR_SLAB*18)               // one row's slab of Q4_0 blocks
@@ -91,6 +92,70 @@ static __device__ __forceinline__ int axle_wr_first_block(const int it, const ax
         ++b;
     }
     return b;
+}
+
+// The stream-k blocks whose ranges reach into tile it, from the first to the one that reaches its
+// end: where each one's stretch starts in the tile (K order, in weight blocks), at most max_m of
+// them; returns how many.
+template <int per_iter = MMQ_ITER_K/QK4_0>
+static __device__ int axle_wr_tile_stretches(
+        const int it, const axle_wr_split & sp, const int ntiles, int * starts, const int max_m) {
+    const int tile0 = it*sp.nblocks;
+    const int tile1 = tile0 + sp.nblocks;
+    int b = axle_wr_first_block<per_iter>(it, sp, ntiles);
+    int m = 0;
+    for (int k = axle_wr_kbc<per_iter>(b, sp); b < sp.G && m < max_m; ++b) {
+        const int k_next = axle_wr_kbc<per_iter>(b + 1, sp);
+        const int lo = max(k, tile0);
+        if (min(k_next, tile1) > lo) {
+            starts[m++] = lo - tile0;
+        }
+        if (k_next >= tile1) {
+            break;
+        }
+        k = k_next;
+    }
+    return m;
+}
+
+// A row's result from its stretches' sums, stretch j's at t[scale*starts[j]], in the fixup
+// kernel's order: the stretch that ends the tile plus the others from the latest back to the
+// first; a tile of one stretch is that stretch.
+static __device__ __forceinline__ float axle_wr_fold(const float * t, const int * starts, const int m, const int scale) {
+    float out = t[scale*starts[m - 1]];
+    if (m > 1) {
+        float others = 0.0f;
+        for (int j = m - 2; j >= 0; --j) {
+            others += t[scale*starts[j]];
+        }
+        out = out + others;
+    }
+    return out;
+}
+
+// Where a kernel's results go: dst (+ bias), column-major, rows past nrows_x not written.
+struct axle_wr_out {
+    float * dst;
+    const float * bias;
+    int stride_col_dst;
+    int stride_col_bias;
+    int nrows_x;
+};
+
+// The rows kernels' last step, by every thread of the block: each (column, row)'s stretch sums,
+// t[(c*R + r)*stride + scale*starts[j]], folded (axle_wr_fold) and written.
+static __device__ __forceinline__ void axle_wr_fold_rows(
+        const float * t, const int stride, const int scale, const int ncols, const int R, const int row0,
+        const int * starts, const int m, const axle_wr_out o) {
+    for (int w = threadIdx.x; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int c = w / R;
+        const int row = row0 + r;
+        const float out = axle_wr_fold(t + (c*R + r)*stride, starts, m, scale);
+        if (row < o.nrows_x) {
+            o.dst[(int64_t) c*o.stride_col_dst + row] = o.bias ? out + o.bias[(int64_t) c*o.stride_col_bias + row] : out;
+        }
+    }
 }
 
 template <int ncols>
@@ -268,7 +333,6 @@ static __global__ void axle_wr_q4_0(
 // The stretches of the tile are those of MMQ's stream-k blocks (axle_wr_kbc), found once per
 // thread block while the copies are in flight. The launcher picks R to fit shared memory
 // (axle_wr_rows_for).
-#define AXLE_WR_ROWS_THREADS 128
 #define AXLE_WR_ROWS_MAX_BYTES (96*1024)                  // shared memory of a block, at most
 
 // A row's weights in shared memory, padded by 16 bytes so that the rows' 16-byte reads of one
@@ -315,24 +379,7 @@ static __global__ void axle_wr_rows_q4_0(
     }
 
     if (tid == 0) {
-        // The stream-k blocks whose ranges reach into tile it, from the first to the one that
-        // reaches its end.
-        const int tile0 = it*nblocks;
-        const int tile1 = tile0 + nblocks;
-        int b = axle_wr_first_block(it, sp, ntiles);
-        int m = 0;
-        for (int k = axle_wr_kbc(b, sp); b < sp.G; ++b) {
-            const int k_next = axle_wr_kbc(b + 1, sp);
-            const int lo = max(k, tile0);
-            if (min(k_next, tile1) > lo) {
-                starts[m++] = lo - tile0;
-            }
-            if (k_next >= tile1) {
-                break;
-            }
-            k = k_next;
-        }
-        nstretches = m;
+        nstretches = axle_wr_tile_stretches(it, sp, ntiles, starts, nblocks/8 + 1);
     }
 
     cp_async_wait_all();
@@ -410,25 +457,23 @@ static __global__ void axle_wr_rows_q4_0(
     }
     __syncthreads();
 
-    // 3. The fold: the stretch that ends the tile plus the others from the latest back to the
-    // first; a tile of one stretch is that stretch.
-    for (int w = tid; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int c = w / R;
-        const int row = row0 + r;
-        const float * t = st + (c*R + r)*stride;
-        float out = t[starts[m - 1]];
-        if (m > 1) {
-            float others = 0.0f;
-            for (int j = m - 2; j >= 0; --j) {
-                others += t[starts[j]];
-            }
-            out = out + others;
-        }
-        if (row < nrows_x) {
-            dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
-        }
+    // 3. The fold.
+    axle_wr_fold_rows(st, stride, 1, ncols, R, row0, starts, m, {dst, bias, stride_col_dst, stride_col_bias, nrows_x});
+}
+
+// Rows a block of a rows kernel takes: the fewest, a power of two up to 32 (a block stays in one
+// tile), that give each thread one of a row's `units` (`forced` rows instead where positive), then
+// halved until `bytes(R)` fits the block's shared memory; 0 where one row does not fit.
+template <typename Bytes>
+static int axle_wr_rows_pick(const int units, const int forced, const Bytes & bytes) {
+    int R = 1;
+    while (R < 32 && (forced > 0 ? R < forced : R*units < AXLE_WR_ROWS_THREADS)) {
+        R *= 2;
     }
+    while (R > 0 && bytes(R) > AXLE_WR_ROWS_MAX_BYTES) {
+        R /= 2;
+    }
+    return R;
 }
 
 // Rows a thread block of the rows kernel takes: the fewest, a power of two up to 32 (a block stays
@@ -445,14 +490,7 @@ static int axle_wr_rows_for(const int ncols, const int nblocks) {
     if (forced == 0) {
         return 0;
     }
-    int R = 1;
-    while (R < 32 && (forced > 0 ? R < forced : R*(nblocks/8) < AXLE_WR_ROWS_THREADS)) {
-        R *= 2;
-    }
-    while (R > 0 && axle_wr_rows_shared_bytes(ncols, R, nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
-        R /= 2;
-    }
-    return R;
+    return axle_wr_rows_pick(nblocks/8, forced, [&](const int R) { return axle_wr_rows_shared_bytes(ncols, R, nblocks); });
 }
 
 // The Q4_K replay, 1 to 8 columns. MMQ's arithmetic for Q4_K on the same path (I = 128 rows a
@@ -470,6 +508,29 @@ static int axle_wr_rows_for(const int ncols, const int nblocks) {
 // first, each from 0, so that the fold needs no stored partial sums. Rows of a block share a
 // tile (AXLE_WR_K_THREADS divides 128). Each thread reads its row's whole K range once for all
 // columns: slower than MMQ's tiles per weight, but these are products of at most 8 columns.
+// A Q4_K block as MMQ's tile loader (ggml_cuda_mmq_load_tiles_q4_K) holds it, the same
+// expressions: each sub-block's (d*sc, -dmin*m), half products.
+static __device__ __forceinline__ void axle_wr_q4_K_scales(const block_q4_K * bx, half2 * dms) {
+    const int * scales = (const int *) bx->scales;
+    const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
+    const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
+    const half2 dm = bx->dm * make_half2(1.0f, -1.0f);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const uint8_t * sc8 = (const uint8_t *) &sc32[s/4];
+        const uint8_t *  m8 = (const uint8_t *) &m32[s/4];
+        dms[s] = dm*make_half2(sc8[s % 4], m8[s % 4]);
+    }
+}
+
+// Sub-block s's 32 weights as 8 ints of 4 unsigned nibbles each, in K order.
+static __device__ __forceinline__ void axle_wr_q4_K_nibbles(const block_q4_K * bx, const int s, int * v) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[i] = (get_int_b4(bx->qs, 8*(s/2) + i) >> (4*(s % 2))) & 0x0F0F0F0F;
+    }
+}
+
 #define AXLE_WR_K_THREADS 64
 #define AXLE_WR_K_MAX_STRETCHES 256 // stream-k blocks reaching into one tile, at most (G <= SMs)
 
@@ -487,22 +548,7 @@ static __global__ void axle_wr_q4_K(
     const int row0 = blockIdx.x*AXLE_WR_K_THREADS;
     const int it = row0/AXLE_WR_TILE_ROWS;
     if (threadIdx.x == 0) {
-        const int tile0 = it*nblocks;
-        const int tile1 = tile0 + nblocks;
-        int b = axle_wr_first_block<1>(it, sp, ntiles);
-        int m = 0;
-        for (int k = axle_wr_kbc<1>(b, sp); b < sp.G && m < AXLE_WR_K_MAX_STRETCHES; ++b) {
-            const int k_next = axle_wr_kbc<1>(b + 1, sp);
-            const int lo = max(k, tile0);
-            if (min(k_next, tile1) > lo) {
-                starts[m++] = lo - tile0;
-            }
-            if (k_next >= tile1) {
-                break;
-            }
-            k = k_next;
-        }
-        nstretches = m;
+        nstretches = axle_wr_tile_stretches<1>(it, sp, ntiles, starts, AXLE_WR_K_MAX_STRETCHES);
     }
     __syncthreads();
     const int row = row0 + threadIdx.x;
@@ -524,22 +570,13 @@ static __global__ void axle_wr_q4_K(
         }
         for (int kb = k0; kb < k1; ++kb) {
             const block_q4_K * bx = x + kb;
-            // MMQ's tile loader (ggml_cuda_mmq_load_tiles_q4_K): (d, -dmin) times (sc, m), half
-            // products, the same expressions.
-            const int * scales = (const int *) bx->scales;
-            const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
-            const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
-            const half2 dm = bx->dm * make_half2(1.0f, -1.0f);
+            half2 dms[8];
+            axle_wr_q4_K_scales(bx, dms);
 #pragma unroll
             for (int s = 0; s < 8; ++s) {
-                const uint8_t * sc8 = (const uint8_t *) &sc32[s/4];
-                const uint8_t *  m8 = (const uint8_t *) &m32[s/4];
-                const float2 dmA = __half22float2(dm*make_half2(sc8[s % 4], m8[s % 4]));
+                const float2 dmA = __half22float2(dms[s]);
                 int v[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    v[i] = (get_int_b4(bx->qs, 8*(s/2) + i) >> (4*(s % 2))) & 0x0F0F0F0F;
-                }
+                axle_wr_q4_K_nibbles(bx, s, v);
 #pragma unroll
                 for (int c = 0; c < ncols; ++c) {
                     // The column's q8_1 block of 128 values holding sub-block s: [k_block][column].
@@ -622,22 +659,7 @@ static __global__ void axle_wr_rows_q4_K(
             vx + row*stride_row_x*(int64_t) sizeof(block_q4_K) + 16*p);
     }
     if (tid == 0) {
-        const int tile0 = it*nblocks;
-        const int tile1 = tile0 + nblocks;
-        int b = axle_wr_first_block<1>(it, sp, ntiles);
-        int m = 0;
-        for (int k = axle_wr_kbc<1>(b, sp); b < sp.G && m < AXLE_WR_K_MAX_STRETCHES; ++b) {
-            const int k_next = axle_wr_kbc<1>(b + 1, sp);
-            const int lo = max(k, tile0);
-            if (min(k_next, tile1) > lo) {
-                starts[m++] = lo - tile0;
-            }
-            if (k_next >= tile1) {
-                break;
-            }
-            k = k_next;
-        }
-        nstretches = m;
+        nstretches = axle_wr_tile_stretches<1>(it, sp, ntiles, starts, AXLE_WR_K_MAX_STRETCHES);
     }
 
     cp_async_wait_all();
@@ -648,20 +670,11 @@ static __global__ void axle_wr_rows_q4_K(
         const int r = w / nblocks;
         const int kb = w - r*nblocks;
         const block_q4_K * bx = (const block_q4_K *) (stage + r*stage_stride) + kb;
-        const int * scales = (const int *) bx->scales;
-        const int sc32[2] = {unpack_scales_q45_K(scales, 0), unpack_scales_q45_K(scales, 1)};
-        const int  m32[2] = {unpack_scales_q45_K(scales, 2), unpack_scales_q45_K(scales, 3)};
-        const half2 dm = bx->dm * make_half2(1.0f, -1.0f);
+        axle_wr_q4_K_scales(bx, dmx + r*nsub + 8*kb);
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
-            const uint8_t * sc8 = (const uint8_t *) &sc32[s/4];
-            const uint8_t *  m8 = (const uint8_t *) &m32[s/4];
-            dmx[r*nsub + 8*kb + s] = dm*make_half2(sc8[s % 4], m8[s % 4]);
             int v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                v[i] = (get_int_b4(bx->qs, 8*(s/2) + i) >> (4*(s % 2))) & 0x0F0F0F0F;
-            }
+            axle_wr_q4_K_nibbles(bx, s, v);
 #pragma unroll
             for (int c = 0; c < ncols; ++c) {
                 const int * yq = (const int *) (vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
@@ -703,37 +716,14 @@ static __global__ void axle_wr_rows_q4_K(
     __syncthreads();
 
     // 3. The fold.
-    for (int w = tid; w < ncols*R; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int c = w / R;
-        const int row = row0 + r;
-        const float * t = cs + (c*R + r)*stride;
-        float out = t[8*starts[m - 1]];
-        if (m > 1) {
-            float others = 0.0f;
-            for (int j = m - 2; j >= 0; --j) {
-                others += t[8*starts[j]];
-            }
-            out = out + others;
-        }
-        if (row < nrows_x) {
-            dst[(int64_t) c*stride_col_dst + row] = bias ? out + bias[(int64_t) c*stride_col_bias + row] : out;
-        }
-    }
+    axle_wr_fold_rows(cs, stride, 8, ncols, R, row0, starts, m, {dst, bias, stride_col_dst, stride_col_bias, nrows_x});
 }
 
 // Rows a block of axle_wr_rows_q4_K takes: as for Q4_0, the fewest, a power of two up to 32 (a
 // block stays in one tile), that give each thread a weight block, fewer where shared memory asks;
 // 0 where one row does not fit (then a thread a row, axle_wr_q4_K).
 static int axle_wr_q4_K_rows_for(const int ncols, const int nblocks) {
-    int R = 1;
-    while (R < 32 && R*nblocks < AXLE_WR_ROWS_THREADS) {
-        R *= 2;
-    }
-    while (R > 0 && axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks) > AXLE_WR_ROWS_MAX_BYTES) {
-        R /= 2;
-    }
-    return R;
+    return axle_wr_rows_pick(nblocks, 0, [&](const int R) { return axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks); });
 }
 
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
