@@ -493,21 +493,6 @@ static int axle_wr_rows_for(const int ncols, const int nblocks) {
     return axle_wr_rows_pick(nblocks/8, forced, [&](const int R) { return axle_wr_rows_shared_bytes(ncols, R, nblocks); });
 }
 
-// The Q4_K replay, 1 to 8 columns. MMQ's arithmetic for Q4_K on the same path (I = 128 rows a
-// tile, K iterations of one 256-weight block, stream-k; docs/notes/mmq-q4k-arithmetic.md):
-// - the weight tile holds each 32-weight sub-block s of a block as its nibbles (0..15, no offset)
-//   and a half2 (d*sc_s, -dmin*m_s), each a half product of (d, -dmin) and (sc_s, m_s);
-// - the columns are MMQ's q8_1 (the DS4 layout: per 32 values a half2 of the scale and the sum
-//   of the values before quantization);
-// - per output, a stretch's sum starts at 0 and takes, block by block and sub-block by sub-block
-//   in K order, sum += dA*dB*C and then sum += mA*sB, with C the exact integer product of the
-//   sub-block's nibbles and the column's q8 values (an int8 tensor-core product of k = 32);
-// - the stretches of a tile are folded as for Q4_0 (the one that ends the tile, plus the others
-//   from the latest back to the first).
-// A thread takes one row and every column: it walks its row's stretches from the last back to the
-// first, each from 0, so that the fold needs no stored partial sums. Rows of a block share a
-// tile (AXLE_WR_K_THREADS divides 128). Each thread reads its row's whole K range once for all
-// columns: slower than MMQ's tiles per weight, but these are products of at most 8 columns.
 // A Q4_K block as MMQ's tile loader (ggml_cuda_mmq_load_tiles_q4_K) holds it, the same
 // expressions: each sub-block's (d*sc, -dmin*m), half products.
 static __device__ __forceinline__ void axle_wr_q4_K_scales(const block_q4_K * bx, half2 * dms) {
@@ -531,6 +516,22 @@ static __device__ __forceinline__ void axle_wr_q4_K_nibbles(const block_q4_K * b
     }
 }
 
+// The Q4_K replay, 1 to 8 columns. MMQ's arithmetic for Q4_K on the same path (I = 128 rows a
+// tile, K iterations of one 256-weight block, stream-k; docs/notes/mmq-q4k-arithmetic.md):
+// - the weight tile holds each 32-weight sub-block s of a block as its nibbles (0..15, no offset)
+//   and a half2 (d*sc_s, -dmin*m_s), each a half product of (d, -dmin) and (sc_s, m_s);
+// - the columns are MMQ's q8_1 (the DS4 layout: per 32 values a half2 of the scale and the sum
+//   of the values before quantization);
+// - per output, a stretch's sum starts at 0 and takes, block by block and sub-block by sub-block
+//   in K order, sum += dA*dB*C and then sum += mA*sB, with C the exact integer product of the
+//   sub-block's nibbles and the column's q8 values (an int8 tensor-core product of k = 32);
+// - the stretches of a tile are folded as for Q4_0 (the one that ends the tile, plus the others
+//   from the latest back to the first).
+// A thread takes one row and every column: it walks its row's stretches from the last back to the
+// first, each from 0, so that the fold needs no stored partial sums. Rows of a block share a
+// tile (AXLE_WR_K_THREADS divides 128). Little parallelism (one thread a row: 12 ms a step for a
+// lone sequence of the 8B file, against 5 ms with the rows kernel below), so it only takes rows
+// too long for the rows kernel's shared memory.
 #define AXLE_WR_K_THREADS 64
 #define AXLE_WR_K_MAX_STRETCHES 256 // stream-k blocks reaching into one tile, at most (G <= SMs)
 
@@ -867,8 +868,8 @@ static void axle_wr_launch_q4_K(
         vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
 }
 
-// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0
-// weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
+// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0 (or,
+// opted in, Q4_K) weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
 // weights, 1 to 8 F32 columns.
 static bool axle_wr_takes(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * mm) {
     return ggml_cuda_axle_wr_supports(src0->type) && ggml_cuda_axle_plain_product(src0, src1, mm) &&
