@@ -616,9 +616,10 @@ static __global__ void axle_wr_q4_K(
 
 // The same replay with a block of 128 threads on R rows of one tile over the whole K range (as the
 // Q4_0 rows kernel): much more parallel than a thread a row, where its shared memory fits.
-// 1. A (row, weight block) pair per thread at a time, consecutive threads on consecutive blocks
-//    of a row: the sub-blocks' half2 scales and every column's integer products, to shared memory
-//    (the products as floats: exact, |C| < 2^24); then each column's (d, sum) per sub-block.
+// 1. A (row, weight block) pair per thread at a time, rows fastest (the threads of a warp read a
+//    few column blocks, not one each; with consecutive blocks fastest instead, 4 sequences took
+//    20 ms a step): the sub-blocks' half2 scales and every column's integer products, to shared
+//    memory (the products as floats: exact, |C| < 2^24); then each column's (d, sum) per sub-block.
 // 2. The chains, one thread per (column, row, stretch), in K order from 0, MMQ's two updates a
 //    sub-block; each leaves its sum at its stretch's first place.
 // 3. The fold, one thread per (column, row), in the fixup kernel's order.
@@ -626,6 +627,8 @@ static constexpr __host__ __device__ size_t axle_wr_q4_K_rows_bytes(const int nc
     return (size_t) R*(nsub/8*sizeof(block_q4_K) + 16) +
         ((size_t) ncols*R*(nsub + 1) + (size_t) R*nsub + (size_t) ncols*nsub)*4;
 }
+
+static_assert(offsetof(block_q4_K, qs) % 16 == 0 && sizeof(block_q4_K) % 16 == 0, "16-byte reads of a Q4_K block's quants");
 
 template <int ncols>
 __launch_bounds__(AXLE_WR_ROWS_THREADS)
@@ -666,24 +669,44 @@ static __global__ void axle_wr_rows_q4_K(
     cp_async_wait_all();
     __syncthreads();
 
-    // 1. Scales and integer products.
+    // 1. Scales and integer products, rows fastest: the R threads of a weight block read the same
+    // column values (one load for all of them), in 16-byte pieces.
     for (int w = tid; w < R*nblocks; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w / nblocks;
-        const int kb = w - r*nblocks;
+        const int r = w % R;
+        const int kb = w / R;
         const block_q4_K * bx = (const block_q4_K *) (stage + r*stage_stride) + kb;
+        int q[8];
         axle_wr_q4_K_scales(bx, dmx + r*nsub + 8*kb);
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
-            int v[8];
-            axle_wr_q4_K_nibbles(bx, s, v);
+            // Sub-blocks 2p and 2p + 1 share 32 bytes of quants (low and high nibbles), read as two
+            // 16-byte pieces: the R rows' pieces of a weight block fall in different banks.
+            if (s % 2 == 0) {
+                const int4 * qs = (const int4 *) (bx->qs + 16*s);
+                const int4 q0 = qs[0];
+                const int4 q1 = qs[1];
+                q[0] = q0.x; q[1] = q0.y; q[2] = q0.z; q[3] = q0.w;
+                q[4] = q1.x; q[5] = q1.y; q[6] = q1.z; q[7] = q1.w;
+            }
+            int v[8]; // as axle_wr_q4_K_nibbles
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                v[i] = (q[i] >> (4*(s % 2))) & 0x0F0F0F0F;
+            }
 #pragma unroll
             for (int c = 0; c < ncols; ++c) {
-                const int * yq = (const int *) (vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
+                const int4 * yq = (const int4 *) (vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
+                const int4 ylo = yq[0];
+                const int4 yhi = yq[1];
                 int C = 0;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    C = ggml_cuda_dp4a(v[i], yq[i], C);
-                }
+                C = ggml_cuda_dp4a(v[0], ylo.x, C);
+                C = ggml_cuda_dp4a(v[1], ylo.y, C);
+                C = ggml_cuda_dp4a(v[2], ylo.z, C);
+                C = ggml_cuda_dp4a(v[3], ylo.w, C);
+                C = ggml_cuda_dp4a(v[4], yhi.x, C);
+                C = ggml_cuda_dp4a(v[5], yhi.y, C);
+                C = ggml_cuda_dp4a(v[6], yhi.z, C);
+                C = ggml_cuda_dp4a(v[7], yhi.w, C);
                 cs[(c*R + r)*stride + 8*kb + s] = (float) C;
             }
         }
