@@ -37,7 +37,7 @@
 //   stretch that is not a whole tile goes to a buffer; the last block to finish a tile (an atomic
 //   count per tile and part of 32 rows) adds them in the fixup kernel's order and writes the tile.
 // Q4_K weights take kernels of their own (axle_wr_rows_q4_K and axle_wr_q4_K, below) for 1 to 8
-// columns, with AXLE_WIDE_REPLAY_Q4K=1 (see ggml_cuda_axle_wr_supports): MMQ's Q4_K arithmetic is
+// columns (AXLE_WIDE_REPLAY_Q4K=0 turns them off; see ggml_cuda_axle_wr_supports): MMQ's Q4_K arithmetic is
 // the same stream-k over tiles of 128 rows, with one weight block (256 weights) a K iteration and
 // two fused multiply-adds per 32 weights.
 // Axle asks for them per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and
@@ -809,13 +809,13 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
         ggml_cuda_set_device(current);
         return true;
     }();
-    // Q4_K only with AXLE_WIDE_REPLAY_Q4K=1, for now: exact on the H100 and H200, and it lifts an
-    // engine of 64 sequences on a Q4_K_M file from 0.63x to 1.38x libllama (wide products take MMQ
-    // for Q4_K instead of the column-invariant kernel), but its products of 2 to 8 columns are
-    // slow (an engine of 64 slots serving 4 sequences: 0.31x, against 1.1x without it).
+    // Q4_K: exact on the H100 and H200, and it lifts an engine of 64 sequences on a Q4_K_M file
+    // from 0.63x to 1.36-1.52x libllama (wide products take MMQ for Q4_K instead of the
+    // column-invariant kernel); 1.00x alone and 0.93x at 4 sequences (H200). AXLE_WIDE_REPLAY_Q4K=0
+    // turns it off alone (measurements).
     static const bool q4_K = [] {
         const char * env = getenv("AXLE_WIDE_REPLAY_Q4K");
-        if (env == nullptr || strcmp(env, "1") != 0) {
+        if (env != nullptr && strcmp(env, "0") == 0) {
             return false;
         }
         for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
@@ -891,8 +891,8 @@ static void axle_wr_launch_q4_K(
         vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
 }
 
-// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0 (or,
-// opted in, Q4_K) weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
+// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0 or
+// Q4_K weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
 // weights, 1 to 8 F32 columns.
 static bool axle_wr_takes(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * mm) {
     return ggml_cuda_axle_wr_supports(src0->type) && ggml_cuda_axle_plain_product(src0, src1, mm) &&
