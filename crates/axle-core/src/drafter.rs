@@ -17,6 +17,7 @@
 //! feed the same estimates, so the gate reopens as soon as the context turns predictable again (a
 //! paused gate can never learn that from real drafts, because it makes none).
 use crate::TokenId;
+use smart_default::SmartDefault;
 use std::collections::HashMap;
 
 /// The longest draft a verify step may carry.
@@ -68,32 +69,24 @@ impl PositionStats {
 }
 
 /// Gate and length settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, SmartDefault)]
 pub struct DraftConfig {
     /// Longest draft (1..=MAX_DRAFT).
+    #[default(4)]
     pub max_len: usize,
     /// EMA smoothing of the acceptance rate.
+    #[default(0.1)]
     pub alpha: f64,
     /// A verify outcome that leaves the overall estimate below this pauses drafting (until a long
     /// match appears or the cool-down passes).
+    #[default(0.5)]
     pub min_acceptance: f64,
     /// Tokens to wait before retrying after a pause (unless a long match appears first).
+    #[default(16)]
     pub cooldown: usize,
     /// Cost of a verify step with k draft tokens relative to a plain decode step, for k = 0..=max
     /// (index 0 is 1.0). Measured by the engine on the machine and model at start-up.
     pub verify_cost: Vec<f64>,
-}
-
-impl Default for DraftConfig {
-    fn default() -> Self {
-        DraftConfig {
-            max_len: 4,
-            alpha: 0.1,
-            min_acceptance: 0.5,
-            cooldown: 16,
-            verify_cost: Vec::new(),
-        }
-    }
 }
 
 impl DraftConfig {

@@ -4,26 +4,30 @@
 use crate::TokenId;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use smart_default::SmartDefault;
 use std::collections::HashMap;
 
 /// Sampling options of one request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, SmartDefault)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,
     /// Keep the k most likely tokens (0 = off).
     pub top_k: usize,
     /// Keep the smallest set with this much probability (1 = off).
+    #[default(1.0)]
     pub top_p: f32,
     /// Drop tokens below this fraction of the top probability (0 = off).
     pub min_p: f32,
     /// Divides positive (multiplies negative) logits of tokens already seen (1 = off).
+    #[default(1.0)]
     pub repetition_penalty: f32,
     /// Subtracted once from the logit of every token already seen (0 = off).
     pub presence_penalty: f32,
     /// Subtracted per occurrence from the logit of tokens already seen (0 = off).
     pub frequency_penalty: f32,
     /// How many of the most recent tokens the penalties look at (0 = all).
+    #[default(64)]
     pub penalty_last_n: usize,
     /// Added to the logits of given tokens.
     pub logit_bias: Vec<(TokenId, f32)>,
@@ -32,24 +36,6 @@ pub struct SamplingParams {
     /// Report the log-probability of each generated token and of this many top alternatives
     /// (None: no log-probabilities).
     pub logprobs: Option<usize>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            penalty_last_n: 64,
-            logit_bias: Vec::new(),
-            seed: 0,
-            logprobs: None,
-        }
-    }
 }
 
 impl SamplingParams {

@@ -3,6 +3,7 @@
 use crate::backend::ThreadPool;
 use crate::{Error, Result};
 use llama_cpp_sys_2 as sys;
+use smart_default::SmartDefault;
 use std::ffi::CString;
 use std::path::Path;
 
@@ -35,24 +36,30 @@ impl Drop for LlamaOracle {
 }
 
 /// Options of the oracle context.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, SmartDefault)]
 pub struct OracleOptions {
     /// Context length (KV cells).
+    #[default(4096)]
     pub n_ctx: u32,
     /// Threads.
+    #[default(2)]
     pub n_threads: usize,
     /// Max sequences decoded together.
+    #[default(1)]
     pub n_seq_max: u32,
     /// Load only the vocabulary (for tokenizer tests).
     pub vocab_only: bool,
     /// Logical batch size.
+    #[default(512)]
     pub n_batch: u32,
     /// Layers offloaded to the registered GPUs (0: CPU only; more than the model has: every
     /// layer and the output head).
     pub n_gpu_layers: i32,
     /// Flash attention (on, as Axle runs; off to see how libllama disagrees with itself).
+    #[default(true)]
     pub flash_attn: bool,
     /// How libllama spreads the offloaded layers over several GPUs.
+    #[default(SplitMode::Layer)]
     pub split_mode: SplitMode,
 }
 
@@ -90,21 +97,6 @@ impl SplitMode {
             SplitMode::Layer => "layer",
             SplitMode::Row => "row",
             SplitMode::Tensor => "tensor",
-        }
-    }
-}
-
-impl Default for OracleOptions {
-    fn default() -> Self {
-        OracleOptions {
-            n_ctx: 4096,
-            n_threads: 2,
-            n_seq_max: 1,
-            vocab_only: false,
-            n_batch: 512,
-            n_gpu_layers: 0,
-            flash_attn: true,
-            split_mode: SplitMode::Layer,
         }
     }
 }

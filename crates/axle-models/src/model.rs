@@ -7,12 +7,14 @@ use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 use axle_ggml::{Backend, GgufFile, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
+use smart_default::SmartDefault;
 use std::path::{Path, PathBuf};
 
 /// How to load a model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, SmartDefault)]
 pub struct ModelOptions {
     /// CPU threads.
+    #[default(default_threads())]
     pub threads: usize,
     /// Use the CPU repacking buffer types for matmul weights (faster Q4_0 / Q4_K / IQ4_NL GEMM).
     /// Off by default: a repacked kernel that takes 4 rows at once (Q4_K) rounds differently
@@ -20,6 +22,7 @@ pub struct ModelOptions {
     /// bit. libllama repacks, so the oracle tests turn it on to compare like with like.
     pub repack: bool,
     /// The device that runs the model.
+    #[default(DeviceChoice::Auto)]
     pub device: DeviceChoice,
     /// Layers on the accelerators, counted from the last (None: all of them, with the output
     /// head; fewer leave the first layers on the CPU, for models larger than the cards).
@@ -29,6 +32,7 @@ pub struct ModelOptions {
     /// RPC servers (`host:port`) whose devices join the registry before devices are chosen.
     pub rpc: Vec<String>,
     /// Layer ranges over the devices, or every layer split over all of them.
+    #[default(SplitMode::Layer)]
     pub split_mode: SplitMode,
     /// Where projections that read the same input are stored as one weight.
     pub fused_projections: FusedProjections,
@@ -65,21 +69,6 @@ crate::choice::named_choice!(FusedProjections, "fused projections", {
     "devices" => FusedProjections::Devices,
     "everywhere" => FusedProjections::Everywhere,
 });
-
-impl Default for ModelOptions {
-    fn default() -> Self {
-        ModelOptions {
-            threads: default_threads(),
-            repack: false,
-            device: DeviceChoice::Auto,
-            gpu_layers: None,
-            split: None,
-            rpc: Vec::new(),
-            split_mode: SplitMode::Layer,
-            fused_projections: FusedProjections::default(),
-        }
-    }
-}
 
 impl ModelOptions {
     /// The CPU alone with `threads` threads and the file's weight layout (what the CPU oracle

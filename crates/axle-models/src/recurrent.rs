@@ -10,9 +10,10 @@
 //! state (row 0 of every pool, never written).
 use crate::layers::Step;
 use axle_ggml::{BufferType, DType, StoredTensor, Tensor, TensorStore};
+use smart_default::SmartDefault;
 
 /// Which state rows a sequence uses in a step (recurrent models only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, SmartDefault)]
 pub struct StateSlots {
     /// The sequence's group of rows (one group per running sequence).
     pub group: u32,
@@ -21,17 +22,8 @@ pub struct StateSlots {
     /// position 0, which starts from the zero state.
     pub from: u32,
     /// States to keep from this step: the last `keep` (clamped to the step's tokens).
+    #[default(1)]
     pub keep: u32,
-}
-
-impl Default for StateSlots {
-    fn default() -> Self {
-        StateSlots {
-            group: 0,
-            from: 0,
-            keep: 1,
-        }
-    }
 }
 
 /// The state pools: per recurrent layer, the convolution windows and the delta-rule states of

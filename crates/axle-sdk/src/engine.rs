@@ -15,32 +15,41 @@ use axle_models::{
     StepProfile, StreamDecoder, TokenId,
 };
 use axle_structured::tools::{ToolCallParser, ToolFormat};
+use smart_default::SmartDefault;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// Engine limits.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, SmartDefault)]
 pub struct EngineConfig {
     /// KV slots shared by all sequences.
+    #[default(8192)]
     pub kv_slots: u32,
     /// Slots per KV block.
+    #[default(16)]
     pub block_size: u32,
     /// Most tokens per step (prefill chunks and decodes together).
+    #[default(512)]
     pub max_batch_tokens: usize,
     /// Most sequences per step.
+    #[default(16)]
     pub max_seqs: usize,
     /// Reuse KV of identical prompt prefixes.
+    #[default(true)]
     pub prefix_caching: bool,
     /// Most tokens one sequence may hold.
+    #[default(defaults::CONTEXT)]
     pub context_len: usize,
     /// Longest n-gram draft (0 turns speculation off for every request).
+    #[default(defaults::DRAFT_LEN)]
     pub max_draft: usize,
     /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
     /// at start-up on this machine and model.
     pub verify_cost: Option<Vec<f64>>,
     /// Hybrid (recurrent) models with prefix caching: how many recurrent states to keep for reuse,
     /// one per prefix ending at a prefill-chunk boundary (least recently used ones go first).
+    #[default(16)]
     pub state_cache: u32,
     /// Hybrid (recurrent) models: sequences that may hold a recurrent state at once (None: one
     /// per `max_seqs`). Each slot is a fixed block of device memory (every linear layer's
@@ -53,11 +62,12 @@ pub struct EngineConfig {
     /// each step ggml's fastest kernels for its shape, as libllama does: more throughput for
     /// large batches on accelerators, where invariance costs extra passes over the weights, but
     /// outputs may differ at close calls with the batch (and speculation is no longer exact).
+    #[default(Kernels::BatchInvariant)]
     pub kernels: Kernels,
     /// With batch-invariant kernels on accelerators: how small columns (decode and verify rows)
     /// multiply quantized weights. `None`: by device and `max_seqs`
     /// (`axle_models::runner::default_products`: wide products for engines of 32 sequences or
-    /// more where the CUDA backend replays MMQ, else Axle's column-invariant kernel where the
+    /// more on Q4_0 models and of 16 or more on others, where the CUDA backend replays MMQ, else Axle's column-invariant kernel where the
     /// CUDA backend carries it, else mat-vec groups;
     /// `AXLE_DEVICE_PRODUCTS` may name another with `BatchInvariant` kernels, refused like this
     /// field where it cannot run).
@@ -75,26 +85,6 @@ pub struct EngineConfig {
     /// every row (greedy output parts from libllama's sooner). All three are exact. Refused
     /// (when set) with `LikeLlamaCpp`.
     pub host_kernels: Option<HostKernels>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            kv_slots: 8192,
-            block_size: 16,
-            max_batch_tokens: 512,
-            max_seqs: 16,
-            prefix_caching: true,
-            context_len: defaults::CONTEXT,
-            max_draft: defaults::DRAFT_LEN,
-            verify_cost: None,
-            state_cache: 16,
-            state_slots: None,
-            kernels: Kernels::BatchInvariant,
-            device_products: None,
-            host_kernels: None,
-        }
-    }
 }
 
 /// What a caller sizes an engine by (CLI flags, Python keywords); the rest of [`EngineConfig`]
@@ -152,11 +142,12 @@ impl EngineConfig {
 
 /// A request's options as the engine runs them, every default resolved (from a
 /// [`crate::GenerateRequest`] by [`crate::GenerateRequest::options`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, SmartDefault)]
 pub struct RequestOptions {
     /// Sampling.
     pub sampling: SamplingParams,
     /// Most tokens to generate.
+    #[default(defaults::MAX_TOKENS)]
     pub max_tokens: usize,
     /// Stop strings (matched on generated text; never emitted).
     pub stop_strings: Vec<String>,
@@ -165,23 +156,10 @@ pub struct RequestOptions {
     /// Do not stop at the model's end-of-generation tokens.
     pub ignore_eos: bool,
     /// Use n-gram speculation when the engine has it on (the gate still decides per step).
+    #[default(true)]
     pub speculate: bool,
     /// Look for tool calls of this format, of these functions, in the output.
     pub tool_format: Option<(ToolFormat, Vec<String>)>,
-}
-
-impl Default for RequestOptions {
-    fn default() -> Self {
-        RequestOptions {
-            sampling: SamplingParams::greedy(),
-            max_tokens: defaults::MAX_TOKENS,
-            stop_strings: Vec::new(),
-            stop_tokens: Vec::new(),
-            ignore_eos: false,
-            speculate: true,
-            tool_format: None,
-        }
-    }
 }
 
 /// What a step produced for one request.

@@ -4,6 +4,7 @@
 //! The decision ([`decide`]) is pure: it takes what was learnt about the local file and the
 //! upstream and the user's policy. [`inspect_local`] and [`file_sha256`] do the file I/O.
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 use std::path::{Path, PathBuf};
 
 /// The runtime that serves requests.
@@ -511,11 +512,12 @@ mod tests {
 }
 
 /// Where a model is and who may run it: the inputs of [`open`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, SmartDefault)]
 pub struct RouteSpec {
     /// A local GGUF file (optional when an upstream serves the model).
     pub model: Option<PathBuf>,
     /// The user's policy.
+    #[default(RoutePolicy::Auto)]
     pub policy: RoutePolicy,
     /// An upstream server for delegated routes.
     pub upstream: Option<String>,
@@ -524,23 +526,10 @@ pub struct RouteSpec {
     /// Bearer key for the upstream.
     pub upstream_api_key: Option<String>,
     /// How long to wait for the upstream's response, and for each of its stream chunks.
+    #[default(std::time::Duration::from_secs(60))]
     pub upstream_timeout: std::time::Duration,
     /// Let `auto` delegate a model it cannot run natively.
     pub allow_delegation: bool,
-}
-
-impl Default for RouteSpec {
-    fn default() -> Self {
-        RouteSpec {
-            model: None,
-            policy: RoutePolicy::Auto,
-            upstream: None,
-            upstream_model: None,
-            upstream_api_key: None,
-            upstream_timeout: std::time::Duration::from_secs(60),
-            allow_delegation: false,
-        }
-    }
 }
 
 /// Resolves a route and opens it: loads the model with `load` and starts its engine with the

@@ -9,6 +9,7 @@
 use crate::ApiError;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use smart_default::SmartDefault;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,25 +17,18 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 /// Limits of the connection layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, SmartDefault)]
 pub struct ServeOptions {
     /// Most connections open at once; one more is answered with a 503 and closed.
+    #[default(512)]
     pub max_connections: usize,
     /// A connection must send a complete request head within this time, whether it is new or
     /// idle after a response; otherwise it is closed.
+    #[default(Duration::from_secs(15))]
     pub header_timeout: Duration,
     /// After SIGINT/SIGTERM, how long running requests get to finish before the rest are ended.
+    #[default(Duration::from_secs(10))]
     pub shutdown_grace: Duration,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            max_connections: 512,
-            header_timeout: Duration::from_secs(15),
-            shutdown_grace: Duration::from_secs(10),
-        }
-    }
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets running requests finish for
