@@ -36,10 +36,11 @@
 //   to shared memory, computes float(sumi)*d4 there, and one thread per output runs the chain. A
 //   stretch that is not a whole tile goes to a buffer; the last block to finish a tile (an atomic
 //   count per tile and part of 32 rows) adds them in the fixup kernel's order and writes the tile.
-// Q4_K weights take kernels of their own (axle_wr_rows_q4_K and axle_wr_q4_K, below) for 1 to 8
-// columns (AXLE_WIDE_REPLAY_Q4K=0 turns them off; see ggml_cuda_axle_wr_supports): MMQ's Q4_K arithmetic is
-// the same stream-k over tiles of 128 rows, with one weight block (256 weights) a K iteration and
-// two fused multiply-adds per 32 weights.
+// Q4_K and Q6_K weights take a kernel of their own (axle_wr_rows_k, below; for Q4_K rows too long
+// for it, axle_wr_q4_K) for 1 to 8 columns (AXLE_WIDE_REPLAY_Q4K=0 and AXLE_WIDE_REPLAY_Q6K=0 turn
+// them off; see ggml_cuda_axle_wr_supports): MMQ's arithmetic for those types is the same stream-k
+// over tiles of 128 rows, with one weight block (256 weights) a K iteration; per 32 weights two
+// fused multiply-adds for Q4_K, one (and one per 128 weights) for Q6_K.
 // Axle asks for them per product with the mul_mat hint AXLE_HINT_WIDE_REPLAY (op_params[1]) and
 // only where ggml_cuda_axle_wr_supports says yes. ggml's graph fusion of a one-column product
 // with the next add or gated unit, which would run its mat-vec kernel, is turned off for such
@@ -614,69 +615,42 @@ static __global__ void axle_wr_q4_K(
     }
 }
 
-// The same replay with a block of 128 threads on R rows of one tile over the whole K range (as the
-// Q4_0 rows kernel): much more parallel than a thread a row, where its shared memory fits.
+// The K-quant rows kernel (Q4_K and Q6_K, 1 to 8 columns): a block of 128 threads on R rows of one
+// tile over the whole K range (as the Q4_0 rows kernel), much more parallel than a thread a row.
+// 0. The weights, R rows of the whole K range, to shared memory by asynchronous 16-byte copies,
+//    every one in flight together (past the last row: the last row again).
 // 1. A (row, weight block) pair per thread at a time, rows fastest (the threads of a warp read a
 //    few column blocks, not one each; with consecutive blocks fastest instead, 4 sequences took
-//    20 ms a step): the sub-blocks' half2 scales and every column's integer products, to shared
-//    memory (the products as floats: exact, |C| < 2^24); then each column's (d, sum) per sub-block.
-// 2. The chains, one thread per (column, row, stretch), in K order from 0, MMQ's two updates a
-//    sub-block; each leaves its sum at its stretch's first place.
+//    20 ms a step on the Q4_K_M 8B file): the type's integer products per 32 weights and every
+//    column, to shared memory as floats (exact, below 2^24), and the block's scales; then each
+//    column's scales per 32 weights.
+// 2. The chains, one thread per (column, row, stretch), in K order from 0, as the type's MMQ
+//    vec-dot writes them (W::chain); each leaves its sum at its stretch's first place.
 // 3. The fold, one thread per (column, row), in the fixup kernel's order.
-static constexpr __host__ __device__ size_t axle_wr_q4_K_rows_bytes(const int ncols, const int R, const int nsub) {
-    return (size_t) R*(nsub/8*sizeof(block_q4_K) + 16) +
-        ((size_t) ncols*R*(nsub + 1) + (size_t) R*nsub + (size_t) ncols*nsub)*4;
-}
+// W says what is type-specific: a weight block's bytes, its scales per row (xs) and per column
+// (ys), the integer products and the chain.
 
-static_assert(offsetof(block_q4_K, qs) % 16 == 0 && sizeof(block_q4_K) % 16 == 0, "16-byte reads of a Q4_K block's quants");
+// Q4_K (docs/notes/mmq-q4k-arithmetic.md): per 32 weights a half2 (d*sc, -dmin*m) of the row and
+// the column's DS4 half2 (d8, sum); per 32 weights sum += dA*dB*C, then sum += mA*sB.
+struct axle_wr_k_q4_K {
+    static constexpr int block_bytes = sizeof(block_q4_K);
+    static constexpr int xs_per_block = 8; // half2 (d*sc, -dmin*m) per 32 weights
+    typedef half2 x_scale;
+    typedef half2 y_scale;                 // the column's (d8, sum) per 32 weights
 
-template <int ncols>
-__launch_bounds__(AXLE_WR_ROWS_THREADS)
-static __global__ void axle_wr_rows_q4_K(
-        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
-        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
-        const int ncols_y, const int stride_col_dst, const int ntiles) {
-    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
-    ggml_cuda_pdl_sync();
-    extern __shared__ __align__(16) char axle_wr_q4_K_smem[];
-    const int nblocks = sp.nblocks;
-    const int nsub = 8*nblocks;
-    const int stride = nsub + 1;                           // floats per (column, row), padded
-    const int stage_stride = nblocks*(int) sizeof(block_q4_K) + 16; // bytes per row, padded
-    char * stage = axle_wr_q4_K_smem;                      // [row] raw Q4_K blocks
-    float * cs = (float *) (stage + R*stage_stride);       // [column][row][sub-block] float(C)
-    half2 * dmx = (half2 *) (cs + ncols*R*stride);         // [row][sub-block] (d*sc, -dmin*m)
-    half2 * dsy = dmx + R*nsub;                            // [column][sub-block] (d8, sum)
-    __shared__ int starts[AXLE_WR_K_MAX_STRETCHES];
-    __shared__ int nstretches;
-    const int tid = threadIdx.x;
-    const int row0 = blockIdx.x*R;
-    const int it = row0/AXLE_WR_TILE_ROWS;
-    // 0. The weights to shared memory, every copy in flight together (past the last row: the last
-    // row again).
-    const int row_pieces = nblocks*(int) sizeof(block_q4_K)/16;
-    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
-        const int r = k / row_pieces;
-        const int p = k - r*row_pieces;
-        const int64_t row = min(row0 + r, nrows_x - 1);
-        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
-            vx + row*stride_row_x*(int64_t) sizeof(block_q4_K) + 16*p);
-    }
-    if (tid == 0) {
-        nstretches = axle_wr_tile_stretches<1>(it, sp, ntiles, starts, AXLE_WR_K_MAX_STRETCHES);
+    static __device__ __forceinline__ y_scale y_scale_at(const char * yb, const int s) {
+        return ((const half2 *) yb)[s];
     }
 
-    cp_async_wait_all();
-    __syncthreads();
-
-    // 1. Scales and integer products, rows fastest: the R threads of a weight block read the same
-    // column values (one load for all of them), in 16-byte pieces.
-    for (int w = tid; w < R*nblocks; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int kb = w / R;
-        const block_q4_K * bx = (const block_q4_K *) (stage + r*stage_stride) + kb;
+    template <int ncols>
+    static __device__ __forceinline__ void products(
+            const char * b, const char * vy, const int ncols_y, const int kb, float * cs, const int col_stride,
+            x_scale * xs) {
+        static_assert(offsetof(block_q4_K, qs) % 16 == 0 && sizeof(block_q4_K) % 16 == 0,
+            "16-byte reads of a Q4_K block's quants");
+        const block_q4_K * bx = (const block_q4_K *) b;
+        axle_wr_q4_K_scales(bx, xs);
         int q[8];
-        axle_wr_q4_K_scales(bx, dmx + r*nsub + 8*kb);
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             // Sub-blocks 2p and 2p + 1 share 32 bytes of quants (low and high nibbles), read as two
@@ -707,14 +681,173 @@ static __global__ void axle_wr_rows_q4_K(
                 C = ggml_cuda_dp4a(v[5], yhi.y, C);
                 C = ggml_cuda_dp4a(v[6], yhi.z, C);
                 C = ggml_cuda_dp4a(v[7], yhi.w, C);
-                cs[(c*R + r)*stride + 8*kb + s] = (float) C;
+                cs[c*col_stride + s] = (float) C;
             }
         }
+    }
+
+    // A stretch of weight blocks [kb0, kb1): t the row's products per 32 weights, xs the row's
+    // scales, ys the column's, each indexed by 32-weight sub-block.
+    static __device__ __forceinline__ float chain(
+            const float * t, const x_scale * xs, const y_scale * ys, const int kb0, const int kb1) {
+        float sum = 0.0f;
+        for (int sb = 8*kb0; sb < 8*kb1; ++sb) {
+            const float2 dmA = __half22float2(xs[sb]);
+            const float2 dsB = __half22float2(ys[sb]);
+            // As MMQ writes them (ggml_cuda_mmq_vec_dot_q8_1_q8_1_mma), so that they contract alike.
+            sum += dmA.x*dsB.x*t[sb];
+            sum += dmA.y*dsB.y;
+        }
+        return sum;
+    }
+};
+
+// Q6_K (docs/notes/mmq-q6k-arithmetic.md): weights q - 32 in [-32, 31]; an exact integer sum per 16
+// weights times its int8 scale, added in int32 per 32 weights (isum); the column's D4 scale d8 (a
+// float per 32 values, no sum); per 128 weights tmp = 0, tmp += isum*d8 four times, then
+// sum += tmp*d with d the block's half scale as a float.
+struct axle_wr_k_q6_K {
+    static constexpr int block_bytes = sizeof(block_q6_K);
+    static constexpr int xs_per_block = 1; // float(d)
+    typedef float x_scale;
+    typedef float y_scale;                 // the column's d8 per 32 weights
+
+    static __device__ __forceinline__ y_scale y_scale_at(const char * yb, const int s) {
+        return ((const float *) yb)[s];
+    }
+
+    template <int ncols>
+    static __device__ __forceinline__ void products(
+            const char * b, const char * vy, const int ncols_y, const int kb, float * cs, const int col_stride,
+            x_scale * xs) {
+        // A block in shared memory is 2-byte aligned (210 bytes a block): 16-bit reads, as MMQ's
+        // loader makes them (get_int_b2).
+        const block_q6_K * bx = (const block_q6_K *) b;
+        *xs = __half2float(bx->d);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) { // halves of 128 weights
+            int ql[16];
+            int qh[8];
+#pragma unroll
+            for (int t = 0; t < 16; ++t) {
+                ql[t] = get_int_b2(bx->ql, 16*n + t);
+            }
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                qh[t] = get_int_b2(bx->qh, 8*n + t);
+            }
+#pragma unroll
+            for (int m = 0; m < 4; ++m) { // sub-block s = 4n + m, weights 32s .. 32s + 31
+                const int s = 4*n + m;
+                int v[8]; // as MMQ's loader (ggml_cuda_mmq_load_tiles_q6_K), in K order
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const int lo = (ql[8*(m % 2) + t] >> (4*(m/2))) & 0x0F0F0F0F;
+                    const int hi = ((qh[t] >> (2*m)) << 4) & 0x30303030;
+                    v[t] = __vsub4(lo | hi, 0x20202020);
+                }
+                const int sc0 = bx->scales[2*s];
+                const int sc1 = bx->scales[2*s + 1];
+#pragma unroll
+                for (int c = 0; c < ncols; ++c) {
+                    const int4 * yq = (const int4 *) (vy + ((int64_t) (2*kb + n)*ncols_y + c)*144 + 16 + 32*m);
+                    const int4 ylo = yq[0];
+                    const int4 yhi = yq[1];
+                    int C0 = 0;
+                    C0 = ggml_cuda_dp4a(v[0], ylo.x, C0);
+                    C0 = ggml_cuda_dp4a(v[1], ylo.y, C0);
+                    C0 = ggml_cuda_dp4a(v[2], ylo.z, C0);
+                    C0 = ggml_cuda_dp4a(v[3], ylo.w, C0);
+                    int C1 = 0;
+                    C1 = ggml_cuda_dp4a(v[4], yhi.x, C1);
+                    C1 = ggml_cuda_dp4a(v[5], yhi.y, C1);
+                    C1 = ggml_cuda_dp4a(v[6], yhi.z, C1);
+                    C1 = ggml_cuda_dp4a(v[7], yhi.w, C1);
+                    cs[c*col_stride + s] = (float) (C0*sc0 + C1*sc1); // exact: |isum| < 2^24
+                }
+            }
+        }
+    }
+
+    static __device__ __forceinline__ float chain(
+            const float * t, const x_scale * xs, const y_scale * ys, const int kb0, const int kb1) {
+        float sum = 0.0f;
+        for (int kb = kb0; kb < kb1; ++kb) {
+            const float dA = xs[kb];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                // As MMQ writes them (ggml_cuda_mmq_vec_dot_q6_K_q8_1_mma), so that they contract alike.
+                float tmp = 0.0f;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const int sb = 8*kb + 4*h + s;
+                    tmp += t[sb]*ys[sb];
+                }
+                sum += tmp*dA;
+            }
+        }
+        return sum;
+    }
+};
+
+template <typename W>
+static constexpr __host__ __device__ size_t axle_wr_rows_k_bytes(const int ncols, const int R, const int nblocks) {
+    return (size_t) R*(nblocks*W::block_bytes + 16) + (size_t) ncols*R*(8*nblocks + 1)*4 +
+        (size_t) R*nblocks*W::xs_per_block*sizeof(typename W::x_scale) + (size_t) ncols*8*nblocks*sizeof(typename W::y_scale);
+}
+
+template <typename W, int ncols>
+__launch_bounds__(AXLE_WR_ROWS_THREADS)
+static __global__ void axle_wr_rows_k(
+        const char * __restrict__ vx, const char * __restrict__ vy, float * dst, const float * bias,
+        const int stride_col_bias, const axle_wr_split sp, const int R, const int nrows_x, const int stride_row_x,
+        const int ncols_y, const int stride_col_dst, const int ntiles) {
+    ggml_cuda_pdl_lc(); // programmatic dependent launch, as in column-invariant-mmvq.cu
+    ggml_cuda_pdl_sync();
+    extern __shared__ __align__(16) char axle_wr_k_smem[];
+    typedef typename W::x_scale x_scale;
+    typedef typename W::y_scale y_scale;
+    const int nblocks = sp.nblocks;
+    const int nsub = 8*nblocks;
+    const int stride = nsub + 1;                               // floats per (column, row), padded
+    const int stage_stride = nblocks*W::block_bytes + 16;      // bytes per row, padded
+    char * stage = axle_wr_k_smem;                             // [row] raw weight blocks
+    float * cs = (float *) (stage + R*stage_stride);           // [column][row][32 weights] products
+    x_scale * xs = (x_scale *) (cs + ncols*R*stride);          // [row][block][xs_per_block]
+    y_scale * ys = (y_scale *) (xs + R*nblocks*W::xs_per_block); // [column][32 weights]
+    __shared__ int starts[AXLE_WR_K_MAX_STRETCHES];
+    __shared__ int nstretches;
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x*R;
+    const int it = row0/AXLE_WR_TILE_ROWS;
+
+    // 0. The weights (a row's bytes are a multiple of 16: axle_wr_takes).
+    const int row_pieces = nblocks*W::block_bytes/16;
+    for (int k = tid; k < R*row_pieces; k += AXLE_WR_ROWS_THREADS) {
+        const int r = k / row_pieces;
+        const int p = k - r*row_pieces;
+        const int64_t row = min(row0 + r, nrows_x - 1);
+        cp_async_cg_16<0>(ggml_cuda_cvta_generic_to_shared(stage + r*stage_stride + 16*p),
+            vx + row*stride_row_x*(int64_t) W::block_bytes + 16*p);
+    }
+    if (tid == 0) {
+        nstretches = axle_wr_tile_stretches<1>(it, sp, ntiles, starts, AXLE_WR_K_MAX_STRETCHES);
+    }
+
+    cp_async_wait_all();
+    __syncthreads();
+
+    // 1. Integer products and scales, rows fastest.
+    for (int w = tid; w < R*nblocks; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int kb = w / R;
+        W::template products<ncols>(stage + r*stage_stride + kb*W::block_bytes, vy, ncols_y, kb,
+            cs + r*stride + 8*kb, R*stride, xs + (r*nblocks + kb)*W::xs_per_block);
     }
     for (int w = tid; w < ncols*nsub; w += AXLE_WR_ROWS_THREADS) {
         const int c = w / nsub;
         const int sb = w - c*nsub;
-        dsy[w] = ((const half2 *) (vy + ((int64_t) (sb/4)*ncols_y + c)*144))[sb % 4];
+        ys[w] = W::y_scale_at(vy + ((int64_t) (sb/4)*ncols_y + c)*144, sb % 4);
     }
     __syncthreads();
 
@@ -724,18 +857,11 @@ static __global__ void axle_wr_rows_q4_K(
         const int r = w % R;
         const int j = (w / R) % m;
         const int c = w / (R*m);
-        const int k0 = 8*starts[j];
-        const int k1 = j + 1 < m ? 8*starts[j + 1] : nsub;
+        const int kb0 = starts[j];
+        const int kb1 = j + 1 < m ? starts[j + 1] : nblocks;
         float * t = cs + (c*R + r)*stride;
-        float sum = 0.0f;
-        for (int sb = k0; sb < k1; ++sb) {
-            const float2 dmA = __half22float2(dmx[r*nsub + sb]);
-            const float2 dsB = __half22float2(dsy[c*nsub + sb]);
-            // As MMQ writes them (ggml_cuda_mmq_vec_dot_q8_1_q8_1_mma), so that they contract alike.
-            sum += dmA.x*dsB.x*t[sb];
-            sum += dmA.y*dsB.y;
-        }
-        t[k0] = sum; // only this thread reads or writes [k0, k1) of this row
+        const float sum = W::chain(t, xs + r*nblocks*W::xs_per_block, ys + c*nsub, kb0, kb1);
+        t[8*kb0] = sum; // only this thread reads or writes [8*kb0, 8*kb1) of this row
     }
     __syncthreads();
 
@@ -743,11 +869,12 @@ static __global__ void axle_wr_rows_q4_K(
     axle_wr_fold_rows(cs, stride, 8, ncols, R, row0, starts, m, {dst, bias, stride_col_dst, stride_col_bias, nrows_x});
 }
 
-// Rows a block of axle_wr_rows_q4_K takes: as for Q4_0, the fewest, a power of two up to 32 (a
-// block stays in one tile), that give each thread a weight block, fewer where shared memory asks;
-// 0 where one row does not fit (then a thread a row, axle_wr_q4_K).
-static int axle_wr_q4_K_rows_for(const int ncols, const int nblocks) {
-    return axle_wr_rows_pick(nblocks, 0, [&](const int R) { return axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks); });
+// Rows a block of axle_wr_rows_k takes: as for Q4_0, the fewest, a power of two up to 32 (a block
+// stays in one tile), that give each thread a weight block, fewer where shared memory asks; 0
+// where one row does not fit (then, for Q4_K, a thread a row: axle_wr_q4_K).
+template <typename W>
+static int axle_wr_rows_k_for(const int ncols, const int nblocks) {
+    return axle_wr_rows_pick(nblocks, 0, [&](const int R) { return axle_wr_rows_k_bytes<W>(ncols, R, nblocks); });
 }
 
 // Per device: the kernel's counters, zeroed once (each op leaves them zero). One op at a time per
@@ -765,6 +892,21 @@ static bool axle_wr_config_is_analysed(const ggml_type type, const int cc) {
                     config.K_vram != MMQ_ITER_K || !config.stream_k || !config.use_mma_data_layout(cc))) {
                 return false;
             }
+        }
+    }
+    return true;
+}
+
+// Whether the replay of `type` is on: not turned off by `env`=0, and MMQ's configuration for it is
+// the analysed one on every device.
+static bool axle_wr_type_enabled(const ggml_type type, const char * env) {
+    const char * value = getenv(env);
+    if (value != nullptr && strcmp(value, "0") == 0) {
+        return false;
+    }
+    for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
+        if (!axle_wr_config_is_analysed(type, ggml_cuda_info().devices[id].cc)) {
+            return false;
         }
     }
     return true;
@@ -811,21 +953,12 @@ extern "C" bool ggml_cuda_axle_wr_supports(ggml_type type) {
     }();
     // Q4_K: exact on the H100 and H200, and it lifts an engine of 64 sequences on a Q4_K_M file
     // from 0.63x to 1.36-1.52x libllama (wide products take MMQ for Q4_K instead of the
-    // column-invariant kernel); 1.00x alone and 0.93x at 4 sequences (H200). AXLE_WIDE_REPLAY_Q4K=0
-    // turns it off alone (measurements).
-    static const bool q4_K = [] {
-        const char * env = getenv("AXLE_WIDE_REPLAY_Q4K");
-        if (env != nullptr && strcmp(env, "0") == 0) {
-            return false;
-        }
-        for (int id = 0; id < ggml_cuda_info().device_count; ++id) {
-            if (!axle_wr_config_is_analysed(GGML_TYPE_Q4_K, ggml_cuda_info().devices[id].cc)) {
-                return false;
-            }
-        }
-        return true;
-    }();
-    return enabled && (type == GGML_TYPE_Q4_0 || (type == GGML_TYPE_Q4_K && q4_K));
+    // column-invariant kernel); 1.00x alone and 0.93x at 4 sequences (H200). Q6_K: the same kernel
+    // with MMQ's Q6_K arithmetic. AXLE_WIDE_REPLAY_Q4K=0 or AXLE_WIDE_REPLAY_Q6K=0 turns one off
+    // alone (measurements).
+    static const bool q4_K = axle_wr_type_enabled(GGML_TYPE_Q4_K, "AXLE_WIDE_REPLAY_Q4K");
+    static const bool q6_K = axle_wr_type_enabled(GGML_TYPE_Q6_K, "AXLE_WIDE_REPLAY_Q6K");
+    return enabled && (type == GGML_TYPE_Q4_0 || (type == GGML_TYPE_Q4_K && q4_K) || (type == GGML_TYPE_Q6_K && q6_K));
 }
 
 // MMQ's grid for one column tile of `nrows_x` rows of `nblocks` weight blocks on this device: the
@@ -870,36 +1003,44 @@ static void axle_wr_launch(
         stride_col_dst, ntiles);
 }
 
-template <int ncols>
-static void axle_wr_launch_q4_K(
+// Q4_K and Q6_K: the rows kernel where a row fits its shared memory, else (Q4_K only; axle_wr_takes
+// refuses such Q6_K products) a thread a row.
+template <typename W, int ncols>
+static void axle_wr_launch_k(
         const char * vx, const char * vy, float * dst, const float * bias, const int stride_col_bias,
         const int nblocks, const int nrows_x, const int stride_row_x, const int ncols_y, const int stride_col_dst,
         cudaStream_t stream) {
     int ntiles = 0;
     const axle_wr_split sp = axle_wr_split_for(nrows_x, nblocks, ntiles);
-    const int R = axle_wr_q4_K_rows_for(ncols, nblocks);
+    const int R = axle_wr_rows_k_for<W>(ncols, nblocks);
     if (R > 0) {
-        const size_t nbytes = axle_wr_q4_K_rows_bytes(ncols, R, 8*nblocks);
-        CUDA_SET_SHARED_MEMORY_LIMIT(axle_wr_rows_q4_K<ncols>, AXLE_WR_ROWS_MAX_BYTES);
-        axle_launch(axle_wr_rows_q4_K<ncols>,
+        const size_t nbytes = axle_wr_rows_k_bytes<W>(ncols, R, nblocks);
+        CUDA_SET_SHARED_MEMORY_LIMIT((axle_wr_rows_k<W, ncols>), AXLE_WR_ROWS_MAX_BYTES);
+        axle_launch(axle_wr_rows_k<W, ncols>,
             ggml_cuda_kernel_launch_params((nrows_x + R - 1)/R, AXLE_WR_ROWS_THREADS, nbytes, stream),
             vx, vy, dst, bias, stride_col_bias, sp, R, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
         return;
     }
-    axle_launch(axle_wr_q4_K<ncols>,
-        ggml_cuda_kernel_launch_params((nrows_x + AXLE_WR_K_THREADS - 1)/AXLE_WR_K_THREADS, AXLE_WR_K_THREADS, 0, stream),
-        vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+    if constexpr (std::is_same_v<W, axle_wr_k_q4_K>) {
+        axle_launch(axle_wr_q4_K<ncols>,
+            ggml_cuda_kernel_launch_params((nrows_x + AXLE_WR_K_THREADS - 1)/AXLE_WR_K_THREADS, AXLE_WR_K_THREADS, 0, stream),
+            vx, vy, dst, bias, stride_col_bias, sp, nrows_x, stride_row_x, ncols_y, stride_col_dst, ntiles);
+    } else {
+        GGML_ABORT("axle_wr_launch_k: a row of %d blocks does not fit the rows kernel", nblocks);
+    }
 }
 
-// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0 or
-// Q4_K weight outside the compute buffer whose rows are whole K iterations of at most AXLE_WR_MAX_K
-// weights, 1 to 8 F32 columns.
+// Whether the replay takes `src0 @ src1` for `mm` (a product carrying Axle's hint): a 2-D Q4_0,
+// Q4_K or Q6_K weight outside the compute buffer whose rows are whole K iterations of at most
+// AXLE_WR_MAX_K weights (for Q6_K, a multiple of 16 bytes that fits the rows kernel), 1 to 8 F32
+// columns.
 static bool axle_wr_takes(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * mm) {
     return ggml_cuda_axle_wr_supports(src0->type) && ggml_cuda_axle_plain_product(src0, src1, mm) &&
         src1->ne[1] >= 1 && src1->ne[1] <= 8 &&
         src0->ne[0] % MMQ_ITER_K == 0 && src0->ne[0] <= AXLE_WR_MAX_K &&
         (src0->ne[1] + AXLE_WR_TILE_ROWS - 1)/AXLE_WR_TILE_ROWS*AXLE_WR_PARTS <= AXLE_WR_COUNTERS &&
-        src0->nb[1] % 16 == 0 && (uintptr_t) src0->data % 16 == 0;
+        src0->nb[1] % 16 == 0 && (uintptr_t) src0->data % 16 == 0 &&
+        (src0->type != GGML_TYPE_Q6_K || axle_wr_rows_k_for<axle_wr_k_q6_K>(src1->ne[1], src0->ne[0]/QK_K) > 0);
 }
 
 // `out = src0 @ src1 (+ bias)` by the replay, for an op axle_wr_takes.
@@ -927,13 +1068,16 @@ static void axle_wr_run(
     const int stride_row_x = src0->nb[1]/ggml_type_size(src0->type);
     const int stride_col_dst = out->nb[1]/sizeof(float);
     const int ncols_y = ne11;
-    const bool q4_K = src0->type == GGML_TYPE_Q4_K;
+    const ggml_type type = src0->type;
     switch (ne11) {
 #define AXLE_WR_CASE(n) \
         case n: \
-            if (q4_K) { \
-                axle_wr_launch_q4_K<n>(vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
-                    stride_col_dst, stream); \
+            if (type == GGML_TYPE_Q4_K) { \
+                axle_wr_launch_k<axle_wr_k_q4_K, n>(vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, \
+                    ncols_y, stride_col_dst, stream); \
+            } else if (type == GGML_TYPE_Q6_K) { \
+                axle_wr_launch_k<axle_wr_k_q6_K, n>(vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, \
+                    ncols_y, stride_col_dst, stream); \
             } else { \
                 axle_wr_launch<n>(ctx, vx, vy, d, b, stride_col_bias, nblocks, nrows_x, stride_row_x, ncols_y, \
                     stride_col_dst, stream); \
