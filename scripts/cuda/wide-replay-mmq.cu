@@ -630,6 +630,23 @@ static __global__ void axle_wr_q4_K(
 // W says what is type-specific: a weight block's bytes, its scales per row (xs) and per column
 // (ys), the integer products and the chain.
 
+// The exact integer products of 32 weights (v: 8 ints of 4 int8 or nibble values, K order) with a
+// column's 32 q8 values (`yq`, 16-byte aligned): of the first 16 and of the last 16.
+static __device__ __forceinline__ int2 axle_wr_dot32(const int * v, const char * yq) {
+    const int4 ylo = ((const int4 *) yq)[0];
+    const int4 yhi = ((const int4 *) yq)[1];
+    int2 C = make_int2(0, 0);
+    C.x = ggml_cuda_dp4a(v[0], ylo.x, C.x);
+    C.x = ggml_cuda_dp4a(v[1], ylo.y, C.x);
+    C.x = ggml_cuda_dp4a(v[2], ylo.z, C.x);
+    C.x = ggml_cuda_dp4a(v[3], ylo.w, C.x);
+    C.y = ggml_cuda_dp4a(v[4], yhi.x, C.y);
+    C.y = ggml_cuda_dp4a(v[5], yhi.y, C.y);
+    C.y = ggml_cuda_dp4a(v[6], yhi.z, C.y);
+    C.y = ggml_cuda_dp4a(v[7], yhi.w, C.y);
+    return C;
+}
+
 // Q4_K (docs/notes/mmq-q4k-arithmetic.md): per 32 weights a half2 (d*sc, -dmin*m) of the row and
 // the column's DS4 half2 (d8, sum); per 32 weights sum += dA*dB*C, then sum += mA*sB.
 struct axle_wr_k_q4_K {
@@ -669,19 +686,8 @@ struct axle_wr_k_q4_K {
             }
 #pragma unroll
             for (int c = 0; c < ncols; ++c) {
-                const int4 * yq = (const int4 *) (vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
-                const int4 ylo = yq[0];
-                const int4 yhi = yq[1];
-                int C = 0;
-                C = ggml_cuda_dp4a(v[0], ylo.x, C);
-                C = ggml_cuda_dp4a(v[1], ylo.y, C);
-                C = ggml_cuda_dp4a(v[2], ylo.z, C);
-                C = ggml_cuda_dp4a(v[3], ylo.w, C);
-                C = ggml_cuda_dp4a(v[4], yhi.x, C);
-                C = ggml_cuda_dp4a(v[5], yhi.y, C);
-                C = ggml_cuda_dp4a(v[6], yhi.z, C);
-                C = ggml_cuda_dp4a(v[7], yhi.w, C);
-                cs[c*col_stride + s] = (float) C;
+                const int2 C = axle_wr_dot32(v, vy + ((int64_t) (2*kb + s/4)*ncols_y + c)*144 + 16 + 32*(s % 4));
+                cs[c*col_stride + s] = (float) (C.x + C.y); // the 32 weights' exact sum
             }
         }
     }
@@ -750,20 +756,8 @@ struct axle_wr_k_q6_K {
                 const int sc1 = bx->scales[2*s + 1];
 #pragma unroll
                 for (int c = 0; c < ncols; ++c) {
-                    const int4 * yq = (const int4 *) (vy + ((int64_t) (2*kb + n)*ncols_y + c)*144 + 16 + 32*m);
-                    const int4 ylo = yq[0];
-                    const int4 yhi = yq[1];
-                    int C0 = 0;
-                    C0 = ggml_cuda_dp4a(v[0], ylo.x, C0);
-                    C0 = ggml_cuda_dp4a(v[1], ylo.y, C0);
-                    C0 = ggml_cuda_dp4a(v[2], ylo.z, C0);
-                    C0 = ggml_cuda_dp4a(v[3], ylo.w, C0);
-                    int C1 = 0;
-                    C1 = ggml_cuda_dp4a(v[4], yhi.x, C1);
-                    C1 = ggml_cuda_dp4a(v[5], yhi.y, C1);
-                    C1 = ggml_cuda_dp4a(v[6], yhi.z, C1);
-                    C1 = ggml_cuda_dp4a(v[7], yhi.w, C1);
-                    cs[c*col_stride + s] = (float) (C0*sc0 + C1*sc1); // exact: |isum| < 2^24
+                    const int2 C = axle_wr_dot32(v, vy + ((int64_t) (2*kb + n)*ncols_y + c)*144 + 16 + 32*m);
+                    cs[c*col_stride + s] = (float) (C.x*sc0 + C.y*sc1); // exact: |isum| < 2^24
                 }
             }
         }
