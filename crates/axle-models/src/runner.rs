@@ -130,39 +130,11 @@ impl StepOutput {
 }
 
 /// Engines that run at least this many sequences at once take wide products by default where the
-/// backend replays MMQ for a few columns and most of the model's weight bytes are Q4_0 (see
-/// [`default_products`]).
-pub const WIDE_FROM_SEQS: usize = 32;
-
-/// The same threshold for models whose weights are mostly of other types (Q4_K_M files): Axle's
-/// column-invariant kernel multiplies Q4_0 on tensor cores but the other types with dp4a, so
-/// there `wide` pays off sooner. On an H200 with the Llama-3-8B-shaped Q4_K_M file, 16 sequences
-/// ran 0.91x libllama with the column-invariant kernel and 1.35x wide; on the Q4_0 file 1.36-1.41x
-/// and 1.54x, while 4 sequences in an engine of 16 lose more with `wide` on Q4_0 (1.15x to 0.89x)
-/// than on Q4_K_M (1.12x to 0.93x).
-pub const WIDE_FROM_SEQS_DP4A: usize = 16;
-
-/// The fewest sequences from which an engine on `model` takes wide products by default: the
-/// share of Q4_0 among its quantized 2-D weights on accelerators, by bytes, picks
-/// [`WIDE_FROM_SEQS`] (half or more) or [`WIDE_FROM_SEQS_DP4A`].
-pub fn wide_from_seqs(model: &Model) -> usize {
-    let (q4_0, all) = model
-        .tensors()
-        .into_iter()
-        .fold((0usize, 0usize), |(q, a), w| {
-            let t = w.t();
-            if !(t.dtype().is_quantized() && t.ne()[1] > 1 && t.is_on_device()) {
-                return (q, a);
-            }
-            let n = t.nbytes();
-            (q + if t.dtype() == DType::Q4_0 { n } else { 0 }, a + n)
-        });
-    if 2 * q4_0 >= all {
-        WIDE_FROM_SEQS
-    } else {
-        WIDE_FROM_SEQS_DP4A
-    }
-}
+/// backend replays MMQ for a few columns (see [`default_products`]). On an H200 with the
+/// Llama-3-8B-shaped files (Q4_0, Q4_K_M), wide products at 16 sequences ran 1.72x and 1.46x
+/// libllama where the column-invariant kernel gave 1.33x and 0.91x, alone 1.12x and 0.99x (1.07x
+/// and 1.05x); 4 sequences in such an engine run 0.92x and 0.87x (1.16x and 1.09x).
+pub const WIDE_FROM_SEQS: usize = 16;
 
 /// The device layout's products where neither the runner's options nor `AXLE_DEVICE_PRODUCTS`
 /// name them, given the weight types the accelerators multiply through Axle's column-invariant
@@ -170,23 +142,15 @@ pub fn wide_from_seqs(model: &Model) -> usize {
 /// few columns (`replay_types`: [`replay_types`]), and the most sequences the engine runs at once
 /// (`max_seqs`):
 /// - wide products ([`DeviceProducts::Wide`]: MMQ ops, one pass over the weights a step) where
-///   both kernels are there and the engine runs `wide_from` sequences or more ([`wide_from_seqs`]:
-///   32 for Q4_0 models, 16 for others): with Q4_0
-///   weights on an H100, 2.15x libllama at 64 sequences where the column-invariant kernel gives
-///   1.24x, but 0.99-1.01x alone and 0.88x at 4 where it gives 1.12x and 1.19x (docs/gpu.md);
+///   both kernels are there and the engine runs [`WIDE_FROM_SEQS`] sequences or more;
 /// - else the column-invariant kernel ([`DeviceProducts::Columns`]) where every accelerator's
 ///   backend carries it;
 /// - else mat-vec groups ([`DeviceProducts::Groups`]).
 ///
 /// The choice is the engine's for its life (a step cannot switch kernels without changing a
 /// sequence's numbers), so it goes by the engine's capacity, not by the sequences of a step.
-pub fn default_products(
-    column_types: u64,
-    replay_types: u64,
-    max_seqs: usize,
-    wide_from: usize,
-) -> DeviceProducts {
-    if column_types != 0 && replay_types != 0 && max_seqs >= wide_from {
+pub fn default_products(column_types: u64, replay_types: u64, max_seqs: usize) -> DeviceProducts {
+    if column_types != 0 && replay_types != 0 && max_seqs >= WIDE_FROM_SEQS {
         DeviceProducts::Wide
     } else if column_types != 0 {
         DeviceProducts::Columns
@@ -540,10 +504,8 @@ impl Runner {
             }
             None => None,
         };
-        let products = named.unwrap_or_else(|| {
-            let wide_from = wide_from_seqs(&model);
-            default_products(column_types, replay_types, opts.max_seqs, wide_from)
-        });
+        let products =
+            named.unwrap_or_else(|| default_products(column_types, replay_types, opts.max_seqs));
         if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
             return Err(ModelError::Invalid(
                 "wide device products need the model's layers on CUDA devices only: their column \
@@ -1599,36 +1561,30 @@ mod kv_budget_tests {
 
 #[cfg(test)]
 mod default_products_tests {
-    use super::{default_products, DeviceProducts, WIDE_FROM_SEQS, WIDE_FROM_SEQS_DP4A};
+    use super::{default_products, DeviceProducts, WIDE_FROM_SEQS};
 
     const Q4_0: u64 = 1 << 2;
 
-    /// `default_products` with the Q4_0 threshold.
-    fn products(column_types: u64, replay_types: u64, max_seqs: usize) -> DeviceProducts {
-        default_products(column_types, replay_types, max_seqs, WIDE_FROM_SEQS)
-    }
-
     #[test]
     fn large_engines_take_wide_products_where_the_replay_is_there() {
-        assert_eq!(products(Q4_0, Q4_0, WIDE_FROM_SEQS), DeviceProducts::Wide);
-        assert_eq!(products(Q4_0, Q4_0, 64), DeviceProducts::Wide);
-        let below = products(Q4_0, Q4_0, WIDE_FROM_SEQS - 1);
+        let wide = default_products(Q4_0, Q4_0, WIDE_FROM_SEQS);
+        assert_eq!(wide, DeviceProducts::Wide);
+        assert_eq!(default_products(Q4_0, Q4_0, 64), DeviceProducts::Wide);
+        let below = default_products(Q4_0, Q4_0, WIDE_FROM_SEQS - 1);
         assert_eq!(below, DeviceProducts::Columns, "a smaller engine");
-        assert_eq!(products(Q4_0, Q4_0, 1), DeviceProducts::Columns);
-        let dp4a = default_products(Q4_0, Q4_0, WIDE_FROM_SEQS_DP4A, WIDE_FROM_SEQS_DP4A);
-        assert_eq!(dp4a, DeviceProducts::Wide, "a Q4_K_M model's threshold");
-        let no_replay = products(Q4_0, 0, 64);
+        assert_eq!(default_products(Q4_0, Q4_0, 1), DeviceProducts::Columns);
+        let no_replay = default_products(Q4_0, 0, 64);
         assert_eq!(
             no_replay,
             DeviceProducts::Columns,
             "a backend without the replay"
         );
         assert_eq!(
-            products(0, 0, 64),
+            default_products(0, 0, 64),
             DeviceProducts::Groups,
             "no Axle kernels"
         );
-        assert_eq!(products(0, Q4_0, 64), DeviceProducts::Groups);
+        assert_eq!(default_products(0, Q4_0, 64), DeviceProducts::Groups);
     }
 }
 

@@ -66,8 +66,8 @@ pub struct EngineConfig {
     pub kernels: Kernels,
     /// With batch-invariant kernels on accelerators: how small columns (decode and verify rows)
     /// multiply quantized weights. `None`: by device and `max_seqs`
-    /// (`axle_models::runner::default_products`: wide products for engines of 32 sequences or
-    /// more on Q4_0 models and of 16 or more on others, where the CUDA backend replays MMQ, else Axle's column-invariant kernel where the
+    /// (`axle_models::runner::default_products`: wide products for engines of 16 sequences or
+    /// more where the CUDA backend replays MMQ, else Axle's column-invariant kernel where the
     /// CUDA backend carries it, else mat-vec groups;
     /// `AXLE_DEVICE_PRODUCTS` may name another with `BatchInvariant` kernels, refused like this
     /// field where it cannot run).

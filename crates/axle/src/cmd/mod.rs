@@ -125,13 +125,13 @@ pub struct EngineArgs {
     pub kernels: KernelChoice,
     /// With `--kernels exact` on GPUs: how decode and verify rows multiply quantized weights.
     /// `columns` (the default where the CUDA backend was built by scripts/build-backend.sh, for
-    /// engines of fewer than 32 sequences): Axle's column-invariant kernel, one pass over the
+    /// engines of fewer than 16 sequences): Axle's column-invariant kernel, one pass over the
     /// weights per 8 columns and ggml's one-column arithmetic for each. `groups` (the default
     /// elsewhere): ggml's mat-vec kernel, 4 columns at a time. `wide` (CUDA only; the default for
-    /// engines of 32 sequences or more, e.g. `serve --max-batch-size 64`, where the backend also
-    /// replays MMQ): tiled ops of up to 128 columns, one pass over the weights a step, the choice
-    /// for serving many concurrent sequences (with Q4_0 weights level with libllama for a lone
-    /// one, below `columns` for a few). All exact; one engine keeps one choice.
+    /// engines of 16 sequences or more, e.g. `serve`'s default, where the backend also replays
+    /// MMQ): tiled ops of up to 128 columns, one pass over the weights a step, the choice for
+    /// serving many concurrent sequences (level with libllama for a lone one, below `columns`
+    /// for a few). All exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
