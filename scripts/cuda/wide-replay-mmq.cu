@@ -627,8 +627,8 @@ static __global__ void axle_wr_q4_K(
 // 2. The chains, one thread per (column, row, stretch), in K order from 0, as the type's MMQ
 //    vec-dot writes them (W::chain); each leaves its sum at its stretch's first place.
 // 3. The fold, one thread per (column, row), in the fixup kernel's order.
-// W says what is type-specific: a weight block's bytes, its scales per row (xs) and per column
-// (ys), the integer products and the chain.
+// W says what is type-specific: a weight block's bytes, the types of its scales per row (xs) and
+// per column (ys; the column blocks' layout for the type), the integer products and the chain.
 
 // The exact integer products of 32 weights (v: 8 ints of 4 int8 or nibble values, K order) with a
 // column's 32 q8 values (`yq`, 16-byte aligned): of the first 16 and of the last 16.
@@ -653,11 +653,7 @@ struct axle_wr_k_q4_K {
     static constexpr int block_bytes = sizeof(block_q4_K);
     static constexpr int xs_per_block = 8; // half2 (d*sc, -dmin*m) per 32 weights
     typedef half2 x_scale;
-    typedef half2 y_scale;                 // the column's (d8, sum) per 32 weights
-
-    static __device__ __forceinline__ y_scale y_scale_at(const char * yb, const int s) {
-        return ((const half2 *) yb)[s];
-    }
+    typedef half2 y_scale;                 // the column's (d8, sum) per 32 weights (DS4)
 
     template <int ncols>
     static __device__ __forceinline__ void products(
@@ -716,11 +712,7 @@ struct axle_wr_k_q6_K {
     static constexpr int block_bytes = sizeof(block_q6_K);
     static constexpr int xs_per_block = 1; // float(d)
     typedef float x_scale;
-    typedef float y_scale;                 // the column's d8 per 32 weights
-
-    static __device__ __forceinline__ y_scale y_scale_at(const char * yb, const int s) {
-        return ((const float *) yb)[s];
-    }
+    typedef float y_scale;                 // the column's d8 per 32 weights (D4)
 
     template <int ncols>
     static __device__ __forceinline__ void products(
@@ -841,7 +833,8 @@ static __global__ void axle_wr_rows_k(
     for (int w = tid; w < ncols*nsub; w += AXLE_WR_ROWS_THREADS) {
         const int c = w / nsub;
         const int sb = w - c*nsub;
-        ys[w] = W::y_scale_at(vy + ((int64_t) (sb/4)*ncols_y + c)*144, sb % 4);
+        // A column block of 128 values starts with its 4 scales, one per 32 values (W::y_scale).
+        ys[w] = ((const y_scale *) (vy + ((int64_t) (sb/4)*ncols_y + c)*144))[sb % 4];
     }
     __syncthreads();
 
