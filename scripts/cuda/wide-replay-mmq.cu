@@ -159,6 +159,21 @@ static __device__ __forceinline__ void axle_wr_fold_rows(
     }
 }
 
+// Runs f(c, r, k0, k1) once for every (column, row, stretch) of a rows kernel's block, rows
+// fastest (neighbouring threads on neighbouring rows, whose values are a padded stride apart: no
+// bank conflicts): stretch j is the weight blocks [starts[j], starts[j + 1]), the last one up to
+// `nblocks`.
+template <typename F>
+static __device__ __forceinline__ void axle_wr_each_chain(
+        const int ncols, const int R, const int * starts, const int m, const int nblocks, const F & f) {
+    for (int w = threadIdx.x; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
+        const int r = w % R;
+        const int j = (w / R) % m;
+        const int c = w / (R*m);
+        f(c, r, starts[j], j + 1 < m ? starts[j + 1] : nblocks);
+    }
+}
+
 template <int ncols>
 static constexpr __host__ __device__ int axle_wr_shared_bytes() {
     return AXLE_WR_ROWS*AXLE_WR_ROW_BYTES + ncols*AXLE_WR_COL_BYTES + ncols*AXLE_WR_ROWS*AXLE_WR_T_STRIDE*4;
@@ -440,14 +455,9 @@ static __global__ void axle_wr_rows_q4_0(
     }
     __syncthreads();
 
-    // 2. The chains, rows fastest (rows' products are a padded stride apart: no bank conflicts).
+    // 2. The chains.
     const int m = nstretches;
-    for (int w = tid; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int j = (w / R) % m;
-        const int c = w / (R*m);
-        const int k0 = starts[j];
-        const int k1 = j + 1 < m ? starts[j + 1] : nblocks;
+    axle_wr_each_chain(ncols, R, starts, m, nblocks, [&](const int c, const int r, const int k0, const int k1) {
         float * t = st + (c*R + r)*stride;
         const float * d8 = d8s + c*nblocks;
         float sum = 0.0f;
@@ -455,7 +465,7 @@ static __global__ void axle_wr_rows_q4_0(
             sum += t[bl]*d8[bl];
         }
         t[k0] = sum; // only this thread reads or writes [k0, k1) of this row
-    }
+    });
     __syncthreads();
 
     // 3. The fold.
@@ -838,18 +848,13 @@ static __global__ void axle_wr_rows_k(
     }
     __syncthreads();
 
-    // 2. The chains, rows fastest.
+    // 2. The chains.
     const int m = nstretches;
-    for (int w = tid; w < ncols*R*m; w += AXLE_WR_ROWS_THREADS) {
-        const int r = w % R;
-        const int j = (w / R) % m;
-        const int c = w / (R*m);
-        const int kb0 = starts[j];
-        const int kb1 = j + 1 < m ? starts[j + 1] : nblocks;
+    axle_wr_each_chain(ncols, R, starts, m, nblocks, [&](const int c, const int r, const int kb0, const int kb1) {
         float * t = cs + (c*R + r)*stride;
-        const float sum = W::chain(t, xs + r*nblocks*W::xs_per_block, ys + c*nsub, kb0, kb1);
-        t[8*kb0] = sum; // only this thread reads or writes [8*kb0, 8*kb1) of this row
-    }
+        // Only this thread reads or writes [8*kb0, 8*kb1) of this row.
+        t[8*kb0] = W::chain(t, xs + r*nblocks*W::xs_per_block, ys + c*nsub, kb0, kb1);
+    });
     __syncthreads();
 
     // 3. The fold.
