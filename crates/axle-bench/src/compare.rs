@@ -92,7 +92,8 @@ fn time_axle_decode(runner: &mut Runner, toks: &[u32]) -> Result<f64, BenchError
     let mut seq = Sequence::new(runner);
     let t = Instant::now();
     for &tok in toks {
-        seq.feed(runner, &[tok])?;
+        let logits = seq.feed(runner, &[tok])?;
+        runner.recycle(logits);
     }
     Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
 }

@@ -348,6 +348,13 @@ impl BufferType {
         let dev = unsafe { sys::ggml_backend_buft_get_device(self.0) };
         !dev.is_null() && Device(dev).kind() == DeviceKind::Split
     }
+
+    /// Whether it is memory of the CPU device (plain or repacked host memory).
+    pub fn is_cpu(&self) -> bool {
+        // SAFETY: valid buffer type; the device may be NULL.
+        let dev = unsafe { sys::ggml_backend_buft_get_device(self.0) };
+        !dev.is_null() && Device(dev).kind() == DeviceKind::Cpu
+    }
 }
 
 impl std::fmt::Debug for BufferType {

@@ -13,6 +13,7 @@ mod dtype;
 mod error;
 pub mod few_columns;
 mod gguf;
+pub mod huge_pages;
 mod log;
 pub mod meta;
 pub mod oracle;

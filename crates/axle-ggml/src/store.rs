@@ -2,9 +2,14 @@
 //! the metadata context, the buffers and, for weights used in place, the file mmap. Handles to its
 //! tensors ([`StoredTensor`]) keep the store alive, so a graph can never see freed weights.
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::huge_pages::HugeRegion;
 use crate::{Backend, BufferType, Context, DType, Error, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
+
+/// Alignment of tensors in host buffers that ggml's CPU kernels read (ggml's own CPU buffers
+/// align to 64 bytes, as does its GGUF loader's default).
+const CPU_ALIGNMENT: usize = 64;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -22,6 +27,8 @@ struct StoreInner {
     split_ctx: Option<Context>,
     _buffers: Vec<Buffer>,
     _mmap: Option<Arc<Mmap>>,
+    /// The in-place weights' copy in huge pages, when they were copied.
+    _huge: Option<HugeRegion>,
     by_name: HashMap<String, *mut sys::ggml_tensor>,
     /// Names of the fused weights (see [`WeightFusion`]).
     fused: Vec<String>,
@@ -84,6 +91,11 @@ pub enum WeightPlacement {
     Host {
         /// Whether to use the repacking buffer types.
         repack: bool,
+        /// Whether the weights a step streams go to memory backed by transparent huge pages
+        /// (see [`crate::huge_pages`]): the ones otherwise used in place are copied there once,
+        /// and repacked ones are allocated there. Where the system offers no huge pages, or the
+        /// copy would not fit in the memory available, the weights stay in place.
+        huge_pages: bool,
     },
     /// Layers on devices (GPUs, RPC devices), each layer's weights copied to the memory of the
     /// device that runs it (`layers[il]`; None: host memory, used in place), and the output norm
@@ -157,6 +169,12 @@ impl TensorStore {
             .ok_or_else(|| Error::MissingTensor(name.to_string()))
     }
 
+    /// Whether the weights used in place on the host were copied to huge pages (see
+    /// [`WeightPlacement::Host`]).
+    pub fn in_huge_pages(&self) -> bool {
+        self.inner._huge.is_some()
+    }
+
     /// Names of the weights stored fused (see [`WeightFusion`]), in load order.
     pub fn fused(&self) -> &[String] {
         &self.inner.fused
@@ -198,7 +216,7 @@ impl TensorStore {
         let mut groups: HashMap<Option<BufferType>, Vec<(Source, *mut sys::ggml_tensor)>> =
             HashMap::new();
         let extras = match &placement {
-            WeightPlacement::Host { repack: true } => backend.device().extra_buffer_types(),
+            WeightPlacement::Host { repack: true, .. } => backend.device().extra_buffer_types(),
             _ => Vec::new(),
         };
         // Tensors split over several devices get a context of their own: ggml's split buffers
@@ -286,7 +304,7 @@ impl TensorStore {
             WeightPlacement::Layers {
                 head: Some(buft), ..
             } => Some(*buft),
-            WeightPlacement::Host { repack: true } => {
+            WeightPlacement::Host { repack: true, .. } => {
                 infos.iter().find(|t| t.name == TOKEN_EMBD).and_then(|t| {
                     extras
                         .iter()
@@ -310,14 +328,29 @@ impl TensorStore {
                 }
             }
         }
+        // Huge pages for the host's weights: where the system offers them and a copy of the
+        // weights used in place fits in the memory available with room to spare.
+        let in_place: u64 = groups
+            .get(&None)
+            .map_or(0, |ts| ts.iter().map(|(src, _)| src.nbytes(infos)).sum());
+        let huge = matches!(
+            placement,
+            WeightPlacement::Host {
+                huge_pages: true,
+                ..
+            }
+        ) && crate::huge_pages::huge_pages_offered()
+            && crate::sysinfo::host_available_memory()
+                .is_some_and(|avail| in_place < avail as u64 / 4 * 3);
         let total: u64 = groups
             .iter()
-            .filter(|(target, _)| target.is_some())
+            .filter(|(target, _)| target.is_some() || huge)
             .flat_map(|(_, ts)| ts.iter().map(|(src, _)| src.nbytes(infos)))
             .sum();
         let mut done = 0u64;
         let mut buffers = Vec::new();
         let mut mmap = None;
+        let mut huge_region = None;
         // Tensors split over several devices are allocated last, from their own context (a split
         // buffer takes every tensor of the context it is allocated from).
         let mut split = None;
@@ -327,6 +360,56 @@ impl TensorStore {
                 continue;
             }
             match target {
+                None if huge => {
+                    // A copy in huge pages: one host buffer over it; tensors at aligned offsets.
+                    let align = CPU_ALIGNMENT;
+                    let mut offsets = Vec::with_capacity(tensors.len());
+                    let mut size = 0usize;
+                    for (src, _) in &tensors {
+                        offsets.push(size);
+                        size += (src.nbytes(infos) as usize).div_ceil(align) * align;
+                    }
+                    let region = HugeRegion::filled(size.max(align), |bytes| {
+                        for ((src, _), &off) in tensors.iter().zip(&offsets) {
+                            let mut at = off;
+                            for &i in src.parts() {
+                                let data = file.tensor_data(&infos[i]);
+                                bytes[at..at + data.len()].copy_from_slice(data);
+                                at += data.len();
+                                done += data.len() as u64;
+                                progress(done, total);
+                            }
+                        }
+                    })?;
+                    let base = region.as_ptr() as *mut u8;
+                    // SAFETY: the region outlives the buffer (both owned by the store; the buffer
+                    // is dropped first) and holds `len` bytes. ggml never writes to weights.
+                    let buf =
+                        unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base.cast(), region.len()) };
+                    if buf.is_null() {
+                        return Err(Error::Alloc("cpu buffer over huge pages".into()));
+                    }
+                    let buf = Buffer(buf);
+                    // SAFETY: a fresh buffer.
+                    unsafe {
+                        sys::ggml_backend_buffer_set_usage(
+                            buf.0,
+                            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+                        )
+                    };
+                    for ((_, t), &off) in tensors.iter().zip(&offsets) {
+                        // SAFETY: `off` + the tensor's bytes <= `size` = the region's length, so
+                        // the address lies inside buf, aligned to CPU_ALIGNMENT.
+                        let st = unsafe {
+                            sys::ggml_backend_tensor_alloc(buf.0, *t, base.add(off).cast())
+                        };
+                        if st != sys::GGML_STATUS_SUCCESS {
+                            return Err(Error::Alloc("placing weights in huge pages".into()));
+                        }
+                    }
+                    buffers.push(buf);
+                    huge_region = Some(region);
+                }
                 None => {
                     // In place: one host buffer over the whole mapping; tensors point into it.
                     let m = file.mmap().clone();
@@ -365,6 +448,17 @@ impl TensorStore {
                 Some(buft) => {
                     let buf =
                         alloc_for(buft, &tensors.iter().map(|&(_, t)| t).collect::<Vec<_>>())?;
+                    if huge && buft.is_cpu() {
+                        // Repacked host weights: advised before the copies below touch them.
+                        // SAFETY: a fresh buffer; base and size are its own.
+                        let (base, size) = unsafe {
+                            (
+                                sys::ggml_backend_buffer_get_base(buf.0),
+                                sys::ggml_backend_buffer_get_size(buf.0),
+                            )
+                        };
+                        crate::huge_pages::advise_huge(base.cast(), size);
+                    }
                     // SAFETY: buf is a fresh buffer.
                     unsafe {
                         sys::ggml_backend_buffer_set_usage(
@@ -430,6 +524,7 @@ impl TensorStore {
                 split_ctx,
                 _buffers: buffers,
                 _mmap: mmap,
+                _huge: huge_region,
                 by_name,
                 fused: fused_names,
             }),
@@ -459,6 +554,7 @@ impl TensorStore {
                 split_ctx: None,
                 _buffers: vec![buf],
                 _mmap: None,
+                _huge: None,
                 by_name,
                 fused: Vec::new(),
             }),

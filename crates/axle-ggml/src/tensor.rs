@@ -265,6 +265,23 @@ impl<'a> Tensor<'a> {
         Ok(())
     }
 
+    /// Copies an f32 tensor's data out to host memory (whole tensor) without zero-filling `out`
+    /// first: a decode step's logits (1 MB for a 262k vocabulary) are written once, not twice.
+    pub fn read_f32(&self, out: &mut Vec<f32>) -> Result<()> {
+        let n = self.nbytes() / std::mem::size_of::<f32>();
+        self.check_io(n * std::mem::size_of::<f32>())?;
+        out.clear();
+        out.reserve(n);
+        // SAFETY: the tensor is allocated and holds exactly `n` f32 values (checked above);
+        // `out` has room for `n` values; the copy is synchronous and initializes all of them
+        // (every bit pattern is a valid f32), so the length can then be set.
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), 0, self.nbytes());
+            out.set_len(n);
+        }
+        Ok(())
+    }
+
     /// Checks that bytes `offset..end` lie in the tensor's allocated memory.
     fn check_range(&self, offset: usize, len: usize) -> Result<()> {
         if !self.is_allocated() || offset + len > self.nbytes() {

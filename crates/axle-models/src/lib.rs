@@ -25,7 +25,7 @@ pub mod tokenizer;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::{HostKernels, Kernels};
-pub use model::{default_threads, FusedProjections, Model, ModelOptions};
+pub use model::{default_threads, FusedProjections, HostMemory, Model, ModelOptions};
 pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest, SplitMode};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};

@@ -355,6 +355,8 @@ pub struct Runner {
     profile: StepProfile,
     /// Page-locked host memory the logits are read back through, on an accelerator.
     pinned: Option<PinnedHost>,
+    /// A returned step's logits buffer, reused by the next step ([`Runner::recycle`]).
+    spare_logits: Vec<f32>,
     /// How the device layout multiplies small columns.
     products: DeviceProducts,
     /// Why the default products gave way to others at load ([`Runner::check_products`]).
@@ -572,6 +574,7 @@ impl Runner {
             graph_slots,
             profile: StepProfile::default(),
             pinned,
+            spare_logits: Vec::new(),
         };
         runner.check_products(named.is_some())?;
         Ok(runner)
@@ -1055,7 +1058,7 @@ impl Runner {
         let mut out = StepOutput {
             n_vocab: self.model.family().hparams().n_vocab as usize,
             rows: h.rows.clone(),
-            logits: Vec::new(),
+            logits: std::mem::take(&mut self.spare_logits),
             picked: Vec::new(),
         };
         if n_out > 0 {
@@ -1078,7 +1081,7 @@ impl Runner {
                 let logits = input(LOGITS)?;
                 match &mut self.pinned {
                     Some(p) => p.read_f32(&logits, &mut out.logits)?,
-                    None => logits.read(&mut out.logits)?,
+                    None => logits.read_f32(&mut out.logits)?,
                 }
             }
         }
@@ -1129,6 +1132,15 @@ impl Runner {
             .collect();
         v.sort_by_key(|(k, _)| (k.kv_len, k.rows));
         v
+    }
+
+    /// Hands a step's logits buffer back for the next step to read into: without it, every
+    /// step's read-back lands in freshly allocated memory (1 MB for a 262k vocabulary, which
+    /// costs page faults on each decode step).
+    pub fn recycle(&mut self, logits: Vec<f32>) {
+        if logits.capacity() > self.spare_logits.capacity() {
+            self.spare_logits = logits;
+        }
     }
 
     /// Where the steps since the last call spent their time (and starts a new count).

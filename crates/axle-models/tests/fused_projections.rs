@@ -6,59 +6,9 @@
 //! that path against libllama and against itself.)
 mod common;
 
-use axle_models::{
-    FusedProjections, LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput,
-};
+use axle_models::{FusedProjections, Model, ModelOptions};
 use std::path::Path;
 use std::sync::Arc;
-
-const TEXT: &str = "Paged attention keeps each sequence's keys and values in fixed blocks, \
-    and a prefix cache lets a later request reuse the blocks of a prompt it shares.";
-
-/// Logits of every row of: the prompt in one step, three decode steps, then a verify step of
-/// four tokens (the greedy tokens of the decode steps fed back, as drafts would be).
-fn logits(model: Arc<Model>) -> Vec<Vec<f32>> {
-    let mut runner = Runner::new(
-        model.clone(),
-        RunnerOptions {
-            kv_slots: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let table: Vec<u32> = (0..256 / runner.options().block_size).collect();
-    let prompt = model.tokenizer.encode(TEXT, true, false);
-    let p = prompt.len() as u32;
-    let mut tokens = prompt.clone();
-    let mut out = Vec::new();
-    let feed = |runner: &mut Runner, tokens: &[u32], from: usize| {
-        let step = runner
-            .step(&[SeqInput {
-                tokens: tokens[from..].to_vec(),
-                start_pos: from as u32,
-                prompt_len: p,
-                block_table: table.clone(),
-                logits: LogitRows::All,
-                pick: false,
-                state: Default::default(),
-            }])
-            .unwrap();
-        (0..tokens.len() - from)
-            .map(|i| step.row(i).to_vec())
-            .collect::<Vec<_>>()
-    };
-    let rows = feed(&mut runner, &tokens, 0);
-    tokens.push(common::argmax(rows.last().unwrap()) as u32);
-    out.extend(rows);
-    for _ in 0..3 {
-        let rows = feed(&mut runner, &tokens, tokens.len() - 1);
-        tokens.push(common::argmax(&rows[0]) as u32);
-        out.extend(rows);
-    }
-    // Verify: the last four tokens again, over the cache the decode steps wrote.
-    out.extend(feed(&mut runner, &tokens, tokens.len() - 4));
-    out
-}
 
 fn load(path: &Path, fused: FusedProjections) -> Arc<Model> {
     Arc::new(
@@ -91,12 +41,7 @@ fn check(path: &Path, fused_per_layer: usize) {
     assert!(load(path, FusedProjections::Devices)
         .fused_weights()
         .is_empty());
-    let (a, b) = (logits(fused), logits(separate));
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        let d = common::max_abs_diff(x, y);
-        assert!(d == 0.0, "{}: row {i} differs by {d}", path.display());
-    }
+    common::assert_same_step_logits(fused, separate, path);
 }
 
 #[test]

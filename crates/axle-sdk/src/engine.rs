@@ -780,6 +780,7 @@ impl EngineCore {
             Err(e) => return self.fail_all(&plan, e.to_string()),
         };
         let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find_row(i, j));
+        self.runner.recycle(out.logits);
         if let Some(st) = &mut self.states {
             // Where each sequence's next step starts: after a verify step of d drafts with a
             // accepted, the state d - a tokens back from the step's end.

@@ -238,6 +238,10 @@ pub struct RuntimeReport {
     /// `wide`, `groups`), and why where the default gave way at load; absent without devices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_products: Option<String>,
+    /// What memory a native model's host weights are read from (`huge pages`, `mapped`); absent
+    /// on delegated routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory: Option<String>,
 }
 
 impl RuntimeReport {
@@ -280,6 +284,7 @@ impl RuntimeReport {
             axle_version: env!("CARGO_PKG_VERSION").into(),
             device: None,
             device_products: None,
+            host_memory: None,
         }
     }
 
@@ -304,6 +309,14 @@ impl RuntimeReport {
     /// The report with the device a native model runs on.
     pub fn on_device(mut self, model: &axle_models::Model) -> RuntimeReport {
         self.device = Some(model.device_summary());
+        self.host_memory = Some(
+            if model.weights_in_huge_pages() {
+                "huge pages"
+            } else {
+                "mapped"
+            }
+            .to_string(),
+        );
         self
     }
 

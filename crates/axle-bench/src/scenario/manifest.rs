@@ -70,6 +70,10 @@ pub struct ModelSpec {
     /// RPC servers (`host:port`) whose devices to attach.
     #[serde(default)]
     pub rpc: Vec<String>,
+    /// What memory the CPU reads weights from: `huge-pages` (absent) or `mapped`
+    /// (`ModelOptions::host_memory`).
+    #[serde(default)]
+    pub host_memory: Option<String>,
     /// libllama's `--split-mode` over several GPUs: `layer` (absent), `row` or `tensor`.
     #[serde(default)]
     pub oracle_split_mode: Option<String>,

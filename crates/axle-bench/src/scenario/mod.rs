@@ -72,6 +72,10 @@ pub fn run_manifest(m: &Manifest, dir: &Path, opts: &RunOptions) -> Result<Artif
                 Some(s) => s.parse().map_err(BenchError::Invalid)?,
                 None => Default::default(),
             },
+            host_memory: match &m.model.host_memory {
+                Some(s) => s.parse().map_err(BenchError::Invalid)?,
+                None => Default::default(),
+            },
             ..Default::default()
         },
     )?);

@@ -80,7 +80,7 @@ pub fn top2_gap(v: &[f32]) -> f32 {
 }
 
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
+use axle_models::{LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput, Sequence};
 use std::sync::Arc;
 
 const CONTINUATION: usize = 64;
@@ -197,4 +197,65 @@ pub fn run_oracle_suite_path(path: &std::path::Path, prompts: &[String], min_ide
         "only {identical}/{} greedy continuations identical",
         prompts.len()
     );
+}
+
+/// Text for [`step_logits`].
+const STEP_TEXT: &str = "Paged attention keeps each sequence's keys and values in fixed blocks, \
+    and a prefix cache lets a later request reuse the blocks of a prompt it shares.";
+
+/// Logits of every row of (for checks that two ways of loading or running a model give the same
+/// numbers): the prompt in one step, three decode steps, then a verify step of
+/// four tokens (the greedy tokens of the decode steps fed back, as drafts would be).
+pub fn step_logits(model: Arc<Model>) -> Vec<Vec<f32>> {
+    let mut runner = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            kv_slots: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let table: Vec<u32> = (0..256 / runner.options().block_size).collect();
+    let prompt = model.tokenizer.encode(STEP_TEXT, true, false);
+    let p = prompt.len() as u32;
+    let mut tokens = prompt.clone();
+    let mut out = Vec::new();
+    let feed = |runner: &mut Runner, tokens: &[u32], from: usize| {
+        let step = runner
+            .step(&[SeqInput {
+                tokens: tokens[from..].to_vec(),
+                start_pos: from as u32,
+                prompt_len: p,
+                block_table: table.clone(),
+                logits: LogitRows::All,
+                pick: false,
+                state: Default::default(),
+            }])
+            .unwrap();
+        (0..tokens.len() - from)
+            .map(|i| step.row(i).to_vec())
+            .collect::<Vec<_>>()
+    };
+    let rows = feed(&mut runner, &tokens, 0);
+    tokens.push(argmax(rows.last().unwrap()) as u32);
+    out.extend(rows);
+    for _ in 0..3 {
+        let rows = feed(&mut runner, &tokens, tokens.len() - 1);
+        tokens.push(argmax(&rows[0]) as u32);
+        out.extend(rows);
+    }
+    // Verify: the last four tokens again, over the cache the decode steps wrote.
+    out.extend(feed(&mut runner, &tokens, tokens.len() - 4));
+    out
+}
+
+/// Asserts that two models give the same [`step_logits`], bit for bit (`path`: the model file,
+/// for the failure message).
+pub fn assert_same_step_logits(a: Arc<Model>, b: Arc<Model>, path: &std::path::Path) {
+    let (a, b) = (step_logits(a), step_logits(b));
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let d = max_abs_diff(x, y);
+        assert!(d == 0.0, "{}: row {i} differs by {d}", path.display());
+    }
 }

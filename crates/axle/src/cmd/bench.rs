@@ -590,6 +590,7 @@ fn quick(
             rpc: d.rpc,
             oracle_split_mode: None,
             split_mode: (d.split_mode == axle_models::SplitMode::Tensor).then(|| "tensor".into()),
+            host_memory: Some(d.host_memory.to_string()),
         },
         route: None,
         workload,

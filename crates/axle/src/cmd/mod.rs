@@ -55,6 +55,11 @@ pub struct DeviceArgs {
     /// weights).
     #[arg(long, default_value_t)]
     pub fused_projections: axle_models::FusedProjections,
+    /// What memory the CPU reads weights from: `huge-pages` (a copy backed by 2 MiB transparent
+    /// huge pages, where Linux offers them and memory allows; the default: faster CPU decoding)
+    /// or `mapped` (the file's pages, used in place).
+    #[arg(long, default_value_t)]
+    pub host_memory: axle_models::HostMemory,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -269,6 +274,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         rpc: device.rpc.clone(),
         split_mode: device.split_mode,
         fused_projections: device.fused_projections,
+        host_memory: device.host_memory,
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
