@@ -360,90 +360,23 @@ impl TensorStore {
                 continue;
             }
             match target {
-                None if huge => {
-                    // A copy in huge pages: one host buffer over it; tensors at aligned offsets.
-                    let align = CPU_ALIGNMENT;
-                    let mut offsets = Vec::with_capacity(tensors.len());
-                    let mut size = 0usize;
-                    for (src, _) in &tensors {
-                        offsets.push(size);
-                        size += (src.nbytes(infos) as usize).div_ceil(align) * align;
-                    }
-                    let region = HugeRegion::filled(size.max(align), |bytes| {
-                        for ((src, _), &off) in tensors.iter().zip(&offsets) {
-                            let mut at = off;
-                            for &i in src.parts() {
-                                let data = file.tensor_data(&infos[i]);
-                                bytes[at..at + data.len()].copy_from_slice(data);
-                                at += data.len();
-                                done += data.len() as u64;
-                                progress(done, total);
-                            }
-                        }
-                    })?;
-                    let base = region.as_ptr() as *mut u8;
-                    // SAFETY: the region outlives the buffer (both owned by the store; the buffer
-                    // is dropped first) and holds `len` bytes. ggml never writes to weights.
-                    let buf =
-                        unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base.cast(), region.len()) };
-                    if buf.is_null() {
-                        return Err(Error::Alloc("cpu buffer over huge pages".into()));
-                    }
-                    let buf = Buffer(buf);
-                    // SAFETY: a fresh buffer.
-                    unsafe {
-                        sys::ggml_backend_buffer_set_usage(
-                            buf.0,
-                            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-                        )
-                    };
-                    for ((_, t), &off) in tensors.iter().zip(&offsets) {
-                        // SAFETY: `off` + the tensor's bytes <= `size` = the region's length, so
-                        // the address lies inside buf, aligned to CPU_ALIGNMENT.
-                        let st = unsafe {
-                            sys::ggml_backend_tensor_alloc(buf.0, *t, base.add(off).cast())
-                        };
-                        if st != sys::GGML_STATUS_SUCCESS {
-                            return Err(Error::Alloc("placing weights in huge pages".into()));
-                        }
-                    }
-                    buffers.push(buf);
-                    huge_region = Some(region);
-                }
                 None => {
-                    // In place: one host buffer over the whole mapping; tensors point into it.
-                    let m = file.mmap().clone();
-                    // SAFETY: the mapping outlives the buffer (both owned by the store; the buffer is
-                    // dropped first). ggml never writes to weight tensors.
-                    let buf = unsafe {
-                        sys::ggml_backend_cpu_buffer_from_ptr(m.as_ptr() as *mut _, m.len())
-                    };
-                    if buf.is_null() {
-                        return Err(Error::Alloc("cpu buffer over mmap".into()));
-                    }
-                    // SAFETY: buf is a fresh buffer.
-                    unsafe {
-                        sys::ggml_backend_buffer_set_usage(
-                            buf,
-                            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-                        )
-                    };
-                    buffers.push(Buffer(buf));
-                    for (src, t) in tensors {
-                        let Source::File(i) = src else {
-                            unreachable!("fused weights always get a buffer of their own");
+                    // Host weights in their file layout: copied once to huge pages (see
+                    // `huge`), or used in place from the file's mapping.
+                    if huge {
+                        let mut copy_progress = |n: u64| {
+                            done += n;
+                            progress(done, total);
                         };
-                        let off = infos[i].file_offset as usize;
-                        // SAFETY: off + nbytes <= file size was checked when the file was opened, so
-                        // the address lies inside buf.
-                        let st = unsafe {
-                            sys::ggml_backend_tensor_alloc(buf, t, m.as_ptr().add(off) as *mut _)
-                        };
-                        if st != sys::GGML_STATUS_SUCCESS {
-                            return Err(Error::Alloc(format!("placing {} in mmap", infos[i].name)));
-                        }
+                        let (buf, region) =
+                            place_in_huge_pages(file, infos, &tensors, &mut copy_progress)?;
+                        buffers.push(buf);
+                        huge_region = Some(region);
+                    } else {
+                        let (buf, m) = place_in_mapping(file, infos, &tensors)?;
+                        buffers.push(buf);
+                        mmap = Some(m);
                     }
-                    mmap = Some(m);
                 }
                 Some(buft) => {
                     let buf =
@@ -600,6 +533,84 @@ fn alloc_for(buft: BufferType, tensors: &[*mut sys::ggml_tensor]) -> Result<Buff
         }
         Ok(buf)
     }
+}
+
+/// Places `tensors` (file tensors or fused ones) in one host buffer over a copy of their bytes
+/// in huge pages, at aligned offsets; `copied(n)` follows the bytes copied.
+fn place_in_huge_pages(
+    file: &GgufFile,
+    infos: &[TensorInfo],
+    tensors: &[(Source, *mut sys::ggml_tensor)],
+    copied: &mut dyn FnMut(u64),
+) -> Result<(Buffer, HugeRegion)> {
+    let mut offsets = Vec::with_capacity(tensors.len());
+    let mut size = 0usize;
+    for (src, _) in tensors {
+        offsets.push(size);
+        size += (src.nbytes(infos) as usize).div_ceil(CPU_ALIGNMENT) * CPU_ALIGNMENT;
+    }
+    let region = HugeRegion::filled(size.max(CPU_ALIGNMENT), |bytes| {
+        for ((src, _), &off) in tensors.iter().zip(&offsets) {
+            let mut at = off;
+            for &i in src.parts() {
+                let data = file.tensor_data(&infos[i]);
+                bytes[at..at + data.len()].copy_from_slice(data);
+                at += data.len();
+                copied(data.len() as u64);
+            }
+        }
+    })?;
+    let base = region.as_ptr() as *mut u8;
+    // SAFETY: the region outlives the buffer (both owned by the store; the buffer is dropped
+    // first) and holds `len` bytes. ggml never writes to weights.
+    let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base.cast(), region.len()) };
+    if buf.is_null() {
+        return Err(Error::Alloc("cpu buffer over huge pages".into()));
+    }
+    let buf = Buffer(buf);
+    // SAFETY: a fresh buffer.
+    unsafe { sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+    for ((_, t), &off) in tensors.iter().zip(&offsets) {
+        // SAFETY: `off` + the tensor's bytes <= `size` = the region's length, so the address
+        // lies inside buf, aligned to CPU_ALIGNMENT.
+        let st = unsafe { sys::ggml_backend_tensor_alloc(buf.0, *t, base.add(off).cast()) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Alloc("placing weights in huge pages".into()));
+        }
+    }
+    Ok((buf, region))
+}
+
+/// Places file tensors in one host buffer over the file's whole mapping, each at its own bytes.
+fn place_in_mapping(
+    file: &GgufFile,
+    infos: &[TensorInfo],
+    tensors: &[(Source, *mut sys::ggml_tensor)],
+) -> Result<(Buffer, Arc<Mmap>)> {
+    let m = file.mmap().clone();
+    // SAFETY: the mapping outlives the buffer (both owned by the store; the buffer is dropped
+    // first). ggml never writes to weight tensors.
+    let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(m.as_ptr() as *mut _, m.len()) };
+    if buf.is_null() {
+        return Err(Error::Alloc("cpu buffer over mmap".into()));
+    }
+    let buf = Buffer(buf);
+    // SAFETY: buf is a fresh buffer.
+    unsafe { sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+    for (src, t) in tensors {
+        let Source::File(i) = src else {
+            unreachable!("fused weights always get a buffer of their own");
+        };
+        let off = infos[*i].file_offset as usize;
+        // SAFETY: off + nbytes <= file size was checked when the file was opened, so the
+        // address lies inside buf.
+        let st =
+            unsafe { sys::ggml_backend_tensor_alloc(buf.0, *t, m.as_ptr().add(off) as *mut _) };
+        if st != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Alloc(format!("placing {} in mmap", infos[*i].name)));
+        }
+    }
+    Ok((buf, m))
 }
 
 /// Where a loaded tensor's bytes come from.
