@@ -6,12 +6,12 @@ use crate::huge_pages::HugeRegion;
 use crate::{Backend, BufferType, Context, DType, Error, Result, Tensor};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// Alignment of tensors in host buffers that ggml's CPU kernels read (ggml's own CPU buffers
 /// align to 64 bytes, as does its GGUF loader's default).
 const CPU_ALIGNMENT: usize = 64;
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 struct Buffer(sys::ggml_backend_buffer_t);
 impl Drop for Buffer {
