@@ -1134,9 +1134,8 @@ impl Runner {
         v
     }
 
-    /// Hands a step's logits buffer back for the next step to read into: without it, every
-    /// step's read-back lands in freshly allocated memory (1 MB for a 262k vocabulary, which
-    /// costs page faults on each decode step).
+    /// Hands a step's logits buffer back for the next step to read into, so that a decode step's
+    /// read-back (1 MB for a 262k vocabulary) is not a fresh allocation each time.
     pub fn recycle(&mut self, logits: Vec<f32>) {
         if logits.capacity() > self.spare_logits.capacity() {
             self.spare_logits = logits;
