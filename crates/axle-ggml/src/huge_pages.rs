@@ -43,10 +43,9 @@ impl HugeRegion {
             .map_anon()
             .map_err(|e| io("anonymous memory for weights", e))?;
         let skip = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
-        // Best effort: a refused advice leaves ordinary pages, which hold the same bytes.
-        #[cfg(target_os = "linux")]
-        let _ = map.advise_range(memmap2::Advice::HugePage, skip, len);
-        fill(&mut map[skip..skip + len]);
+        let bytes = &mut map[skip..skip + len];
+        advise_huge(bytes.as_mut_ptr(), len);
+        fill(bytes);
         let map = map
             .make_read_only()
             .map_err(|e| io("making weights read-only", e))?;
