@@ -20,14 +20,19 @@
 //! checks at run time, once, that this build's ggml gives bit-identical results, and turns the
 //! kernel off otherwise.
 //!
+//! Past [`MAX_COLUMNS`] columns (prefill), Q4_1 products go through a tiled kernel of the same
+//! arithmetic on CPUs with AVX-512 VNNI ([`wide`]): there ggml still multiplies one (row, column)
+//! at a time, and a SmolLM2 prefill spent 70% of its time in that dot product.
+//!
 //! Hand-written because no crate provides ggml-compatible quantized kernels; it is wired in as a
 //! ggml custom op, so graphs, threads and memory stay ggml's.
 use crate::{DType, Tensor};
 use llama_cpp_sys_2 as sys;
 use std::os::raw::{c_int, c_void};
 
-/// Most columns a product may have to go through this kernel: beyond that, prefill-sized
-/// products keep ggml's kernel (whose per-column numbers are the same).
+/// Most columns a product may have to go through the few-column kernel: beyond that,
+/// prefill-sized products take the tiled kernel ([`wide_supported`], Q4_1) or keep ggml's kernel
+/// (whose per-column numbers are the same).
 pub const MAX_COLUMNS: i64 = 32;
 
 const QK: usize = 32;
@@ -71,6 +76,15 @@ impl Kind {
             1 => Kind::Q5_0,
             _ => Kind::Q8_0,
         }
+    }
+
+    /// Whether products of more than [`MAX_COLUMNS`] columns take [`wide`]'s kernel: Q4_1, which
+    /// ggml multiplies one (row, column) at a time there (the kernel: 2.0-2.1x ggml's product at
+    /// 512 columns on this project's AVX-512 machine, `examples/block_products.rs`). Q5_0 and
+    /// Q8_0 keep llamafile's tinyBLAS, which ggml uses from 2 columns, and which tiles them
+    /// already (the kernel: 0.79-0.87x it).
+    fn wide(self) -> bool {
+        self == Kind::Q4_1
     }
 
     const fn block_bytes(self) -> usize {
@@ -120,8 +134,27 @@ pub fn supported() -> bool {
     })
 }
 
+/// Whether products of more than [`MAX_COLUMNS`] columns (prefill) go through the tiled kernel
+/// of [`wide`]: the CPU has AVX-512 VNNI and the kernel gives this build's ggml's bits (checked
+/// once per process). Otherwise they keep ggml's kernels.
+pub fn wide_supported() -> bool {
+    static AGREES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AGREES.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the CPU features were checked just before.
+            supported() && wide::cpu_has() && unsafe { wide::agrees_with_ggml() }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// Whether `w @ x` can go through [`op`]: Q4_1, Q5_0 or Q8_0 weights in plain host memory, 2 to
-/// `MAX_COLUMNS` contiguous f32 columns, no batch dimensions, and a CPU that runs the kernel.
+/// `MAX_COLUMNS` contiguous f32 columns (or more, where [`wide_supported`]), no batch dimensions,
+/// and a CPU that runs the kernel.
 pub fn applies(w: Tensor<'_>, x: Tensor<'_>) -> bool {
     let [k, m, w2, w3] = w.ne();
     let [xk, n, x2, x3] = x.ne();
@@ -133,7 +166,7 @@ pub fn applies(w: Tensor<'_>, x: Tensor<'_>) -> bool {
         && k % QK as i64 == 0
         && m > 0
         && [w2, w3, x2, x3] == [1, 1, 1, 1]
-        && (2..=MAX_COLUMNS).contains(&n)
+        && ((2..=MAX_COLUMNS).contains(&n) || (n > MAX_COLUMNS && kind.wide() && wide_supported()))
         && w.nb()[0] == kind.block_bytes()
         && x.nb()[0] == 4
         && x.nb()[1] == 4 * k as usize
@@ -165,6 +198,9 @@ pub(crate) unsafe extern "C" fn op(
 }
 
 #[cfg(target_arch = "x86_64")]
+mod wide;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Kind, QK};
     use crate::DType;
@@ -190,37 +226,53 @@ mod x86 {
         block: usize,
     }
 
+    /// ggml's quantizer for the kind's column type (its `vec_dot_type`'s `from_float`, what its
+    /// mul_mat quantizes activations with).
+    pub(super) fn column_quantizer(
+        kind: Kind,
+    ) -> unsafe extern "C" fn(*const f32, *mut std::os::raw::c_void, i64) {
+        let (col_type, _, _) = kind.columns();
+        // SAFETY: ggml returns static traits for every type id.
+        let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
+        let Some(quantize) = traits.from_float else {
+            unreachable!("ggml's CPU traits quantize to Q8_0 and Q8_1")
+        };
+        quantize
+    }
+
+    /// A quantized column block's scale and (Q8_1, for Q4_1 weights) scaled sum as f32; the sum
+    /// is 0 for Q8_0 columns.
+    ///
+    /// # Safety
+    /// The CPU has F16C.
+    #[target_feature(enable = "f16c")]
+    pub(super) unsafe fn scale_and_sum(kind: Kind, blk: &[u8]) -> (f32, f32) {
+        let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+        let s = match kind {
+            Kind::Q4_1 => f16_to_f32(u16::from_le_bytes([blk[2], blk[3]])),
+            Kind::Q5_0 | Kind::Q8_0 => 0.0,
+        };
+        (d, s)
+    }
+
     impl Quantized {
         /// # Safety
         /// `src(c)` points at `nb * QK` readable f32 values for every `c < n`; the CPU has F16C.
         unsafe fn new(kind: Kind, nb: usize, n: usize, src: impl Fn(usize) -> *const f32) -> Self {
-            let (col_type, block, _) = kind.columns();
-            // SAFETY: ggml returns static traits for every type id.
-            let traits = unsafe { &*sys::ggml_get_type_traits_cpu(col_type) };
-            let Some(quantize) = traits.from_float else {
-                unreachable!("ggml's CPU traits quantize to Q8_0 and Q8_1")
-            };
+            let (_, block, _) = kind.columns();
+            let quantize = column_quantizer(kind);
             let mut q = vec![0u8; n * nb * block];
             let mut scale = vec![0f32; n * nb];
             let mut sum = vec![0f32; n * nb];
             for c in 0..n {
-                // SAFETY: the caller's contract for src(c); q has room for nb blocks here.
-                unsafe {
-                    quantize(
-                        src(c),
-                        q.as_mut_ptr().add(c * nb * block) as *mut _,
-                        (nb * QK) as i64,
-                    )
-                };
+                let col = &mut q[c * nb * block..(c + 1) * nb * block];
+                // SAFETY: the caller's contract for src(c); col has room for nb blocks.
+                unsafe { quantize(src(c), col.as_mut_ptr() as *mut _, (nb * QK) as i64) };
                 for b in 0..nb {
-                    let blk = &q[(c * nb + b) * block..];
                     // SAFETY: F16C (the caller's contract).
-                    unsafe {
-                        scale[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                        if kind == Kind::Q4_1 {
-                            sum[c * nb + b] = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
-                        }
-                    }
+                    let (d, s) = unsafe { scale_and_sum(kind, &col[b * block..]) };
+                    scale[c * nb + b] = d;
+                    sum[c * nb + b] = s;
                 }
             }
             Quantized {
@@ -350,6 +402,12 @@ mod x86 {
         let m = w.ne[1] as usize;
         let n = x.ne[1] as usize;
         let nb = k / QK;
+        if n > super::MAX_COLUMNS as usize {
+            // SAFETY: as this function's; `applies` admitted more than MAX_COLUMNS columns only
+            // where `wide::cpu_has`.
+            unsafe { super::wide::mul_mat(d, w, x, kind, ith, nth) };
+            return;
+        }
         let rows_per = m.div_ceil(nth);
         let (r0, r1) = ((ith * rows_per).min(m), ((ith + 1) * rows_per).min(m));
         if r0 == r1 {
@@ -381,14 +439,14 @@ mod x86 {
     /// An IEEE half to f32 (exact, as ggml's conversion is).
     #[target_feature(enable = "f16c")]
     #[inline]
-    fn f16_to_f32(h: u16) -> f32 {
+    pub(super) fn f16_to_f32(h: u16) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
     }
 
     /// ggml's `hsum_float_8`, in its order.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn hsum(x: __m256) -> f32 {
+    pub(super) fn hsum(x: __m256) -> f32 {
         let mut r = _mm256_extractf128_ps(x, 1);
         r = _mm_add_ps(r, _mm256_castps256_ps128(x));
         r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -403,7 +461,7 @@ mod x86 {
     /// `p` points at 16 readable bytes.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
         // SAFETY: caller's contract; unaligned load.
         let tmp = unsafe { _mm_loadu_si128(p as *const __m128i) };
         let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
@@ -413,7 +471,7 @@ mod x86 {
     /// ggml's `bytes_from_bits_32`: 32 bits to 32 bytes of 0xFF (bit set) or 0.
     #[target_feature(enable = "avx2")]
     #[inline]
-    fn bits(x32: u32) -> __m256i {
+    pub(super) fn bits(x32: u32) -> __m256i {
         let shuf = _mm256_set_epi64x(
             0x0303030303030303,
             0x0202020202020202,
@@ -423,6 +481,40 @@ mod x86 {
         let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
         let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
         _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    /// A weight block's scale, minimum (Q4_1; 0 for the others) and 32 quants as bytes: Q4_1's
+    /// unsigned (0..=15), Q5_0's and Q8_0's signed, as ggml's dot products unpack them.
+    ///
+    /// # Safety
+    /// `blk` points at one block of `kind`; the CPU has AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(super) unsafe fn weight_block(kind: Kind, blk: *const u8) -> (f32, f32, __m256i) {
+        // SAFETY: the caller's contract; unaligned reads.
+        let dw = f16_to_f32(unsafe { (blk as *const u16).read_unaligned() });
+        match kind {
+            Kind::Q4_1 => {
+                // SAFETY: as above (m at byte 2, nibbles at byte 4).
+                let mw = f16_to_f32(unsafe { (blk.add(2) as *const u16).read_unaligned() });
+                (dw, mw, unsafe { nibbles(blk.add(4)) })
+            }
+            Kind::Q5_0 => {
+                // SAFETY: as above (fifth bits at byte 2, nibbles at byte 6).
+                let (qh, lo) = unsafe {
+                    (
+                        (blk.add(2) as *const u32).read_unaligned(),
+                        nibbles(blk.add(6)),
+                    )
+                };
+                let hi = _mm256_andnot_si256(bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+                (dw, 0.0, _mm256_or_si256(lo, hi))
+            }
+            // SAFETY: as above (32 signed bytes at byte 2).
+            Kind::Q8_0 => (dw, 0.0, unsafe {
+                _mm256_loadu_si256(blk.add(2) as *const __m256i)
+            }),
+        }
     }
 
     /// Dot products of one weight row with N quantized columns, each as ggml's one-column dot
@@ -448,32 +540,12 @@ mod x86 {
             // SAFETY: block b of the row (caller's contract); unaligned reads.
             let blk = unsafe { wrow.add(b * bb) };
             // SAFETY: as above.
-            let dw = f16_to_f32(unsafe { (blk as *const u16).read_unaligned() });
+            let (dw, mw, qx) = unsafe { weight_block(kind, blk) };
             // Q4_1: unsigned weights 0..=15 times signed activations, plus m * s. Q8_0 and Q5_0:
             // signed times signed, through ggml's sign trick (|w| times sign(w) * x).
-            let (mw, wx, wsign) = match kind {
-                Kind::Q4_1 => {
-                    // SAFETY: as above (m at byte 2, nibbles at byte 4).
-                    let mw = f16_to_f32(unsafe { (blk.add(2) as *const u16).read_unaligned() });
-                    (mw, unsafe { nibbles(blk.add(4)) }, None)
-                }
-                Kind::Q5_0 => {
-                    // SAFETY: as above (fifth bits at byte 2, nibbles at byte 6).
-                    let (qh, lo) = unsafe {
-                        (
-                            (blk.add(2) as *const u32).read_unaligned(),
-                            nibbles(blk.add(6)),
-                        )
-                    };
-                    let hi = _mm256_andnot_si256(bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
-                    let qx = _mm256_or_si256(lo, hi);
-                    (0.0, _mm256_sign_epi8(qx, qx), Some(qx))
-                }
-                Kind::Q8_0 => {
-                    // SAFETY: as above (32 signed bytes at byte 2).
-                    let qx = unsafe { _mm256_loadu_si256(blk.add(2) as *const __m256i) };
-                    (0.0, _mm256_sign_epi8(qx, qx), Some(qx))
-                }
+            let (wx, wsign) = match kind {
+                Kind::Q4_1 => (qx, None),
+                Kind::Q5_0 | Kind::Q8_0 => (_mm256_sign_epi8(qx, qx), Some(qx)),
             };
             for j in 0..N {
                 let c = &cols[j];

@@ -484,8 +484,9 @@ impl Context {
         y
     }
     /// `a^T @ b` for a product with a few columns, through a kernel that unpacks each weight block
-    /// once for all columns (see [`crate::few_columns`]); each column's numbers are bit-identical
-    /// to ggml's one-column product. `None` where the kernel does not apply (weight type, column
+    /// once for all columns, or with many (prefill) through a tiled kernel (see
+    /// [`crate::few_columns`]); each column's numbers are bit-identical to ggml's one-column
+    /// product. `None` where the kernel does not apply (weight type, column
     /// count, layout, memory, CPU): use [`Context::mul_mat`] then.
     pub fn mul_mat_few<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Option<Tensor<'a>> {
         if !crate::few_columns::applies(a, b) {

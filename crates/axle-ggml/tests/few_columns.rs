@@ -1,6 +1,6 @@
-//! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights, every column
-//! bit-identical to ggml's one-column result, at every width it takes, with rows split over
-//! threads.
+//! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights (and the
+//! tiled kernel for Q4_1 at prefill widths), every column bit-identical to ggml's one-column
+//! result, at every width it takes, with rows (columns) split over threads.
 mod common;
 
 use axle_ggml::{few_columns, BufferType, Context, DType, TensorStore};
@@ -50,7 +50,8 @@ fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, th
         .write_bytes_at(0, &blocks(dtype, (k / 32 * m) as usize, &mut rng))
         .expect("write weights");
     for n in widths {
-        let ctx = Context::new(256, 256).expect("context");
+        let size = 4 * n as usize + 64;
+        let ctx = Context::new(size, size).expect("context");
         let x = ctx.input(DType::F32, &[k, n], "x");
         let few = ctx
             .mul_mat_few(w.t(), x)
@@ -67,13 +68,13 @@ fn check(dtype: DType, k: i64, m: i64, widths: std::ops::RangeInclusive<i64>, th
             })
             .collect();
         let whole = ctx.mul_mat(w.t(), x).named("whole").as_output();
-        let mut g = ctx.graph(256);
+        let mut g = ctx.graph(size);
         g.expand(few);
         for &s in &singles {
             g.expand(s);
         }
         g.expand(whole);
-        let _sched = common::compute_with_random_input(&mut g, x, threads, &mut rng);
+        let _sched = common::compute_with_random_input_sized(&mut g, x, threads, size, &mut rng);
         let mut got: Vec<f32> = Vec::new();
         few.read(&mut got).expect("read");
         let mut all: Vec<f32> = Vec::new();
@@ -118,11 +119,47 @@ fn every_column_matches_ggml_bit_for_bit() {
 }
 
 #[test]
+fn prefill_widths_match_ggml_bit_for_bit() {
+    // Past MAX_COLUMNS, Q4_1 products take the tiled kernel where the CPU has AVX-512 VNNI
+    // (`few_columns::wide_supported`); elsewhere they must decline and keep ggml's kernel.
+    let avx512_vnni = std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512vnni");
+    assert_eq!(
+        few_columns::wide_supported(),
+        avx512_vnni && few_columns::supported(),
+        "the tiled kernel must run on every CPU with AVX-512 VNNI (its self-check against ggml failed?)"
+    );
+    if !few_columns::wide_supported() {
+        eprintln!("no AVX-512 VNNI here: checking that prefill widths keep ggml's kernel");
+        let store = TensorStore::zeroed(
+            BufferType::cpu(),
+            &[("w".into(), DType::Q4_1, vec![576, 8])],
+        )
+        .expect("buffer");
+        let ctx = Context::new(16, 0).expect("context");
+        let x = ctx.tensor(DType::F32, &[576, few_columns::MAX_COLUMNS + 1]);
+        let w = store.get("w").expect("w");
+        assert!(ctx.mul_mat_few(w.t(), x).is_none());
+        return;
+    }
+    // Row counts that leave tiles of 16 with tails of 4, 2 and 1 rows; column counts past 32
+    // with and without a partial group of 4, uneven between the threads; SmolLM2's shapes.
+    let widest = few_columns::MAX_COLUMNS;
+    check(DType::Q4_1, 576, 199, widest + 1..=widest + 6, 2);
+    check(DType::Q4_1, 576, 37, 64..=64, 3);
+    check(DType::Q4_1, 1536, 61, 127..=128, 2);
+    check(DType::Q4_1, 576, 1536, 512..=512, 2);
+}
+
+#[test]
 fn declines_what_it_does_not_cover() {
     let store = TensorStore::zeroed(
         BufferType::cpu(),
         &[
             ("q4_1".into(), DType::Q4_1, vec![64, 8]),
+            ("q8_0".into(), DType::Q8_0, vec![64, 8]),
             ("f32".into(), DType::F32, vec![64, 8]),
             ("f16".into(), DType::F16, vec![64, 8]),
         ],
@@ -137,9 +174,18 @@ fn declines_what_it_does_not_cover() {
         ctx.mul_mat_few(q.t(), x(1)).is_none(),
         "one column: ggml's own"
     );
-    assert!(ctx
-        .mul_mat_few(q.t(), x(few_columns::MAX_COLUMNS + 1))
-        .is_none());
+    assert_eq!(
+        ctx.mul_mat_few(q.t(), x(few_columns::MAX_COLUMNS + 1))
+            .is_some(),
+        few_columns::wide_supported(),
+        "Q4_1 past MAX_COLUMNS: the tiled kernel, where the CPU runs it"
+    );
+    let q8 = store.get("q8_0").expect("q8_0");
+    assert!(
+        ctx.mul_mat_few(q8.t(), x(few_columns::MAX_COLUMNS + 1))
+            .is_none(),
+        "Q8_0 past MAX_COLUMNS: llamafile's tinyBLAS"
+    );
     assert!(ctx.mul_mat_few(f.t(), x(4)).is_none(), "f32 weights");
     let h = store.get("f16").expect("f16");
     assert!(ctx.mul_mat_few(h.t(), x(4)).is_none(), "f16 weights");

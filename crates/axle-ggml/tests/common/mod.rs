@@ -27,8 +27,20 @@ pub fn compute_with_random_input<'a>(
     threads: usize,
     rng: &mut Lcg,
 ) -> GraphScheduler {
+    compute_with_random_input_sized(g, x, threads, 256, rng)
+}
+
+/// As [`compute_with_random_input`], for graphs of up to `nodes` nodes.
+#[allow(dead_code)] // not every test computes a graph this way
+pub fn compute_with_random_input_sized<'a>(
+    g: &mut Graph<'a>,
+    x: Tensor<'a>,
+    threads: usize,
+    nodes: usize,
+    rng: &mut Lcg,
+) -> GraphScheduler {
     let mut sched =
-        GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], 256).expect("scheduler");
+        GraphScheduler::new(vec![Backend::cpu(threads).expect("cpu")], nodes).expect("scheduler");
     sched.alloc(0, g).expect("alloc");
     let xs: Vec<f32> = (0..x.nelements()).map(|_| rng.unit() * 2.0).collect();
     x.write(&xs).expect("write x");
