@@ -20,9 +20,10 @@
 //! checks at run time, once, that this build's ggml gives bit-identical results, and turns the
 //! kernel off otherwise.
 //!
-//! Past [`MAX_COLUMNS`] columns (prefill), Q4_1 products go through a tiled kernel of the same
-//! arithmetic on CPUs with AVX-512 VNNI ([`wide`]): there ggml still multiplies one (row, column)
-//! at a time, and a SmolLM2 prefill spent 70% of its time in that dot product.
+//! Past [`MAX_COLUMNS`] columns (prefill), Q4_1 and Q5_0 products go through a tiled kernel of
+//! the same arithmetic on CPUs with AVX-512 VNNI ([`wide`]): there ggml still multiplies Q4_1
+//! one (row, column) at a time (70% of a SmolLM2 prefill), and gives Q5_0 (47% of a Gemma 3
+//! prefill) to llamafile's tinyBLAS, which the tiled kernel outruns by 12-20%.
 //!
 //! Hand-written because no crate provides ggml-compatible quantized kernels; it is wired in as a
 //! ggml custom op, so graphs, threads and memory stay ggml's.
@@ -31,7 +32,8 @@ use llama_cpp_sys_2 as sys;
 use std::os::raw::{c_int, c_void};
 
 /// Most columns a product may have to go through the few-column kernel: beyond that,
-/// prefill-sized products take the tiled kernel ([`wide_supported`], Q4_1) or keep ggml's kernel
+/// prefill-sized products take the tiled kernel ([`wide_supported`]; Q4_1, Q5_0) or keep ggml's
+/// kernel
 /// (whose per-column numbers are the same).
 pub const MAX_COLUMNS: i64 = 32;
 
@@ -78,13 +80,13 @@ impl Kind {
         }
     }
 
-    /// Whether products of more than [`MAX_COLUMNS`] columns take [`wide`]'s kernel: Q4_1, which
-    /// ggml multiplies one (row, column) at a time there (the kernel: 2.0-2.1x ggml's product at
-    /// 512 columns on this project's AVX-512 machine, `examples/block_products.rs`). Q5_0 and
-    /// Q8_0 keep llamafile's tinyBLAS, which ggml uses from 2 columns, and which tiles them
-    /// already (the kernel: 0.79-0.87x it).
+    /// Whether products of more than [`MAX_COLUMNS`] columns take [`wide`]'s kernel, from what
+    /// `examples/block_products.rs` measured at 512 columns on this project's AVX-512 machine
+    /// (2 threads, SmolLM2's and Gemma 3's shapes): Q4_1, which ggml multiplies one (row, column)
+    /// at a time, 2.4-2.5x ggml's product; Q5_0, which ggml gives to llamafile's tinyBLAS,
+    /// 1.14-1.20x. Q8_0 keeps tinyBLAS (the kernel: 0.97x it).
     fn wide(self) -> bool {
-        self == Kind::Q4_1
+        matches!(self, Kind::Q4_1 | Kind::Q5_0)
     }
 
     const fn block_bytes(self) -> usize {

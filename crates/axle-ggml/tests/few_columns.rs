@@ -1,6 +1,6 @@
 //! The few-column kernel against ggml's own product: for Q4_1, Q5_0 and Q8_0 weights (and the
-//! tiled kernel for Q4_1 at prefill widths), every column bit-identical to ggml's one-column
-//! result, at every width it takes, with rows (columns) split over threads.
+//! tiled kernel for Q4_1 and Q5_0 at prefill widths), every column bit-identical to ggml's
+//! one-column result, at every width it takes, with rows (columns) split over threads.
 mod common;
 
 use axle_ggml::{few_columns, BufferType, Context, DType, TensorStore};
@@ -120,7 +120,7 @@ fn every_column_matches_ggml_bit_for_bit() {
 
 #[test]
 fn prefill_widths_match_ggml_bit_for_bit() {
-    // Past MAX_COLUMNS, Q4_1 products take the tiled kernel where the CPU has AVX-512 VNNI
+    // Past MAX_COLUMNS, Q4_1 and Q5_0 products take the tiled kernel where the CPU has AVX-512 VNNI
     // (`few_columns::wide_supported`); elsewhere they must decline and keep ggml's kernel.
     let avx512_vnni = std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512bw")
@@ -151,6 +151,11 @@ fn prefill_widths_match_ggml_bit_for_bit() {
     check(DType::Q4_1, 576, 37, 64..=64, 3);
     check(DType::Q4_1, 1536, 61, 127..=128, 2);
     check(DType::Q4_1, 576, 1536, 512..=512, 2);
+    // Gemma 3's Q5_0 shapes (its 640-wide rows are no multiple of 256, so K-quant files fall
+    // back to Q5_0 there).
+    check(DType::Q5_0, 640, 199, widest + 1..=widest + 6, 2);
+    check(DType::Q5_0, 2048, 61, 100..=100, 3);
+    check(DType::Q5_0, 640, 2048, 512..=512, 2);
 }
 
 #[test]
