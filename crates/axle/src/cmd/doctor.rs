@@ -29,6 +29,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "release"
         }
     );
+    let on = |b: bool| if b { "on" } else { "off" };
+    println!(
+        "axle's CPU products: few-column (Q4_1/Q5_0/Q8_0, 2-32 columns; AVX2) {}, \
+         prefill (Q4_1/Q5_0, more columns; AVX-512 VNNI) {}",
+        on(axle_ggml::few_columns::supported()),
+        on(axle_ggml::few_columns::wide_supported())
+    );
     println!("ggml: {}", system_info().trim());
     print_backends();
     for d in Device::all() {
