@@ -33,8 +33,7 @@ use std::os::raw::{c_int, c_void};
 
 /// Most columns a product may have to go through the few-column kernel: beyond that,
 /// prefill-sized products take the tiled kernel ([`wide_supported`]; Q4_1, Q5_0) or keep ggml's
-/// kernel
-/// (whose per-column numbers are the same).
+/// kernel (whose per-column numbers are the same).
 pub const MAX_COLUMNS: i64 = 32;
 
 const QK: usize = 32;

@@ -46,8 +46,9 @@ pub(super) fn cpu_has() -> bool {
 
 /// Quantized columns in groups of [`GROUP`], laid out for the microkernel: for group `g` and
 /// block `b`, the 4 columns' 32 quants one after another, their scales as f32, (Q4_1) their
-/// scaled sums as f32 and (Q5_0, Q8_0) the integer sums' starting values (see [`Groups::start`]).
-/// Columns past the last are zero (their results are discarded).
+/// scaled sums as f32 and (Q5_0, Q8_0) each of the 8 lanes' starting value for its integer sum:
+/// -128 times the sum of the lane's 4 quants, which takes back the 128 that [`Unpacked`] adds to
+/// the weights. Columns past the last are zero (their results are discarded).
 struct Groups {
     q: Vec<u8>,
     scale: Vec<f32>,
