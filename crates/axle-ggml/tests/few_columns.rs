@@ -118,17 +118,28 @@ fn every_column_matches_ggml_bit_for_bit() {
     }
 }
 
+/// What the tiled kernel needs of the CPU (the feature queries exist on x86 only).
+fn cpu_has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[test]
 fn prefill_widths_match_ggml_bit_for_bit() {
     // Past MAX_COLUMNS, Q4_1 and Q5_0 products take the tiled kernel where the CPU has AVX-512 VNNI
     // (`few_columns::wide_supported`); elsewhere they must decline and keep ggml's kernel.
-    let avx512_vnni = std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx512vl")
-        && std::is_x86_feature_detected!("avx512vnni");
     assert_eq!(
         few_columns::wide_supported(),
-        avx512_vnni && few_columns::supported(),
+        cpu_has_avx512_vnni() && few_columns::supported(),
         "the tiled kernel must run on every CPU with AVX-512 VNNI (its self-check against ggml failed?)"
     );
     if !few_columns::wide_supported() {
