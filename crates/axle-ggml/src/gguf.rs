@@ -120,6 +120,13 @@ impl GgufFile {
             path: path.clone(),
             source,
         };
+        // A FIFO, a device or a directory: opening one could block, or read forever.
+        if !std::fs::metadata(&path).map_err(io)?.is_file() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
         let mut file = std::fs::File::open(&path).map_err(io)?;
         let file_size = file.metadata().map_err(io)?.len();
         let mut magic = [0u8; 4];

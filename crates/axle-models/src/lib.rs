@@ -25,7 +25,9 @@ pub mod tokenizer;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::{HostKernels, Kernels};
-pub use model::{default_threads, FusedProjections, HostMemory, Model, ModelOptions};
+pub use model::{
+    default_threads, FusedProjections, HostMemory, Model, ModelOptions, MAX_THREADS_PER_CORE,
+};
 pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest, SplitMode};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
@@ -58,6 +60,9 @@ pub enum ModelError {
     /// Inconsistent hyperparameters.
     #[error("invalid model: {0}")]
     Invalid(String),
+    /// A load option out of range (named in the message).
+    #[error("invalid option: {0}")]
+    Option(String),
     /// The prompt and generation do not fit the context.
     #[error("prompt of {tokens} tokens does not fit the context of {limit} tokens")]
     ContextOverflow {

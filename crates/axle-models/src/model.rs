@@ -116,6 +116,9 @@ impl ModelOptions {
     }
 }
 
+/// The most CPU threads a model takes per core the machine has: more only contend.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
 /// Physical cores are what ggml scales with; use all available parallelism by default.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -156,6 +159,14 @@ impl Model {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model, ModelError> {
         let path = path.as_ref();
+        let cores = default_threads();
+        if opts.threads == 0 || opts.threads > MAX_THREADS_PER_CORE * cores {
+            return Err(ModelError::Option(format!(
+                "threads must be 1 to {} ({MAX_THREADS_PER_CORE} per core of this machine's {cores}), got {}",
+                MAX_THREADS_PER_CORE * cores,
+                opts.threads
+            )));
+        }
         let file = GgufFile::open(path)?;
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;

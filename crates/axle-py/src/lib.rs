@@ -363,6 +363,7 @@ impl Engine {
             state_slots,
             max_draft: if ngram { draft_len } else { 0 },
         };
+        sizing.check().map_err(|e| invalid(e.to_string()))?;
         let configure = |m: &Model| EngineConfig {
             kernels,
             device_products,

@@ -108,6 +108,45 @@ pub struct EngineSizing {
     pub max_draft: usize,
 }
 
+/// The longest context per sequence an engine takes (tokens): far past any model's, and small
+/// enough that KV slot counts of a few contexts stay inside `u32`.
+pub const MAX_CONTEXT: usize = 1 << 24;
+
+/// A size option out of range: which one (as the Python package spells it) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{option} must be {range}, got {got}")]
+pub struct SizeError {
+    /// The option.
+    pub option: &'static str,
+    /// What it must be.
+    pub range: String,
+    /// What it was.
+    pub got: usize,
+}
+
+impl EngineSizing {
+    /// Refuses sizes that cannot work, naming the option.
+    pub fn check(&self) -> Result<(), SizeError> {
+        let within = |option: &'static str, v: Option<usize>, max: usize| match v {
+            Some(got) if got == 0 || got > max => Err(SizeError {
+                option,
+                range: format!("1 to {max}"),
+                got,
+            }),
+            _ => Ok(()),
+        };
+        within("context", self.context, MAX_CONTEXT)?;
+        within(
+            "kv_slots",
+            self.kv_slots.map(|k| k as usize),
+            u32::MAX as usize,
+        )?;
+        within("max_batch_size", Some(self.max_seqs), MAX_CONTEXT)?;
+        within("max_batch_tokens", Some(self.max_batch_tokens), MAX_CONTEXT)?;
+        within("state_slots", self.state_slots, MAX_CONTEXT)
+    }
+}
+
 impl EngineConfig {
     /// The configuration `sizing` asks for on `model`.
     pub fn sized(model: &Model, sizing: &EngineSizing) -> EngineConfig {
@@ -117,7 +156,8 @@ impl EngineConfig {
         let max_seqs = sizing.max_seqs.max(1);
         let block_size = EngineConfig::default().block_size;
         let kv_slots = sizing.kv_slots.unwrap_or_else(|| {
-            let wanted = (ctx * sizing.kv_contexts.max(1)) as u32;
+            let wanted =
+                u32::try_from(ctx.saturating_mul(sizing.kv_contexts.max(1))).unwrap_or(u32::MAX);
             // The tightest memory (a device's share of the layers, or the host's) caps the default
             // pool; below one full context the runner refuses with the count that would fit.
             match axle_models::runner::kv_slots_that_fit(model, block_size) {

@@ -35,7 +35,9 @@ mod structured;
 
 pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
 pub use axle_structured::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
-pub use engine::{Drained, EngineConfig, EngineCore, EngineSizing, Output, RequestOptions};
+pub use engine::{
+    Drained, EngineConfig, EngineCore, EngineSizing, Output, RequestOptions, SizeError, MAX_CONTEXT,
+};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};
 pub use request::{

@@ -198,6 +198,12 @@ impl Session {
         req.validate()?;
         let plan = structured::plan(req, self.model.chat_template_source())?;
         let prompt = self.planned_tokens(req, &plan)?;
+        // Where the model has no grammar engine, calls are only parsed from the text.
+        if let (Some(calls), Ok(engine)) = (&plan.tool_check, self.grammar.get(&self.model)) {
+            engine
+                .compile(calls)
+                .map_err(|e| Rejection::invalid(Field::Tools, e.to_string()))?;
+        }
         let grammar = match &plan.constraint {
             Some((c, field)) => {
                 let engine = self.grammar.get(&self.model)?;

@@ -22,6 +22,9 @@ pub(crate) struct Plan {
     pub constraint: Option<(OutputConstraint, Field)>,
     /// The call format to look for in the output, and the functions that exist.
     pub tool_format: Option<(ToolFormat, Vec<String>)>,
+    /// The grammar of the tools' calls when the model may call them but need not (`tool_choice:
+    /// auto` without a format): compiled only to check the tools' schemas, never applied.
+    pub tool_check: Option<OutputConstraint>,
     /// The constraint is a grammar of JSON (tool calls): bound its runs of digits as for JSON.
     pub json_grammar: bool,
 }
@@ -90,15 +93,17 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
             "a required tool call leaves no room for a response_format answer",
         ));
     }
-    if forced || answer_schema.is_some() {
-        let c = call_constraint(
-            support.format,
-            &tools,
-            &req.tool_choice,
-            req.parallel_tool_calls,
-            answer_schema.as_ref(),
-        )
-        .map_err(|e| Rejection::invalid(Field::ToolChoice, e.to_string()))?;
+    let c = call_constraint(
+        support.format,
+        &tools,
+        &req.tool_choice,
+        req.parallel_tool_calls,
+        answer_schema.as_ref(),
+    )
+    .map_err(|e| Rejection::invalid(Field::ToolChoice, e.to_string()))?;
+    if !forced && answer_schema.is_none() {
+        plan.tool_check = Some(c);
+    } else {
         let field = if forced {
             Field::Tools
         } else {

@@ -44,6 +44,22 @@ impl ApiError {
         }
     }
 
+    /// 408 for a request whose body did not arrive within the body timeout (or, while every
+    /// connection slot was taken, arrived too slowly).
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("body_timeout"),
+            ..ApiError::bad_request(
+                format!(
+                    "the request body did not arrive within {:.1} s (or arrived too slowly while the server was full)",
+                    limit.as_secs_f64()
+                ),
+                None,
+            )
+        }
+    }
+
     /// 404 for an unknown model.
     pub fn unknown_model(name: &str) -> ApiError {
         ApiError {

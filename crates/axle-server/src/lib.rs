@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 mod api;
+mod body_deadline;
 mod error;
 mod listen;
 mod metrics;

@@ -1,15 +1,18 @@
 //! The connection layer under the router: how many connections are open at once, how long a
-//! connection may take to send a request head (or sit idle between requests), and shutting down
-//! within a bounded time. A client that closes its connection while its blocking request runs
+//! connection may take to send a request head (or sit idle between requests) and its body
+//! (`body_deadline.rs`), and shutting down within a bounded time. A client that closes its connection while its blocking request runs
 //! is noticed by hyper's HTTP/1 connection itself (it reads for end of stream mid-message), which
 //! drops the handler and so cancels the request.
 //!
 //! Hand-written over hyper's HTTP/1 connection rather than `axum::serve`, which has no
 //! header-read timeout, no connection cap and no grace period.
+use crate::body_deadline::{Pressure, TimedBody};
 use crate::ApiError;
+use axum::response::IntoResponse;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use smart_default::SmartDefault;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +29,11 @@ pub struct ServeOptions {
     /// idle after a response; otherwise it is closed.
     #[default(Duration::from_secs(15))]
     pub header_timeout: Duration,
+    /// A request's body must arrive within this time of its head; otherwise the request is
+    /// answered 408 and the connection closed. While every connection slot is taken, bodies
+    /// arriving slower than 16 KiB/s for over a second are cut at once.
+    #[default(Duration::from_secs(30))]
+    pub body_timeout: Duration,
     /// After SIGINT/SIGTERM, how long running requests get to finish before the rest are ended.
     #[default(Duration::from_secs(10))]
     pub shutdown_grace: Duration,
@@ -43,6 +51,7 @@ pub async fn serve(
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let cap = opts.max_connections;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let pressure = Pressure::default();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout);
@@ -59,26 +68,41 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // Answered while few refusals are in flight; past that, closed at once, so that a
-            // flood cannot hold descriptors through the refusals themselves.
-            if let Ok(refusing) = refusals.clone().try_acquire_owned() {
-                tokio::spawn(async move {
-                    refuse(stream, cap).await;
-                    drop(refusing);
-                });
-            }
+        let conn = Connection {
+            app: app.clone(),
+            http: http.clone(),
+            body_timeout: opts.body_timeout,
+            pressure: pressure.clone(),
+            watcher: graceful.watcher(),
+        };
+        if let Ok(permit) = slots.clone().try_acquire_owned() {
+            tokio::spawn(async move {
+                conn.serve(stream).await;
+                drop(permit);
+            });
+            continue;
+        }
+        // No free slot: slow bodies are told to give theirs up, and the newcomer waits a moment
+        // for one, while few newcomers wait; past that, or if none frees, it gets a 503 (past
+        // that too, it is closed at once, so that a flood cannot hold descriptors through the
+        // refusals themselves).
+        let Ok(waiting) = refusals.clone().try_acquire_owned() else {
             continue;
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let mut app = app.clone();
-            async move { tower::Service::call(&mut app, req).await }
-        });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        pressure.notify_waiters();
+        let slots = slots.clone();
         tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
+            match tokio::time::timeout(SLOT_WAIT, slots.acquire_owned()).await {
+                Ok(Ok(permit)) => {
+                    drop(waiting);
+                    conn.serve(stream).await;
+                    drop(permit);
+                }
+                _ => {
+                    refuse(stream, cap).await;
+                    drop(waiting);
+                }
+            }
         });
     }
     drop(listener);
@@ -91,8 +115,58 @@ pub async fn serve(
     Ok(())
 }
 
-/// Connections over the cap answered at once; more are closed without an answer.
+/// What serving one connection needs.
+struct Connection {
+    app: Router,
+    http: hyper::server::conn::http1::Builder,
+    body_timeout: Duration,
+    pressure: Pressure,
+    watcher: hyper_util::server::graceful::Watcher,
+}
+
+impl Connection {
+    /// Serves requests on `stream` until it closes. A request whose body is cut for being slow
+    /// is answered 408, and the connection closed.
+    async fn serve(self, stream: TcpStream) {
+        let Connection {
+            app,
+            http,
+            body_timeout,
+            pressure,
+            watcher,
+        } = self;
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let mut app = app.clone();
+                let cut = Arc::new(AtomicBool::new(false));
+                let (head, body) = req.into_parts();
+                let body = TimedBody::new(body, body_timeout, pressure.clone(), cut.clone());
+                let timed = axum::http::Request::from_parts(head, axum::body::Body::new(body));
+                async move {
+                    let r = tower::Service::call(&mut app, timed).await;
+                    if cut.load(Ordering::Acquire) {
+                        let mut late = ApiError::body_timeout(body_timeout).into_response();
+                        late.headers_mut().insert(
+                            axum::http::header::CONNECTION,
+                            axum::http::HeaderValue::from_static("close"),
+                        );
+                        return Ok(late);
+                    }
+                    r
+                }
+            });
+        let _ = watcher
+            .watch(http.serve_connection(TokioIo::new(stream), service))
+            .await;
+    }
+}
+
+/// Connections over the cap waiting for a slot or answered 503 at once; more are closed
+/// without an answer.
 const MAX_REFUSALS: usize = 64;
+
+/// How long a connection over the cap waits for a slot that slow bodies give up.
+const SLOT_WAIT: Duration = Duration::from_millis(250);
 
 /// Answers a connection over the cap with a 503 in OpenAI's shape and closes it: the answer, the
 /// end of our side, then what the client sent is read and dropped for up to a second, so that

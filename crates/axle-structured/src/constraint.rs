@@ -102,6 +102,8 @@ impl GrammarEngine {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| StructuredError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        // Errors go to clients: no parser state or grammar dump in them.
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarEngine { factory, digits })
     }
 
@@ -123,19 +125,74 @@ impl GrammarEngine {
         c: &OutputConstraint,
         digit_limit: Option<usize>,
     ) -> Result<Grammar, StructuredError> {
-        let parser = self
-            .factory
-            .create_parser(c.grammar()?)
-            .map_err(|e| StructuredError::Invalid(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(StructuredError::Invalid(e));
-        }
+        crate::limits::check(c)?;
+        let grammar = c.grammar()?;
+        let compiled = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("axle-grammar-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, || self.compile_here(grammar))
+                .map_err(|e| StructuredError::Worker(e.to_string()))?
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(StructuredError::Invalid(
+                        "the grammar compiler failed on this grammar".into(),
+                    ))
+                })
+        })?;
         Ok(Grammar {
-            matcher,
+            matcher: compiled,
             digits: digit_limit.map(|l| (self.digits.clone(), l)),
         })
     }
+
+    /// Compiles on the calling thread, then computes the first mask of a copy: a grammar that
+    /// compiles but cannot start (no token allowed, or a parser limit hit at once) is refused
+    /// here rather than when the request runs.
+    fn compile_here(
+        &self,
+        grammar: llguidance::api::TopLevelGrammar,
+    ) -> Result<Matcher, StructuredError> {
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(invalid(e));
+        }
+        let mut probe = matcher.deep_clone();
+        let mask = probe.compute_mask().map_err(|e| invalid(e.to_string()))?;
+        if let Some(e) = probe.get_error() {
+            return Err(invalid(e));
+        }
+        let accepting = probe.is_accepting().unwrap_or(false);
+        if mask.is_zero() && !accepting {
+            return Err(StructuredError::Invalid(
+                "the grammar admits no output (no token can start it)".into(),
+            ));
+        }
+        Ok(matcher)
+    }
+}
+
+/// The stack of the thread that compiles a grammar: the compiler recurses along the grammar's
+/// chains, and [`crate::MAX_GRAMMAR_DEPTH`] keeps every accepted grammar far inside this (the
+/// pages are reserved, not committed, until used).
+const COMPILE_STACK: usize = 64 << 20;
+
+/// The longest error message passed on from the grammar compiler.
+const MAX_ERROR_CHARS: usize = 300;
+
+/// A compiler error as the client sees it: its first line, cut short (llguidance's messages can
+/// carry its internal state on later lines).
+fn invalid(e: String) -> StructuredError {
+    let line = e.lines().next().unwrap_or("the grammar is invalid").trim();
+    let mut msg: String = line.chars().take(MAX_ERROR_CHARS).collect();
+    if msg.len() < line.len() {
+        msg.push_str("...");
+    }
+    StructuredError::Invalid(msg)
 }
 
 /// A compiled constraint, ready to start any number of choices.
@@ -515,6 +572,7 @@ impl TokenConstraint for GrammarConstraint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MAX_GRAMMAR_DEPTH;
     use serde_json::{json, Value};
 
     /// Single bytes, a few words, and an end token (id 259).
@@ -551,6 +609,109 @@ mod tests {
             canonical: true,
         })
         .unwrap()
+    }
+
+    /// A `$ref` chain of `n` objects, each holding the next: the shape that overflowed a
+    /// server worker's stack at about 900.
+    fn object_chain(n: usize) -> Value {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(
+                format!("d{i}"),
+                json!({"type": "object", "properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}},
+                    "required": ["x"], "additionalProperties": false}),
+            );
+        }
+        defs.insert(format!("d{n}"), json!({"type": "integer"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
+    fn lark_chain(n: usize) -> String {
+        let mut g = String::from("start: r0\n");
+        for i in 0..n {
+            g.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
+        }
+        g.push_str(&format!("r{n}: \"b\"\n"));
+        g
+    }
+
+    #[test]
+    fn grammar_bombs_are_refused_by_name() {
+        let e = engine();
+        let bombs = [
+            OutputConstraint::JsonSchema {
+                schema: object_chain(900),
+            },
+            OutputConstraint::JsonSchema {
+                schema: object_chain(20_000),
+            },
+            OutputConstraint::Grammar {
+                lark: lark_chain(5_000),
+            },
+            OutputConstraint::Grammar {
+                lark: format!("start: {}\"a\"{}\n", "(".repeat(5_000), ")".repeat(5_000)),
+            },
+            OutputConstraint::Regex {
+                pattern: format!("{}a{}", "(".repeat(5_000), ")".repeat(5_000)),
+            },
+        ];
+        for b in &bombs {
+            match e.compile(b) {
+                Err(StructuredError::Limit(m)) => assert!(m.contains("limit of"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn grammars_at_the_depth_limit_compile_on_any_caller_stack() {
+        // Run from a thread with a small stack, as an async worker would be.
+        let e = engine();
+        let ok = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let schema = object_chain(MAX_GRAMMAR_DEPTH / 4);
+                let g = e.compile(&OutputConstraint::JsonSchema { schema })?;
+                let lark = lark_chain(MAX_GRAMMAR_DEPTH / 2);
+                e.compile(&OutputConstraint::Grammar { lark })?;
+                Ok::<_, StructuredError>(g)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let g = ok.unwrap();
+        let mut c = g.constraint(true, false).unwrap();
+        let text = run(c.as_mut(), |t, _| t as u64);
+        assert!(
+            text.starts_with(b"{\"x\": {\"x\""),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+
+    #[test]
+    fn grammars_that_cannot_start_are_invalid_without_internal_state() {
+        let e = engine();
+        let dead = [
+            OutputConstraint::JsonSchema {
+                schema: json!({"$ref": "#"}),
+            },
+            OutputConstraint::JsonSchema {
+                schema: json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                    "$ref": "#/$defs/a"}),
+            },
+            OutputConstraint::Regex {
+                pattern: r"[^\s\S]".into(),
+            },
+        ];
+        for d in &dead {
+            match e.compile(d) {
+                Err(StructuredError::Invalid(m)) => {
+                    assert!(!m.contains('\n') && m.len() <= MAX_ERROR_CHARS + 3, "{m}");
+                }
+                other => panic!("{d:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

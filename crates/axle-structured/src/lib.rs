@@ -13,11 +13,13 @@
 
 mod constraint;
 mod format;
+mod limits;
 pub mod tools;
 mod vocabulary;
 
 pub use constraint::{Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
 pub use format::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
+pub use limits::{MAX_GRAMMAR_BYTES, MAX_GRAMMAR_DEPTH};
 pub use vocabulary::Vocabulary;
 
 /// Why a constraint cannot be built.
@@ -26,6 +28,9 @@ pub enum StructuredError {
     /// The schema, pattern or grammar is wrong, or the grammar compiler cannot handle it.
     #[error("{0}")]
     Invalid(String),
+    /// The grammar is over one of the limits on size and depth checked before compiling.
+    #[error("{0}")]
+    Limit(String),
     /// The tokenizer could not be turned into the grammar engine's vocabulary.
     #[error("the grammar engine cannot use this tokenizer: {0}")]
     Vocabulary(String),

@@ -308,3 +308,59 @@ fn bad_device_lists_and_rpc_servers() {
     ]);
     assert!(err.contains("device cpu is listed twice"), "{err}");
 }
+
+#[test]
+fn numbers_out_of_range_are_refused_by_flag_not_wrapped() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    for (args, flag) in [
+        (vec!["--ctx", "4294967312"], "--ctx"),
+        (vec!["--ctx", "0"], "--ctx"),
+        (vec!["--kv-slots", "0"], "--kv-slots"),
+        (vec!["--threads", "100000"], "threads"),
+        (vec!["--threads", "0"], "threads"),
+    ] {
+        let mut all = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+        ];
+        all.extend(args.iter().copied());
+        let err = fails(&all);
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+    let err = fails(&["rpc-server", "--threads", "100000"]);
+    assert!(err.contains("--threads"), "{err}");
+}
+
+#[test]
+fn special_files_are_refused_without_blocking() {
+    let fifo = tmp("model.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let started = std::time::Instant::now();
+    let err = fails(&[
+        "generate",
+        "--model",
+        fifo.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ]);
+    assert!(err.contains("not a regular file"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let dir = std::env::temp_dir();
+    let err = fails(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+    ]);
+    assert!(err.contains("not a regular file"), "{err}");
+    let _ = std::fs::remove_file(&fifo);
+}

@@ -219,7 +219,36 @@ impl EngineArgs {
     /// The engine's configuration for `model`, with `max_seqs` sequences running together and
     /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
     pub fn engine_config(&self, model: &Model, max_seqs: usize, kv_seqs: usize) -> EngineConfig {
-        let sizing = EngineSizing {
+        let sizing = self.sizing(max_seqs, kv_seqs);
+        EngineConfig {
+            kernels: match self.kernels {
+                KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
+                KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
+            },
+            device_products: self.device_products,
+            host_kernels: self.host_kernels,
+            ..EngineConfig::sized(model, &sizing)
+        }
+    }
+
+    /// Refuses sizes that cannot work before anything loads (`--ctx 0`, a context that would
+    /// wrap the KV slot count, ...).
+    pub fn check_sizes(&self, max_seqs: usize, kv_seqs: usize) -> anyhow::Result<()> {
+        self.sizing(max_seqs, kv_seqs).check().map_err(|e| {
+            let flag = match e.option {
+                "context" => "ctx",
+                "kv_slots" => "kv-slots",
+                "max_batch_size" => "max-batch-size",
+                "max_batch_tokens" => "max-batch-tokens",
+                "state_slots" => "state-slots",
+                other => other,
+            };
+            anyhow::anyhow!("--{flag} must be {}, got {}", e.range, e.got)
+        })
+    }
+
+    fn sizing(&self, max_seqs: usize, kv_seqs: usize) -> EngineSizing {
+        EngineSizing {
             context: self.ctx,
             kv_slots: self.kv_slots,
             kv_contexts: kv_seqs,
@@ -230,15 +259,6 @@ impl EngineArgs {
                 Switch::On => self.draft_len,
                 Switch::Off => 0,
             },
-        };
-        EngineConfig {
-            kernels: match self.kernels {
-                KernelChoice::Exact => axle_models::Kernels::BatchInvariant,
-                KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
-            },
-            device_products: self.device_products,
-            host_kernels: self.host_kernels,
-            ..EngineConfig::sized(model, &sizing)
         }
     }
 

@@ -67,6 +67,7 @@ impl RouteArgs {
         max_seqs: usize,
         kv_seqs: usize,
     ) -> anyhow::Result<(Generator, RuntimeReport)> {
+        engine.check_sizes(max_seqs, kv_seqs)?;
         let spec = RouteSpec {
             model: self.model.clone(),
             policy: self.backend.into(),

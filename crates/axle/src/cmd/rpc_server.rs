@@ -24,6 +24,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let most = axle_models::MAX_THREADS_PER_CORE * axle_models::default_threads();
+    if a.threads == 0 || a.threads > most {
+        anyhow::bail!(
+            "--threads must be 1 to {most} on this machine, got {}",
+            a.threads
+        );
+    }
     axle_ggml::load_dynamic_backends();
     let gpus = placement::local_gpus();
     let cpu = axle_ggml::Device::cpu()?;

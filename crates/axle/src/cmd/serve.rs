@@ -37,6 +37,10 @@ pub struct Args {
     /// Seconds a connection may take to send a request head, or sit idle between requests.
     #[arg(long, default_value_t = ServeOptions::default().header_timeout.as_secs_f64())]
     header_timeout: f64,
+    /// Seconds a request's body may take to arrive after its head (408 after that); while
+    /// every connection slot is taken, bodies slower than 16 KiB/s for over a second are cut.
+    #[arg(long, default_value_t = ServeOptions::default().body_timeout.as_secs_f64())]
+    body_timeout: f64,
     /// Seconds running requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = ServeOptions::default().shutdown_grace.as_secs_f64())]
     shutdown_grace: f64,
@@ -58,6 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = ServeOptions {
         max_connections: a.max_connections.max(1),
         header_timeout: seconds("header-timeout", a.header_timeout)?,
+        body_timeout: seconds("body-timeout", a.body_timeout)?,
         shutdown_grace: seconds("shutdown-grace", a.shutdown_grace)?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
