@@ -93,6 +93,8 @@ class FakeHandler(http.server.BaseHTTPRequestHandler):
         if mode == "stall_stream":
             time.sleep(30)
             return
+        if mode == "cut_stream":
+            return  # the connection closes with no finish and no [DONE]
         self.wfile.write(b"data: [DONE]\n\n")
 
 
@@ -355,4 +357,22 @@ def test_upstream_timeouts(fake):
         assert "did not answer within" in str(e.value)
         assert time.time() - t0 < 10
     finally:
+        stop(proc)
+
+
+def test_a_cut_upstream_stream_ends_with_an_error_event(fake):
+    url = f"http://127.0.0.1:{fake.server_address[1]}"
+    fake.mode = "cut_stream"
+    proc, base = start_axle("--backend", "openai", "--upstream", url)
+    try:
+        req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps({
+            "model": "fake-model", "messages": [{"role": "user", "content": "x"}], "stream": True}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            events = [line[len("data: "):] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+        assert events and events[-1] != "[DONE]", events
+        last = json.loads(events[-1])
+        assert "error" in last and last["error"]["message"], last
+    finally:
+        fake.mode = "ok"
         stop(proc)

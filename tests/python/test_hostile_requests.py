@@ -114,6 +114,30 @@ def test_tool_schemas_are_checked_whatever_the_tool_choice(server):
     assert proc.poll() is None and healthy(base)
 
 
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "seed": -5}, "seed"),
+    ("/v1/completions", {"prompt": "hi", "n": "two"}, "n"),
+    ("/v1/generate", {"tokens": [1, -2, 3]}, "tokens[1]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+])
+def test_malformed_fields_are_named(server, path, body, param):
+    _, base = server
+    status, answer = post(base, path, body)
+    assert status == 400, answer[:300]
+    assert json.loads(answer)["error"]["param"] == param, answer[:300]
+
+
+def test_duplicate_keys_are_named(server):
+    _, base = server
+    raw = b'{"prompt": "hi", "max_tokens": 2, "max_tokens": 3}'
+    req = urllib.request.Request(base + "/v1/completions", data=raw, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    assert json.loads(e.value.read())["error"]["param"] == "max_tokens"
+
+
 def test_a_sane_format_still_works_after_the_bombs(server):
     _, base = server
     fmt = schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],

@@ -15,7 +15,6 @@ use axle_sdk::{
     defaults, Completion, Delivery, EventStream, Field, GenerateRequest, Generator, Rejection,
     StreamEvent, TokenLogprob, Tokenizer,
 };
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
@@ -30,7 +29,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-type Body<T> = Result<Json<T>, JsonRejection>;
+type Body<T> = crate::json_body::JsonBody<T>;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -607,6 +606,7 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) 
             let mut offset = 0usize;
             let mut c = Completion::empty();
             let mut result = Err(());
+            let mut told = false;
             while let Some(ev) = stream.next().await {
                 timing.observe(&ev);
                 for data in view.event(index, &ev, offset) {
@@ -623,7 +623,20 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) 
                         result = Ok(c.finish.usage);
                         break;
                     }
-                    Err(_) => break,
+                    Err(_) => {
+                        told = true;
+                        break;
+                    }
+                }
+            }
+            // A stream cut before its choice finished (the engine or the upstream went away)
+            // still ends with an error event, never silently.
+            if result.is_err() && !told {
+                let cut = StreamEvent::Error(axle_sdk::SdkError::Generation(
+                    "the stream ended before the choice finished".into(),
+                ));
+                for data in view.event(index, &cut, offset) {
+                    let _ = send(data).await;
                 }
             }
             // Whether this choice is the last to end, and the usage chunk to send then.
@@ -702,7 +715,7 @@ pub(crate) async fn generation<B: GenerationBody>(
     Authorized(state): Authorized,
     body: Body<B>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
+    let crate::json_body::JsonBody(req) = body;
     let fields = req.fields();
     check_model(&state, &fields.model)?;
     let requests = req
@@ -721,7 +734,7 @@ pub(crate) async fn tokenize(
     Authorized(state): Authorized,
     body: Body<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
+    let crate::json_body::JsonBody(req) = body;
     // Megabytes of text take a while: on the blocking pool, not on the async workers.
     let generator = state.generator.clone();
     let tokens = tokio::task::spawn_blocking(move || {
@@ -737,7 +750,7 @@ pub(crate) async fn detokenize(
     Authorized(state): Authorized,
     body: Body<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
+    let crate::json_body::JsonBody(req) = body;
     let text = state
         .generator
         .detokenize(&req.tokens)

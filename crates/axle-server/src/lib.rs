@@ -11,6 +11,7 @@
 mod api;
 mod body_deadline;
 mod error;
+mod json_body;
 mod listen;
 mod metrics;
 pub mod openai;

@@ -1,0 +1,200 @@
+//! The JSON body of a request, read so that a refusal names the field at fault: a value of the
+//! wrong type or out of range (`max_tokens: -1`), an unknown, missing or duplicate field, each
+//! answered 400 with `param` set to the field's path (`messages[0].content`).
+use crate::ApiError;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use serde::de::DeserializeOwned;
+
+/// A request body of JSON deserialized into `T`.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if !declares_json(req.headers()) {
+            return Err(ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                code: Some("unsupported_media_type"),
+                ..ApiError::bad_request(
+                    "expected a JSON body with `Content-Type: application/json`",
+                    None,
+                )
+            });
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large()
+            } else {
+                ApiError::bad_request(r.body_text(), None)
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// `application/json`, or a `+json` type, whatever its parameters.
+fn declares_json(headers: &axum::http::HeaderMap) -> bool {
+    let Some(v) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Deserializes `bytes`, naming the field at fault on failure. A top-level key given twice is
+/// refused (serde would take one of them silently where fields are flattened).
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let top = serde_json::from_slice::<TopLevel>(bytes).ok();
+    if let Some(top) = &top {
+        for (i, (k, _)) in top.0.iter().enumerate() {
+            if top.0[..i].iter().any(|(seen, _)| seen == k) {
+                return Err(ApiError::bad_request(
+                    format!("invalid request body: duplicate field `{k}`"),
+                    Some(k),
+                ));
+            }
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let inner = e.inner();
+        let message = format!("invalid request body: {inner}");
+        let param = match inner.classify() {
+            serde_json::error::Category::Data => {
+                let path = field_of(&e.path().to_string(), &inner.to_string());
+                // Flattened fields lose their path: find the top-level value the error is in.
+                path.or_else(|| {
+                    let at = offset_of(bytes, inner.line(), inner.column());
+                    top.as_ref().and_then(|t| t.key_around(bytes, at))
+                })
+            }
+            _ => None,
+        };
+        ApiError::bad_request(message, param.as_deref())
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
+    Ok(value)
+}
+
+/// A body's top-level object: its keys in order, with their values' text.
+struct TopLevel<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = m.next_entry::<String, &'de serde_json::value::RawValue>()? {
+                    out.push(entry);
+                }
+                Ok(TopLevel(out))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
+
+impl TopLevel<'_> {
+    /// The key whose value's text holds byte `at` of `body` (or ends just before it).
+    fn key_around(&self, body: &[u8], at: usize) -> Option<String> {
+        let base = body.as_ptr() as usize;
+        self.0.iter().find_map(|(k, v)| {
+            let start = v.get().as_ptr() as usize - base;
+            let end = start + v.get().len();
+            (start <= at && at <= end).then(|| k.clone())
+        })
+    }
+}
+
+/// The byte offset of serde_json's 1-based line and column.
+fn offset_of(body: &[u8], line: usize, column: usize) -> usize {
+    let line_start = body
+        .split_inclusive(|&b| b == b'\n')
+        .take(line.saturating_sub(1))
+        .map(<[u8]>::len)
+        .sum::<usize>();
+    (line_start + column).saturating_sub(1)
+}
+
+/// The field a data error is about: its path, extended by the field an unknown, missing or
+/// duplicate field error names (those are raised by the object that holds the field).
+fn field_of(path: &str, message: &str) -> Option<String> {
+    let path = if path == "." { "" } else { path };
+    let named = ["unknown field `", "missing field `", "duplicate field `"]
+        .iter()
+        .find_map(|p| message.split_once(p))
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(name, _)| name);
+    match (path, named) {
+        ("", None) => None,
+        ("", Some(n)) => Some(n.to_string()),
+        (p, None) => Some(p.to_string()),
+        (p, Some(n)) if p == n || p.ends_with(&format!(".{n}")) => Some(p.to_string()),
+        (p, Some(n)) => Some(format!("{p}.{n}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Req {
+        max_tokens: Option<usize>,
+        seed: Option<u64>,
+        messages: Option<Vec<Msg>>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Msg {
+        role: String,
+    }
+
+    fn param_of(body: &str) -> Option<String> {
+        parse::<Req>(body.as_bytes()).expect_err(body).param
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Flat {
+        prompt: String,
+        #[serde(flatten)]
+        req: Req,
+    }
+
+    #[test]
+    fn flattened_fields_and_duplicates_are_named_too() {
+        let e = parse::<Flat>(br#"{"prompt": "x", "max_tokens": -1}"#).expect_err("negative");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
+        let e = parse::<Flat>(br#"{"prompt": "x",
+            "seed": 1, "seed": 2}"#)
+        .expect_err("twice");
+        assert_eq!(e.param.as_deref(), Some("seed"), "{}", e.message);
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        assert_eq!(param_of(r#"{"max_tokens": -1}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(param_of(r#"{"seed": -5}"#).as_deref(), Some("seed"));
+        assert_eq!(param_of(r#"{"max_tokens": 1, "max_tokens": 2}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(param_of(r#"{"nope": 1}"#).as_deref(), Some("nope"));
+        assert_eq!(param_of(r#"{"messages": [{"role": 3}]}"#).as_deref(), Some("messages[0].role"));
+        assert_eq!(param_of(r#"{"messages": [{}]}"#).as_deref(), Some("messages[0].role"));
+        // Malformed JSON has no field.
+        assert_eq!(param_of(r#"{"max_tokens": "#), None);
+        assert_eq!(param_of(r#"{} {}"#), None);
+        assert!(parse::<Req>(br#"{"max_tokens": 3}"#).is_ok());
+    }
+}
