@@ -37,11 +37,20 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 
 /// `application/json`, or a `+json` type, whatever its parameters.
 fn declares_json(headers: &axum::http::HeaderMap) -> bool {
-    let Some(v) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+    let Some(v) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
-    let essence = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = v
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// Deserializes `bytes`, naming the field at fault on failure. A top-level key given twice is
@@ -91,9 +100,14 @@ impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(entry) = m.next_entry::<String, &'de serde_json::value::RawValue>()? {
+                while let Some(entry) =
+                    m.next_entry::<String, &'de serde_json::value::RawValue>()?
+                {
                     out.push(entry);
                 }
                 Ok(TopLevel(out))
@@ -178,20 +192,34 @@ mod tests {
     fn flattened_fields_and_duplicates_are_named_too() {
         let e = parse::<Flat>(br#"{"prompt": "x", "max_tokens": -1}"#).expect_err("negative");
         assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
-        let e = parse::<Flat>(br#"{"prompt": "x",
-            "seed": 1, "seed": 2}"#)
+        let e = parse::<Flat>(
+            br#"{"prompt": "x",
+            "seed": 1, "seed": 2}"#,
+        )
         .expect_err("twice");
         assert_eq!(e.param.as_deref(), Some("seed"), "{}", e.message);
     }
 
     #[test]
     fn refusals_name_the_field() {
-        assert_eq!(param_of(r#"{"max_tokens": -1}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(
+            param_of(r#"{"max_tokens": -1}"#).as_deref(),
+            Some("max_tokens")
+        );
         assert_eq!(param_of(r#"{"seed": -5}"#).as_deref(), Some("seed"));
-        assert_eq!(param_of(r#"{"max_tokens": 1, "max_tokens": 2}"#).as_deref(), Some("max_tokens"));
+        assert_eq!(
+            param_of(r#"{"max_tokens": 1, "max_tokens": 2}"#).as_deref(),
+            Some("max_tokens")
+        );
         assert_eq!(param_of(r#"{"nope": 1}"#).as_deref(), Some("nope"));
-        assert_eq!(param_of(r#"{"messages": [{"role": 3}]}"#).as_deref(), Some("messages[0].role"));
-        assert_eq!(param_of(r#"{"messages": [{}]}"#).as_deref(), Some("messages[0].role"));
+        assert_eq!(
+            param_of(r#"{"messages": [{"role": 3}]}"#).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param_of(r#"{"messages": [{}]}"#).as_deref(),
+            Some("messages[0].role")
+        );
         // Malformed JSON has no field.
         assert_eq!(param_of(r#"{"max_tokens": "#), None);
         assert_eq!(param_of(r#"{} {}"#), None);
