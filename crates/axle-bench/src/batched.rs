@@ -187,6 +187,9 @@ struct AxleRun {
     products: Option<DeviceProducts>,
 }
 
+/// The most tokens libllama takes in one prefill batch here (prompts are fed in such chunks).
+const ORACLE_BATCH: usize = 4096;
+
 fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<f64, BenchError> {
     o.clear();
     let argmax = |v: &[f32]| {
@@ -203,9 +206,14 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
                 .map(move |(i, &t)| (t as i32, i as i32, s as i32, i + 1 == p.len()))
         })
         .collect();
-    let mut next: Vec<i32> = o.decode(&entries)?.iter().map(|l| argmax(l)).collect();
+    let mut next = Vec::with_capacity(prompts.len());
+    for chunk in entries.chunks(ORACLE_BATCH) {
+        next.extend(o.decode(chunk)?.iter().map(|l| argmax(l)));
+    }
     let mut pos: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
     let mut t = Instant::now();
+    // As llama-batched-bench times decoding: every row's logits are computed and left on the
+    // device (which token is fed does not change the work), not copied and scanned on the host.
     for step in 0..WARM + steps {
         if step == WARM {
             t = Instant::now();
@@ -213,7 +221,7 @@ fn llama_run(o: &mut LlamaOracle, prompts: &[Vec<u32>], steps: usize) -> Result<
         let batch: Vec<_> = (0..prompts.len())
             .map(|s| (next[s], pos[s], s as i32, true))
             .collect();
-        next = o.decode(&batch)?.iter().map(|l| argmax(l)).collect();
+        o.decode_unread(&batch)?;
         pos.iter_mut().for_each(|p| *p += 1);
     }
     Ok((steps * prompts.len()) as f64 / t.elapsed().as_secs_f64())
@@ -238,9 +246,11 @@ pub fn run(
             n_ctx,
             n_threads: opts.threads,
             n_seq_max: max_b as u32,
-            n_batch: (max_b * opts.prompt).max(512) as u32,
+            n_batch: ((max_b * opts.prompt).max(512)).min(ORACLE_BATCH) as u32,
             n_gpu_layers: crate::oracle_gpu_layers(model),
             split_mode: opts.oracle_split,
+            // A KV stream per sequence, as llama-batched-bench runs by default.
+            kv_unified: false,
             ..Default::default()
         },
     )?;

@@ -61,6 +61,11 @@ pub struct OracleOptions {
     /// How libllama spreads the offloaded layers over several GPUs.
     #[default(SplitMode::Layer)]
     pub split_mode: SplitMode,
+    /// One KV stream shared by every sequence (what the exactness tests use), or one stream per
+    /// sequence as llama.cpp's tools run by default: with one shared stream, every sequence's
+    /// attention spans the cells of all of them.
+    #[default(true)]
+    pub kv_unified: bool,
 }
 
 /// libllama's ways of using several GPUs (`llama_split_mode`).
@@ -146,7 +151,7 @@ impl LlamaOracle {
             } else {
                 sys::LLAMA_FLASH_ATTN_TYPE_DISABLED
             };
-            cp.kv_unified = true;
+            cp.kv_unified = opts.kv_unified;
             cp.no_perf = true;
             let ctx = sys::llama_init_from_model(model, cp);
             if ctx.is_null() {
@@ -253,6 +258,36 @@ impl LlamaOracle {
     /// Decodes one batch of (token, position, sequence, wants_logits) entries and returns the
     /// logits of the entries that asked for them, in order.
     pub fn decode(&mut self, entries: &[(Token, i32, i32, bool)]) -> Result<Vec<Vec<f32>>> {
+        self.decode_then(entries, |ctx, n_vocab| {
+            let mut out = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                if e.3 {
+                    // SAFETY: the decode succeeded and entry i asked for logits, so libllama
+                    // holds n_vocab floats for it until the next decode.
+                    unsafe {
+                        let p = sys::llama_get_logits_ith(ctx, i as i32);
+                        out.push(std::slice::from_raw_parts(p, n_vocab).to_vec());
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    /// Decodes one batch as [`LlamaOracle::decode`] does and waits for the device, without
+    /// reading any logits back: what llama.cpp's own benchmarks time.
+    pub fn decode_unread(&mut self, entries: &[(Token, i32, i32, bool)]) -> Result<()> {
+        self.decode_then(entries, |ctx, _| {
+            // SAFETY: live context.
+            unsafe { sys::llama_synchronize(ctx) }
+        })
+    }
+
+    fn decode_then<T>(
+        &mut self,
+        entries: &[(Token, i32, i32, bool)],
+        after: impl FnOnce(*mut sys::llama_context, usize) -> T,
+    ) -> Result<T> {
         if self.ctx.is_null() {
             return Err(Error::Oracle("vocab-only oracle cannot decode".into()));
         }
@@ -264,7 +299,7 @@ impl LlamaOracle {
             )));
         }
         // SAFETY: batch allocated for entries.len() tokens and one seq id each; all writes are in
-        // bounds; logits are read only for entries flagged as outputs; batch freed before return.
+        // bounds; `after` runs only on a successful decode; batch freed before return.
         unsafe {
             let mut batch = sys::llama_batch_init(entries.len() as i32, 0, 1);
             for (i, &(tok, pos, seq, logits)) in entries.iter().enumerate() {
@@ -276,20 +311,9 @@ impl LlamaOracle {
             }
             batch.n_tokens = entries.len() as i32;
             let rc = sys::llama_decode(self.ctx, batch);
-            let mut out = Vec::new();
-            if rc == 0 {
-                for (i, e) in entries.iter().enumerate() {
-                    if e.3 {
-                        let p = sys::llama_get_logits_ith(self.ctx, i as i32);
-                        out.push(std::slice::from_raw_parts(p, self.n_vocab).to_vec());
-                    }
-                }
-            }
+            let out = (rc == 0).then(|| after(self.ctx, self.n_vocab));
             sys::llama_batch_free(batch);
-            if rc != 0 {
-                return Err(Error::Oracle(format!("llama_decode returned {rc}")));
-            }
-            Ok(out)
+            out.ok_or_else(|| Error::Oracle(format!("llama_decode returned {rc}")))
         }
     }
 
