@@ -2,13 +2,12 @@
 # Builds ggml backends as libraries the axle binary loads at run time, from exactly the llama.cpp
 # source that the llama-cpp-sys-2 crate vendors: same ggml commit, so the backend API matches the
 # one compiled into axle. BACKENDS is a comma-separated list:
-#   cuda  libggml-cuda.so (needs the CUDA toolkit); with --tools also llama.cpp's llama-bench and
-#         llama-batched-bench from that source (the reference of the GPU benchmarks)
+#   cuda  libggml-cuda.so (needs the CUDA toolkit)
 #   rpc   libggml-rpc.so, ggml's RPC client and server: `axle --rpc host:port` attaches devices
 #         that `axle rpc-server` (or llama.cpp's rpc-server) serves on other machines
 # Each comes with the libggml-base.so it links against.
 #
-#   scripts/build-backend.sh BACKENDS [--src DIR|FILE.tgz] [--out DIR] [--arch LIST] [--tools]
+#   scripts/build-backend.sh BACKENDS [--src DIR|FILE.tgz] [--out DIR] [--arch LIST]
 #   scripts/build-backend.sh --pack FILE.tgz     # pack the vendored source (to build elsewhere)
 #
 # --src  the vendored llama.cpp (default: the crate's copy under ~/.cargo/registry), or a tarball
@@ -21,14 +20,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 version=0.1.161
-src="" out="$root/target/release/backends" arch=native tools=0 pack="" backends=""
+src="" out="$root/target/release/backends" arch=native pack="" backends=""
 while [ $# -gt 0 ]; do
   case "$1" in
     cuda|rpc|cuda,rpc|rpc,cuda) backends="$1"; shift ;;
     --src) src="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --arch) arch="$2"; shift 2 ;;
-    --tools) tools=1; shift ;;
+    --tools)
+      echo "error: the vendored llama.cpp has no sources for its tools; build them with scripts/build-llama-tools.sh" >&2
+      exit 2 ;;
     --pack) pack="$2"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -92,23 +93,16 @@ cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_BUILD_RPATH='$ORIGIN' -DCMAKE_INSTALL_RPATH='$ORIGIN' \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TOOLS=$([ $tools = 1 ] && echo ON || echo OFF) ${AXLE_BACKEND_CMAKE_ARGS:-} >/dev/null
+  -DLLAMA_BUILD_TOOLS=OFF ${AXLE_BACKEND_CMAKE_ARGS:-} >/dev/null
 targets=()
 [ $cuda = ON ] && targets+=(ggml-cuda)
 [ $rpc = ON ] && targets+=(ggml-rpc)
-[ $tools = 1 ] && targets+=(ggml-cpu llama-bench llama-batched-bench)
 cmake --build "$build" --config Release -j "$(nproc)" --target "${targets[@]}"
 mkdir -p "$out"
 for b in ${backends//,/ }; do
   find "$build" -name "libggml-$b.so*" -exec cp -a {} "$out/" \;
 done
 find "$build" -name 'libggml-base.so*' -exec cp -a {} "$out/" \;
-if [ $tools = 1 ]; then
-  # llama-bench loads its backends (CPU and CUDA modules) from its own folder.
-  mkdir -p "$out/llama.cpp"
-  cp -a "$build"/bin/* "$out/llama.cpp/" 2>/dev/null || true
-  find "$build" -name 'lib*.so*' -exec cp -a {} "$out/llama.cpp/" \;
-fi
 echo "backends ($backends) in $out:"
 ls -la "$out"
 echo "run axle from target/release, or set AXLE_BACKENDS_DIR=$out, then: axle doctor"

@@ -4,8 +4,9 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start [8b|70b|gpt-oss|none]  unpack, build the CUDA backend in the
-#                                     background, write the random-weight 8B files (or the 70B
+#   scripts/gpu-machine.sh start [8b|70b|gpt-oss|none]  unpack, build the CUDA backend and
+#                                     llama.cpp's own tools (the reference) in the background,
+#                                     write the random-weight 8B files (or the 70B
 #                                     Q4_K_M one for the several-GPU benchmarks, or a gpt-oss-20b
 #                                     one) in the background
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
@@ -29,6 +30,16 @@ case "$cmd" in
     setsid nohup bash -c "'$root/scripts/build-backend.sh' cuda --src '$w/llama-src.tgz' \
       --out '$w/bin/backends' --arch 90-real >'$w/logs/build.log' 2>&1; echo \$? >'$w/logs/build.rc'" \
       >/dev/null 2>&1 &
+    # llama.cpp's own tools, the reference (scripts/build-llama-tools.sh --pack made the source).
+    rm -f "$w/logs/tools.rc"
+    if [ -s "$root/.device/llama-tools-src.tgz" ]; then
+      setsid nohup bash -c "'$root/scripts/build-llama-tools.sh' --src '$root/.device/llama-tools-src.tgz' \
+        --out '$w/bin/llama-tools' --arch 90-real >'$w/logs/tools.log' 2>&1; echo \$? >'$w/logs/tools.rc'" \
+        >/dev/null 2>&1 &
+    else
+      echo "no .device/llama-tools-src.tgz: llama.cpp's tools are not built" | tee "$w/logs/tools.log"
+      echo 1 >"$w/logs/tools.rc"
+    fi
     # A byte-level BPE vocabulary for the random 8B files (the fixtures are not in git).
     vocab="$root/.device/llama-tiny.gguf"
     setsid nohup bash "$root/scripts/gpu-machine.sh" gen "$size" "$vocab" >/dev/null 2>&1 &
@@ -68,11 +79,13 @@ case "$cmd" in
   wait)
     limit="${1:-540}"
     for ((i = 0; i < limit; i += 10)); do
-      [ -e "$w/logs/build.rc" ] && [ -e "$w/logs/models.rc" ] && break
+      [ -e "$w/logs/build.rc" ] && [ -e "$w/logs/models.rc" ] && [ -e "$w/logs/tools.rc" ] && break
       sleep 10
     done
     echo "build rc: $(cat "$w/logs/build.rc" 2>/dev/null || echo running)"
     tail -n 3 "$w/logs/build.log" 2>/dev/null
+    echo "tools rc: $(cat "$w/logs/tools.rc" 2>/dev/null || echo running)"
+    tail -n 3 "$w/logs/tools.log" 2>/dev/null
     echo "models rc: $(cat "$w/logs/models.rc" 2>/dev/null || echo running)"
     tail -n 3 "$w/logs/models.log" 2>/dev/null
     ls -la "$w/bin/backends" "$w/models" 2>/dev/null

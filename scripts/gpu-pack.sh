@@ -18,6 +18,8 @@ git -C "$root" rev-parse HEAD >"$out/commit"
 # A vocabulary for the random 8B files on the device (fixtures are written by setup-tests.sh, not in git).
 cp "$root/fixtures/llama-tiny.gguf" "$out/"
 "$root/scripts/build-backend.sh" --pack "$out/llama-src.tgz"
+# llama.cpp's own tools (llama-bench, llama-batched-bench, llama-server), the speed reference.
+"$root/scripts/build-llama-tools.sh" --pack "$out/llama-tools-src.tgz"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$out" gguf==0.19.0
 (cd "$models" && sha256sum SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf) >"$out/models.sha256"
 i=0

@@ -49,6 +49,14 @@ pub enum Error {
         /// What was asked for.
         expected: &'static str,
     },
+    /// A metadata value no model can have (a float that is NaN or infinite).
+    #[error("GGUF metadata key `{key}` = {value} is not a finite number")]
+    KeyNotFinite {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: f64,
+    },
     /// A tensor is missing from the file.
     #[error("tensor `{0}` is missing from the model file")]
     MissingTensor(String),

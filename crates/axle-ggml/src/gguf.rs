@@ -265,9 +265,16 @@ impl GgufFile {
             .ok_or_else(|| Error::MissingKey(key.into()))
     }
 
-    /// An optional float value (integers convert).
+    /// An optional float value (integers convert); NaN and infinities are refused naming the
+    /// key (no hyperparameter of any model is one).
     pub fn float_opt(&self, key: &str) -> Result<Option<f64>> {
-        self.typed(key, "float", MetaValue::as_f64)
+        match self.typed(key, "float", MetaValue::as_f64)? {
+            Some(value) if !value.is_finite() => Err(Error::KeyNotFinite {
+                key: key.into(),
+                value,
+            }),
+            v => Ok(v),
+        }
     }
 
     /// An optional bool value.

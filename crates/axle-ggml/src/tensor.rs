@@ -109,6 +109,15 @@ impl<'a> Tensor<'a> {
         self.get().nb
     }
 
+    /// Whether elements are adjacent within rows and rows within planes (ggml's
+    /// `ggml_is_padded_1d`, which element-wise ops such as scale assert).
+    pub fn rows_packed(&self) -> bool {
+        let (t, ne, nb) = (self.get(), self.ne(), self.nb());
+        // SAFETY: a plain function of the type id.
+        let elem = unsafe { sys::ggml_type_size(t.type_) };
+        nb[0] == elem && nb[2] == nb[1] * ne[1] as usize && nb[3] == nb[2] * ne[2] as usize
+    }
+
     /// The node's `i`th 32-bit op parameter (0 past the end of ggml's op parameters).
     pub fn op_param_i32(&self, i: usize) -> i32 {
         self.get().op_params.get(i).copied().unwrap_or(0)
@@ -515,7 +524,10 @@ impl Context {
     }
     /// Multiplies by a scalar.
     pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
-        // SAFETY: as above.
+        // ggml's scale asserts rows laid out back to back (a product of F16 or F32 weights can
+        // come as a view that is not): such an input is made contiguous first.
+        let a = if a.rows_packed() { a } else { self.cont(a) };
+        // SAFETY: as above; `a`'s rows are packed, as ggml_scale asserts.
         Tensor::from_raw(unsafe { sys::ggml_scale(self.raw(), a.raw(), s) })
     }
     /// tanh, elementwise.

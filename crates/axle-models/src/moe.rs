@@ -130,8 +130,20 @@ impl MoeConfig {
             .bool_opt(&key("expert_weights_norm"))?
             .unwrap_or(norm_default);
         let n_groups = f.int_opt(&key("expert_group_count"))?.unwrap_or(1);
+        if n_groups < 1 {
+            return Err(bad(
+                "expert_group_count",
+                format!("= {n_groups} must be at least 1"),
+            ));
+        }
         let groups = if n_groups > 1 {
             let used = f.int_opt(&key("expert_group_used_count"))?.unwrap_or(0);
+            if !(1..n_groups).contains(&used) {
+                return Err(bad(
+                    "expert_group_used_count",
+                    format!("= {used} must be in 1..{n_groups} (fewer than all of the groups)"),
+                ));
+            }
             if n_groups >= n_expert || n_expert % n_groups != 0 || !(1..n_groups).contains(&used) {
                 return Err(bad(
                     "expert_group_count",
@@ -298,9 +310,9 @@ impl MoeLayer {
             router: w.req(&n("ffn_gate_inp.weight"), &[e, x])?,
             router_bias: w.opt(&n("ffn_gate_inp.bias"), &[x])?,
             selection_bias: w.opt(&n("exp_probs_b.bias"), &[x])?,
-            gate_bias: w.opt(&n("ffn_gate_exps.bias"), &[ff, x])?,
-            up_bias: w.opt(&n("ffn_up_exps.bias"), &[ff, x])?,
-            down_bias: w.opt(&n("ffn_down_exps.bias"), &[e, x])?,
+            gate_bias: w.opt_f32(&n("ffn_gate_exps.bias"), &[ff, x])?,
+            up_bias: w.opt_f32(&n("ffn_up_exps.bias"), &[ff, x])?,
+            down_bias: w.opt_f32(&n("ffn_down_exps.bias"), &[e, x])?,
             gate_up,
             down: w.req(&n("ffn_down_exps.weight"), &[ff, e, x])?,
             gate_scale: w.opt(&n("ffn_gate_exps.scale"), &[x])?,

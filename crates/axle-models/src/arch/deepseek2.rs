@@ -17,7 +17,7 @@
 //! `rope.scaling.yarn_log_multiplier`, as libllama does. Grouped expert selection (DeepSeek V3's
 //! router) comes with the MoE block. Refused by name: files without the split
 //! `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`).
-use super::{bad, Family, Head, Hparams, Weights};
+use super::{bad, non_negative_float, Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -86,9 +86,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             }
         };
         // The converter writes 0.1 x mscale_all_dim; libllama cancels the 0.1.
-        let log_mul = f
-            .float_opt(&hp.key("rope.scaling.yarn_log_multiplier"))?
-            .map_or(0.0, |v| v as f32 / 0.1);
+        let log_mul = non_negative_float(f, &hp.key("rope.scaling.yarn_log_multiplier"))? / 0.1;
         let mut attn_factor = if log_mul != 0.0 {
             let mscale = if log_mul != 1.0 { log_mul } else { 1.0 };
             get_mscale(mscale) / get_mscale(log_mul)

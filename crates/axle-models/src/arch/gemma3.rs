@@ -2,7 +2,10 @@
 //! (pre/post attention, pre/post FFN; the GGUF stores Gemma's (1 + w) weights already folded),
 //! QK RMSNorm, GELU-tanh gated FFN, interleaved sliding-window and global attention layers with
 //! their own RoPE bases, optional final logit softcapping, tied output matrix.
-use super::{sliding_layers, Family, Head, Hparams, NormedAttention, Weights};
+use super::{
+    non_negative_float, positive_float, sliding_layers, Family, Head, Hparams, NormedAttention,
+    Weights,
+};
 use crate::layers::{AttnSpec, FfnWeights, Step};
 use crate::ModelError;
 use axle_ggml::{GgufFile, GluOp, RopeParams, StoredTensor, Tensor, TensorStore};
@@ -50,13 +53,11 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         None => vec![false; hp.n_layer],
     };
     let rope_swa = RopeParams {
-        freq_base: f.float_opt("gemma3.rope.freq_base_swa")?.unwrap_or(10000.0) as f32,
+        freq_base: positive_float(f, "gemma3.rope.freq_base_swa", 10000.0)?,
         freq_scale: 1.0,
         ..hp.rope
     };
-    let final_softcap = f
-        .float_opt("gemma3.final_logit_softcapping")?
-        .unwrap_or(0.0) as f32;
+    let final_softcap = non_negative_float(f, "gemma3.final_logit_softcapping")?;
     let w = Weights::new(store);
     let (e, v, ff, hd) = (hp.n_embd, hp.n_vocab, hp.n_ff, hp.head_dim_k);
     let head = Head::bind(&w, e, v)?;

@@ -19,7 +19,10 @@
 //! - An optional per-layer output scale and final logit softcapping; tied or separate head.
 //!
 //! The op sequence is libllama's, so that logits match it bit for bit.
-use super::{bad, per_layer, sliding_layers, Family, Head, Hparams, Weights};
+use super::{
+    bad, non_negative_float, per_layer, positive_float, sliding_layers, Family, Head, Hparams,
+    Weights,
+};
 use crate::layers::{AttnSpec, FfnWeights, Step};
 use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -139,10 +142,18 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let head_swa_v = f
         .int_opt(&hp.key("attention.value_length_swa"))?
         .unwrap_or(head_swa);
-    if head_swa_v != head_swa || !(1..=4096).contains(&head_swa) {
+    if !(1..=4096).contains(&head_swa) {
         return Err(bad(
             &hp.key("attention.key_length_swa"),
-            &format!("= {head_swa} must be in 1..=4096 and equal the value length {head_swa_v}"),
+            &format!("= {head_swa} must be in 1..=4096"),
+        ));
+    }
+    if head_swa_v != head_swa {
+        return Err(bad(
+            &hp.key("attention.value_length_swa"),
+            &format!(
+                "= {head_swa_v} must equal the key length {head_swa} (one head size for K and V)"
+            ),
         ));
     }
     let n_rot_swa = f
@@ -224,15 +235,11 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let rope_full = hp.rope;
     let rope_swa = RopeParams {
         n_dims: n_rot_swa as i32,
-        freq_base: f
-            .float_opt(&hp.key("rope.freq_base_swa"))?
-            .unwrap_or(10000.0) as f32,
+        freq_base: positive_float(f, &hp.key("rope.freq_base_swa"), 10000.0)?,
         freq_scale: 1.0,
         ..hp.rope
     };
-    let final_softcap = f
-        .float_opt(&hp.key("final_logit_softcapping"))?
-        .unwrap_or(0.0) as f32;
+    let final_softcap = non_negative_float(f, &hp.key("final_logit_softcapping"))?;
     let n_pl = f
         .int_opt(&hp.key("embedding_length_per_layer_input"))?
         .unwrap_or(0);
@@ -294,6 +301,14 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
                 post_norm_1: w.req(&n("post_ffw_norm_1.weight"), &[e])?,
                 post_norm_2: w.req(&n("post_ffw_norm_2.weight"), &[e])?,
             }),
+            (Some(_), false)
+                if store.get(&n("ffn_gate_exps.weight")).is_some()
+                    || store.get(&n("ffn_gate_up_exps.weight")).is_some() =>
+            {
+                return Err(ModelError::Ggml(axle_ggml::Error::MissingTensor(n(
+                    "ffn_gate_inp.weight",
+                ))))
+            }
             _ => None,
         };
         layers.push(Layer {

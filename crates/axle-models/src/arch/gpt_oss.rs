@@ -10,7 +10,7 @@
 //!
 //! The op order is libllama's graph for the architecture, so that logits match it. Expert
 //! weights are MXFP4 in the released files; any type ggml multiplies works.
-use super::{sliding_layers, Family, Head, Hparams, Weights};
+use super::{positive_float, sliding_layers, Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{Gating, MoeConfig, MoeLayer};
 use crate::ModelError;
@@ -74,9 +74,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         None => vec![false; hp.n_layer],
     };
     let mut rope_swa = hp.rope;
-    if let Some(b) = f.float_opt(&hp.key("rope.freq_base_swa"))? {
-        rope_swa.freq_base = b as f32;
-    }
+    rope_swa.freq_base = positive_float(f, &hp.key("rope.freq_base_swa"), hp.rope.freq_base)?;
     let mut layers = Vec::with_capacity(hp.n_layer);
     for (i, &sliding) in sliding.iter().enumerate() {
         let n = |s: &str| format!("blk.{i}.{s}");

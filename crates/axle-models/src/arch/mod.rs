@@ -158,7 +158,15 @@ impl Hparams {
             .str_opt(&key("rope.scaling.type"))?
             .unwrap_or("none")
             .to_string();
-        let factor = f.float_opt(&key("rope.scaling.factor"))?.unwrap_or(0.0) as f32;
+        let factor = match f.float_opt(&key("rope.scaling.factor"))? {
+            Some(x) if x <= 0.0 && scaling != "none" => {
+                return Err(bad(
+                    &key("rope.scaling.factor"),
+                    &format!("= {x} must be positive"),
+                ))
+            }
+            x => x.unwrap_or(0.0) as f32,
+        };
         let freq_scale = match (scaling.as_str(), factor) {
             ("linear" | "yarn", x) if x > 0.0 => 1.0 / x,
             _ => f
@@ -169,9 +177,16 @@ impl Hparams {
         let rope = RopeParams {
             n_dims: n_rot,
             mode: rope_mode,
-            n_ctx_orig: f
-                .int_opt(&key("rope.scaling.original_context_length"))?
-                .unwrap_or(n_ctx_train as i64) as i32,
+            n_ctx_orig: match f.int_opt(&key("rope.scaling.original_context_length"))? {
+                None => n_ctx_train,
+                Some(n) if (1..=MAX_CONTEXT).contains(&n) => n as i32,
+                Some(n) => {
+                    return Err(bad(
+                        &key("rope.scaling.original_context_length"),
+                        &format!("= {n} is outside 1..={MAX_CONTEXT}"),
+                    ))
+                }
+            },
             freq_base,
             freq_scale,
             ext_factor: if yarn {
@@ -263,6 +278,15 @@ impl Hparams {
             "rope.scaling.factor (or rope.scale_linear)",
             self.rope.freq_scale,
         )?;
+        positive("rope.scaling.attn_factor", self.rope.attn_factor)?;
+        positive("rope.scaling.yarn_beta_fast", self.rope.beta_fast)?;
+        positive("rope.scaling.yarn_beta_slow", self.rope.beta_slow)?;
+        if !(0.0..=1.0).contains(&self.rope.ext_factor) {
+            return Err(bad(
+                &key("rope.scaling.yarn_ext_factor"),
+                &format!("= {} must be in 0..=1", self.rope.ext_factor),
+            ));
+        }
         // The layers the file declares must be the layers its tensors hold.
         let in_tensors = f.layers_in_tensors();
         if in_tensors as usize != self.n_layer {
@@ -349,6 +373,35 @@ pub fn per_layer(f: &GgufFile, key: &str, n_layer: usize) -> Result<Option<Vec<i
     Ok(f.int_opt(key)?.map(|v| vec![v; n_layer]))
 }
 
+/// An optional float that must be positive (a RoPE base); `default` where it is absent.
+pub(crate) fn positive_float(f: &GgufFile, key: &str, default: f32) -> Result<f32, ModelError> {
+    match f.float_opt(key)? {
+        None => Ok(default),
+        Some(v) if v > 0.0 => Ok(v as f32),
+        Some(v) => Err(bad(key, &format!("= {v} must be positive"))),
+    }
+}
+
+/// An optional float that must not be negative (a softcap, where 0 means none); 0 where absent.
+pub(crate) fn non_negative_float(f: &GgufFile, key: &str) -> Result<f32, ModelError> {
+    match f.float_opt(key)? {
+        None => Ok(0.0),
+        Some(v) if v >= 0.0 => Ok(v as f32),
+        Some(v) => Err(bad(key, &format!("= {v} must not be negative"))),
+    }
+}
+
+fn f32_only(name: &str, t: StoredTensor) -> Result<StoredTensor, ModelError> {
+    if t.t().dtype() == axle_ggml::DType::F32 {
+        Ok(t)
+    } else {
+        Err(ModelError::Invalid(format!(
+            "tensor {name} is {:?}; the graph reads it as f32 only",
+            t.t().dtype()
+        )))
+    }
+}
+
 pub(crate) fn bad(key: &str, what: &str) -> ModelError {
     ModelError::Invalid(format!("metadata {key} {what}"))
 }
@@ -394,6 +447,20 @@ impl<'s> Weights<'s> {
             None => Ok(None),
             Some(_) => self.req(name, shape).map(Some),
         }
+    }
+
+    /// A required tensor that the graph reads with an element-wise or convolution op (a
+    /// convolution kernel, per-expert biases): those take F32 only, whatever the shape.
+    pub fn req_f32(&self, name: &str, shape: &[i64]) -> Result<StoredTensor, ModelError> {
+        let t = self.req(name, shape)?;
+        f32_only(name, t)
+    }
+
+    /// [`Weights::opt`] for a tensor that must be F32 (see [`Weights::req_f32`]).
+    pub fn opt_f32(&self, name: &str, shape: &[i64]) -> Result<Option<StoredTensor>, ModelError> {
+        self.opt(name, shape)?
+            .map(|t| f32_only(name, t))
+            .transpose()
     }
 }
 

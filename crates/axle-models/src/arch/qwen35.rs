@@ -173,6 +173,16 @@ fn load_arch(
                 .ok_or_else(|| bad(&k, "holds a value that is not a section size"))?
                 as i32;
         }
+        let sum: i32 = out.iter().sum();
+        if sum <= 0 || sum > hp.rope.n_dims / 2 {
+            return Err(bad(
+                &k,
+                &format!(
+                    "= {out:?} must share out at most the {} rotary pairs, and some of them",
+                    hp.rope.n_dims / 2
+                ),
+            ));
+        }
         out
     };
     let int = |k: &str, max: i64| -> Result<i64, ModelError> {
@@ -264,7 +274,7 @@ fn load_arch(
             let l = DeltaLayer {
                 wqkv: w.req(&n("attn_qkv.weight"), &[e, d.conv_dim()])?,
                 wgate: w.req(&n("attn_gate.weight"), &[e, d.value_dim()])?,
-                conv: w.req(&n("ssm_conv1d.weight"), &[d.d_conv, d.conv_dim()])?,
+                conv: w.req_f32(&n("ssm_conv1d.weight"), &[d.d_conv, d.conv_dim()])?,
                 dt_bias: w.req(&n("ssm_dt.bias"), &[d.n_v_heads])?,
                 a: w.req(&n("ssm_a"), &[d.n_v_heads])?,
                 beta_alpha,
