@@ -1,6 +1,6 @@
 """Corrupted but parseable variants of a GGUF file, one change each, for the hostile-input corpus
 (tests/python/test_gguf_corpus.py): every numeric metadata value of the architecture set to values
-no model has (NaN, infinities, negatives, zero, the type's maximum), arrays emptied or zeroed,
+no model has (NaN, infinities, negatives, zero, the type's maximum), arrays cut to one element or zeroed,
 each tensor of the first layer and of the head stored as another type (F32, F16, Q8_0) or
 removed. Variants come as (name, kind, writer): kind is `float`, `int`, `array`, `key-removed`,
 `tensor-type` or `tensor-removed`, and `writer(path)` writes the file.
@@ -73,7 +73,8 @@ def variants(path):
                 out.append((f"{name}={v}", "int", dict(kv=(name, v))))
         elif vt == V.ARRAY and field.types[-1] in INTS | FLOATS:
             n = len(field.contents())
-            out.append((f"{name}=[]", "array", dict(kv=(name, []))))
+            # gguf-py writes no empty arrays: a one-element array is the shortest variant.
+            out.append((f"{name}=[0]", "array", dict(kv=(name, [0]))))
             out.append((f"{name}=zeros", "array", dict(kv=(name, [0] * n))))
         if vt != V.ARRAY or field.types[-1] in INTS | FLOATS:
             out.append((f"{name} removed", "key-removed", dict(drop_key=name)))

@@ -222,3 +222,46 @@ def test_the_python_package_survives_the_same_bombs():
         c = e.generate("A phone number: ", response_format={"type": "regex", "regex": r"[0-9]{3}"},
                        temperature=0, max_tokens=8)
         assert len(c.text) == 3, c.text
+
+
+# Corrupted files of the newer architectures that aborted the process before (GGML_ASSERT):
+# through the Python package they are refused with an exception, or run.
+CORRUPTED = [
+    ("qwen35moe-tiny", "qwen35moe.rope.dimension_sections=zeros"),
+    ("qwen35moe-tiny", "qwen35moe.rope.dimension_sections=[0]"),
+    ("qwen35moe-tiny", "qwen35moe.rope.dimension_sections removed"),
+    ("qwen35moe-tiny", "blk.0.ssm_conv1d.weight as F16"),
+    ("qwen3next-tiny", "blk.0.ssm_conv1d.weight as F16"),
+    ("gemma4-tiny", "per_layer_model_proj.weight as F32"),
+    ("gpt-oss-tiny", "blk.0.ffn_gate_exps.bias as F16"),
+    ("gpt-oss-tiny", "blk.0.ffn_down_exps.bias as Q8_0"),
+    ("gemma4moe-tiny", "blk.0.ffn_gate_inp.weight removed"),
+    ("gemma4-tiny", "gemma4.final_logit_softcapping=-1.0"),
+    ("gemma4-tiny", "gemma4.rope.freq_base_swa=nan"),
+]
+
+
+def test_the_python_package_survives_corrupted_files(tmp_path):
+    import sys
+
+    import axle
+
+    from helpers import ROOT
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gguf_corpus
+
+    for fixture, wanted in CORRUPTED:
+        found = [w for n, _, w in gguf_corpus.variants(str(ROOT / "fixtures" / f"{fixture}.gguf")) if n == wanted]
+        assert found, f"{fixture} has no variant {wanted}"
+        path = tmp_path / f"{fixture}.gguf"
+        found[0](str(path))
+        try:
+            with axle.Engine(str(path), threads=1, context=256) as e:
+                c = e.generate("Hello world", max_tokens=3, temperature=0)
+                assert c.text or c.finish_reason == "length", (wanted, c)
+        except axle.ModelError as err:
+            assert str(err), wanted
+    with pytest.raises(axle.RequestError) as err:
+        with axle.Engine(str(ROOT / "fixtures" / "llama-tiny.gguf"), threads=1, context=256) as e:
+            e.generate(b"Hello", max_tokens=2)
+    assert err.value.field == "prompt"

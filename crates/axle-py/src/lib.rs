@@ -194,6 +194,18 @@ impl Engine {
 /// Parses a prompt argument: text, a list of token ids, or a list of `{"role", "content"}`
 /// messages.
 fn prompt_of(prompt: &Bound<'_, PyAny>) -> PyResult<Prompt> {
+    // Bytes would read as a list of small integers, token ids nobody meant.
+    if prompt.is_instance_of::<pyo3::types::PyBytes>()
+        || prompt.is_instance_of::<pyo3::types::PyByteArray>()
+    {
+        return Err(py_err(
+            prompt.py(),
+            SdkError::Rejected(Rejection::invalid(
+                Field::Prompt,
+                "bytes are not a prompt: decode them to a string, or give a list of token ids",
+            )),
+        ));
+    }
     if let Ok(text) = prompt.extract::<String>() {
         return Ok(Prompt::Text(text));
     }
