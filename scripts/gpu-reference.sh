@@ -21,6 +21,12 @@ export AXLE_BACKENDS_DIR="$w/bin/backends"
 tools="$w/bin/llama-tools"
 axle="$w/bin/axle"
 cat "$tools/COMMIT" >"$out/reference-source.txt" 2>/dev/null
+# The commit the axle binary was built from (the device's copy of the tree cannot say).
+if [ -s "$root/.device/commit" ]; then
+  AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
+  export AXLE_GIT_COMMIT
+  cp "$root/.device/commit" "$out/axle-commit.txt"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt"
 status=0
 case "$what" in
@@ -34,7 +40,7 @@ case "$what" in
       "$tools/llama-bench" -m "$m" -ngl 99 -fa 1 -p 0 -n 128 -d 8192 -r 2 -o json \
         >"$out/llama-bench-d8192-$t.json" 2>>"$out/llama-bench-$t.txt" || status=1
       "$axle" bench compare --model "$m" --device cuda0 --prefill 512,4096 --decode 128 --reps 3 \
-        --output-root "$out" >"$out/axle-compare-$t.txt" 2>&1 || status=1
+        --output-root "$out" 2>&1 | grep -v "CUDA Graph id" >"$out/axle-compare-$t.txt" || status=1
     done
     ;;
   batched)
@@ -50,7 +56,8 @@ case "$what" in
         -npp "$prompt" -ntg 32 -npl "$seqs" --output-format jsonl \
         >"$out/llama-batched-bench-$t-p$prompt.jsonl" 2>"$out/llama-batched-bench-$t-p$prompt.txt" || status=1
       "$axle" bench batched --model "$m" --device cuda0 --prompt "$prompt" --steps 32 --reps 1 \
-        --concurrency "$seqs" --output-root "$out" >"$out/axle-batched-$t-p$prompt.txt" 2>&1 || status=1
+        --concurrency "$seqs" --output-root "$out" 2>&1 | grep -v "CUDA Graph id" \
+        >"$out/axle-batched-$t-p$prompt.txt" || status=1
     done
     ;;
   *) echo "unknown step $what" >&2; exit 2 ;;

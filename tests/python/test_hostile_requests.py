@@ -136,6 +136,12 @@ def test_duplicate_keys_are_named(server):
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400
     assert json.loads(e.value.read())["error"]["param"] == "max_tokens"
+    # Inside a field too: serde would keep one of the two without a word.
+    raw = b'{"prompt": "hi", "max_tokens": 2, "response_format": {"type": "text", "type": "json_object"}}'
+    req = urllib.request.Request(base + "/v1/completions", data=raw, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert json.loads(e.value.read())["error"]["param"] == "response_format.type"
 
 
 def test_a_sane_format_still_works_after_the_bombs(server):

@@ -246,7 +246,7 @@ pub fn run(
             n_ctx,
             n_threads: opts.threads,
             n_seq_max: max_b as u32,
-            n_batch: ((max_b * opts.prompt).max(512)).min(ORACLE_BATCH) as u32,
+            n_batch: (max_b * opts.prompt).clamp(512, ORACLE_BATCH).max(max_b) as u32,
             n_gpu_layers: crate::oracle_gpu_layers(model),
             split_mode: opts.oracle_split,
             // A KV stream per sequence, as llama-batched-bench runs by default.

@@ -1,7 +1,9 @@
 //! `axle bench soak`: a long, hostile run through the HTTP server, in one process. Many client
 //! threads send chat and text completions for a set time, streamed and blocking, with random
 //! prompt lengths, token counts and sampling settings; a share of them go away mid-answer; the
-//! KV pool is small enough to force preemption; a greedy canary request is repeated throughout
+//! KV pool is small enough to force preemption; a share of the requests are hostile (grammar bombs
+//! of several shapes, malformed fields, bodies abandoned half-sent), each of which must be refused
+//! with a 400 naming its field, or cost nothing; a greedy canary request is repeated throughout
 //! and must get the same text every time, and again from a restarted server. The report: requests
 //! served, errors by kind (a client that left on purpose is not an error), TTFT and inter-token
 //! percentiles, resident memory after the warm-up and at the end, and the KV blocks still in use
@@ -30,6 +32,8 @@ pub struct SoakSpec {
     pub kv_slots: u32,
     /// Share of requests whose client goes away before the answer is complete.
     pub leave_share: f64,
+    /// Share of requests that are hostile (see [`hostile_request`]).
+    pub hostile_share: f64,
     /// Seconds between canary requests.
     pub canary_every: Duration,
     /// Seed of the clients' choices.
@@ -50,7 +54,12 @@ pub struct SoakReport {
     /// Requests whose client left on purpose (streams dropped mid-answer, blocking requests
     /// given up on).
     pub left: usize,
-    /// Failures by kind (HTTP status, or the transport failure); empty when nothing was lost.
+    /// Hostile requests sent, and how many were refused with a 400 naming their field (the
+    /// rest were bodies abandoned half-sent, which get no answer).
+    #[serde(default)]
+    pub hostile: [usize; 2],
+    /// Failures by kind (HTTP status, or the transport failure; a hostile request answered
+    /// otherwise than expected counts here too); empty when nothing was lost.
     pub errors: BTreeMap<String, usize>,
     /// Tokens streamed to clients.
     pub streamed_tokens: usize,
@@ -100,6 +109,10 @@ impl SoakReport {
                 vec![
                     "clients that left mid-answer (on purpose)".into(),
                     self.left.to_string(),
+                ],
+                vec![
+                    "hostile requests (refused by name)".into(),
+                    format!("{} ({})", self.hostile[0], self.hostile[1]),
                 ],
                 vec!["errors".into(), format!("{errors} {:?}", self.errors)],
                 vec!["tokens streamed".into(), self.streamed_tokens.to_string()],
@@ -159,9 +172,128 @@ const CANARY: &str = "Write a short poem about a lighthouse keeper.";
 
 /// One request's outcome.
 enum Outcome {
-    Served { ttft: Option<f64>, gaps: Vec<f64> },
+    Served {
+        ttft: Option<f64>,
+        gaps: Vec<f64>,
+    },
     Left,
+    /// A hostile request answered as it should be: refused naming its field, or (a body
+    /// abandoned half-sent) not answered at all.
+    Refused {
+        by_name: bool,
+    },
     Failed(String),
+}
+
+/// A `$ref` chain of `n` objects, each holding the next (a compiler's recursion bomb).
+fn object_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            serde_json::json!({"type": "object", "properties": {"x": {"$ref": format!("#/$defs/d{}", i + 1)}}}),
+        );
+    }
+    defs.insert(format!("d{n}"), serde_json::json!({"type": "integer"}));
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/d0"})
+}
+
+/// Sends one hostile request of a kind drawn from `rng`: grammar bombs (a deep `$ref` chain, a
+/// long Lark rule chain, deeply nested regex groups, a schema that admits nothing), a malformed
+/// field, or a body abandoned half-sent.
+fn hostile_request(rng: &mut ChaCha8Rng, port: u16) -> Outcome {
+    let stream = unit(rng) < 0.5;
+    let chat = |format: serde_json::Value| {
+        serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "stream": stream, "response_format": format})
+    };
+    let (body, field) = match below(rng, 6) {
+        0 => (
+            chat(serde_json::json!({"type": "json_schema",
+                "json_schema": {"name": "bomb", "schema": object_chain(300 + below(rng, 3000))}})),
+            "response_format",
+        ),
+        1 => {
+            let n = 1000 + below(rng, 4000);
+            let mut lark = String::from("start: r0\n");
+            for i in 0..n {
+                lark.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
+            }
+            lark.push_str(&format!("r{n}: \"b\"\n"));
+            (
+                chat(serde_json::json!({"type": "grammar", "grammar": lark})),
+                "response_format",
+            )
+        }
+        2 => {
+            let n = 1000 + below(rng, 20000);
+            let regex = format!("{}a{}", "(".repeat(n), ")".repeat(n));
+            (
+                chat(serde_json::json!({"type": "regex", "regex": regex})),
+                "response_format",
+            )
+        }
+        3 => (
+            chat(serde_json::json!({"type": "json_schema",
+                "json_schema": {"name": "none", "schema": {"$ref": "#"}}})),
+            "response_format",
+        ),
+        4 => (
+            serde_json::json!({"prompt": "hi", "max_tokens": -1}),
+            "max_tokens",
+        ),
+        _ => return abandoned_body(port),
+    };
+    refused(port, &body, field)
+}
+
+/// Sends `body` and expects a 400 whose error names `field`.
+fn refused(port: u16, body: &serde_json::Value, field: &str) -> Outcome {
+    let route = if body.get("messages").is_some() {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
+    let text = body.to_string();
+    let answer = (|| -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(STALL))?;
+        write!(
+            s,
+            "POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+            text.len()
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })();
+    match answer {
+        Ok(a) if a.starts_with("HTTP/1.1 400") && a.contains(&format!("\"param\":\"{field}\"")) => {
+            Outcome::Refused { by_name: true }
+        }
+        Ok(a) => Outcome::Failed(format!(
+            "hostile {field}: {}",
+            a.lines().next().unwrap_or("no answer")
+        )),
+        Err(e) => Outcome::Failed(format!("hostile {field}: {:?}", e.kind())),
+    }
+}
+
+/// A head and half a body, then the client goes away.
+fn abandoned_body(port: u16) -> Outcome {
+    let sent = (|| -> std::io::Result<()> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{{\"prompt\": \"a half"
+        )?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    })();
+    match sent {
+        Ok(()) => Outcome::Refused { by_name: false },
+        Err(e) => Outcome::Failed(format!("abandoned body: {:?}", e.kind())),
+    }
 }
 
 /// Sends one request over a fresh connection; `leave_after` tokens (streamed) or seconds
@@ -364,6 +496,7 @@ impl Drop for StopOnDrop {
 struct Tally {
     served: usize,
     left: usize,
+    hostile: [usize; 2],
     errors: BTreeMap<String, usize>,
     ttft: Vec<f64>,
     gaps: Vec<f64>,
@@ -387,11 +520,15 @@ pub fn run(
         .map(|i| {
             let (tally, stop) = (tally.clone(), stop.clone());
             let mut rng = ChaCha8Rng::seed_from_u64(spec.seed.wrapping_add(i as u64));
-            let leave_share = spec.leave_share;
+            let (leave_share, hostile_share) = (spec.leave_share, spec.hostile_share);
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let (body, leave) = random_request(&mut rng, leave_share);
-                    let outcome = request(port, &body, leave);
+                    let outcome = if unit(&mut rng) < hostile_share {
+                        hostile_request(&mut rng, port)
+                    } else {
+                        let (body, leave) = random_request(&mut rng, leave_share);
+                        request(port, &body, leave)
+                    };
                     let Ok(mut t) = tally.lock() else { return };
                     match outcome {
                         Outcome::Served { ttft, gaps } => {
@@ -400,6 +537,10 @@ pub fn run(
                             t.gaps.extend(gaps);
                         }
                         Outcome::Left => t.left += 1,
+                        Outcome::Refused { by_name } => {
+                            t.hostile[0] += 1;
+                            t.hostile[1] += usize::from(by_name);
+                        }
                         Outcome::Failed(kind) => *t.errors.entry(kind).or_insert(0) += 1,
                     }
                 }
@@ -458,6 +599,7 @@ pub fn run(
         kv_slots: spec.kv_slots,
         served: t.served,
         left: t.left,
+        hostile: t.hostile,
         errors: t.errors.clone(),
         streamed_tokens: t.ttft.len() + t.gaps.len(),
         ttft_s: pct(&t.ttft),

@@ -21,10 +21,12 @@ pub enum Error {
         magic: String,
     },
     /// ggml's GGUF parser rejected the file.
-    #[error("{path} is a malformed GGUF file (its header or metadata could not be parsed)")]
+    #[error("{path} is a malformed GGUF file: {detail}")]
     MalformedGguf {
         /// The file.
         path: PathBuf,
+        /// What the parser could not read, in its words.
+        detail: String,
     },
     /// The tensor data region is shorter than the header says.
     #[error("{path} is truncated: tensor data needs {needed} bytes but the file has {actual}")]

@@ -139,16 +139,24 @@ impl GgufFile {
                     .to_string(),
             });
         }
-        let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
-            .map_err(|_| Error::MalformedGguf { path: path.clone() })?;
+        let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes()).map_err(|_| {
+            Error::MalformedGguf {
+                path: path.clone(),
+                detail: "the path holds a NUL byte".into(),
+            }
+        })?;
         let params = sys::gguf_init_params {
             no_alloc: true,
             ctx: std::ptr::null_mut(),
         };
+        let _ = crate::log::take_errors();
         // SAFETY: cpath is a valid C string; with ctx NULL no ggml context is created.
         let raw = unsafe { sys::gguf_init_from_file(cpath.as_ptr(), params) };
         if raw.is_null() {
-            return Err(Error::MalformedGguf { path });
+            let detail = crate::log::take_errors()
+                .map(|d| d.replace("gguf_init_from_file_impl: ", ""))
+                .unwrap_or_else(|| "its header or metadata could not be parsed".into());
+            return Err(Error::MalformedGguf { path, detail });
         }
         let ctx = GgufCtx(raw);
         let metadata = read_metadata(&ctx);

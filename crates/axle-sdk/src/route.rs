@@ -185,6 +185,10 @@ pub fn decide(input: &ResolveInput) -> Result<Resolution, ResolveError> {
                     "{why}; an upstream ({url}) was given but delegation is off: add \
                      --allow-delegation, or choose --backend llama-cpp|openai"
                 ))),
+                // A file that cannot be read is that file's problem: no route fixes it.
+                (None, _) if matches!(input.local, Some(LocalModel::Unreadable(_))) => {
+                    Err(ResolveError::NotNative(why))
+                }
                 (None, _) => Err(ResolveError::NotNative(format!(
                     "{why}; to serve it through a server you run, pass --upstream URL with \
                      --allow-delegation (or --backend llama-cpp|openai)"

@@ -56,17 +56,13 @@ fn declares_json(headers: &axum::http::HeaderMap) -> bool {
 /// Deserializes `bytes`, naming the field at fault on failure. A top-level key given twice is
 /// refused (serde would take one of them silently where fields are flattened).
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let top = serde_json::from_slice::<TopLevel>(bytes).ok();
-    if let Some(top) = &top {
-        for (i, (k, _)) in top.0.iter().enumerate() {
-            if top.0[..i].iter().any(|(seen, _)| seen == k) {
-                return Err(ApiError::bad_request(
-                    format!("invalid request body: duplicate field `{k}`"),
-                    Some(k),
-                ));
-            }
-        }
+    if let Ok(Duplicate(Some(path))) = serde_json::from_slice::<Duplicate>(bytes) {
+        return Err(ApiError::bad_request(
+            format!("invalid request body: `{path}` is given twice"),
+            Some(&path),
+        ));
     }
+    let top = serde_json::from_slice::<TopLevel>(bytes).ok();
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let inner = e.inner();
@@ -87,6 +83,83 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     de.end()
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))?;
     Ok(value)
+}
+
+/// The path of the first key given twice in one object, anywhere in a JSON value (serde keeps
+/// one of the two silently where a value is read as a map). Nesting is bounded by serde_json's
+/// recursion limit, so the scan's recursion is too.
+struct Duplicate(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for Duplicate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Scan;
+        impl<'de> serde::de::Visitor<'de> for Scan {
+            type Value = Duplicate;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Duplicate, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut found = None;
+                while let Some(k) = m.next_key::<String>()? {
+                    let inner = m.next_value::<Duplicate>()?;
+                    if found.is_none() {
+                        found = if !seen.insert(k.clone()) {
+                            Some(k)
+                        } else {
+                            inner.0.map(|p| join(&k, &p))
+                        };
+                    }
+                }
+                Ok(Duplicate(found))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut s: A,
+            ) -> Result<Duplicate, A::Error> {
+                let mut found = None;
+                let mut i = 0usize;
+                while let Some(inner) = s.next_element::<Duplicate>()? {
+                    if found.is_none() {
+                        found = inner.0.map(|p| join(&format!("[{i}]"), &p));
+                    }
+                    i += 1;
+                }
+                Ok(Duplicate(found))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+            fn visit_unit<E>(self) -> Result<Duplicate, E> {
+                Ok(Duplicate(None))
+            }
+        }
+        d.deserialize_any(Scan)
+    }
+}
+
+/// `outer` then `inner` as a field path (`a.b`, `a[0]`).
+fn join(outer: &str, inner: &str) -> String {
+    if inner.starts_with('[') {
+        format!("{outer}{inner}")
+    } else {
+        format!("{outer}.{inner}")
+    }
 }
 
 /// A body's top-level object: its keys in order, with their values' text.
@@ -198,6 +271,19 @@ mod tests {
         )
         .expect_err("twice");
         assert_eq!(e.param.as_deref(), Some("seed"), "{}", e.message);
+        let e = parse::<Flat>(
+            br#"{"prompt": "x", "messages": [{"role": "a"}, {"role": "b", "role": "c"}]}"#,
+        )
+        .expect_err("nested twice");
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[1].role"),
+            "{}",
+            e.message
+        );
+        let e = parse::<Flat>(br#"{"prompt": "x", "f": {"type": "a", "g": {"h": 1, "h": 2}}}"#)
+            .expect_err("deep twice");
+        assert_eq!(e.param.as_deref(), Some("f.g.h"), "{}", e.message);
     }
 
     #[test]

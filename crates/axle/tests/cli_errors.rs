@@ -112,6 +112,9 @@ fn truncated_gguf_files() {
     std::fs::write(&p, &data[..4096]).unwrap();
     let e = fails(&["generate", "--model", p.to_str().unwrap(), "--prompt", "hi"]);
     assert!(e.contains("malformed GGUF"), "{e}");
+    // It says what could not be read, and no route fixes a broken file.
+    assert!(e.contains("failed to read"), "{e}");
+    assert!(!e.contains("--allow-delegation"), "{e}");
 }
 
 #[test]

@@ -185,6 +185,10 @@ pub struct SoakArgs {
     /// Share of requests whose client leaves before the answer is complete.
     #[arg(long, default_value_t = 0.25)]
     leave_share: f64,
+    /// Share of requests that are hostile: grammar bombs, malformed fields, bodies abandoned
+    /// half-sent (each must be refused by name, or cost nothing).
+    #[arg(long, default_value_t = 0.1)]
+    hostile_share: f64,
     /// Seconds between canary requests.
     #[arg(long, default_value_t = 20)]
     canary_every: u64,
@@ -253,6 +257,10 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
         (0.0..=1.0).contains(&a.leave_share),
         "--leave-share must be in [0, 1]"
     );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.hostile_share),
+        "--hostile-share must be in [0, 1]"
+    );
     let path = a
         .model
         .as_deref()
@@ -263,6 +271,7 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
         duration: std::time::Duration::from_secs(a.seconds.max(1)),
         kv_slots: a.kv_slots,
         leave_share: a.leave_share,
+        hostile_share: a.hostile_share,
         canary_every: std::time::Duration::from_secs(a.canary_every.max(1)),
         seed: a.seed,
     };
