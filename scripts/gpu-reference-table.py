@@ -1,9 +1,9 @@
 """Prints the Markdown table of a `scripts/gpu-reference.sh` run: Axle against llama.cpp's own
 tools (llama-bench, llama-batched-bench) and against libllama in Axle's process, from the artifacts
-in DIR (its b*/ and single/ folders). With --doc FILE, fills FILE's `<!-- bench:gpu-reference -->`
-section instead of printing.
+in DIR (its b*/ and single/ folders). With --doc FILE, fills FILE's `<!-- bench:NAME -->` section
+instead of printing (NAME: --section, default gpu-reference).
 
-    python3 scripts/gpu-reference-table.py benchmarks/artifacts/gpu/h200-references [--doc docs/gpu.md]
+    python3 scripts/gpu-reference-table.py DIR [--doc docs/gpu.md] [--section NAME]
 """
 import json
 import pathlib
@@ -13,6 +13,14 @@ import sys
 
 def rows_of(path):
     return {r["workload"]: r for r in json.loads(path.read_text())["rows"]}
+
+
+def quant(root):
+    """The weight type, from the file name in an artifact (Q4_0 or Q4_K_M)."""
+    for f in pathlib.Path(root).glob("*/*.json*"):
+        if "q4_k_m" in f.name or "q4-k-m" in f.name:
+            return "Q4_K_M"
+    return "Q4_0"
 
 
 def table(root):
@@ -64,13 +72,13 @@ def table(root):
     out.append("")
     out.append(f"Device: {facts[0]}. Reference: {facts[1]}, built plainly for sm_90 "
                f"(`scripts/build-llama-tools.sh`). Axle at commit {facts[2][:12]}. Random-weight "
-               "Llama-3-8B-shaped Q4_0 file, flash attention on, one session.")
+               f"Llama-3-8B-shaped {quant(root)} file, flash attention on, one session.")
     return "\n".join(out) + "\n"
 
 
-def fill(doc, text):
+def fill(doc, text, name):
     body = pathlib.Path(doc).read_text()
-    start, end = "<!-- bench:gpu-reference -->", "<!-- /bench:gpu-reference -->"
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     if not pattern.search(body):
         sys.exit(f"{doc} has no {start} section")
@@ -82,6 +90,7 @@ def fill(doc, text):
 if __name__ == "__main__":
     t = table(sys.argv[1])
     if "--doc" in sys.argv:
-        fill(sys.argv[sys.argv.index("--doc") + 1], t)
+        name = sys.argv[sys.argv.index("--section") + 1] if "--section" in sys.argv else "gpu-reference"
+        fill(sys.argv[sys.argv.index("--doc") + 1], t, name)
     else:
         print(t)
