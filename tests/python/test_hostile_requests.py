@@ -107,10 +107,14 @@ def test_tool_schemas_are_checked_whatever_the_tool_choice(server):
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tools, "tool_choice": choice})
         assert status == 400, (choice, answer[:300])
         assert json.loads(answer)["error"]["param"] == "tools", answer[:300]
-    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]
+    # Under `auto` the calls are parsed from text, not forced: a schema the grammar engine would
+    # not compile (formats, `uniqueItems`) still serves; forced, it is refused by name.
+    odd = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "format": "int32"},
+                                         "tags": {"type": "array", "uniqueItems": True}}}}}]
     status, answer = post(base, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": bad, "tool_choice": "auto"})
-    assert status == 400 and json.loads(answer)["error"]["param"] == "tools", answer[:300]
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": odd, "tool_choice": "auto"})
+    assert status == 200, answer[:300]
     assert proc.poll() is None and healthy(base)
 
 

@@ -129,11 +129,12 @@ impl MoeConfig {
         let norm_weights = f
             .bool_opt(&key("expert_weights_norm"))?
             .unwrap_or(norm_default);
+        // 0 is llama.cpp's "no groups", as 1 is.
         let n_groups = f.int_opt(&key("expert_group_count"))?.unwrap_or(1);
-        if n_groups < 1 {
+        if n_groups < 0 {
             return Err(bad(
                 "expert_group_count",
-                format!("= {n_groups} must be at least 1"),
+                format!("= {n_groups} must not be negative"),
             ));
         }
         let groups = if n_groups > 1 {

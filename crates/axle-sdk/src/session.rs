@@ -162,6 +162,13 @@ impl Session {
         req: &GenerateRequest,
         plan: &structured::Plan,
     ) -> Result<Vec<TokenId>, SdkError> {
+        // Calls the model may make but need not (`tool_choice: auto`) are parsed from its text,
+        // not forced by a grammar: their schemas get the size and depth limits only (a full
+        // compile would refuse schemas that clients send and that parse fine as text).
+        for schema in &plan.tool_check {
+            axle_structured::check_schema_limits(schema)
+                .map_err(|e| Rejection::invalid(Field::Tools, e.to_string()))?;
+        }
         let tok = &self.model.tokenizer;
         let vocab = tok.len();
         let ids = match (&req.prompt, &plan.messages) {
@@ -198,12 +205,6 @@ impl Session {
         req.validate()?;
         let plan = structured::plan(req, self.model.chat_template_source())?;
         let prompt = self.planned_tokens(req, &plan)?;
-        // Where the model has no grammar engine, calls are only parsed from the text.
-        if let (Some(calls), Ok(engine)) = (&plan.tool_check, self.grammar.get(&self.model)) {
-            engine
-                .compile(calls)
-                .map_err(|e| Rejection::invalid(Field::Tools, e.to_string()))?;
-        }
         let grammar = match &plan.constraint {
             Some((c, field)) => {
                 let engine = self.grammar.get(&self.model)?;

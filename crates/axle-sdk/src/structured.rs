@@ -22,9 +22,9 @@ pub(crate) struct Plan {
     pub constraint: Option<(OutputConstraint, Field)>,
     /// The call format to look for in the output, and the functions that exist.
     pub tool_format: Option<(ToolFormat, Vec<String>)>,
-    /// The grammar of the tools' calls when the model may call them but need not (`tool_choice:
-    /// auto` without a format): compiled only to check the tools' schemas, never applied.
-    pub tool_check: Option<OutputConstraint>,
+    /// The tools' parameter schemas when the model may call them but need not (`tool_choice:
+    /// auto` without a format): checked against the grammar limits only, never compiled.
+    pub tool_check: Vec<Value>,
     /// The constraint is a grammar of JSON (tool calls): bound its runs of digits as for JSON.
     pub json_grammar: bool,
 }
@@ -102,7 +102,7 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
     )
     .map_err(|e| Rejection::invalid(Field::ToolChoice, e.to_string()))?;
     if !forced && answer_schema.is_none() {
-        plan.tool_check = Some(c);
+        plan.tool_check = tools.iter().map(|t| t.parameters.clone()).collect();
     } else {
         let field = if forced {
             Field::Tools

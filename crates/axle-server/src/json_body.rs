@@ -62,7 +62,6 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Some(&path),
         ));
     }
-    let top = serde_json::from_slice::<TopLevel>(bytes).ok();
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let inner = e.inner();
@@ -70,11 +69,9 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let param = match inner.classify() {
             serde_json::error::Category::Data => {
                 let path = field_of(&e.path().to_string(), &inner.to_string());
-                // Flattened fields lose their path: find the top-level value the error is in.
-                path.or_else(|| {
-                    let at = offset_of(bytes, inner.line(), inner.column());
-                    top.as_ref().and_then(|t| t.key_around(bytes, at))
-                })
+                // Flattened fields lose their path: find the top-level key without which the
+                // body reads (or only misses that key).
+                path.or_else(|| culprit::<T>(bytes))
             }
             _ => None,
         };
@@ -162,54 +159,26 @@ fn join(outer: &str, inner: &str) -> String {
     }
 }
 
-/// A body's top-level object: its keys in order, with their values' text.
-struct TopLevel<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
-
-impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Keys;
-        impl<'de> serde::de::Visitor<'de> for Keys {
-            type Value = TopLevel<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(entry) =
-                    m.next_entry::<String, &'de serde_json::value::RawValue>()?
-                {
-                    out.push(entry);
-                }
-                Ok(TopLevel(out))
-            }
-        }
-        d.deserialize_map(Keys)
+/// The top-level key at fault in a body that does not read as `T`: the one whose removal makes
+/// it read (an optional field; required ones carry their path). Tried on bodies of at most 64 KiB and 64 keys (an
+/// error path; each try reads the body again).
+fn culprit<T: DeserializeOwned>(bytes: &[u8]) -> Option<String> {
+    if bytes.len() > 64 << 10 {
+        return None;
     }
-}
-
-impl TopLevel<'_> {
-    /// The key whose value's text holds byte `at` of `body` (or ends just before it).
-    fn key_around(&self, body: &[u8], at: usize) -> Option<String> {
-        let base = body.as_ptr() as usize;
-        self.0.iter().find_map(|(k, v)| {
-            let start = v.get().as_ptr() as usize - base;
-            let end = start + v.get().len();
-            (start <= at && at <= end).then(|| k.clone())
-        })
+    let serde_json::Value::Object(map) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    if map.len() > 64 {
+        return None;
     }
-}
-
-/// The byte offset of serde_json's 1-based line and column.
-fn offset_of(body: &[u8], line: usize, column: usize) -> usize {
-    let line_start = body
-        .split_inclusive(|&b| b == b'\n')
-        .take(line.saturating_sub(1))
-        .map(<[u8]>::len)
-        .sum::<usize>();
-    (line_start + column).saturating_sub(1)
+    map.keys().find_map(|k| {
+        let mut without = map.clone();
+        without.remove(k);
+        serde_json::from_value::<T>(serde_json::Value::Object(without))
+            .ok()
+            .map(|_| k.clone())
+    })
 }
 
 /// The field a data error is about: its path, extended by the field an unknown, missing or
@@ -264,6 +233,10 @@ mod tests {
     #[test]
     fn flattened_fields_and_duplicates_are_named_too() {
         let e = parse::<Flat>(br#"{"prompt": "x", "max_tokens": -1}"#).expect_err("negative");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
+        // Not only when the field comes last.
+        let e =
+            parse::<Flat>(br#"{"max_tokens": -1, "prompt": "x", "seed": 3}"#).expect_err("first");
         assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
         let e = parse::<Flat>(
             br#"{"prompt": "x",

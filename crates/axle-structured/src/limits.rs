@@ -24,7 +24,7 @@ fn over(what: &str, found: usize, limit: usize) -> StructuredError {
     ))
 }
 
-/// Checks `c` against [`MAX_GRAMMAR_BYTES`] and [`MAX_GRAMMAR_DEPTH`].
+/// Checks `c` against [`MAX_GRAMMAR_BYTES`] and [`MAX_GRAMMAR_DEPTH`] before it is compiled.
 pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
     match c {
         OutputConstraint::JsonObject => Ok(()),
@@ -33,6 +33,7 @@ pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
             if bytes > MAX_GRAMMAR_BYTES {
                 return Err(over("size in bytes", bytes, MAX_GRAMMAR_BYTES));
             }
+            check_refs(schema)?;
             check_depth("depth (nested schemas and $ref hops)", schema_depth(schema))
         }
         OutputConstraint::Regex { pattern } => {
@@ -51,6 +52,16 @@ pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
             )
         }
     }
+}
+
+/// The size and depth limits for a JSON schema that is not compiled (a tool's parameters when
+/// the model may call it but need not): `$ref`s that lead outside it are left alone.
+pub fn check_schema_limits(schema: &Value) -> Result<(), StructuredError> {
+    let bytes = serialized_len(schema);
+    if bytes > MAX_GRAMMAR_BYTES {
+        return Err(over("size in bytes", bytes, MAX_GRAMMAR_BYTES));
+    }
+    check_depth("depth (nested schemas and $ref hops)", schema_depth(schema))
 }
 
 fn check_depth(what: &str, depth: usize) -> Result<(), StructuredError> {
@@ -79,82 +90,106 @@ fn serialized_len(v: &Value) -> usize {
     c.0
 }
 
-/// A graph whose longest path from any node is wanted, cycles cut where they close (a recursive
-/// schema or rule is fine: the compiler makes it one nonterminal and stops there).
+/// A graph whose heaviest path from given roots is wanted. A cycle (a recursive schema or rule)
+/// counts once with the weight of all its members: the compiler can recurse through each member
+/// of a cycle once before it meets one it is already compiling.
 trait Graph {
     /// A node's identity.
     type Node: Copy + Eq + std::hash::Hash;
     /// The nodes a node leads to.
     fn next(&self, n: Self::Node) -> Vec<Self::Node>;
+    /// How deep the compiler may recurse inside the node itself.
+    fn weight(&self, _n: Self::Node) -> usize {
+        1
+    }
 }
 
-/// The longest path (in nodes) from any of `roots`, stopping as soon as it exceeds `cap` (the
-/// answer is then some value over `cap`). Iterative depth-first search with memoised depths.
-fn longest_path<G: Graph>(g: &G, roots: &[G::Node], cap: usize) -> usize {
-    #[derive(Clone, Copy)]
-    enum Mark {
-        Open,
-        Done(usize),
-    }
+/// The heaviest path from any of `roots`: strongly connected components found with an iterative
+/// Tarjan walk, each weighted by the sum of its members' weights, and the heaviest path through
+/// the acyclic graph of components (computed as Tarjan emits them, successors first). Linear in
+/// nodes and edges.
+fn longest_path<G: Graph>(g: &G, roots: &[G::Node]) -> usize {
     struct Frame<N> {
         node: N,
         next: Vec<N>,
         at: usize,
-        best: usize,
     }
-    let mut marks: HashMap<G::Node, Mark> = HashMap::new();
+    let mut index: HashMap<G::Node, usize> = HashMap::new();
+    let mut low: HashMap<G::Node, usize> = HashMap::new();
+    let mut on_stack: HashMap<G::Node, bool> = HashMap::new();
+    let mut component: HashMap<G::Node, usize> = HashMap::new();
+    // Heaviest path starting in each finished component.
+    let mut depth: Vec<usize> = Vec::new();
+    let mut stack: Vec<G::Node> = Vec::new();
     let mut deepest = 0;
     for &root in roots {
-        if marks.contains_key(&root) {
+        if index.contains_key(&root) {
             continue;
         }
-        marks.insert(root, Mark::Open);
-        let mut stack = vec![Frame {
+        let mut frames = vec![Frame {
             node: root,
             next: g.next(root),
             at: 0,
-            best: 1,
         }];
-        loop {
-            let height = stack.len();
-            if height > cap {
-                return height;
-            }
-            let Some(top) = stack.last_mut() else {
-                break;
-            };
+        index.insert(root, index.len());
+        low.insert(root, index[&root]);
+        stack.push(root);
+        on_stack.insert(root, true);
+        while let Some(top) = frames.last_mut() {
             if top.at < top.next.len() {
                 let n = top.next[top.at];
                 top.at += 1;
-                match marks.get(&n) {
-                    Some(Mark::Done(d)) => {
-                        top.best = top.best.max(d + 1);
-                        if height - 1 + top.best > cap {
-                            return height - 1 + top.best;
-                        }
-                    }
-                    Some(Mark::Open) => {}
-                    None => {
-                        marks.insert(n, Mark::Open);
-                        let next = g.next(n);
-                        stack.push(Frame {
-                            node: n,
-                            next,
-                            at: 0,
-                            best: 1,
-                        });
-                    }
+                let v = top.node;
+                if !index.contains_key(&n) {
+                    let i = index.len();
+                    index.insert(n, i);
+                    low.insert(n, i);
+                    stack.push(n);
+                    on_stack.insert(n, true);
+                    let next = g.next(n);
+                    frames.push(Frame {
+                        node: n,
+                        next,
+                        at: 0,
+                    });
+                } else if on_stack.get(&n).copied().unwrap_or(false) {
+                    let l = low[&v].min(index[&n]);
+                    low.insert(v, l);
                 }
-            } else {
-                let done = stack.pop().map(|f| (f.node, f.best));
-                if let Some((node, best)) = done {
-                    marks.insert(node, Mark::Done(best));
-                    deepest = deepest.max(best);
-                    if let Some(parent) = stack.last_mut() {
-                        parent.best = parent.best.max(best + 1);
-                    }
+                continue;
+            }
+            let Some(done) = frames.pop() else { break };
+            let v = done.node;
+            if let Some(parent) = frames.last() {
+                let l = low[&parent.node].min(low[&v]);
+                low.insert(parent.node, l);
+            }
+            if low[&v] != index[&v] {
+                continue;
+            }
+            // `v` roots a component: its members are on the stack down to `v`.
+            let id = depth.len();
+            let mut members = Vec::new();
+            while let Some(m) = stack.pop() {
+                on_stack.insert(m, false);
+                component.insert(m, id);
+                members.push(m);
+                if m == v {
+                    break;
                 }
             }
+            let weight: usize = members.iter().map(|&m| g.weight(m)).sum();
+            let below = members
+                .iter()
+                .flat_map(|&m| g.next(m))
+                .filter_map(|n| component.get(&n).copied())
+                .filter(|&c| c != id)
+                .map(|c| depth[c])
+                .max()
+                .unwrap_or(0);
+            let d = weight.saturating_add(below);
+            depth.push(d);
+            deepest = deepest.max(d);
         }
     }
     deepest
@@ -187,6 +222,47 @@ fn node(v: &Value) -> usize {
     v as *const Value as usize
 }
 
+impl<'a> Schema<'a> {
+    /// The value a local `$ref` (`#/json/pointer`, percent-encoded or not) points at.
+    fn resolve(&self, r: &str) -> Option<&'a Value> {
+        let pointer = r.strip_prefix('#')?;
+        self.root.pointer(&percent_decoded(pointer))
+    }
+
+    /// The first `$ref` that does not resolve to a value inside the schema.
+    fn unresolved(&self) -> Option<String> {
+        self.index.values().find_map(|v| {
+            let r = v.get("$ref")?.as_str()?;
+            self.resolve(r).is_none().then(|| r.to_string())
+        })
+    }
+}
+
+/// `%XX` escapes decoded (invalid ones kept as they are).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&c| hex(c)),
+            b.get(i + 2).and_then(|&c| hex(c)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 impl Graph for Schema<'_> {
     type Node = usize;
     fn next(&self, n: usize) -> Vec<usize> {
@@ -196,8 +272,7 @@ impl Graph for Schema<'_> {
                 let target = m
                     .get("$ref")
                     .and_then(Value::as_str)
-                    .and_then(|r| r.strip_prefix('#'))
-                    .and_then(|p| self.root.pointer(p));
+                    .and_then(|r| self.resolve(r));
                 out.extend(target.map(node));
                 out
             }
@@ -210,7 +285,18 @@ impl Graph for Schema<'_> {
 /// The longest chain of nested values and `$ref` hops in `schema`.
 pub(crate) fn schema_depth(schema: &Value) -> usize {
     let g = Schema::new(schema);
-    longest_path(&g, &[node(schema)], MAX_GRAMMAR_DEPTH)
+    longest_path(&g, &[node(schema)])
+}
+
+/// Refuses a `$ref` that does not point inside the schema: its chain could not be measured.
+fn check_refs(schema: &Value) -> Result<(), StructuredError> {
+    match Schema::new(schema).unresolved() {
+        Some(r) => Err(StructuredError::Limit(format!(
+            "the grammar's `$ref` {r:?} does not point inside the schema (only local JSON pointers \
+             such as \"#/$defs/name\" are followed)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The deepest nesting of groups in a regular expression (escapes and classes skipped).
@@ -248,6 +334,9 @@ impl Graph for Rules {
     fn next(&self, n: usize) -> Vec<usize> {
         self.bodies.get(n).map(|b| b.0.clone()).unwrap_or_default()
     }
+    fn weight(&self, n: usize) -> usize {
+        1 + self.bodies.get(n).map_or(0, |b| b.1)
+    }
 }
 
 /// The deepest a Lark grammar goes: the longest chain of rules, each rule counting what it
@@ -266,13 +355,11 @@ fn lark_depth(lark: &str) -> usize {
         b.0.extend(body.names.iter().filter_map(|n| ids.get(n.as_str())));
         b.1 = b.1.max(body.embedded);
     }
-    // A rule that embeds a deep piece adds it to every chain through it: count the piece as a
-    // chain of that many extra nodes by folding it into the rule's own depth below.
+    // Each rule weighs 1 plus the depth of its own groups and embedded pieces: the compiler
+    // recurses through both along a chain.
     let roots: Vec<usize> = (0..bodies.len()).collect();
-    let embedded = bodies.iter().map(|b| b.1).max().unwrap_or(0);
     let rules = Rules { bodies };
-    let chain = longest_path(&rules, &roots, MAX_GRAMMAR_DEPTH);
-    chain.saturating_add(embedded).max(scanned.nesting)
+    longest_path(&rules, &roots).max(scanned.nesting)
 }
 
 /// What a scan of a Lark grammar finds.
@@ -298,6 +385,13 @@ fn scan_lark(text: &str) -> ScannedLark {
     let mut out = ScannedLark::default();
     let mut current: Option<(String, Body)> = None;
     let (mut i, mut depth, mut line_start) = (0usize, 0usize, true);
+    // Deepens what the current rule embeds, and the grammar's deepest nesting.
+    let embed = |current: &mut Option<(String, Body)>, out: &mut ScannedLark, d: usize| {
+        if let Some((_, body)) = current.as_mut() {
+            body.embedded = body.embedded.max(d);
+        }
+        out.nesting = out.nesting.max(d);
+    };
     while i < b.len() {
         let c = b[i];
         if c == b'\n' {
@@ -322,20 +416,27 @@ fn scan_lark(text: &str) -> ScannedLark {
         }
         line_start = false;
         match c {
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'"' | b'\'' => i = skip_quoted(b, i, c),
+            // Comments, as llguidance's lexer skips them: `#` or `//` to the end of the line.
+            b'#' => i = line_end(b, i),
+            b'/' if b.get(i + 1) == Some(&b'/') => i = line_end(b, i),
+            b'"' => i = skip_quoted(b, i, b'"'),
             b'/' => {
                 let end = skip_quoted(b, i, b'/');
                 let inner = regex_depth(&String::from_utf8_lossy(&b[i..end]));
-                if let Some((_, body)) = current.as_mut() {
-                    body.embedded = body.embedded.max(inner);
-                }
-                out.nesting = out.nesting.max(inner);
+                embed(&mut current, &mut out, depth + inner);
                 i = end;
+            }
+            // A special token, `<name>`: no rule names inside.
+            b'<' => {
+                let end = b[i + 1..]
+                    .iter()
+                    .position(|&x| x == b'<' || x == b'>' || x.is_ascii_whitespace())
+                    .map_or(b.len(), |p| i + 1 + p);
+                i = if b.get(end) == Some(&b'>') {
+                    end + 1
+                } else {
+                    i + 1
+                };
             }
             b'%' => {
                 let word_end = ident_end(b, i + 1);
@@ -347,17 +448,14 @@ fn scan_lark(text: &str) -> ScannedLark {
                     }
                     if b.get(i) == Some(&b'{') {
                         let (end, inner) = embedded_json(text, i);
-                        if let Some((_, body)) = current.as_mut() {
-                            body.embedded = body.embedded.max(inner);
-                        }
-                        out.nesting = out.nesting.max(inner);
+                        embed(&mut current, &mut out, depth + inner);
                         i = end;
                     }
                 }
             }
             b'(' | b'[' | b'{' => {
                 depth += 1;
-                out.nesting = out.nesting.max(depth);
+                embed(&mut current, &mut out, depth);
                 i += 1;
             }
             b')' | b']' | b'}' => {
@@ -379,18 +477,26 @@ fn scan_lark(text: &str) -> ScannedLark {
     out
 }
 
+fn line_end(b: &[u8], i: usize) -> usize {
+    b[i..]
+        .iter()
+        .position(|&x| x == b'\n')
+        .map_or(b.len(), |p| i + p)
+}
+
 fn ident_end(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+    while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'-') {
         i += 1;
     }
     i
 }
 
-/// The end of a literal opened by `quote` at `i` (past the closing quote and, for a regex, its
-/// flags; the end of the line or text if it never closes).
+/// The end of a literal opened by `quote` at `i`: past the closing quote and, for a regex, its
+/// flags. As in llguidance's lexer, a regex may run over lines and a string may not (an unclosed
+/// string ends at the line's end, an unclosed regex at the text's).
 fn skip_quoted(b: &[u8], i: usize, quote: u8) -> usize {
     let mut j = i + 1;
-    while j < b.len() && b[j] != b'\n' {
+    while j < b.len() && (quote == b'/' || b[j] != b'\n') {
         match b[j] {
             b'\\' => j += 2,
             c if c == quote => {
@@ -535,6 +641,72 @@ mod tests {
         assert!(lark_depth(&lark) > MAX_GRAMMAR_DEPTH);
         let small = format!("start: call\ncall: %json {}\n", ref_chain(3));
         assert!(lark_depth(&small) < 16);
+    }
+
+    #[test]
+    fn what_a_review_found_hidden_is_counted() {
+        // A regex over two lines must not hide the rule names after it.
+        let mut g = String::from("start: r0\n");
+        for i in 0..2_000 {
+            g.push_str(&format!("r{i}: /a\n/ r{}\n", i + 1));
+        }
+        g.push_str("r2000: \"b\"\n");
+        assert!(lark_depth(&g) > MAX_GRAMMAR_DEPTH);
+        // Nor may special tokens or comments.
+        let mut g = String::from("start: r0\n");
+        for i in 0..2_000 {
+            g.push_str(&format!(
+                "r{i}: <a\"> r{} # a comment with \" and /\n",
+                i + 1
+            ));
+        }
+        g.push_str("r2000: \"b\"\n");
+        assert!(lark_depth(&g) > MAX_GRAMMAR_DEPTH);
+        // Groups add up along a chain: 20 rules of 20 nested groups each.
+        let mut g = String::from("start: r0\n");
+        for i in 0..20 {
+            g.push_str(&format!(
+                "r{i}: {}\"a\" r{}{}\n",
+                "(".repeat(20),
+                i + 1,
+                ")".repeat(20)
+            ));
+        }
+        g.push_str("r20: \"b\"\n");
+        assert!(lark_depth(&g) > MAX_GRAMMAR_DEPTH);
+        // A cycle entered late counts all its members: Y_i = anyOf[X_i, X_{i+1}], X_i -> Y_i,
+        // with the Y's listed first.
+        let t = 1_000;
+        let mut defs = serde_json::Map::new();
+        for i in (1..=t).rev() {
+            defs.insert(
+                format!("y{i}"),
+                json!({"anyOf": [{"$ref": format!("#/$defs/x{i}")}, {"$ref": format!("#/$defs/x{}", i + 1)}]}),
+            );
+        }
+        for i in 1..=t + 1 {
+            defs.insert(
+                format!("x{i}"),
+                json!({"$ref": format!("#/$defs/y{}", i.min(t))}),
+            );
+        }
+        let s = json!({"$defs": defs, "$ref": "#/$defs/x1"});
+        assert!(schema_depth(&s) > MAX_GRAMMAR_DEPTH);
+        // Percent-encoded pointers are followed; refs that lead nowhere are refused.
+        let mut defs = serde_json::Map::new();
+        for i in 0..1_000 {
+            defs.insert(
+                format!("d{i}"),
+                json!({"$ref": format!("#/%24defs/d{}", i + 1)}),
+            );
+        }
+        defs.insert("d1000".into(), json!({"type": "string"}));
+        let s = json!({"$defs": defs, "$ref": "#/%24defs/d0"});
+        assert!(schema_depth(&s) > MAX_GRAMMAR_DEPTH);
+        let c = OutputConstraint::JsonSchema {
+            schema: json!({"$ref": "https://example.com/s.json"}),
+        };
+        assert!(matches!(check(&c), Err(StructuredError::Limit(_))));
     }
 
     #[test]

@@ -189,9 +189,12 @@ impl Hparams {
             },
             freq_base,
             freq_scale,
+            // A negative factor is llama.cpp's "unset": YaRN's default of 1.
             ext_factor: if yarn {
-                f.float_opt(&key("rope.scaling.yarn_ext_factor"))?
-                    .unwrap_or(1.0) as f32
+                match f.float_opt(&key("rope.scaling.yarn_ext_factor"))? {
+                    Some(x) if x >= 0.0 => x as f32,
+                    _ => 1.0,
+                }
             } else {
                 0.0
             },
