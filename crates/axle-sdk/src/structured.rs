@@ -93,6 +93,10 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
             "a required tool call leaves no room for a response_format answer",
         ));
     }
+    if !forced && answer_schema.is_none() {
+        plan.tool_check = tools.iter().map(|t| t.parameters.clone()).collect();
+        return Ok(plan);
+    }
     let c = call_constraint(
         support.format,
         &tools,
@@ -101,17 +105,13 @@ pub(crate) fn plan(req: &GenerateRequest, template: Option<&str>) -> Result<Plan
         answer_schema.as_ref(),
     )
     .map_err(|e| Rejection::invalid(Field::ToolChoice, e.to_string()))?;
-    if !forced && answer_schema.is_none() {
-        plan.tool_check = tools.iter().map(|t| t.parameters.clone()).collect();
+    let field = if forced {
+        Field::Tools
     } else {
-        let field = if forced {
-            Field::Tools
-        } else {
-            Field::ResponseFormat
-        };
-        plan.constraint = Some((c, field));
-        plan.json_grammar = true;
-    }
+        Field::ResponseFormat
+    };
+    plan.constraint = Some((c, field));
+    plan.json_grammar = true;
     Ok(plan)
 }
 

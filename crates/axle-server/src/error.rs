@@ -44,6 +44,18 @@ impl ApiError {
         }
     }
 
+    /// 415 for a body not declared as JSON.
+    pub fn unsupported_media_type() -> ApiError {
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: Some("unsupported_media_type"),
+            ..ApiError::bad_request(
+                "expected a JSON body with `Content-Type: application/json`",
+                None,
+            )
+        }
+    }
+
     /// 408 for a request whose body did not arrive within the body timeout (or, while every
     /// connection slot was taken, arrived too slowly).
     pub fn body_timeout(limit: std::time::Duration) -> ApiError {
@@ -228,24 +240,5 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
-    }
-}
-
-impl From<axum::extract::rejection::JsonRejection> for ApiError {
-    /// A body that is not the JSON a route takes: 413 when too large, 415 when not declared as
-    /// JSON, 400 otherwise (malformed JSON, or JSON of the wrong shape).
-    fn from(r: axum::extract::rejection::JsonRejection) -> ApiError {
-        match r.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(),
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError {
-                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                code: Some("unsupported_media_type"),
-                ..ApiError::bad_request(
-                    "expected a JSON body with `Content-Type: application/json`",
-                    None,
-                )
-            },
-            _ => ApiError::bad_request(r.body_text(), None),
-        }
     }
 }

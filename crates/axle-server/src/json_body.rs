@@ -15,14 +15,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         if !declares_json(req.headers()) {
-            return Err(ApiError {
-                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                code: Some("unsupported_media_type"),
-                ..ApiError::bad_request(
-                    "expected a JSON body with `Content-Type: application/json`",
-                    None,
-                )
-            });
+            return Err(ApiError::unsupported_media_type());
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -53,8 +46,8 @@ fn declares_json(headers: &axum::http::HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-/// Deserializes `bytes`, naming the field at fault on failure. A top-level key given twice is
-/// refused (serde would take one of them silently where fields are flattened).
+/// Deserializes `bytes`, naming the field at fault on failure. A key given twice anywhere is
+/// refused (serde would keep one of them silently where a value is read as a map).
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Ok(Duplicate(Some(path))) = serde_json::from_slice::<Duplicate>(bytes) {
         return Err(ApiError::bad_request(
@@ -70,7 +63,7 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             serde_json::error::Category::Data => {
                 let path = field_of(&e.path().to_string(), &inner.to_string());
                 // Flattened fields lose their path: find the top-level key without which the
-                // body reads (or only misses that key).
+                // body reads.
                 path.or_else(|| culprit::<T>(bytes))
             }
             _ => None,
@@ -160,8 +153,8 @@ fn join(outer: &str, inner: &str) -> String {
 }
 
 /// The top-level key at fault in a body that does not read as `T`: the one whose removal makes
-/// it read (an optional field; required ones carry their path). Tried on bodies of at most 64 KiB and 64 keys (an
-/// error path; each try reads the body again).
+/// it read (an optional field; required ones carry their path). Tried on bodies of at most
+/// 64 KiB and 64 keys (an error path; each try reads the body again).
 fn culprit<T: DeserializeOwned>(bytes: &[u8]) -> Option<String> {
     if bytes.len() > 64 << 10 {
         return None;

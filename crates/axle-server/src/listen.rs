@@ -1,8 +1,8 @@
 //! The connection layer under the router: how many connections are open at once, how long a
 //! connection may take to send a request head (or sit idle between requests) and its body
-//! (`body_deadline.rs`), and shutting down within a bounded time. A client that closes its connection while its blocking request runs
-//! is noticed by hyper's HTTP/1 connection itself (it reads for end of stream mid-message), which
-//! drops the handler and so cancels the request.
+//! (`body_deadline.rs`), and shutting down within a bounded time. A client that closes its
+//! connection while its blocking request runs is noticed by hyper's HTTP/1 connection itself (it
+//! reads for end of stream mid-message), which drops the handler and so cancels the request.
 //!
 //! Hand-written over hyper's HTTP/1 connection rather than `axum::serve`, which has no
 //! header-read timeout, no connection cap and no grace period.

@@ -28,24 +28,13 @@ fn over(what: &str, found: usize, limit: usize) -> StructuredError {
 pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
     match c {
         OutputConstraint::JsonObject => Ok(()),
-        OutputConstraint::JsonSchema { schema } => {
-            let bytes = serialized_len(schema);
-            if bytes > MAX_GRAMMAR_BYTES {
-                return Err(over("size in bytes", bytes, MAX_GRAMMAR_BYTES));
-            }
-            check_refs(schema)?;
-            check_depth("depth (nested schemas and $ref hops)", schema_depth(schema))
-        }
+        OutputConstraint::JsonSchema { schema } => check_schema(schema, true),
         OutputConstraint::Regex { pattern } => {
-            if pattern.len() > MAX_GRAMMAR_BYTES {
-                return Err(over("size in bytes", pattern.len(), MAX_GRAMMAR_BYTES));
-            }
+            check_size(pattern.len())?;
             check_depth("depth (nested groups)", regex_depth(pattern))
         }
         OutputConstraint::Grammar { lark } => {
-            if lark.len() > MAX_GRAMMAR_BYTES {
-                return Err(over("size in bytes", lark.len(), MAX_GRAMMAR_BYTES));
-            }
+            check_size(lark.len())?;
             check_depth(
                 "depth (chains of rules, nested groups and embedded schemas)",
                 lark_depth(lark),
@@ -57,11 +46,32 @@ pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
 /// The size and depth limits for a JSON schema that is not compiled (a tool's parameters when
 /// the model may call it but need not): `$ref`s that lead outside it are left alone.
 pub fn check_schema_limits(schema: &Value) -> Result<(), StructuredError> {
-    let bytes = serialized_len(schema);
-    if bytes > MAX_GRAMMAR_BYTES {
-        return Err(over("size in bytes", bytes, MAX_GRAMMAR_BYTES));
+    check_schema(schema, false)
+}
+
+/// A schema's size, then (with `local_refs`) that every `$ref` points inside it, whose chain
+/// could not be measured otherwise, then its depth.
+fn check_schema(schema: &Value, local_refs: bool) -> Result<(), StructuredError> {
+    check_size(serialized_len(schema))?;
+    let g = Schema::new(schema);
+    if let Some(r) = g.unresolved().filter(|_| local_refs) {
+        return Err(StructuredError::Limit(format!(
+            "the grammar's `$ref` {r:?} does not point inside the schema (only local JSON pointers \
+             such as \"#/$defs/name\" are followed)"
+        )));
     }
-    check_depth("depth (nested schemas and $ref hops)", schema_depth(schema))
+    check_depth(
+        "depth (nested schemas and $ref hops)",
+        longest_path(&g, &[node(schema)]),
+    )
+}
+
+fn check_size(bytes: usize) -> Result<(), StructuredError> {
+    if bytes > MAX_GRAMMAR_BYTES {
+        Err(over("size in bytes", bytes, MAX_GRAMMAR_BYTES))
+    } else {
+        Ok(())
+    }
 }
 
 fn check_depth(what: &str, depth: usize) -> Result<(), StructuredError> {
@@ -286,17 +296,6 @@ impl Graph for Schema<'_> {
 pub(crate) fn schema_depth(schema: &Value) -> usize {
     let g = Schema::new(schema);
     longest_path(&g, &[node(schema)])
-}
-
-/// Refuses a `$ref` that does not point inside the schema: its chain could not be measured.
-fn check_refs(schema: &Value) -> Result<(), StructuredError> {
-    match Schema::new(schema).unresolved() {
-        Some(r) => Err(StructuredError::Limit(format!(
-            "the grammar's `$ref` {r:?} does not point inside the schema (only local JSON pointers \
-             such as \"#/$defs/name\" are followed)"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The deepest nesting of groups in a regular expression (escapes and classes skipped).
