@@ -70,7 +70,7 @@ if [ $cuda = ON ]; then
     echo "error: nvcc not found (install the CUDA toolkit)" >&2; exit 1; }
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
-# The CUDA backend carries Axle's column-invariant quantized products (scripts/cuda/: one kernel
+# The CUDA backend carries Axle's column-invariant quantized products (crates/axle-kernels/cuda/: one kernel
 # and a hook that runs it only for products that ask for it, so libllama and llama.cpp's tools
 # are unchanged), added to a copy of the source. AXLE_BACKEND_PLAIN=1 builds ggml as vendored.
 if [ $cuda = ON ] && [ "${AXLE_BACKEND_PLAIN:-0}" != 1 ]; then
@@ -80,7 +80,7 @@ if [ $cuda = ON ] && [ "${AXLE_BACKEND_PLAIN:-0}" != 1 ]; then
     tar -C "$src" --exclude='./build*' -cf - . | tar -C "$dir" -xf -
     src="$dir"
   fi
-  python3 "$root/scripts/cuda/apply.py" "$src"
+  python3 "$root/crates/axle-kernels/cuda/apply.py" "$src"
 fi
 build="${AXLE_BACKEND_BUILD_DIR:-$src/build-axle-${backends/,/-}}"
 gen=()

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Compiles Axle's CUDA kernels here, on a machine without a GPU or a CUDA install: nvcc and the
 # headers come from NVIDIA's wheels on PyPI (about 500 MB, fetched once into the toolkit folder),
-# the source is a copy of the vendored ggml with scripts/cuda/ applied, as scripts/build-backend.sh
+# the source is a copy of the vendored ggml with crates/axle-kernels/cuda/ applied, as scripts/build-backend.sh
 # does on the GPU machine. A compile error found here costs no device time.
 #
-#   scripts/check-cuda-kernels.sh               compile ggml-cuda/mmvq.cu and mmq.cu (Axle's kernels
-#                                               are appended to them) for sm_90; print ptxas's
+#   scripts/check-cuda-kernels.sh               compile ggml-cuda/mmvq.cu and mmq.cu (Axle's product
+#                                               kernels are appended to them), paged-attention.cu
+#                                               and its standalone test for sm_90; print ptxas's
 #                                               registers and spills for each of Axle's kernels
+#   scripts/check-cuda-kernels.sh --all         also ggml-cuda.cu, where the hooks are (minutes)
 #   scripts/check-cuda-kernels.sh --sass NAME   also print the instruction mix of the loops of the
 #                                               kernels whose mangled name contains NAME
 #
@@ -17,7 +19,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tk="${AXLE_CUDA_TOOLKIT:-$root/.cache/cuda-toolkit}"
 arch="${AXLE_CUDA_ARCH:-sm_90}"
 sass=""
+all=0
 [ "${1:-}" = "--sass" ] && sass="${2:?--sass needs a kernel name}"
+[ "${1:-}" = "--all" ] && all=1
 
 if [ ! -x "$tk/nvidia/cu13/bin/nvcc" ]; then
   echo "fetching nvcc and CUDA headers from PyPI into $tk" >&2
@@ -47,10 +51,12 @@ trap 'rm -rf "$work"' EXIT
 "$root/scripts/build-backend.sh" --pack "$work/src.tgz" >/dev/null
 mkdir -p "$work/llama.cpp"
 tar xzf "$work/src.tgz" -C "$work/llama.cpp" ./ggml
-python3 "$root/scripts/cuda/apply.py" "$work/llama.cpp" >/dev/null
+python3 "$root/crates/axle-kernels/cuda/apply.py" "$work/llama.cpp" >/dev/null
 g="$work/llama.cpp/ggml"
 status=0
-for f in mmvq mmq; do
+units=(mmvq mmq paged-attention)
+[ $all = 1 ] && units+=(ggml-cuda)
+for f in "${units[@]}"; do
   echo "== nvcc $f.cu ($arch)"
   if ! nvcc -arch="$arch" -cubin -O3 -use_fast_math -extended-lambda -std=c++17 -DGGML_USE_CUDA -DNDEBUG \
       -I"$g/include" -I"$g/src" -I"$g/src/ggml-cuda" -Xptxas -v -o "$work/$f.cubin" \
@@ -100,4 +106,8 @@ for fn, body in ins.items():
 EOF
   fi
 done
+# The standalone test of paged attention (run on the GPU machine: scripts/gpu-machine.sh kernels).
+echo "== nvcc paged-attention-test.cu ($arch)"
+nvcc -arch="$arch" -O3 -std=c++17 -o "$work/paged-attention-test" \
+  "$root/crates/axle-kernels/cuda/paged-attention-test.cu" || status=1
 exit $status

@@ -12,7 +12,7 @@
 #   scripts/gpu-machine.sh chunks     append the model chunks carried in .devcall/ to the models
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
 #   scripts/gpu-machine.sh models     assemble and sha256-check the real models, write the fixtures
-#   scripts/gpu-machine.sh rebuild    rebuild the CUDA backend after a change to scripts/cuda/ only
+#   scripts/gpu-machine.sh rebuild    rebuild the CUDA backend after a change to crates/axle-kernels/cuda/ only
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 w="${AXLE_GPU_WORK:-/root/axle-gpu}"
@@ -91,13 +91,13 @@ case "$cmd" in
     ls -la "$w/bin/backends" "$w/models" 2>/dev/null
     ;;
   rebuild)
-    # Rebuilds the CUDA backend after a change to scripts/cuda/ only: the ggml files it edits
+    # Rebuilds the CUDA backend after a change to crates/axle-kernels/cuda/ only: the ggml files it edits
     # come fresh from the packed source, the build reuses the first build's objects.
     src="$(dirname "$(ls -d /tmp/tmp.*/llama.cpp/build-axle-cuda | head -n 1)")"
     [ -d "$src" ] || { echo "no earlier build under /tmp: run start first" >&2; exit 1; }
     tar xzf "$w/llama-src.tgz" -C "$src" ./ggml/src/ggml-cuda/mmvq.cu ./ggml/src/ggml-cuda/mmvq.cuh \
       ./ggml/src/ggml-cuda/mmq.cu ./ggml/src/ggml-cuda/ggml-cuda.cu
-    python3 "$root/scripts/cuda/apply.py" "$src"
+    python3 "$root/crates/axle-kernels/cuda/apply.py" "$src"
     cmake --build "$src/build-axle-cuda" --config Release -j "$(nproc)" --target ggml-cuda >"$w/logs/rebuild.log" 2>&1 \
       || { tail -n 30 "$w/logs/rebuild.log"; exit 1; }
     find "$src/build-axle-cuda" -name 'libggml-cuda.so*' -exec cp -a {} "$w/bin/backends/" \;

@@ -1,4 +1,4 @@
-"""The order in which Axle's replay of MMQ (scripts/cuda/wide-replay-mmq.cu) adds a tile's
+"""The order in which Axle's replay of MMQ (crates/axle-kernels/cuda/wide-replay-mmq.cu) adds a tile's
 stretches, against the order of ggml's stream-k MMQ kernel and its fix-up kernel
 (ggml-cuda/mmq.cuh in the vendored llama.cpp), over many weight shapes and SM counts.
 

@@ -4,7 +4,7 @@
 //! (cuda, metal, vulkan) registers its device and Axle picks it up through [`Device::all`].
 use crate::{DType, Error, Graph, Result, Tensor};
 use llama_cpp_sys_2 as sys;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_int, CStr, CString};
 
 pub(crate) fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
@@ -257,6 +257,30 @@ impl Device {
         self.axle_kernel_takes(c"axle_wide_replay_mmq", dtype)
     }
 
+    /// Whether this device's backend runs Axle's paged attention
+    /// ([`Context::paged_attention`](crate::Context)) for heads of `head_dim` with `group` query
+    /// heads per KV head: a CUDA backend built by `scripts/build-backend.sh` exports the query,
+    /// other backends do not (the CPU runs the op's reference body).
+    pub fn paged_attention(&self, head_dim: usize, group: usize) -> bool {
+        // SAFETY: valid device; a device may have no registry (ggml's meta device).
+        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
+        if reg.is_null() {
+            return false;
+        }
+        // SAFETY: valid registry; NULL for a name it does not provide.
+        let f = unsafe {
+            sys::ggml_backend_reg_get_proc_address(reg, c"axle_paged_attention".as_ptr())
+        };
+        if f.is_null() {
+            return false;
+        }
+        // SAFETY: paged-attention.cu exports this name as `extern "C" bool f(int, int)`, a query
+        // without side effects.
+        let f: unsafe extern "C" fn(c_int, c_int) -> bool = unsafe { std::mem::transmute(f) };
+        // SAFETY: as above; any arguments are valid.
+        unsafe { f(head_dim as c_int, group as c_int) }
+    }
+
     /// Asks the backend's registry for the query `name` that Axle's CUDA kernels export
     /// (`extern "C" bool f(ggml_type)`) and calls it; no where the registry lacks it.
     fn axle_kernel_takes(&self, name: &std::ffi::CStr, dtype: DType) -> bool {
@@ -271,7 +295,7 @@ impl Device {
         if f.is_null() {
             return false;
         }
-        // SAFETY: Axle's CUDA kernels (scripts/cuda/*.cu) export these names as
+        // SAFETY: Axle's CUDA kernels (crates/axle-kernels/cuda/*.cu) export these names as
         // `extern "C" bool f(ggml_type)`, queries without side effects.
         let f: unsafe extern "C" fn(sys::ggml_type) -> bool = unsafe { std::mem::transmute(f) };
         // SAFETY: as above; any type id is a valid argument.

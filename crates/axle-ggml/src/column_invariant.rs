@@ -7,7 +7,7 @@
 //! over the weights per group, which at 16 and 64 sequences costs more than the batch saves.
 //!
 //! `scripts/build-backend.sh` builds ggml's CUDA backend with a kernel of Axle's
-//! (`scripts/cuda/column-invariant-mmvq.cu`) that gives every column of a product of any width the
+//! (`crates/axle-kernels/cuda/column-invariant-mmvq.cu`) that gives every column of a product of any width the
 //! arithmetic of ggml's one-column MMVQ kernel (the same assignment of weight blocks to threads,
 //! the same vec-dot functions, the same order of partial sums) and reads the weights once per 8
 //! columns. For Q4_0 rows of whole 2048-weight slabs on Ampere or newer, a variant takes the

@@ -17,6 +17,7 @@ pub mod huge_pages;
 mod log;
 pub mod meta;
 pub mod oracle;
+pub mod paged_attention;
 pub mod row_attention;
 pub mod rpc;
 mod store;

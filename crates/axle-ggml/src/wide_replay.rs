@@ -8,7 +8,7 @@
 //! the mat-vec kernel's speed.
 //!
 //! `scripts/build-backend.sh` builds ggml's CUDA backend with a kernel of Axle's
-//! (`scripts/cuda/wide-replay-mmq.cu`) that computes MMQ's numbers for 1 to 8 columns: the same
+//! (`crates/axle-kernels/cuda/wide-replay-mmq.cu`) that computes MMQ's numbers for 1 to 8 columns: the same
 //! stretches of K per output tile, each summed block by block with MMQ's multiply and fused
 //! multiply-add, and the stretches added in the order of MMQ's fix-up kernel. It reads the
 //! weights once. It runs only for products carrying [`HINT`] (ggml's mul_mat hint,

@@ -98,6 +98,26 @@ crate::choice::named_choice!(DeviceProducts, "device products", {
     "columns" => DeviceProducts::Columns,
 });
 
+/// How decode and verify rows attend on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceAttention {
+    /// One op per layer for every small row of the step: Axle's paged attention
+    /// ([`axle_ggml::paged_attention`]), reading each row's keys through its block table, with a
+    /// split of the keys that depends on the row alone. Where the backend does not carry the
+    /// kernel, or a layer's heads are not ones it takes, rows get ops of their own.
+    #[default]
+    Paged,
+    /// An op of ggml's per small row (or per run of rows the device stacks), over that row's
+    /// sequence's slots with a mask of its own.
+    Rows,
+}
+
+// The names of the CLI's `--device-attention`.
+crate::choice::named_choice!(DeviceAttention, "device attention", {
+    "paged" => DeviceAttention::Paged,
+    "rows" => DeviceAttention::Rows,
+});
+
 /// KV lengths of attention ops are multiples of this (ggml's CUDA vector kernel needs it).
 pub const KV_ALIGN: u32 = 256;
 
@@ -139,6 +159,8 @@ pub struct DeviceStep {
     pub mask_len: i64,
     /// Slots gathered into a KV of the step's own (`None`: ops read the cache directly).
     pub gathered: Option<i64>,
+    /// Small rows attend through one paged op per layer ([`DeviceAttention::Paged`]).
+    pub paged: Option<PagedStep>,
     /// How small columns multiply quantized weights (the runner's choice for its devices).
     pub products: DeviceProducts,
     /// With [`DeviceProducts::Columns`]: the weight types (bit `1 << ggml type id`) that every
@@ -160,6 +182,7 @@ impl DeviceStep {
             attn: Vec::new(),
             mask_len: 0,
             gathered: None,
+            paged: None,
             products,
             column_types,
             replay_types,
@@ -209,9 +232,21 @@ impl DeviceStep {
     pub fn mask_shape(&self) -> Vec<i64> {
         match self.attn.as_slice() {
             [op] => vec![op.kv_len, op.rows],
-            _ => vec![self.mask_len],
+            _ => vec![self.mask_len.max(1)],
         }
     }
+}
+
+/// The shape of a step's paged attention (part of the graph's shape): sizes rounded up to powers
+/// of two, so that decoding sequences growing by a token a step keep their graph for long runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedStep {
+    /// Slots per block.
+    pub block_size: u32,
+    /// Length of the block-table input.
+    pub table_len: i64,
+    /// Key chunks the op covers ([`axle_kernels::paged_attention::CHUNK`] keys each).
+    pub chunks: u32,
 }
 
 /// One sequence of a step, as the layout sees it.
@@ -221,8 +256,11 @@ pub struct SeqSlots<'s> {
     pub start_pos: u32,
     /// Tokens in the step.
     pub n_tokens: usize,
-    /// Slot of each position `0..start_pos + n_tokens`.
+    /// Slot of each position `0..start_pos + n_tokens` (with paged attention only sequences
+    /// that are not small need them).
     pub slots: &'s [u32],
+    /// Block ids covering every position up to the end of the step (read by paged attention).
+    pub block_table: &'s [u32],
 }
 
 /// The layout of a step and its inputs: mask values (F16 bits) and gathered slot ids.
@@ -236,6 +274,12 @@ pub struct DeviceInputs {
     pub mask_swa: Vec<u16>,
     /// Slots to gather (empty when ops read the cache directly).
     pub kv_ids: Vec<i32>,
+    /// With paged attention: per step row, the offset of its sequence's block table in
+    /// `paged_table` and the keys it sees (0 for rows of sequences that are not small).
+    pub paged_rows: Vec<i32>,
+    /// With paged attention: the block tables of the small sequences, one after another, padded
+    /// to [`PagedStep::table_len`].
+    pub paged_table: Vec<i32>,
 }
 
 fn align(n: u32) -> u32 {
@@ -246,6 +290,20 @@ fn align(n: u32) -> u32 {
 /// sliding-window layers. Each sequence must list the slots of all its positions up to the end of
 /// the step.
 pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> DeviceInputs {
+    layout_with(seqs, kv_slots, window, None)
+}
+
+/// [`layout`], with paged attention for small sequences when `paged_block` names the block size:
+/// their rows get no op, mask or gathered slots of their own, only an entry of `paged_rows` (so
+/// the host's work for them grows with their blocks, not their tokens); sequences that are not
+/// small are laid out as [`layout`] does.
+pub fn layout_with(
+    seqs: &[SeqSlots<'_>],
+    kv_slots: u32,
+    window: Option<u32>,
+    paged_block: Option<u32>,
+) -> DeviceInputs {
+    let paged_row = |s: &SeqSlots<'_>| paged_block.is_some() && s.n_tokens <= SMALL_TOKENS;
     // Read the cache directly when every sequence's slots are consecutive and its padded range
     // fits, and decoding sequences next to each other in the step have ranges that do not
     // overlap (so that rows of sequences in lanes of the pool, one after another, share one op
@@ -256,7 +314,7 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
         let first = s.slots.first().copied().unwrap_or(0) as u64;
         (first, first + align(s.start_pos + s.n_tokens as u32) as u64)
     };
-    let direct = seqs.iter().all(|s| {
+    let direct = seqs.iter().filter(|s| !paged_row(s)).all(|s| {
         let first = s.slots.first().copied().unwrap_or(0);
         s.slots
             .iter()
@@ -264,13 +322,23 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
             .all(|(q, &slot)| slot == first + q as u32)
             && range(s).1 <= kv_slots as u64
     }) && seqs.windows(2).all(|w| {
+        if paged_row(&w[0]) || paged_row(&w[1]) {
+            return true;
+        }
         let small = |s: &SeqSlots<'_>| s.n_tokens <= SMALL_TOKENS;
         let (a, b) = (range(&w[0]), range(&w[1]));
         !(small(&w[0]) && small(&w[1])) || a.1 <= b.0 || b.1 <= a.0
     });
     let mut kv_ids: Vec<i32> = Vec::new();
     let mut bases = Vec::with_capacity(seqs.len());
+    let mut paged_rows: Vec<i32> = Vec::new();
+    let mut paged_table: Vec<i32> = Vec::new();
+    let mut max_end = 0u32;
     for s in seqs {
+        if paged_row(s) {
+            bases.push(0);
+            continue;
+        }
         if direct {
             bases.push(s.slots.first().copied().unwrap_or(0) as i64);
         } else {
@@ -298,6 +366,19 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
                 cols: n,
                 small,
             }),
+        }
+        if paged_row(s) {
+            let off = paged_table.len() as i32;
+            paged_table.extend(s.block_table.iter().map(|&b| b as i32));
+            for t in 0..s.n_tokens as u32 {
+                paged_rows.extend([off, (s.start_pos + t + 1) as i32]);
+            }
+            max_end = max_end.max(s.start_pos + s.n_tokens as u32);
+            row += n;
+            continue;
+        }
+        if paged_block.is_some() {
+            paged_rows.extend(std::iter::repeat_n(0, 2 * s.n_tokens));
         }
         // Small sequences: one op per row, over the slots up to the row's own position.
         // A prefill chunk: one op over the slots up to its last position.
@@ -329,12 +410,27 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
         }
         row += n;
     }
+    let paged = paged_block.filter(|_| max_end > 0).map(|block_size| {
+        let table_len = paged_table.len().max(64).next_power_of_two();
+        paged_table.resize(table_len, 0);
+        let chunks = axle_kernels::paged_attention::Shape::chunks(max_end as usize);
+        PagedStep {
+            block_size,
+            table_len: table_len as i64,
+            chunks: chunks.next_power_of_two() as u32,
+        }
+    });
+    if paged.is_none() {
+        paged_rows.clear();
+        paged_table.clear();
+    }
     DeviceInputs {
         step: DeviceStep {
             runs,
             attn,
             mask_len: mask.len() as i64,
-            gathered: (!direct).then_some(kv_ids.len() as i64),
+            gathered: (!direct && !kv_ids.is_empty()).then_some(kv_ids.len() as i64),
+            paged,
             products: DeviceProducts::default(),
             column_types: 0,
             replay_types: 0,
@@ -342,6 +438,8 @@ pub fn layout(seqs: &[SeqSlots<'_>], kv_slots: u32, window: Option<u32>) -> Devi
         mask,
         mask_swa,
         kv_ids,
+        paged_rows,
+        paged_table,
     }
 }
 
@@ -355,6 +453,7 @@ mod tests {
             start_pos: 0,
             n_tokens: 1,
             slots: &[0],
+            block_table: &[0],
         }];
         layout(&seqs, 256, None).step
     }
@@ -459,6 +558,7 @@ mod tests {
             start_pos,
             n_tokens,
             slots,
+            block_table: &[],
         }
     }
 

@@ -5,6 +5,7 @@ use crate::device_step::{DeviceProducts, DeviceStep, GROUP_COLS, WIDE_MIN_COLS};
 use crate::kv::KvCache;
 use crate::small_products::{self, Product};
 use crate::stacked_attention::{attention_op, KvSlots, OpRows, StackKey, StackTable, StackedKv};
+use axle_ggml::paged_attention::PagedAttention;
 use axle_ggml::row_attention::{RowAttention, TILED_ROWS};
 use axle_ggml::tiled_columns;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
@@ -62,6 +63,22 @@ pub struct Step<'a> {
     /// With the device layout: which runs of one-row attention ops may share an op (see
     /// [`crate::stacked_attention`]); `None`: never.
     pub stacking: Option<&'a StackTable>,
+    /// With [`DeviceStep::paged`]: the paged attention inputs of the step.
+    pub paged: Option<PagedInputs<'a>>,
+}
+
+/// The inputs of a step's paged attention ([`crate::device_step::PagedStep`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedInputs<'a> {
+    /// I32 [2, n_tokens]: per row, its block table's offset in `table` and the keys it sees.
+    pub rows: Tensor<'a>,
+    /// I32 [table_len]: block ids.
+    pub table: Tensor<'a>,
+    /// The model's sliding window (sliding-window layers), 0 without one.
+    pub window: u32,
+    /// Set when some layer's heads are not ones the paged op takes: the runner then lays steps
+    /// out with an op per row instead and builds the graph again.
+    pub refused: &'a std::cell::Cell<bool>,
 }
 
 /// How a step picks ggml's CPU kernels.
@@ -635,7 +652,8 @@ impl<'a> Step<'a> {
                 None => (kc, vc),
                 Some(ids) => (g.gather_rows(k_written, ids), g.gather_rows(v_written, ids)),
             };
-            return self.attention_device(d, q, (ks, vs), heads);
+            // Paged attention reads the cache through the writes, so that it follows them.
+            return self.attention_device(d, q, (ks, vs), (k_written, v_written), heads);
         }
         let invariant = self.kernels == Kernels::BatchInvariant;
         let whole = [AttnGroup {
@@ -799,12 +817,72 @@ impl<'a> Step<'a> {
         }
     }
 
-    /// Attention with the device layout: one op per [`crate::device_step::AttnOp`], each over
-    /// its sequence's own slots (`ks`/`vs`: the cache, or the slots gathered for the step)
-    /// with its own block of the mask.
+    /// Attention with the device layout. With [`DeviceStep::paged`], every small row in one
+    /// paged op over the cache (`paged_cache`: the step's writes of it); otherwise (and for
+    /// prefill chunks) one op per [`crate::device_step::AttnOp`], each over its sequence's own
+    /// slots (`ks`/`vs`: the cache, or the slots gathered for the step) with its own block of the
+    /// mask.
     fn attention_device(
         &self,
         d: &DeviceStep,
+        q: Tensor<'a>,
+        (ks, vs): (Tensor<'a>, Tensor<'a>),
+        paged_cache: (Tensor<'a>, Tensor<'a>),
+        heads: Heads<'_, 'a>,
+    ) -> Tensor<'a> {
+        let (g, spec) = (self.ctx, heads.spec);
+        let width = spec.head_dim_v * spec.n_head;
+        if let (Some(shape), Some(p)) = (d.paged, self.paged) {
+            // Every small row in one op; the op's rows of other sequences are zero, and their
+            // attention comes from the ops below.
+            let (kc, vc) = paged_cache;
+            let paged = (spec.head_dim_k == spec.head_dim_v)
+                .then(|| {
+                    g.paged_attention(PagedAttention {
+                        q,
+                        k: kc,
+                        v: vc,
+                        rows: p.rows,
+                        table: p.table,
+                        sinks: heads.sinks,
+                        block_size: shape.block_size,
+                        window: if spec.sliding { p.window } else { 0 },
+                        chunks: shape.chunks,
+                        scale: spec.scale,
+                        softcap: spec.softcap,
+                    })
+                })
+                .flatten();
+            let Some(o) = paged else {
+                p.refused.set(true);
+                return g.input(DType::F32, &[width, self.n_tokens], "paged_refused");
+            };
+            let o = g.reshape(o, &[width, self.n_tokens]);
+            if d.attn.is_empty() {
+                return o;
+            }
+            let mut outs = Vec::with_capacity(d.runs.len());
+            for run in &d.runs {
+                if run.small {
+                    outs.push(columns(g, o, run.first, run.cols));
+                } else {
+                    let Some(at) = d.attn.iter().position(|a| a.first == run.first) else {
+                        panic!("no attention op for the prefill chunk at row {}", run.first);
+                    };
+                    outs.push(self.attention_ops(d, &d.attn[at..at + 1], q, (ks, vs), heads));
+                }
+            }
+            return concat_all(g, outs, 1);
+        }
+        self.attention_ops(d, &d.attn, q, (ks, vs), heads)
+    }
+
+    /// `ops` of the device layout, one ggml attention op each (or a run of one-row ops stacked
+    /// into one), their outputs one after another.
+    fn attention_ops(
+        &self,
+        d: &DeviceStep,
+        ops: &[crate::device_step::AttnOp],
         q: Tensor<'a>,
         (ks, vs): (Tensor<'a>, Tensor<'a>),
         heads: Heads<'_, 'a>,
@@ -814,10 +892,10 @@ impl<'a> Step<'a> {
         let qn = q.nb();
         let width = spec.head_dim_v * spec.n_head;
         let f16_row = |n: i64| DType::F16.row_size(n);
-        let mut outs = Vec::with_capacity(d.attn.len());
+        let mut outs = Vec::with_capacity(ops.len());
         let mut i = 0;
-        while i < d.attn.len() {
-            let op = d.attn[i];
+        while i < ops.len() {
+            let op = ops[i];
             let slots = KvSlots {
                 k: ks,
                 v: vs,
@@ -844,10 +922,10 @@ impl<'a> Step<'a> {
                 (Some(table), None) if op.rows == 1 => {
                     // Other sequences' rows: the next op's slots start at or after this one's
                     // end (a gathered segment right after it, or the next lane of the cache).
-                    let next = d.attn.get(i + 1).map_or(0, |o| o.kv_off - op.kv_off);
+                    let next = ops.get(i + 1).map_or(0, |o| o.kv_off - op.kv_off);
                     let segments = next >= op.kv_len;
                     let step = if segments { next } else { 0 };
-                    let run = d.attn[i..]
+                    let run = ops[i..]
                         .iter()
                         .zip(0i64..)
                         .take_while(|(o, r)| {

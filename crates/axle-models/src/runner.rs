@@ -3,9 +3,9 @@
 //! inputs (token ids, positions, slot indices, attention masks, output rows), lets the model family
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
-use crate::device_step::{self, DeviceProducts, DeviceStep, SeqSlots};
+use crate::device_step::{self, DeviceAttention, DeviceProducts, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
-use crate::layers::{AttnGroup, HostKernels, Kernels, RowArithmetic, Step};
+use crate::layers::{AttnGroup, HostKernels, Kernels, PagedInputs, RowArithmetic, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::small_products;
@@ -239,6 +239,8 @@ pub struct RunnerOptions {
     /// How the device layout multiplies small columns by quantized weights (`None`: by device
     /// and `max_seqs`, see [`default_products`]).
     pub device_products: Option<DeviceProducts>,
+    /// How decode and verify rows attend in the device layout.
+    pub device_attention: DeviceAttention,
     /// Most sequences the engine runs at once (its capacity): picks the default products.
     #[default(1)]
     pub max_seqs: usize,
@@ -375,6 +377,11 @@ pub struct Runner {
     /// build's ggml or steps take the device layout; `Origin` then takes the compatible
     /// arithmetic for every row. `None`: no host arithmetic to choose.
     host_kernels: Option<HostKernels>,
+    /// Whether device steps attend through paged attention ([`DeviceAttention::Paged`], where
+    /// the backends carry it and the model's heads are ones it takes).
+    paged: bool,
+    /// Set by graph building when some layer's heads are not ones paged attention takes.
+    paged_refused: std::cell::Cell<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -386,6 +393,9 @@ struct HostInputs {
     mask_swa: Vec<u16>,
     /// Gathered slots (empty when attention reads a prefix of the cache directly).
     kv_ids: Vec<i32>,
+    /// Paged attention's rows and block tables (see [`device_step::DeviceInputs`]).
+    paged_rows: Vec<i32>,
+    paged_table: Vec<i32>,
     out_ids: Vec<i32>,
     rows: Vec<(usize, usize)>,
     /// Whether each row's sequence asked for picks.
@@ -532,6 +542,14 @@ impl Runner {
             }
         }
         let device_layout = opts.force_device_layout || kv.on_device();
+        // Paged attention where every accelerator's backend carries Axle's kernel (KV in host
+        // memory: ggml's CPU runs the op's reference body).
+        let paged = opts.device_attention == DeviceAttention::Paged
+            && takes_device_layout(&opts, kv.on_device())
+            && placement
+                .accelerators()
+                .iter()
+                .all(|d| d.paged_attention(128, 1));
         let host_tiled =
             opts.kernels == Kernels::BatchInvariant && opts.host_kernels == HostKernels::Tiled;
         if host_tiled && !axle_ggml::row_attention::supported() {
@@ -556,6 +574,8 @@ impl Runner {
             k => Some(k),
         };
         let mut runner = Runner {
+            paged,
+            paged_refused: std::cell::Cell::new(false),
             host_kernels,
             products,
             products_note: None,
@@ -668,6 +688,12 @@ impl Runner {
         takes_device_layout(&self.opts, self.kv.on_device())
     }
 
+    /// Whether device steps attend through Axle's paged attention (one op per layer for their
+    /// small rows; [`DeviceAttention::Paged`]).
+    pub fn paged_attention(&self) -> bool {
+        self.paged
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
@@ -724,17 +750,37 @@ impl Runner {
         // preemption or prefix reuse), the step instead gathers every sequence's slots, in logical
         // order, into a KV of its own, so the row still visits its tokens in logical order and the
         // arithmetic is the same as if the blocks had been ascending.
+        // With paged attention, small sequences are read through their block tables: only
+        // their new tokens' slots are needed.
+        let paged_block = self.paged.then_some(self.opts.block_size);
         let mut visible: Vec<Vec<u32>> = Vec::with_capacity(seqs.len());
         for s in seqs {
             let end = s.start_pos + s.tokens.len() as u32;
-            visible.push(
-                (0..end)
-                    .map(|p| self.slot(&s.block_table, p))
-                    .collect::<Result<_, _>>()?,
-            );
+            let first = if paged_block.is_some() && s.tokens.len() <= device_step::SMALL_TOKENS {
+                for &b in s
+                    .block_table
+                    .iter()
+                    .take(end.div_ceil(self.opts.block_size) as usize)
+                {
+                    if b >= self.n_blocks() {
+                        return Err(ModelError::Batch(format!(
+                            "block {b} out of range ({} blocks)",
+                            self.n_blocks()
+                        )));
+                    }
+                }
+                s.start_pos
+            } else {
+                0
+            };
+            let mut v = vec![0; first as usize];
+            for p in first..end {
+                v.push(self.slot(&s.block_table, p)?);
+            }
+            visible.push(v);
         }
         if self.device_layout() {
-            let d = device_step::layout(
+            let d = device_step::layout_with(
                 &seqs
                     .iter()
                     .zip(&visible)
@@ -742,14 +788,18 @@ impl Runner {
                         start_pos: s.start_pos,
                         n_tokens: s.tokens.len(),
                         slots: v,
+                        block_table: &s.block_table,
                     })
                     .collect::<Vec<_>>(),
                 self.kv.size,
                 window,
+                paged_block,
             );
             h.mask = d.mask;
             h.mask_swa = d.mask_swa;
             h.kv_ids = d.kv_ids;
+            h.paged_rows = d.paged_rows;
+            h.paged_table = d.paged_table;
             h.device = Some(DeviceStep {
                 products: self.products,
                 column_types: self.column_types,
@@ -1003,6 +1053,16 @@ impl Runner {
             Some(i) => i,
             None => {
                 let i = self.build_in_slot(key.clone())?;
+                if self.paged_refused.get() {
+                    // Some layer's heads are not ones paged attention takes: lay steps out
+                    // with an op per row from now on, and start this one again.
+                    self.cached.swap_remove(i);
+                    self.cached
+                        .retain(|c| c.key.device.as_ref().is_none_or(|d| d.paged.is_none()));
+                    self.paged = false;
+                    self.paged_refused.set(false);
+                    return self.step(seqs);
+                }
                 let misses = self
                     .stacking
                     .as_ref()
@@ -1039,6 +1099,12 @@ impl Runner {
         }
         if let Some(t) = ctx.find("inp_kv_ids").filter(|t| t.is_allocated()) {
             t.write(&h.kv_ids)?;
+        }
+        if let Some(t) = ctx.find("inp_pa_rows").filter(|t| t.is_allocated()) {
+            t.write(&h.paged_rows)?;
+        }
+        if let Some(t) = ctx.find("inp_pa_table").filter(|t| t.is_allocated()) {
+            t.write(&h.paged_table)?;
         }
         if let Some(t) = ctx.find("inp_out_ids").filter(|t| t.is_allocated()) {
             t.write(&h.out_ids)?;
@@ -1264,6 +1330,16 @@ impl Runner {
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
                 stacking: self.stacking.as_ref(),
+                paged: key
+                    .device
+                    .as_ref()
+                    .and_then(|d| d.paged)
+                    .map(|shape| PagedInputs {
+                        rows: ctx.input(DType::I32, &[2, n], "inp_pa_rows"),
+                        table: ctx.input(DType::I32, &[shape.table_len], "inp_pa_table"),
+                        window: self.model.family().sliding_window().unwrap_or(0),
+                        refused: &self.paged_refused,
+                    }),
             };
             let logits = self
                 .model

@@ -9,7 +9,7 @@ use axle_core::{
     DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
     SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
-use axle_models::device_step::DeviceProducts;
+use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{
     HostKernels, Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots,
     StepProfile, StreamDecoder, TokenId,
@@ -77,6 +77,9 @@ pub struct EngineConfig {
     /// an H100) and slower than `Columns` for a few (0.88x at 4 sequences; docs/gpu.md). Refused
     /// with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
+    /// With batch-invariant kernels on a device: how decode and verify rows attend
+    /// ([`DeviceAttention`]: Axle's paged attention by default, one op per layer).
+    pub device_attention: DeviceAttention,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
     /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic
     /// libllama prefills with, generated rows the one it decodes with, so prefill runs at
@@ -512,6 +515,7 @@ impl EngineCore {
                 kernels: cfg.kernels,
                 force_device_layout: false,
                 device_products: cfg.device_products,
+                device_attention: cfg.device_attention,
                 max_seqs: cfg.max_seqs,
                 graph_slots: None,
                 state_groups: state_slots,

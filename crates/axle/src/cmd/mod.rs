@@ -9,7 +9,7 @@ pub mod serve;
 pub mod tokenize;
 
 use anyhow::Context;
-use axle_models::device_step::DeviceProducts;
+use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{default_threads, DeviceChoice, HostKernels, Model, ModelOptions};
 use axle_sdk::{defaults, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
@@ -139,6 +139,13 @@ pub struct EngineArgs {
     /// for a few). All exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
+    /// With `--kernels exact` on GPUs: how decode and verify rows attend. `paged` (the default):
+    /// Axle's paged attention, one op per layer for all of a step's decode and verify rows,
+    /// reading each row's keys through its block table (where the CUDA backend carries it and
+    /// the model's heads are ones it takes; else `rows`). `rows`: an op of ggml's per row, over
+    /// that row's sequence's slots with a mask of its own. Both exact.
+    #[arg(long, default_value_t = DeviceAttention::Paged)]
+    pub device_attention: DeviceAttention,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
     /// default): prompt rows take the arithmetic libllama prefills with (tiled kernels for
     /// prompts of 64 tokens or more), generated rows the one it decodes with, so prefill runs at
@@ -226,6 +233,7 @@ impl EngineArgs {
                 KernelChoice::Fast => axle_models::Kernels::LikeLlamaCpp,
             },
             device_products: self.device_products,
+            device_attention: self.device_attention,
             host_kernels: self.host_kernels,
             ..EngineConfig::sized(model, &sizing)
         }

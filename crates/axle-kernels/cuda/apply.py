@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Adds Axle's column-invariant quantized products (column-invariant-mmvq.cu) and its replay of
-MMQ for a few columns (wide-replay-mmq.cu) to a copy of the vendored llama.cpp source before
-scripts/build-backend.sh builds its CUDA backend.
+"""Adds Axle's CUDA kernels to a copy of the vendored llama.cpp source before
+scripts/build-backend.sh builds its CUDA backend: the column-invariant quantized products
+(column-invariant-mmvq.cu), the replay of MMQ for a few columns (wide-replay-mmq.cu) and paged
+attention (paged-attention.cu over paged-attention.cuh).
 
-    scripts/cuda/apply.py LLAMA_CPP_DIR
+    crates/axle-kernels/cuda/apply.py LLAMA_CPP_DIR
 
-Appends the kernels to ggml-cuda/mmvq.cu and mmq.cu, declares them in mmvq.cuh, calls them
-first in ggml_cuda_mul_mat (they run only for products carrying Axle's hints), keeps replayed
-products out of ggml's mat-vec fusion, fuses a replayed product with the add after it, and exports
-their capability queries through the CUDA registry's get_proc_address. Each edit is anchored on a
-line of ggml's source; a missing anchor (another ggml) stops the build with an error rather than
-building without the kernels. Applying twice is refused the same way.
+Appends the two product kernels to ggml-cuda/mmvq.cu and mmq.cu (they use those files' static
+tables) and copies paged attention in as a compilation unit of its own; declares them in
+mmvq.cuh; calls the products first in ggml_cuda_mul_mat (only for products carrying Axle's hints)
+and paged attention for GGML_OP_CUSTOM nodes carrying its mark (supports_op and compute_forward);
+keeps replayed products out of ggml's mat-vec fusion, fuses a replayed product with the add after
+it, and exports the capability queries through the CUDA registry's get_proc_address. Each edit is
+anchored on a line of ggml's source; a missing anchor (another ggml) stops the build with an
+error rather than building without the kernels. Applying twice is refused the same way.
 """
 import pathlib
 import sys
@@ -38,7 +41,7 @@ def main() -> None:
     header = cuda / "mmvq.cuh"
     header.write_text(
         header.read_text()
-        + "\n// " + MARK + " (scripts/cuda/column-invariant-mmvq.cu in Axle).\n"
+        + "\n// " + MARK + " (crates/axle-kernels/cuda/column-invariant-mmvq.cu in Axle).\n"
         + "bool ggml_cuda_axle_ci_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
         + 'extern "C" bool ggml_cuda_axle_ci_supports(ggml_type type);\n'
@@ -58,7 +61,7 @@ def main() -> None:
         + "}\n"
         # The replay's declarations live here too, where ggml-cuda.cu sees them, so that a rebuild
         # after a change to the kernels does not recompile every file that includes mmq.cuh.
-        + "\n// Axle's replay of MMQ for a few columns (scripts/cuda/wide-replay-mmq.cu in Axle).\n"
+        + "\n// Axle's replay of MMQ for a few columns (crates/axle-kernels/cuda/wide-replay-mmq.cu in Axle).\n"
         + '#define AXLE_HINT_WIDE_REPLAY 0x41584c32 // "AXL2"\n'
         + "bool ggml_cuda_axle_wr_mul_mat(ggml_backend_cuda_context & ctx, const ggml_tensor * src0,\n"
         + "    const ggml_tensor * src1, ggml_tensor * dst);\n"
@@ -66,6 +69,16 @@ def main() -> None:
         + "bool ggml_cuda_axle_wr_mul_mat_add(ggml_backend_cuda_context & ctx, const ggml_tensor * mm,\n"
         + "    const ggml_tensor * bias, ggml_tensor * out);\n"
     )
+    header.write_text(
+        header.read_text()
+        + "\n// Axle's paged attention (paged-attention.cu, a compilation unit of its own).\n"
+        + "bool ggml_cuda_axle_pa_supports_op(const ggml_tensor * op);\n"
+        + "bool ggml_cuda_axle_pa(ggml_backend_cuda_context & ctx, ggml_tensor * dst);\n"
+        + 'extern "C" bool ggml_cuda_axle_pa_supports(int head_dim, int group);\n'
+    )
+    here = pathlib.Path(__file__).parent
+    for name in ("paged-attention.cu", "paged-attention.cuh"):
+        (cuda / name).write_text((here / name).read_text())
     mmq = cuda / "mmq.cu"
     replay = (pathlib.Path(__file__).parent / "wide-replay-mmq.cu").read_text()
     mmq.write_text(mmq.read_text() + "\n" + replay)
@@ -104,9 +117,34 @@ def main() -> None:
         "        }\n",
         after=False,
     )
+    # Axle's paged attention: GGML_OP_CUSTOM nodes with its mark run on the device.
+    edit(
+        main_cu,
+        "static bool ggml_cuda_compute_forward(ggml_backend_cuda_context & ctx, struct ggml_tensor * dst) {\n"
+        "    switch (dst->op) {\n",
+        "        case GGML_OP_CUSTOM:\n"
+        "            if (!ggml_cuda_axle_pa(ctx, dst)) {\n"
+        "                return false;\n"
+        "            }\n"
+        "            break;\n",
+    )
+    edit(
+        main_cu,
+        "    switch (op->op) {\n"
+        "        case GGML_OP_UNARY:\n"
+        "            switch (ggml_get_unary_op(op)) {\n"
+        "                case GGML_UNARY_OP_ABS:\n",
+        "    if (op->op == GGML_OP_CUSTOM) {\n"
+        "        return ggml_cuda_axle_pa_supports_op(op); // Axle's paged attention, or nothing\n"
+        "    }\n",
+        after=False,
+    )
     edit(
         main_cu,
         '    if (strcmp(name, "ggml_backend_get_features") == 0) {\n',
+        '    if (strcmp(name, "axle_paged_attention") == 0) {\n'
+        "        return (void *)ggml_cuda_axle_pa_supports;\n"
+        "    }\n"
         '    if (strcmp(name, "axle_column_invariant_mmvq") == 0) {\n'
         "        return (void *)ggml_cuda_axle_ci_supports;\n"
         "    }\n"

@@ -1,5 +1,5 @@
 // Axle's replay of MMQ's arithmetic for products of a few columns, appended to ggml's
-// ggml-cuda/mmq.cu by scripts/cuda/apply.py (so that it sees MMQ's configuration table and the
+// ggml-cuda/mmq.cu by crates/axle-kernels/cuda/apply.py (so that it sees MMQ's configuration table and the
 // quantizer MMQ uses), with a hook in ggml_cuda_mul_mat. Written for Axle; not part of ggml.
 //
 // What it is for. Axle's wide products (`--device-products wide`) multiply every small column

@@ -1,6 +1,6 @@
 // Axle's column-invariant quantized products, appended to ggml's ggml-cuda/mmvq.cu by
 // scripts/build-backend.sh (so that it sees that file's vec-dot table), with a hook in
-// ggml_cuda_mul_mat (both by scripts/cuda/apply.py). Written for Axle; not part of ggml.
+// ggml_cuda_mul_mat (both by crates/axle-kernels/cuda/apply.py). Written for Axle; not part of ggml.
 //
 // What it is for. ggml's mat-vec kernel (MMVQ) sums a row of a one-column product with 4 warps
 // on NVIDIA's generic parameter table (Ampere, Ada, Hopper): thread t of the block takes the
