@@ -104,14 +104,25 @@ fn axle_run(
     device_products: Option<DeviceProducts>,
 ) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
+    let budget = 512.max(b);
+    // Prompts are prefilled a step's budget at a time, beside the decode rows of the sequences
+    // already started, so the first sequence decodes while the last prefills: each sequence may
+    // generate tokens for as many steps as the prefill takes before the timed window opens, and
+    // must not finish inside it (a sequence that finished, or a prefill chunk in a timed step,
+    // would make the window something other than every sequence decoding together, as
+    // llama-batched-bench measures it).
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let stagger = prompt_tokens.div_ceil(budget.saturating_sub(b).max(1)) + b;
+    let max_new = stagger + WARM + steps + 2;
     // Room for every sequence, and at least one attention range (256 slots) a sequence, as a
     // serving pool has (8192 slots for 16 sequences by default): sequences that the scheduler
     // keeps in lanes of the pool are then read in place on a device instead of gathered.
-    let per_seq = (prompts[0].len() + steps + WARM + 8).max(KV_ALIGN as usize);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let per_seq = (longest + max_new + 8).max(KV_ALIGN as usize);
     let cfg = EngineConfig {
         kv_slots: ((b * per_seq) as u32).div_ceil(256) * 256 + 256,
         max_seqs: b.max(1),
-        max_batch_tokens: 512.max(b),
+        max_batch_tokens: budget,
         prefix_caching: false,
         // Batching against batching: libllama decodes one token per sequence per step, so
         // n-gram speculation (measured on its own by the ngram workloads) stays off here.
@@ -125,20 +136,21 @@ fn axle_run(
         e.add(
             p.clone(),
             RequestOptions {
-                max_tokens: steps + WARM + 2,
+                max_tokens: max_new,
                 ignore_eos: true,
                 ..Default::default()
             },
         )?;
     }
     // Prefill until every sequence has its first token (then all decode together).
-    let mut started = 0;
-    while started < b {
-        started += e
-            .step()
-            .iter()
-            .filter(|o| matches!(o, Output::Token { .. }))
-            .count();
+    // Counted by request: the sequences started first emit tokens every step meanwhile.
+    let mut started = std::collections::HashSet::new();
+    while started.len() < b {
+        for o in e.step() {
+            if let Output::Token { id, .. } = o {
+                started.insert(id);
+            }
+        }
     }
     for _ in 0..WARM {
         e.step();
@@ -154,6 +166,12 @@ fn axle_run(
             .count();
     }
     let wall = t.elapsed().as_secs_f64();
+    if tokens != b * steps {
+        return Err(BenchError::Invalid(format!(
+            "the timed steps were not every sequence decoding: {tokens} tokens in {steps} steps \
+             of {b} sequences"
+        )));
+    }
     let p = e.take_profile();
     let [prepare, build, inputs, compute, logits] = p.per_step_us().map(|us| us / 1e3);
     let (step_ms, host_ms) = (wall * 1e3 / steps as f64, prepare + build + inputs);
@@ -171,6 +189,9 @@ fn axle_run(
         .map(|s| s.1)
         .max()
         .unwrap_or(1);
+    if let Some(a) = e.device_attention_summary() {
+        eprintln!("device attention: {a}");
+    }
     Ok(AxleRun {
         tok_s: tokens as f64 / wall,
         split,

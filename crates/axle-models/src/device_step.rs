@@ -104,11 +104,13 @@ pub enum DeviceAttention {
     /// One op per layer for every small row of the step: Axle's paged attention
     /// ([`axle_ggml::paged_attention`]), reading each row's keys through its block table, with a
     /// split of the keys that depends on the row alone. Where the backend does not carry the
-    /// kernel, or a layer's heads are not ones it takes, rows get ops of their own.
-    #[default]
+    /// kernel, or a layer's heads are not ones it takes, rows get ops of their own. Not yet the
+    /// default: its speed in the engine at long contexts is not measured yet (docs/gpu.md,
+    /// "Paged attention").
     Paged,
     /// An op of ggml's per small row (or per run of rows the device stacks), over that row's
     /// sequence's slots with a mask of its own.
+    #[default]
     Rows,
 }
 
@@ -560,6 +562,59 @@ mod tests {
             slots,
             block_table: &[],
         }
+    }
+
+    #[test]
+    fn paged_small_sequences_get_table_entries_and_prefill_chunks_keep_their_ops() {
+        // A verify step of 3 rows at positions 297..300 (19 blocks), a prefill chunk of 20
+        // tokens, and a decode row at position 9.
+        let slots: Vec<u32> = (0..320).collect();
+        let table_a: Vec<u32> = (0..19).rev().collect();
+        let table_c = [40u32];
+        let seqs = [
+            SeqSlots {
+                block_table: &table_a,
+                ..seq(297, 3, &[])
+            },
+            seq(0, 20, &slots[..20]),
+            SeqSlots {
+                block_table: &table_c,
+                ..seq(9, 1, &[])
+            },
+        ];
+        let d = layout_with(&seqs, 4096, None, Some(16));
+        let paged = d.step.paged.expect("small rows attend paged");
+        assert_eq!(paged.block_size, 16);
+        assert_eq!(paged.table_len, 64, "19 + 1 entries, at least 64");
+        assert_eq!(paged.chunks, 2, "300 keys: two chunks of 256");
+        let mut rows = vec![0, 298, 0, 299, 0, 300];
+        rows.extend([0; 40]);
+        rows.extend([19, 10]);
+        assert_eq!(d.paged_rows, rows);
+        assert_eq!(
+            &d.paged_table[..20],
+            &[18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 40]
+        );
+        assert_eq!(d.paged_table.len(), 64);
+        // Only the prefill chunk has an op and a mask; nothing is gathered for the others.
+        assert_eq!(d.step.attn.len(), 1);
+        assert_eq!((d.step.attn[0].first, d.step.attn[0].rows), (3, 20));
+        assert_eq!(d.mask.len(), 256 * 20);
+        assert_eq!(d.step.gathered, None);
+        let runs: Vec<_> = d
+            .step
+            .runs
+            .iter()
+            .map(|r| (r.first, r.cols, r.small))
+            .collect();
+        assert_eq!(runs, [(0, 3, true), (3, 20, false), (23, 1, true)]);
+        // Without paged attention the same step has an op per small row.
+        assert_eq!(
+            layout_with(&[seq(9, 1, &slots[..10])], 4096, None, None)
+                .step
+                .paged,
+            None
+        );
     }
 
     #[test]

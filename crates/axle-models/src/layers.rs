@@ -78,7 +78,7 @@ pub struct PagedInputs<'a> {
     pub window: u32,
     /// Set when some layer's heads are not ones the paged op takes: the runner then lays steps
     /// out with an op per row instead and builds the graph again.
-    pub refused: &'a std::cell::Cell<bool>,
+    pub refused: &'a std::cell::RefCell<Option<String>>,
 }
 
 /// How a step picks ggml's CPU kernels.
@@ -854,7 +854,15 @@ impl<'a> Step<'a> {
                 })
                 .flatten();
             let Some(o) = paged else {
-                p.refused.set(true);
+                *p.refused.borrow_mut() = Some(format!(
+                    "heads {}x{} (KV {}, values {}), q {:?} strides {:?}",
+                    spec.n_head,
+                    spec.head_dim_k,
+                    spec.n_head_kv,
+                    spec.head_dim_v,
+                    q.ne(),
+                    q.nb()
+                ));
                 return g.input(DType::F32, &[width, self.n_tokens], "paged_refused");
             };
             let o = g.reshape(o, &[width, self.n_tokens]);

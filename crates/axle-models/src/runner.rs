@@ -381,7 +381,9 @@ pub struct Runner {
     /// the backends carry it and the model's heads are ones it takes).
     paged: bool,
     /// Set by graph building when some layer's heads are not ones paged attention takes.
-    paged_refused: std::cell::Cell<bool>,
+    paged_refused: std::cell::RefCell<Option<String>>,
+    /// Why paged attention is off where it was asked for.
+    paged_note: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -575,7 +577,11 @@ impl Runner {
         };
         let mut runner = Runner {
             paged,
-            paged_refused: std::cell::Cell::new(false),
+            paged_refused: std::cell::RefCell::new(None),
+            paged_note: (opts.device_attention == DeviceAttention::Paged
+                && takes_device_layout(&opts, kv.on_device())
+                && !paged)
+                .then(|| "the accelerators' backends do not carry Axle's paged attention".into()),
             host_kernels,
             products,
             products_note: None,
@@ -692,6 +698,12 @@ impl Runner {
     /// small rows; [`DeviceAttention::Paged`]).
     pub fn paged_attention(&self) -> bool {
         self.paged
+    }
+
+    /// Why paged attention is off where it was asked for (the backends lack it, or a layer's
+    /// heads are not ones it takes).
+    pub fn paged_note(&self) -> Option<&str> {
+        self.paged_note.as_deref()
     }
 
     /// The model.
@@ -1053,14 +1065,16 @@ impl Runner {
             Some(i) => i,
             None => {
                 let i = self.build_in_slot(key.clone())?;
-                if self.paged_refused.get() {
+                let refused = self.paged_refused.borrow_mut().take();
+                if let Some(why) = refused {
                     // Some layer's heads are not ones paged attention takes: lay steps out
                     // with an op per row from now on, and start this one again.
                     self.cached.swap_remove(i);
                     self.cached
                         .retain(|c| c.key.device.as_ref().is_none_or(|d| d.paged.is_none()));
                     self.paged = false;
-                    self.paged_refused.set(false);
+                    self.paged_note =
+                        Some(format!("a layer's attention is not one it takes: {why}"));
                     return self.step(seqs);
                 }
                 let misses = self

@@ -78,7 +78,7 @@ pub struct EngineConfig {
     /// with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on a device: how decode and verify rows attend
-    /// ([`DeviceAttention`]: Axle's paged attention by default, one op per layer).
+    /// ([`DeviceAttention`]: an op per row by default; paged attention on request).
     pub device_attention: DeviceAttention,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
     /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic
@@ -722,6 +722,19 @@ impl EngineCore {
             Some(note) => format!("{products} ({note})"),
             None => products.to_string(),
         })
+    }
+
+    /// How decode and verify rows attend on the device: "paged", "rows", or "rows (why paged
+    /// attention is off)"; `None` without the device layout.
+    pub fn device_attention_summary(&self) -> Option<String> {
+        self.device_products()?;
+        Some(
+            match (self.runner.paged_attention(), self.runner.paged_note()) {
+                (true, _) => "paged".into(),
+                (false, Some(why)) => format!("rows ({why})"),
+                (false, None) => "rows".into(),
+            },
+        )
     }
 
     /// The verify-row shapes the runner probed for shared attention ops so far: (KV slots, rows,
