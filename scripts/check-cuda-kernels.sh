@@ -108,6 +108,6 @@ EOF
 done
 # The standalone test of paged attention (run on the GPU machine: scripts/gpu-machine.sh kernels).
 echo "== nvcc paged-attention-test.cu ($arch)"
-nvcc -arch="$arch" -O3 -std=c++17 -o "$work/paged-attention-test" \
+nvcc -arch="$arch" -O3 -use_fast_math -std=c++17 -o "$work/paged-attention-test" \
   "$root/crates/axle-kernels/cuda/paged-attention-test.cu" || status=1
 exit $status

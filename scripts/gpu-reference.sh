@@ -10,6 +10,7 @@
 #                                                     -npl SEQS, then `axle bench batched` with
 #                                                     the same prompt, steps and concurrency
 # TYPE: q4_0 (default) and/or q4_k_m. Outputs: OUT_DIR/*.json (tools) and *.txt (logs).
+# $AXLE_ARGS: more options for `axle bench batched` (e.g. --device-attention rows).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 w="${AXLE_GPU_WORK:-/root/axle-gpu}"
@@ -55,7 +56,7 @@ case "$what" in
       "$tools/llama-batched-bench" -m "$m" -ngl 99 -fa 1 -c "$ctx" -b 2048 -ub 512 \
         -npp "$prompt" -ntg 32 -npl "$seqs" --output-format jsonl \
         >"$out/llama-batched-bench-$t-p$prompt.jsonl" 2>"$out/llama-batched-bench-$t-p$prompt.txt" || status=1
-      "$axle" bench batched --model "$m" --device cuda0 --prompt "$prompt" --steps 32 --reps 1 \
+      "$axle" bench batched --model "$m" --device cuda0 --prompt "$prompt" --steps 32 --reps 1 ${AXLE_ARGS:-} \
         --concurrency "$seqs" --output-root "$out" 2>&1 | grep -v "CUDA Graph id" \
         >"$out/axle-batched-$t-p$prompt.txt" || status=1
     done

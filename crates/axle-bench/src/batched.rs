@@ -4,7 +4,7 @@
 use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
-use axle_models::device_step::{DeviceProducts, KV_ALIGN};
+use axle_models::device_step::{DeviceAttention, DeviceProducts, KV_ALIGN};
 use axle_models::{Kernels, Model};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
@@ -32,6 +32,8 @@ pub struct BatchedOptions {
     pub fast_kernels: bool,
     /// The exact engine's products on GPUs (`None`: by device).
     pub device_products: Option<DeviceProducts>,
+    /// How the exact engine's decode rows attend on GPUs.
+    pub device_attention: DeviceAttention,
     /// How libllama spreads layers over several GPUs.
     pub oracle_split: axle_ggml::oracle::SplitMode,
 }
@@ -102,6 +104,7 @@ fn axle_run(
     steps: usize,
     kernels: Kernels,
     device_products: Option<DeviceProducts>,
+    device_attention: DeviceAttention,
 ) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
     let budget = 512.max(b);
@@ -129,6 +132,7 @@ fn axle_run(
         max_draft: 0,
         kernels,
         device_products,
+        device_attention,
         ..Default::default()
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
@@ -287,7 +291,14 @@ pub fn run(
         let invariant = crate::default_kernels(model);
         let mut device_products = None;
         let mut exact = |a: &mut Vec<f64>| -> Result<(), BenchError> {
-            let run = axle_run(model, &prompts, opts.steps, invariant, opts.device_products)?;
+            let run = axle_run(
+                model,
+                &prompts,
+                opts.steps,
+                invariant,
+                opts.device_products,
+                opts.device_attention,
+            )?;
             a.push(run.tok_s);
             split = run.split;
             widest_stack = run.widest_stack;
@@ -306,7 +317,14 @@ pub fn run(
                 exact(&mut a)?;
             }
             if opts.fast_kernels {
-                let run = axle_run(model, &prompts, opts.steps, Kernels::LikeLlamaCpp, None)?;
+                let run = axle_run(
+                    model,
+                    &prompts,
+                    opts.steps,
+                    Kernels::LikeLlamaCpp,
+                    None,
+                    DeviceAttention::default(),
+                )?;
                 f.push(run.tok_s);
                 fast_split = Some(run.split);
             }

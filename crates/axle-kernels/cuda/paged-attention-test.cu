@@ -1,5 +1,6 @@
 // Test and benchmark of paged-attention.cuh on the GPU, without ggml:
-//   nvcc -O3 -std=c++17 -arch=sm_90 paged-attention-test.cu -o paged-attention-test
+//   nvcc -O3 -use_fast_math -std=c++17 -arch=sm_90 paged-attention-test.cu -o paged-attention-test
+// (-use_fast_math as ggml's CUDA backend is built: expf and tanhf become the fast intrinsics).
 //   ./paged-attention-test            # checks, then the benchmark table
 //   ./paged-attention-test --check    # checks only
 // Checks: every row against a plain double-precision reference on the host (softmax attention
@@ -228,9 +229,16 @@ static void bench() {
             CHECK(cudaMalloc(&dpart, axle_pa_scratch_floats(a) * 4));
             a.q = dq; a.k = dk; a.v = dv; a.rows = drows; a.table = dtable; a.dst = ddst;
             a.part = dpart; a.part_ml = dpart + (size_t) rows_n * H * a.max_chunks * D;
-            for (int i = 0; i < 3; ++i) axle_pa_launch(a, 0);
             cudaEvent_t t0, t1; cudaEventCreate(&t0); cudaEventCreate(&t1);
-            const int reps = 50;
+            // Warm up for 200 ms first: an idle GPU runs at a fraction of its clock, and a few
+            // launches are over before it has ramped up.
+            cudaEventRecord(t0);
+            for (float warm = 0; warm < 200.0f;) {
+                for (int i = 0; i < 20; ++i) axle_pa_launch(a, 0);
+                cudaEventRecord(t1); CHECK(cudaEventSynchronize(t1));
+                cudaEventElapsedTime(&warm, t0, t1);
+            }
+            const int reps = 200;
             cudaEventRecord(t0);
             for (int i = 0; i < reps; ++i) axle_pa_launch(a, 0);
             cudaEventRecord(t1); CHECK(cudaEventSynchronize(t1));

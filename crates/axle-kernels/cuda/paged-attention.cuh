@@ -8,9 +8,9 @@
 // AXLE_PA_CHUNK at absolute key indices (chunk c holds keys [c * CHUNK, (c + 1) * CHUNK)), so the
 // chunks a row sees, and every sum inside them, depend only on its (begin, end) and its own query:
 //   1. one thread block per (chunk, KV head, row) scores its keys for the query heads that share
-//      the KV head (GQA), in groups of keys at fixed absolute offsets, each warp taking every
-//      fourth group; a warp keeps an online softmax (max, sum, accumulator) in key order, and the
-//      block merges its warps in warp order;
+//      the KV head (GQA), in groups of keys at fixed absolute offsets, warp w of W taking groups
+//      w, w + W, ... (W fixed by the head shape); a warp keeps an online softmax (max, sum,
+//      accumulator) in key order, and the block merges its warps in warp order;
 //   2. one block per (query head, row) combines the row's chunks in chunk order.
 // No quantity depends on the other rows of the launch, on how many there are, on where the
 // blocks lie in the cache, or on the grid: a row gets the same bits alone, batched, as one of a
@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define AXLE_PA_CHUNK 256 // keys per chunk: a constant, so a row's split depends on its position
-#define AXLE_PA_WARPS 4   // warps per block of the chunk kernel
+#define AXLE_PA_TABLE (AXLE_PA_CHUNK + 2) // block ids of one chunk, for blocks of any size
 
 // The operands of one launch. Row r reads rows[2 r] (offset of its block table in `table`) and
 // rows[2 r + 1] (end: keys visible; 0 = a row not computed here, its output is zero).
@@ -78,8 +78,13 @@ __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
     }
 }
 
+// Warps of a chunk's block: at 140-150 registers a thread (Llama-3-8B heads), 4 warps leave
+// room for 3 blocks an SM; 8 would leave 1.
+template <int D, int G> struct axle_pa_warps { static constexpr int n = 4; };
+
 template <int D, int G>
-__global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_args a) {
+__global__ void __launch_bounds__(axle_pa_warps<D, G>::n*32) axle_pa_chunk(const axle_pa_args a) {
+    constexpr int AXLE_PA_WARPS = axle_pa_warps<D, G>::n;
     constexpr int E = D / 32;                // elements of a head a lane holds
     constexpr int T = axle_pa_keys<D>::n;    // keys per group
     constexpr int GROUPS = AXLE_PA_CHUNK / T;
@@ -92,6 +97,13 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         return;
     }
     const int c0 = max(begin, c * AXLE_PA_CHUNK), c1 = min(end, (c + 1) * AXLE_PA_CHUNK);
+    // The chunk's block ids, read once: slots then need no dependent load per key.
+    __shared__ int blocks[AXLE_PA_TABLE];
+    const int b0 = c0 / a.block_size, nb = (c1 - 1) / a.block_size - b0 + 1;
+    for (int i = threadIdx.x; i < nb; i += AXLE_PA_WARPS * 32) {
+        blocks[i] = a.table[table_off + b0 + i];
+    }
+    __syncthreads();
 
     float q[G][E];
 #pragma unroll
@@ -120,7 +132,7 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
             const int key = k0 + t;
             ok[t] = key >= c0 && key < c1;
             if (ok[t]) {
-                const int64_t slot = (int64_t) a.table[table_off + key / a.block_size] * a.block_size + key % a.block_size;
+                const int64_t slot = (int64_t) blocks[key / a.block_size - b0] * a.block_size + key % a.block_size;
                 axle_pa_load<E>(a.k + slot * a.k_nb1 + head_off, kx[t]);
                 axle_pa_load<E>(a.v + slot * a.v_nb1 + head_off, vx[t]);
             } else {
@@ -232,7 +244,7 @@ static inline size_t axle_pa_scratch_floats(const axle_pa_args & a) {
 template <int D, int G>
 static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
     const dim3 grid(a.max_chunks, a.n_head_kv, a.n_rows);
-    axle_pa_chunk<D, G><<<grid, AXLE_PA_WARPS*32, 0, stream>>>(a);
+    axle_pa_chunk<D, G><<<grid, axle_pa_warps<D, G>::n*32, 0, stream>>>(a);
     axle_pa_combine<D><<<dim3(a.n_head, a.n_rows), D, 0, stream>>>(a);
 }
 

@@ -231,6 +231,10 @@ pub struct BatchedSpec {
     /// `--device-products`).
     #[serde(default)]
     pub device_products: Option<String>,
+    /// How the exact engine's decode rows attend on GPUs: `rows` or `paged` (absent: the
+    /// engine's default, as the CLI's `--device-attention`).
+    #[serde(default)]
+    pub device_attention: Option<String>,
 }
 
 /// `prefix`.

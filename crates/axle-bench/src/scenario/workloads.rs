@@ -87,6 +87,13 @@ pub fn run(
                         .map(str::parse)
                         .transpose()
                         .map_err(BenchError::Invalid)?,
+                    device_attention: b
+                        .device_attention
+                        .as_deref()
+                        .map(str::parse)
+                        .transpose()
+                        .map_err(BenchError::Invalid)?
+                        .unwrap_or_default(),
                     oracle_split,
                 },
             )?;

@@ -378,6 +378,9 @@ pub struct BatchedArgs {
     /// The exact engine's products on GPUs: `groups` or `wide` (as generate's).
     #[arg(long)]
     device_products: Option<axle_models::device_step::DeviceProducts>,
+    /// How the exact engine's decode rows attend on GPUs: `rows` or `paged` (as generate's).
+    #[arg(long)]
+    device_attention: Option<axle_models::device_step::DeviceAttention>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -436,6 +439,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 steps: a.steps,
                 fast_kernels: a.fast_kernels,
                 device_products: a.device_products.map(|p| p.to_string()),
+                device_attention: a.device_attention.map(|p| p.to_string()),
             }),
             QuickExtras::default(),
         ),
