@@ -58,7 +58,7 @@ fn is_device_backend_file(file_name: &str) -> bool {
 /// Folders searched for loadable backends: `$AXLE_BACKENDS_DIR` (a `:`-separated list) if set,
 /// else the executable's folder and its `backends/` subfolder.
 pub fn backend_search_dirs() -> Vec<std::path::PathBuf> {
-    if let Some(v) = std::env::var_os("AXLE_BACKENDS_DIR") {
+    if let Some(v) = crate::env::var_os("AXLE_BACKENDS_DIR") {
         return std::env::split_paths(&v).collect();
     }
     let Some(exe_dir) = std::env::current_exe()
@@ -155,9 +155,9 @@ mod tests {
 /// vector kernel, was enough to make them exact (`scripts/gpu-pdl-bisect.sh`, docs/gpu.md).
 /// Off for every kernel it costs decode speed: 11% on a Llama-3-8B-shaped file, 23% on SmolLM2.
 pub fn serialize_cuda_launches() -> bool {
-    match std::env::var("GGML_CUDA_PDL") {
-        Ok(v) => v.trim() == "0",
-        Err(_) => {
+    match crate::env::var("GGML_CUDA_PDL") {
+        Some(v) => v.trim() == "0",
+        None => {
             // Process-wide; called while a model loads, before its steps run.
             std::env::set_var("GGML_CUDA_PDL", "0");
             true
@@ -685,7 +685,7 @@ impl NodeTrace {
             std::sync::OnceLock::new();
         let out = OUT
             .get_or_init(|| {
-                let path = std::env::var_os("AXLE_TRACE_NODES")?;
+                let path = crate::env::var_os("AXLE_TRACE_NODES")?;
                 let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)

@@ -10,6 +10,7 @@
 mod backend;
 pub mod column_invariant;
 mod dtype;
+pub mod env;
 mod error;
 pub mod few_columns;
 mod gguf;

@@ -30,7 +30,7 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
             }
         });
     }
-    if std::env::var_os("AXLE_GGML_LOG").is_some() {
+    if crate::env::var_os("AXLE_GGML_LOG").is_some() {
         eprint!("{s}");
     }
 }

@@ -18,14 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only: Option<usize> = args.next().map(|k| k.parse()).transpose()?;
     let n: usize = args.next().map(|n| n.parse()).transpose()?.unwrap_or(20);
     let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
-    let keep_all = std::env::var_os("AXLE_KEEP_STATES").is_some();
+    let keep_all = axle_ggml::env::var_os("AXLE_KEEP_STATES").is_some();
     let mut r = Runner::new(
         model,
         RunnerOptions {
             state_snapshots: 9,
-            host_kernels: match std::env::var("AXLE_HOST_KERNELS") {
-                Ok(k) => k.parse()?,
-                Err(_) => Default::default(),
+            host_kernels: match axle_ggml::env::var("AXLE_HOST_KERNELS") {
+                Some(k) => k.parse()?,
+                None => Default::default(),
             },
             ..RunnerOptions::default()
         },

@@ -80,7 +80,7 @@ impl DeviceProducts {
     /// names. With the exact kernels the runner honours or refuses the choice as it does an
     /// explicit one.
     pub fn from_env() -> Result<Option<DeviceProducts>, String> {
-        from_env_value(std::env::var("AXLE_DEVICE_PRODUCTS").ok().as_deref())
+        from_env_value(axle_ggml::env::var("AXLE_DEVICE_PRODUCTS").as_deref())
     }
 }
 

@@ -9,7 +9,7 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The model cache directory.
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("AXLE_MODEL_DIR") {
+    if let Some(d) = axle_ggml::env::var_os("AXLE_MODEL_DIR") {
         return PathBuf::from(d);
     }
     let cache = std::env::var_os("XDG_CACHE_HOME")

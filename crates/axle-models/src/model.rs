@@ -208,10 +208,13 @@ impl Model {
         };
         // Used for placement queries while loading; each runner owns the backend it computes with.
         let backend = Backend::cpu(opts.threads)?;
-        // `AXLE_FUSED_PROJECTIONS` overrides the option, for measuring one against the other.
-        let fused = match std::env::var("AXLE_FUSED_PROJECTIONS") {
-            Ok(v) => v.parse().map_err(ModelError::Invalid)?,
-            Err(_) => opts.fused_projections,
+        // `AXLE_FUSED_PROJECTIONS` fills in where the options keep the default (for measuring
+        // one against the other); a choice made in code stands.
+        let fused = match axle_ggml::env::var("AXLE_FUSED_PROJECTIONS") {
+            Some(v) if opts.fused_projections == FusedProjections::default() => {
+                v.parse().map_err(ModelError::Invalid)?
+            }
+            _ => opts.fused_projections,
         };
         let fusion = WeightFusion {
             groups: match fused {

@@ -535,7 +535,7 @@ impl Runner {
             ));
         }
         let stacking = (opts.stacked_rows
-            && std::env::var("AXLE_STACKED_ROWS").as_deref() != Ok("0"))
+            && axle_ggml::env::var("AXLE_STACKED_ROWS").as_deref() != Some("0"))
         .then(StackTable::default);
         let mut kv_bufts: Vec<BufferType> = Vec::new();
         for b in bufts {
@@ -616,7 +616,7 @@ impl Runner {
         let probed = |p| matches!(p, DeviceProducts::Wide | DeviceProducts::Columns);
         if !self.device_layout()
             || !probed(self.products)
-            || std::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Ok("0")
+            || axle_ggml::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Some("0")
         {
             return Ok(());
         }
@@ -1602,8 +1602,7 @@ struct CachedGraph {
 /// one on the CPU alone (it records nothing to replay, and each kept graph holds compute buffers
 /// of its own). `AXLE_GRAPH_SLOTS=N` overrides it (a diagnostic: comparing on one device).
 fn graph_slots(accelerated: bool) -> usize {
-    if let Some(n) = std::env::var("AXLE_GRAPH_SLOTS")
-        .ok()
+    if let Some(n) = axle_ggml::env::var("AXLE_GRAPH_SLOTS")
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
     {

@@ -190,10 +190,7 @@ pub fn environment(threads: usize, model: &Path, sha: &str) -> Environment {
 /// The commit of the code that runs: `AXLE_GIT_COMMIT` when set (a binary carried to a machine
 /// whose copy of the tree has no history of its own), else the working tree's.
 pub(crate) fn git_commit() -> String {
-    if let Some(c) = std::env::var("AXLE_GIT_COMMIT")
-        .ok()
-        .filter(|c| !c.is_empty())
-    {
+    if let Some(c) = axle_ggml::env::var("AXLE_GIT_COMMIT").filter(|c| !c.is_empty()) {
         return c;
     }
     let run = |args: &[&str]| {

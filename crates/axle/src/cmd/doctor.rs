@@ -94,6 +94,18 @@ fn print_backends() {
             Err(e) => println!("  NOT loaded {}: {e}", path.display()),
         }
     }
+    print_environment();
+}
+
+/// Every environment variable Axle reads (`axle_ggml::env::REGISTRY`), with its value here.
+fn print_environment() {
+    println!("environment variables (docs/environment.md):");
+    for v in axle_ggml::env::REGISTRY {
+        match std::env::var_os(v.name) {
+            Some(x) => println!("  {}={} ({})", v.name, x.to_string_lossy(), v.meaning),
+            None => println!("  {} unset, so {} ({})", v.name, v.default, v.meaning),
+        }
+    }
 }
 
 /// SHA-256 of the Gemma 3 270M file the fetch script assembles.
