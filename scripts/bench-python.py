@@ -5,7 +5,7 @@ same engine (the SDK directly), in the same process, repetitions interleaved. Pr
 writes the artifact (JSON) to benchmarks/artifacts/python/python-stream-<model>.json; with --readme FILE,
 fills that file's `<!-- bench:python-stream-<model> -->` section with the table.
 
-    ~/.cache/axle/venv/bin/python scripts/bench-python.py [--model PATH] [--tokens 128] [--reps 5] [--readme README.md]
+    ~/.cache/axle/venv/bin/python scripts/bench-python.py [--model PATH] [--tokens 128] [--reps 5] [--readme docs/sdk.md]
 """
 import argparse
 import json
