@@ -270,7 +270,7 @@ pub fn run(
     let same = |v: &[Vec<TokenId>]| v.iter().zip(&plain).filter(|(a, b)| a == b).count();
     Ok(DeviceCheckReport {
         device: model.device_summary(),
-        git_commit: crate::scenario::git_commit(),
+        git_commit: crate::git_commit(),
         device_products: batched_spec
             .products
             .map_or_else(|| "host layout".to_string(), |p| p.to_string()),

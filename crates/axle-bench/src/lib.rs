@@ -67,3 +67,31 @@ pub fn default_kernels(model: &axle_models::Model) -> axle_models::Kernels {
         axle_models::Kernels::BatchInvariant
     }
 }
+
+/// The commit of the code that runs: `AXLE_GIT_COMMIT` when set (a binary carried to a machine
+/// whose copy of the tree has no history of its own), else the working tree's.
+pub(crate) fn git_commit() -> String {
+    if let Some(c) = axle_ggml::env::var("AXLE_GIT_COMMIT").filter(|c| !c.is_empty()) {
+        return c;
+    }
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match run(&["rev-parse", "HEAD"]) {
+        Some(c) => {
+            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{c}-dirty")
+            } else {
+                c
+            }
+        }
+        None => "unknown".into(),
+    }
+}

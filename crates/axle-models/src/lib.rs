@@ -22,6 +22,7 @@ pub mod small_products;
 pub mod stacked_attention;
 pub mod tensor_split;
 pub mod tokenizer;
+mod weights;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate};
 pub use layers::{HostKernels, Kernels};

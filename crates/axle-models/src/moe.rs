@@ -12,8 +12,8 @@
 //! same bits; `tests/verify_invariance.rs` checks steps of up to 63 rows against one-row steps on
 //! Q4_K experts. Repacked expert weights use a one-row kernel per column. On an accelerator, the
 //! products run in slices of the device layout's group width ([`Step::mul_mat_id`]).
-use crate::arch::{arch_key, Weights};
 use crate::layers::{FfnWeights, FusedProduct, Kernels, Step};
+use crate::weights::{arch_key, Weights};
 use crate::ModelError;
 use axle_ggml::{FusedWeight, GgufFile, GluOp, StoredTensor, Tensor};
 

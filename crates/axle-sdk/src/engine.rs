@@ -2,19 +2,20 @@
 //! plan (core) -> execute (runner, one graph for the whole batch) -> apply (core), followed by
 //! detokenization and stop-string matching per request.
 use crate::events::{Finish, Speculation, Usage};
+pub use crate::request::RequestOptions;
 use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, Event, FinishReason, RequestId, RequestSpec, SamplingParams, Scheduler,
-    SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
+    DraftConfig, Event, FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepPlan,
+    TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{
     HostKernels, Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots,
     StepProfile, StreamDecoder, TokenId,
 };
-use axle_structured::tools::{ToolCallParser, ToolFormat};
+use axle_structured::tools::ToolCallParser;
 use smart_default::SmartDefault;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -181,28 +182,6 @@ impl EngineConfig {
             ..Default::default()
         }
     }
-}
-
-/// A request's options as the engine runs them, every default resolved (from a
-/// [`crate::GenerateRequest`] by [`crate::GenerateRequest::options`]).
-#[derive(Debug, Clone, SmartDefault)]
-pub struct RequestOptions {
-    /// Sampling.
-    pub sampling: SamplingParams,
-    /// Most tokens to generate.
-    #[default(defaults::MAX_TOKENS)]
-    pub max_tokens: usize,
-    /// Stop strings (matched on generated text; never emitted).
-    pub stop_strings: Vec<String>,
-    /// Extra stop token ids.
-    pub stop_tokens: Vec<TokenId>,
-    /// Do not stop at the model's end-of-generation tokens.
-    pub ignore_eos: bool,
-    /// Use n-gram speculation when the engine has it on (the gate still decides per step).
-    #[default(true)]
-    pub speculate: bool,
-    /// Look for tool calls of this format, of these functions, in the output.
-    pub tool_format: Option<(ToolFormat, Vec<String>)>,
 }
 
 /// What a step produced for one request.

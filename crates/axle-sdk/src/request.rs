@@ -6,12 +6,34 @@
 //! upstream's own. Field ranges are checked once, by [`GenerateRequest::validate`], which every
 //! route's entry point calls; what a route cannot honour (a delegated upstream asked for token
 //! log-probabilities, say) is refused by that route with [`Rejection::Unsupported`].
-use crate::engine::RequestOptions;
 use axle_core::{AdmitError, SamplingField, SamplingParams};
 use axle_models::{ChatMessage, TokenId};
-use axle_structured::tools::ToolChoice;
+use axle_structured::tools::{ToolChoice, ToolFormat};
 use axle_structured::OutputConstraint;
+use smart_default::SmartDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A request's options as the engine runs them, every default resolved (from a
+/// [`crate::GenerateRequest`] by [`crate::GenerateRequest::options`]).
+#[derive(Debug, Clone, SmartDefault)]
+pub struct RequestOptions {
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    #[default(defaults::MAX_TOKENS)]
+    pub max_tokens: usize,
+    /// Stop strings (matched on generated text; never emitted).
+    pub stop_strings: Vec<String>,
+    /// Extra stop token ids.
+    pub stop_tokens: Vec<TokenId>,
+    /// Do not stop at the model's end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Use n-gram speculation when the engine has it on (the gate still decides per step).
+    #[default(true)]
+    pub speculate: bool,
+    /// Look for tool calls of this format, of these functions, in the output.
+    pub tool_format: Option<(ToolFormat, Vec<String>)>,
+}
 
 /// The defaults, each in one place.
 pub mod defaults {

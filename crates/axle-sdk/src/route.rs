@@ -566,7 +566,7 @@ pub async fn open(
         policy: spec.policy,
         allow_delegation: spec.allow_delegation,
         local: spec.model.as_deref().map(inspect_local),
-        upstream: spec.upstream.as_deref().map(crate::delegate::normalize_url),
+        upstream: spec.upstream.as_deref().map(normalize_url),
         upstream_is_llama_cpp: false,
     };
     let natively_runnable = matches!(
@@ -621,4 +621,10 @@ pub async fn open(
             Ok((Generator::Delegated(Arc::new(up)), report))
         }
     }
+}
+
+/// `http://h:p/v1/` and `http://h:p` name the same server.
+pub fn normalize_url(url: &str) -> String {
+    let u = url.trim().trim_end_matches('/');
+    u.strip_suffix("/v1").unwrap_or(u).to_string()
 }

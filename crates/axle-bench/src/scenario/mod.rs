@@ -179,39 +179,11 @@ pub fn environment(threads: usize, model: &Path, sha: &str) -> Environment {
             target.join(",")
         ),
         axle_version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: git_commit(),
+        git_commit: crate::git_commit(),
         model_path: model.display().to_string(),
         model_bytes: std::fs::metadata(model).map_or(0, |m| m.len()),
         model_sha256: sha.into(),
         peak_rss_mib: peak_rss_mib(),
-    }
-}
-
-/// The commit of the code that runs: `AXLE_GIT_COMMIT` when set (a binary carried to a machine
-/// whose copy of the tree has no history of its own), else the working tree's.
-pub(crate) fn git_commit() -> String {
-    if let Some(c) = axle_ggml::env::var("AXLE_GIT_COMMIT").filter(|c| !c.is_empty()) {
-        return c;
-    }
-    let run = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match run(&["rev-parse", "HEAD"]) {
-        Some(c) => {
-            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{c}-dirty")
-            } else {
-                c
-            }
-        }
-        None => "unknown".into(),
     }
 }
 

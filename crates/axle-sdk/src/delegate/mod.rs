@@ -5,7 +5,7 @@
 //! There is no token-id route here: a delegated model's vocabulary is the upstream's business.
 use crate::events::{Completion, Finish, Speculation, StreamEvent, Usage};
 use crate::request::{Field, GenerateRequest, Prompt, Rejection};
-use crate::route::RuntimeKind;
+use crate::route::{normalize_url, RuntimeKind};
 use axle_core::FinishReason;
 use axle_structured::tools::{ToolCall, ToolChoice};
 use axle_structured::OutputConstraint;
@@ -113,12 +113,6 @@ pub struct Upstream {
     api_key: Option<String>,
     timeout: Duration,
     http: reqwest::Client,
-}
-
-/// `http://h:p/v1/` and `http://h:p` name the same server.
-pub fn normalize_url(url: &str) -> String {
-    let u = url.trim().trim_end_matches('/');
-    u.strip_suffix("/v1").unwrap_or(u).to_string()
 }
 
 impl Upstream {
