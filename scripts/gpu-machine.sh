@@ -13,6 +13,7 @@
 #   scripts/gpu-machine.sh wait [S]   wait up to S seconds for the background work, print its state
 #   scripts/gpu-machine.sh models     assemble and sha256-check the real models, write the fixtures
 #   scripts/gpu-machine.sh rebuild    rebuild the CUDA backend after a change to crates/axle-kernels/cuda/ only
+#   scripts/gpu-machine.sh kernels    build and run the standalone kernel tests (paged attention)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 w="${AXLE_GPU_WORK:-/root/axle-gpu}"
@@ -114,8 +115,16 @@ case "$cmd" in
     PYTHONPATH="$w/site" python3 "$root/scripts/make-fixtures.py" \
       --smollm2 "$w/models/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$root/fixtures"
     ;;
+  kernels)
+    # Axle's standalone kernel tests on this GPU (no ggml, no Rust): paged attention against a
+    # double-precision reference and bit for bit alone/batched/moved, then its timing table.
+    export PATH="$PATH:/usr/local/cuda/bin"
+    nvcc -O3 -use_fast_math -std=c++17 -arch=sm_90 -o "$w/bin/paged-attention-test" \
+      "$root/crates/axle-kernels/cuda/paged-attention-test.cu" || exit 1
+    "$w/bin/paged-attention-test"
+    ;;
   *)
-    echo "usage: $0 start|chunks|wait [S]|models" >&2
+    echo "usage: $0 start|chunks|wait [S]|models|rebuild|kernels" >&2
     exit 2
     ;;
 esac
