@@ -65,19 +65,19 @@ pub const REGISTRY: &[EnvVar] = &[
         name: "AXLE_GRAPH_SLOTS",
         meaning: "step shapes whose graphs a runner keeps, where the options name none",
         default: "11 with an accelerator, 1 without",
-        read_by: "axle-models runner.rs",
+        read_by: "axle-models runner/graph.rs",
     },
     EnvVar {
         name: "AXLE_PRODUCTS_PROBE",
         meaning: "0: skip the load-time check of the device products (a diagnostic)",
         default: "the check runs",
-        read_by: "axle-models runner.rs",
+        read_by: "axle-models runner/products.rs",
     },
     EnvVar {
         name: "AXLE_STACKED_ROWS",
         meaning: "0: no stacked one-row attention ops (a diagnostic, to compare)",
         default: "stacked where the device gives each row the same bits",
-        read_by: "axle-models runner.rs",
+        read_by: "axle-models runner/mod.rs",
     },
     EnvVar {
         name: "AXLE_HOST_KERNELS",
