@@ -10,7 +10,7 @@
 use crate::device_step::{
     DeviceProducts, DeviceStep, FLOAT_GROUP_COLS, GROUP_COLS, WIDE_MAX_COLS, WIDE_MIN_COLS,
 };
-use crate::layers::{columns, concat_all};
+use crate::pieces::{columns, concat_all};
 use crate::ModelError;
 use axle_ggml::{Context, DType, Graph, GraphScheduler, Tensor, TensorStore};
 use rand_chacha::ChaCha8Rng;

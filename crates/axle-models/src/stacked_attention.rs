@@ -23,7 +23,7 @@
 //! the results are equal bit for bit ([`probe`]); a run the device refuses is tried in halves.
 //! Each shape is probed once per runner.
 
-use crate::layers::AttnSpec;
+use crate::heads::AttnSpec;
 use crate::ModelError;
 use axle_ggml::{BufferType, Context, DType, GraphScheduler, Tensor, TensorStore};
 use rand_chacha::ChaCha8Rng;
@@ -354,12 +354,12 @@ pub fn probe(
             })
             .collect();
         let (same, distinct): (Vec<_>, Vec<_>) = per_row.into_iter().unzip();
-        outs.push(crate::layers::concat_all(&ctx, same, 1));
+        outs.push(crate::pieces::concat_all(&ctx, same, 1));
         for how in [StackedKv::Strided, StackedKv::Repeated] {
             let o = attention_op(&ctx, q.t(), slots, m, &spec, OpRows::Stacked(how));
             outs.push(ctx.reshape(o, &[dim * key.n_head, rows]));
         }
-        outs.push(crate::layers::concat_all(&ctx, distinct, 1));
+        outs.push(crate::pieces::concat_all(&ctx, distinct, 1));
         let o = attention_op(
             &ctx,
             q.t(),

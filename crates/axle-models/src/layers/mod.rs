@@ -11,6 +11,10 @@ use axle_ggml::tiled_columns;
 use axle_ggml::{Context, DType, GluOp, Graph, StoredTensor, Tensor};
 
 mod device_attention;
+mod state;
+
+pub use crate::heads::AttnSpec;
+pub(crate) use crate::pieces::{columns, concat_all};
 
 /// Everything a model's forward pass reads for one step (one graph over the whole batch).
 #[derive(Debug)]
@@ -240,25 +244,6 @@ const FLOAT_MIN_COLS: i64 = 4;
 /// (each thread a chunk of the slots, partial softmaxes merged), which rounds differently from the
 /// one-pass kernel every wider op uses.
 const FA_SPLIT_KV_SLOTS: i64 = 512;
-
-/// Attention hyperparameters of one layer.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnSpec {
-    /// Query heads.
-    pub n_head: i64,
-    /// KV heads.
-    pub n_head_kv: i64,
-    /// Key (and query) head size.
-    pub head_dim_k: i64,
-    /// Value head size.
-    pub head_dim_v: i64,
-    /// Softmax scale.
-    pub scale: f32,
-    /// Attention logit softcap (0 = off).
-    pub softcap: f32,
-    /// Whether the layer uses the sliding-window mask.
-    pub sliding: bool,
-}
 
 /// The weights of a gated feed-forward block.
 #[derive(Debug)]
@@ -859,34 +844,4 @@ pub enum FusedProduct<'a> {
     Whole(Tensor<'a>),
     /// [part rows, n] each, in the parts' order.
     Parts(Vec<Tensor<'a>>),
-}
-
-/// Columns `first..first + cols` of the 2-D `x` (`x` itself when that is all of it).
-pub(crate) fn columns<'a>(g: &'a Context, x: Tensor<'a>, first: i64, cols: i64) -> Tensor<'a> {
-    let [k, n, ..] = x.ne();
-    if (first, cols) == (0, n) {
-        return x;
-    }
-    let nb1 = x.nb()[1];
-    g.view(x, &[k, cols], &[nb1], first as usize * nb1)
-}
-
-/// Concatenates tensors along `dim`, pairwise (a balanced tree: each element is copied about
-/// log2(pieces) times rather than once per piece after it).
-pub(crate) fn concat_all<'a>(g: &'a Context, mut pieces: Vec<Tensor<'a>>, dim: i32) -> Tensor<'a> {
-    assert!(!pieces.is_empty(), "nothing to concatenate");
-    while pieces.len() > 1 {
-        let mut next = Vec::with_capacity(pieces.len().div_ceil(2));
-        let mut it = pieces.into_iter();
-        while let Some(a) = it.next() {
-            next.push(match it.next() {
-                Some(b) => g.concat(a, b, dim),
-                None => a,
-            });
-        }
-        pieces = next;
-    }
-    pieces
-        .pop()
-        .unwrap_or_else(|| unreachable!("one piece left"))
 }
