@@ -107,7 +107,8 @@ fn axle_run(
     device_attention: DeviceAttention,
 ) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
-    let budget = 512.max(b);
+    // Prefill batches of 2,048 tokens, as llama-batched-bench's default (-b 2048) takes them.
+    let budget = 2048.max(b);
     // Prompts are prefilled a step's budget at a time, beside the decode rows of the sequences
     // already started, so the first sequence decodes while the last prefills: each sequence may
     // generate tokens for as many steps as the prefill takes before the timed window opens, and
@@ -123,6 +124,8 @@ fn axle_run(
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let per_seq = (longest + max_new + 8).max(KV_ALIGN as usize);
     let cfg = EngineConfig {
+        // Long enough for the longest prompt and its tokens (8k-token prompts included).
+        context_len: per_seq.max(axle_sdk::defaults::CONTEXT),
         kv_slots: ((b * per_seq) as u32).div_ceil(256) * 256 + 256,
         max_seqs: b.max(1),
         max_batch_tokens: budget,
