@@ -73,33 +73,27 @@ impl Runner {
         // order, into a KV of its own, so the row still visits its tokens in logical order and the
         // arithmetic is the same as if the blocks had been ascending.
         // With paged attention, small sequences are read through their block tables: only
-        // their new tokens' slots are needed.
+        // their new tokens' slots are listed (from `first[i]` on), after every block up to the
+        // end is checked as `slot` checks a position's.
         let paged_block = self.paged.then_some(self.opts.block_size);
         let mut visible: Vec<Vec<u32>> = Vec::with_capacity(seqs.len());
+        let mut first: Vec<u32> = Vec::with_capacity(seqs.len());
         for s in seqs {
             let end = s.start_pos + s.tokens.len() as u32;
-            let first = if paged_block.is_some() && s.tokens.len() <= device_step::SMALL_TOKENS {
-                for &b in s
-                    .block_table
-                    .iter()
-                    .take(end.div_ceil(self.opts.block_size) as usize)
-                {
-                    if b >= self.n_blocks() {
-                        return Err(ModelError::Batch(format!(
-                            "block {b} out of range ({} blocks)",
-                            self.n_blocks()
-                        )));
-                    }
+            let from = if paged_block.is_some() && s.tokens.len() <= device_step::SMALL_TOKENS {
+                for p in (0..s.start_pos).step_by(self.opts.block_size as usize) {
+                    self.slot(&s.block_table, p)?;
                 }
                 s.start_pos
             } else {
                 0
             };
-            let mut v = vec![0; first as usize];
-            for p in first..end {
-                v.push(self.slot(&s.block_table, p)?);
-            }
-            visible.push(v);
+            visible.push(
+                (from..end)
+                    .map(|p| self.slot(&s.block_table, p))
+                    .collect::<Result<_, _>>()?,
+            );
+            first.push(from);
         }
         if self.device_layout() {
             let d = device_step::layout_with(
@@ -138,7 +132,7 @@ impl Runner {
                 let p = s.start_pos + ti as u32;
                 h.tokens.push(t as i32);
                 h.pos.push(p as i32);
-                h.slots.push(visible[si][p as usize] as i64);
+                h.slots.push(visible[si][(p - first[si]) as usize] as i64);
                 if let Some(k) = self.host_kernels {
                     h.arith.push(k.row(s.prompt_len, p, self.opts.kv_slots));
                 }
