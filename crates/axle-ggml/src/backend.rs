@@ -262,18 +262,9 @@ impl Device {
     /// heads per KV head: a CUDA backend built by `scripts/build-backend.sh` exports the query,
     /// other backends do not (the CPU runs the op's reference body).
     pub fn paged_attention(&self, head_dim: usize, group: usize) -> bool {
-        // SAFETY: valid device; a device may have no registry (ggml's meta device).
-        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
-        if reg.is_null() {
+        let Some(f) = self.axle_query(c"axle_paged_attention") else {
             return false;
-        }
-        // SAFETY: valid registry; NULL for a name it does not provide.
-        let f = unsafe {
-            sys::ggml_backend_reg_get_proc_address(reg, c"axle_paged_attention".as_ptr())
         };
-        if f.is_null() {
-            return false;
-        }
         // SAFETY: paged-attention.cu exports this name as `extern "C" bool f(int, int)`, a query
         // without side effects.
         let f: unsafe extern "C" fn(c_int, c_int) -> bool = unsafe { std::mem::transmute(f) };
@@ -284,22 +275,28 @@ impl Device {
     /// Asks the backend's registry for the query `name` that Axle's CUDA kernels export
     /// (`extern "C" bool f(ggml_type)`) and calls it; no where the registry lacks it.
     fn axle_kernel_takes(&self, name: &std::ffi::CStr, dtype: DType) -> bool {
-        // SAFETY: valid device; a device may have no registry (ggml's meta device), which
-        // get_proc_address would assert on.
-        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
-        if reg.is_null() {
+        let Some(f) = self.axle_query(name) else {
             return false;
-        }
-        // SAFETY: valid registry; it returns NULL for a name it does not provide.
-        let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) };
-        if f.is_null() {
-            return false;
-        }
+        };
         // SAFETY: Axle's CUDA kernels (crates/axle-kernels/cuda/*.cu) export these names as
         // `extern "C" bool f(ggml_type)`, queries without side effects.
         let f: unsafe extern "C" fn(sys::ggml_type) -> bool = unsafe { std::mem::transmute(f) };
         // SAFETY: as above; any type id is a valid argument.
         unsafe { f(dtype.0) }
+    }
+
+    /// The function the backend's registry exports as `name` (Axle's kernels' capability
+    /// queries), or `None` where the device has no registry or the registry no such name.
+    fn axle_query(&self, name: &std::ffi::CStr) -> Option<*mut std::ffi::c_void> {
+        // SAFETY: valid device; a device may have no registry (ggml's meta device), which
+        // get_proc_address would assert on.
+        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
+        if reg.is_null() {
+            return None;
+        }
+        // SAFETY: valid registry; it returns NULL for a name it does not provide.
+        let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) };
+        (!f.is_null()).then_some(f)
     }
 
     /// The CPU's extra buffer types (the repacking ones that make Q4_0/Q4_K/IQ4_NL matmuls fast).

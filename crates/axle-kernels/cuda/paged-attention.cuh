@@ -27,6 +27,9 @@
 #include <stdint.h>
 
 #define AXLE_PA_CHUNK 256 // keys per chunk: a constant, so a row's split depends on its position
+// Warps of a chunk's block: at 140-150 registers a thread (Llama-3-8B heads), 4 warps leave room
+// for 3 blocks an SM; 8 would leave 1.
+#define AXLE_PA_WARPS 4
 #define AXLE_PA_TABLE (AXLE_PA_CHUNK + 2) // block ids of one chunk, for blocks of any size
 
 // The operands of one launch. Row r reads rows[2 r] (offset of its block table in `table`) and
@@ -78,13 +81,8 @@ __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
     }
 }
 
-// Warps of a chunk's block: at 140-150 registers a thread (Llama-3-8B heads), 4 warps leave
-// room for 3 blocks an SM; 8 would leave 1.
-template <int D, int G> struct axle_pa_warps { static constexpr int n = 4; };
-
 template <int D, int G>
-__global__ void __launch_bounds__(axle_pa_warps<D, G>::n*32) axle_pa_chunk(const axle_pa_args a) {
-    constexpr int AXLE_PA_WARPS = axle_pa_warps<D, G>::n;
+__global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_args a) {
     constexpr int E = D / 32;                // elements of a head a lane holds
     constexpr int T = axle_pa_keys<D>::n;    // keys per group
     constexpr int GROUPS = AXLE_PA_CHUNK / T;
@@ -244,7 +242,7 @@ static inline size_t axle_pa_scratch_floats(const axle_pa_args & a) {
 template <int D, int G>
 static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
     const dim3 grid(a.max_chunks, a.n_head_kv, a.n_rows);
-    axle_pa_chunk<D, G><<<grid, axle_pa_warps<D, G>::n*32, 0, stream>>>(a);
+    axle_pa_chunk<D, G><<<grid, AXLE_PA_WARPS*32, 0, stream>>>(a);
     axle_pa_combine<D><<<dim3(a.n_head, a.n_rows), D, 0, stream>>>(a);
 }
 

@@ -332,8 +332,9 @@ impl Runner {
         let device_layout = opts.force_device_layout || kv.on_device();
         // Paged attention where every accelerator's backend carries Axle's kernel (KV in host
         // memory: ggml's CPU runs the op's reference body).
-        let paged = opts.device_attention == DeviceAttention::Paged
-            && takes_device_layout(&opts, kv.on_device())
+        let paged_wanted = opts.device_attention == DeviceAttention::Paged
+            && takes_device_layout(&opts, kv.on_device());
+        let paged = paged_wanted
             && placement
                 .accelerators()
                 .iter()
@@ -364,9 +365,7 @@ impl Runner {
         let mut runner = Runner {
             paged,
             paged_refused: std::cell::RefCell::new(None),
-            paged_note: (opts.device_attention == DeviceAttention::Paged
-                && takes_device_layout(&opts, kv.on_device())
-                && !paged)
+            paged_note: (paged_wanted && !paged)
                 .then(|| "the accelerators' backends do not carry Axle's paged attention".into()),
             host_kernels,
             products,
