@@ -10,7 +10,9 @@
 //   1. one thread block per (chunk, KV head, row) scores its keys for the query heads that share
 //      the KV head (GQA), in groups of keys at fixed absolute offsets, warp w of W taking groups
 //      w, w + W, ... (W fixed by the head shape); a warp keeps an online softmax (max, sum,
-//      accumulator) in key order, and the block merges its warps in warp order;
+//      accumulator) in key order, and the block merges its warps in warp order. Keys and values
+//      reach shared memory through a pipeline of asynchronous copies, a tile (one group per warp)
+//      a stage, so loads of later tiles run while the warps compute;
 //   2. one block per (query head, row) combines the row's chunks in chunk order.
 // No quantity depends on the other rows of the launch, on how many there are, on where the
 // blocks lie in the cache, or on the grid: a row gets the same bits alone, batched, as one of a
@@ -30,7 +32,9 @@
 // Warps of a chunk's block: at 140-150 registers a thread (Llama-3-8B heads), 4 warps leave room
 // for 3 blocks an SM; 8 would leave 1.
 #define AXLE_PA_WARPS 4
-#define AXLE_PA_TABLE (AXLE_PA_CHUNK + 2) // block ids of one chunk, for blocks of any size
+// Pipeline stages of a block when the launch fills the card: on the H200, 3 and 4 stages read
+// no faster (the warps' arithmetic, not the loads, sets the pace there).
+#define AXLE_PA_STAGES 2
 
 // The operands of one launch. Row r reads rows[2 r] (offset of its block table in `table`) and
 // rows[2 r + 1] (end: keys visible; 0 = a row not computed here, its output is zero).
@@ -81,11 +85,53 @@ __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
     }
 }
 
-template <int D, int G>
+// Keys of one pipeline stage: one group per warp, so warp w computes the same groups (w, w + W,
+// ...) whatever the number of stages.
+template <int D> struct axle_pa_tile {
+    static constexpr int keys  = axle_pa_keys<D>::n * AXLE_PA_WARPS;
+    static constexpr int row   = D * (int) sizeof(half);  // bytes of one head's key or value
+    static constexpr int bytes = 2 * keys * row;          // keys, then values
+};
+
+// Bytes of shared memory a chunk block of S stages uses: the stages, reused for the warps'
+// accumulators when the block merges them.
+template <int D, int G, int S> constexpr int axle_pa_smem() {
+    return S * axle_pa_tile<D>::bytes > AXLE_PA_WARPS * G * D * 4 ? S * axle_pa_tile<D>::bytes
+                                                                   : AXLE_PA_WARPS * G * D * 4;
+}
+
+// One 16-byte copy from global to shared memory, asynchronous where the GPU has cp.async (sm_80
+// on); src_bytes 0 writes zeros.
+__device__ __forceinline__ void axle_pa_copy16(void * dst, const void * src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
+#else
+    *(uint4 *) dst = src_bytes ? *(const uint4 *) src : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void axle_pa_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void axle_pa_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// S stages of keys and values are in flight while the warps compute: S changes how far the
+// loads run ahead, never which keys a warp sums or in what order.
+template <int D, int G, int S>
 __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_args a) {
     constexpr int E = D / 32;                // elements of a head a lane holds
     constexpr int T = axle_pa_keys<D>::n;    // keys per group
-    constexpr int GROUPS = AXLE_PA_CHUNK / T;
+    constexpr int NT = AXLE_PA_WARPS * 32;
+    constexpr int TILE = axle_pa_tile<D>::keys, ROW = axle_pa_tile<D>::row;
+    constexpr int STAGE = axle_pa_tile<D>::bytes;
+    constexpr int PIECES = TILE * ROW / 16;  // 16-byte copies of a stage's keys (as many of values)
+    extern __shared__ __align__(16) char smem[];
     const int c = blockIdx.x, hk = blockIdx.y, r = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int table_off, begin, end;
@@ -94,14 +140,37 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
     if (c * AXLE_PA_CHUNK >= end || (c + 1) * AXLE_PA_CHUNK <= begin) {
         return;
     }
-    const int c0 = max(begin, c * AXLE_PA_CHUNK), c1 = min(end, (c + 1) * AXLE_PA_CHUNK);
-    // The chunk's block ids, read once: slots then need no dependent load per key.
-    __shared__ int blocks[AXLE_PA_TABLE];
-    const int b0 = c0 / a.block_size, nb = (c1 - 1) / a.block_size - b0 + 1;
-    for (int i = threadIdx.x; i < nb; i += AXLE_PA_WARPS * 32) {
-        blocks[i] = a.table[table_off + b0 + i];
+    const int base = c * AXLE_PA_CHUNK;
+    const int c0 = max(begin, base), c1 = min(end, base + AXLE_PA_CHUNK);
+    // The cache slot of each of the chunk's keys (-1 outside the row's keys), read once.
+    __shared__ int slots[AXLE_PA_CHUNK];
+    for (int i = threadIdx.x; i < AXLE_PA_CHUNK; i += NT) {
+        const int key = base + i;
+        slots[i] = key >= c0 && key < c1 ? a.table[table_off + key / a.block_size] * a.block_size + key % a.block_size : -1;
     }
     __syncthreads();
+
+    const int first = (c0 - base) / TILE, last = (c1 - 1 - base) / TILE;
+    const char * kh = a.k + (size_t) hk * ROW;
+    const char * vh = a.v + (size_t) hk * ROW;
+    // Tile `t` into stage `st`: keys outside the row are zeros.
+    auto load = [&](int t, int st) {
+        char * dk = smem + st * STAGE;
+#pragma unroll
+        for (int i = threadIdx.x; i < PIECES; i += NT) {
+            const int key = i / (ROW / 16), off = (i % (ROW / 16)) * 16;
+            const int slot = slots[t * TILE + key];
+            const bool in = slot >= 0;
+            const int64_t s = in ? slot : 0;
+            axle_pa_copy16(dk + key * ROW + off, kh + s * a.k_nb1 + off, in ? 16 : 0);
+            axle_pa_copy16(dk + TILE * ROW + key * ROW + off, vh + s * a.v_nb1 + off, in ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+        if (first + i <= last) load(first + i, i);
+        axle_pa_commit();
+    }
 
     float q[G][E];
 #pragma unroll
@@ -117,66 +186,66 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
     }
-    const size_t head_off = (size_t) hk * D * sizeof(half) + (size_t) lane * E * sizeof(half);
 
-    for (int j = warp; j < GROUPS; j += AXLE_PA_WARPS) {
-        const int k0 = c * AXLE_PA_CHUNK + j * T;
-        if (k0 >= c1) break;
-        if (k0 + T <= c0) continue;
-        float kx[T][E], vx[T][E];
-        bool ok[T];
+    for (int t = first; t <= last; ++t) {
+        if (t + S - 1 <= last) load(t + S - 1, (t + S - 1 - first) % S);
+        axle_pa_commit();
+        axle_pa_wait<S - 1>();
+        __syncthreads();
+        const int k0 = base + t * TILE + warp * T;
+        if (k0 < c1 && k0 + T > c0) {
+            const char * ks = smem + ((t - first) % S) * STAGE + warp * T * ROW + lane * E * (int) sizeof(half);
+            const char * vs = ks + TILE * ROW;
+            bool ok[T];
 #pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const int key = k0 + t;
-            ok[t] = key >= c0 && key < c1;
-            if (ok[t]) {
-                const int64_t slot = (int64_t) blocks[key / a.block_size - b0] * a.block_size + key % a.block_size;
-                axle_pa_load<E>(a.k + slot * a.k_nb1 + head_off, kx[t]);
-                axle_pa_load<E>(a.v + slot * a.v_nb1 + head_off, vx[t]);
-            } else {
+            for (int i = 0; i < T; ++i) ok[i] = k0 + i >= c0 && k0 + i < c1;
 #pragma unroll
-                for (int e = 0; e < E; ++e) { kx[t][e] = 0.0f; vx[t][e] = 0.0f; }
+            for (int g = 0; g < G; ++g) {
+                float s[T];
+#pragma unroll
+                for (int i = 0; i < T; ++i) {
+                    float kx[E];
+                    axle_pa_load<E>(ks + i * ROW, kx);
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kx[e], d);
+                    // A butterfly: every lane ends with the same sum (each pairwise add is commutative).
+#pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
+                    d *= a.scale;
+                    if (a.softcap != 0.0f) d = a.softcap * tanhf(d / a.softcap);
+                    s[i] = ok[i] ? d : -INFINITY;
+                }
+                float mx = m[g];
+#pragma unroll
+                for (int i = 0; i < T; ++i) mx = fmaxf(mx, s[i]);
+                if (mx == -INFINITY) continue;
+                const float corr = expf(m[g] - mx);
+                float sum = 0.0f;
+                float p[T];
+#pragma unroll
+                for (int i = 0; i < T; ++i) { p[i] = expf(s[i] - mx); sum += p[i]; }
+                l[g] = l[g] * corr + sum;
+                m[g] = mx;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[g][e] *= corr;
+#pragma unroll
+                for (int i = 0; i < T; ++i) {
+                    float vx[E];
+                    axle_pa_load<E>(vs + i * ROW, vx);
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p[i], vx[e], acc[g][e]);
+                }
             }
         }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float s[T];
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kx[t][e], d);
-                // A butterfly: every lane ends with the same sum (each pairwise add is commutative).
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
-                d *= a.scale;
-                if (a.softcap != 0.0f) d = a.softcap * tanhf(d / a.softcap);
-                s[t] = ok[t] ? d : -INFINITY;
-            }
-            float mx = m[g];
-#pragma unroll
-            for (int t = 0; t < T; ++t) mx = fmaxf(mx, s[t]);
-            if (mx == -INFINITY) continue;
-            const float corr = expf(m[g] - mx);
-            float sum = 0.0f;
-            float p[T];
-#pragma unroll
-            for (int t = 0; t < T; ++t) { p[t] = expf(s[t] - mx); sum += p[t]; }
-            l[g] = l[g] * corr + sum;
-            m[g] = mx;
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-                float x = acc[g][e] * corr;
-#pragma unroll
-                for (int t = 0; t < T; ++t) x = fmaf(p[t], vx[t][e], x);
-                acc[g][e] = x;
-            }
-        }
+        __syncthreads();
     }
+    axle_pa_wait<0>();
+    __syncthreads();
 
-    // Merge the warps in warp order.
+    // Merge the warps in warp order; the stages' memory holds the warps' accumulators.
     __shared__ float sm[AXLE_PA_WARPS][G], sl[AXLE_PA_WARPS][G];
-    __shared__ float sacc[AXLE_PA_WARPS][G][D];
+    float (*sacc)[G][D] = (float (*)[G][D]) smem;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = l[g]; }
@@ -185,7 +254,7 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
     }
     __syncthreads();
     const size_t part0 = ((size_t) r * a.n_head + (size_t) hk * G) * a.max_chunks + c;
-    for (int i = threadIdx.x; i < G * D; i += AXLE_PA_WARPS * 32) {
+    for (int i = threadIdx.x; i < G * D; i += NT) {
         const int g = i / D, d = i % D;
         float mx = -INFINITY;
 #pragma unroll
@@ -239,10 +308,47 @@ static inline size_t axle_pa_scratch_floats(const axle_pa_args & a) {
     return (size_t) a.n_rows * a.n_head * a.max_chunks * (a.head_dim + 2);
 }
 
+// Multiprocessors of the current device (cached per device).
+static inline int axle_pa_sms() {
+    static int sms[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+    if (sms[dev] == 0) {
+        int n = 0;
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        sms[dev] = n > 0 ? n : 1;
+    }
+    return sms[dev];
+}
+
+template <int D, int G, int S>
+static void axle_pa_launch_dgs(const axle_pa_args & a, cudaStream_t stream) {
+    constexpr int smem = axle_pa_smem<D, G, S>();
+    if constexpr (smem + 2 * 1024 > 48 * 1024) {
+        // Above 48 KB (with the static arrays) a kernel must ask, once per device.
+        static bool asked[64] = {false};
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (dev >= 0 && dev < 64 && !asked[dev]) {
+            cudaFuncSetAttribute(axle_pa_chunk<D, G, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+            asked[dev] = true;
+        }
+    }
+    const dim3 grid(a.max_chunks, a.n_head_kv, a.n_rows);
+    axle_pa_chunk<D, G, S><<<grid, AXLE_PA_WARPS*32, smem, stream>>>(a);
+}
+
 template <int D, int G>
 static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
-    const dim3 grid(a.max_chunks, a.n_head_kv, a.n_rows);
-    axle_pa_chunk<D, G><<<grid, AXLE_PA_WARPS*32, 0, stream>>>(a);
+    // A launch of fewer blocks than the card has multiprocessors loads a whole chunk at once
+    // (latency once per chunk); a full card keeps two stages a block, leaving room for more
+    // blocks. The stages change no arithmetic.
+    const long blocks = (long) a.max_chunks * a.n_head_kv * a.n_rows;
+    if (blocks < axle_pa_sms()) {
+        axle_pa_launch_dgs<D, G, AXLE_PA_CHUNK / axle_pa_tile<D>::keys < 8 ? AXLE_PA_CHUNK / axle_pa_tile<D>::keys : 8>(a, stream);
+    } else {
+        axle_pa_launch_dgs<D, G, AXLE_PA_STAGES>(a, stream);
+    }
     axle_pa_combine<D><<<dim3(a.n_head, a.n_rows), D, 0, stream>>>(a);
 }
 
