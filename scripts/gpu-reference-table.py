@@ -23,6 +23,17 @@ def quant(root):
     return "Q4_0"
 
 
+def batched_tool(d):
+    """llama-batched-bench's decode tok/s (S_TG) by sequences, from the JSON lines in folder d."""
+    tools = {}
+    for f in pathlib.Path(d).glob("llama-batched-bench-*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                tools[r["pl"]] = r["speed_tg"]
+    return tools
+
+
 def table(root):
     root = pathlib.Path(root)
     out = ["| workload | Axle tok/s | llama.cpp tool tok/s | Axle / tool | libllama in Axle's process | in-process / tool |",
@@ -49,12 +60,7 @@ def table(root):
                 out.append(f"| 1 sequence, {name} (llama-bench) | not measured | {tool:.0f} | | | |")
     for d in sorted(root.glob("b*"), key=lambda p: int(p.name[1:])):
         prompt = d.name[1:]
-        tools = {}
-        for f in d.glob("llama-batched-bench-*.jsonl"):
-            for line in f.read_text().splitlines():
-                if line.strip():
-                    r = json.loads(line)
-                    tools[r["pl"]] = r["speed_tg"]
+        tools = batched_tool(d)
         axle = {}
         for f in d.glob("batched-*.json"):
             axle.update(rows_of(f))
@@ -65,6 +71,8 @@ def table(root):
             out.append(f"| {pl} x {prompt}-token prompts, decode (llama-batched-bench S_TG) | "
                        f"{a['axle_median']:.0f} | {tool:.0f} | {a['axle_median'] / tool:.3f} | "
                        f"{a['reference_median']:.0f} | {a['reference_median'] / tool:.3f} |")
+    modes = sorted({m for f in root.glob("b*/axle-batched-*.txt")
+                    for m in re.findall(r"device attention: (\w+)", f.read_text())})
     device = (root / "single" / "device.txt")
     source = (root / "single" / "reference-source.txt")
     commit = (root / "single" / "axle-commit.txt")
@@ -72,7 +80,8 @@ def table(root):
     out.append("")
     out.append(f"Device: {facts[0]}. Reference: {facts[1]}, built plainly for sm_90 "
                f"(`scripts/build-llama-tools.sh`). Axle at commit {facts[2][:12]}. Random-weight "
-               f"Llama-3-8B-shaped {quant(root)} file, flash attention on, one session.")
+               f"Llama-3-8B-shaped {quant(root)} file, flash attention on, one session."
+               + (f" Axle's batched rows: `--device-attention {', '.join(modes)}`." if modes else ""))
     return "\n".join(out) + "\n"
 
 

@@ -1,10 +1,11 @@
 """Fills the README's `<!-- bench:results -->` section from checked-in artifacts: Axle on the CPU
 against libllama (the compare scenarios of benchmarks/manifests), and one GPU stream against
-llama.cpp's own `llama-bench` (scripts/gpu-reference.sh). Only ratios measured in one session
+llama.cpp's own `llama-bench` and batched decode against `llama-batched-bench` (scripts/gpu-reference.sh). Only ratios measured in one session
 against one reference appear; the full tables are in docs/performance.md and docs/gpu.md.
 
     python3 scripts/readme-results.py [--readme README.md]
 """
+import importlib.util
 import json
 import pathlib
 import re
@@ -12,8 +13,13 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 art = root / "benchmarks" / "artifacts"
+_spec = importlib.util.spec_from_file_location("reference_table", root / "scripts" / "gpu-reference-table.py")
+reference_table = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference_table)
 CPU = [("SmolLM2-135M Q4_1", "compare-smollm2.json"), ("Gemma 3 270M Q4_K_M", "compare-gemma3.json")]
-GPU = [("Llama-3-8B-shaped Q4_0", "h200-references"), ("Llama-3-8B-shaped Q4_K_M", "h200-references-q4_k_m")]
+GPU = [("Llama-3-8B-shaped Q4_0", "h200-references")]
+# Batched decode rows shown: (prompt tokens, sequences).
+BATCHED = [(2048, 16), (2048, 64), (8192, 16)]
 
 
 def cpu_rows():
@@ -43,6 +49,16 @@ def gpu_rows():
         for w in ("pp512", "tg128"):
             if w in bench and w in axle:
                 yield (device, model, w, axle[w]["axle_median"] / bench[w], "llama.cpp's llama-bench", commit)
+        for prompt, seqs in BATCHED:
+            d = art / "gpu" / folder / f"b{prompt}"
+            tool = reference_table.batched_tool(d)
+            rows = {}
+            for f in d.glob("batched-*.json"):
+                rows.update({r["workload"]: r for r in json.loads(f.read_text())["rows"]})
+            a = rows.get(f"seqs={seqs}")
+            if a and seqs in tool:
+                yield (device, model, f"decode, {seqs} x {prompt}-token prompts",
+                       a["axle_median"] / tool[seqs], "llama.cpp's llama-batched-bench", commit)
 
 
 def table():

@@ -266,22 +266,25 @@ pub fn run(
             "reps, steps and concurrency must be positive".into(),
         ));
     }
-    let max_b = opts.concurrency.iter().copied().max().unwrap_or(1);
-    let n_ctx = ((max_b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
-    let mut oracle = LlamaOracle::load(
-        &opts.model,
-        &OracleOptions {
-            n_ctx,
-            n_threads: opts.threads,
-            n_seq_max: max_b as u32,
-            n_batch: (max_b * opts.prompt).clamp(512, ORACLE_BATCH).max(max_b) as u32,
-            n_gpu_layers: crate::oracle_gpu_layers(model),
-            split_mode: opts.oracle_split,
-            // A KV stream per sequence, as llama-batched-bench runs by default.
-            kv_unified: false,
-            ..Default::default()
-        },
-    )?;
+    // libllama is loaded per concurrency, sized for it, and only after Axle's runs of it: at long
+    // contexts the two KV caches do not fit on one device together.
+    let load_oracle = |b: usize| {
+        let n_ctx = ((b * (opts.prompt + opts.steps + WARM + 8)) as u32).div_ceil(256) * 256 + 256;
+        LlamaOracle::load(
+            &opts.model,
+            &OracleOptions {
+                n_ctx,
+                n_threads: opts.threads,
+                n_seq_max: b as u32,
+                n_batch: (b * opts.prompt).clamp(512, ORACLE_BATCH).max(b) as u32,
+                n_gpu_layers: crate::oracle_gpu_layers(model),
+                split_mode: opts.oracle_split,
+                // A KV stream per sequence, as llama-batched-bench runs by default.
+                kv_unified: false,
+                ..Default::default()
+            },
+        )
+    };
     let bar = indicatif::ProgressBar::new((opts.concurrency.len() * opts.reps * 2) as u64);
     let mut rows = Vec::new();
     let mut chosen = Vec::new();
@@ -309,16 +312,9 @@ pub fn run(
             Ok(())
         };
         for rep in 0..opts.reps {
-            bar.set_message(format!("{b} sequences, rep {}", rep + 1));
-            if rep % 2 == 0 {
-                exact(&mut a)?;
-                bar.inc(1);
-                l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
-            } else {
-                l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
-                bar.inc(1);
-                exact(&mut a)?;
-            }
+            bar.set_message(format!("{b} sequences, Axle, rep {}", rep + 1));
+            exact(&mut a)?;
+            bar.inc(1);
             if opts.fast_kernels {
                 let run = axle_run(
                     model,
@@ -331,8 +327,14 @@ pub fn run(
                 f.push(run.tok_s);
                 fast_split = Some(run.split);
             }
+        }
+        let mut oracle = load_oracle(b)?;
+        for rep in 0..opts.reps {
+            bar.set_message(format!("{b} sequences, libllama, rep {}", rep + 1));
+            l.push(llama_run(&mut oracle, &prompts, opts.steps)?);
             bar.inc(1);
         }
+        drop(oracle);
         chosen.push((b, device_products));
         rows.push(BatchedRow {
             sequences: b,

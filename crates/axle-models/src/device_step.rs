@@ -104,13 +104,12 @@ pub enum DeviceAttention {
     /// One op per layer for every small row of the step: Axle's paged attention
     /// ([`axle_ggml::paged_attention`]), reading each row's keys through its block table, with a
     /// split of the keys that depends on the row alone. Where the backend does not carry the
-    /// kernel, or a layer's heads are not ones it takes, rows get ops of their own. Not yet the
-    /// default: its speed in the engine at long contexts is not measured yet (docs/gpu.md,
-    /// "Paged attention").
+    /// kernel, or a layer's heads are not ones it takes, rows get ops of their own.
+    #[default]
     Paged,
     /// An op of ggml's per small row (or per run of rows the device stacks), over that row's
-    /// sequence's slots with a mask of its own.
-    #[default]
+    /// sequence's slots with a mask of its own: host work and ops grow with the rows and their
+    /// contexts (docs/gpu.md, "Against llama.cpp's own tools").
     Rows,
 }
 

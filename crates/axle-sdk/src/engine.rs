@@ -79,7 +79,7 @@ pub struct EngineConfig {
     /// with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on a device: how decode and verify rows attend
-    /// ([`DeviceAttention`]: an op per row by default; paged attention on request).
+    /// ([`DeviceAttention`]: paged attention by default; an op per row on request).
     pub device_attention: DeviceAttention,
     /// With batch-invariant kernels on the CPU: which of ggml's kernels rows share
     /// ([`HostKernels`]; `None`: the default, `Origin`). `Origin`: prompt rows the arithmetic

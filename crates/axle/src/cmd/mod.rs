@@ -139,13 +139,12 @@ pub struct EngineArgs {
     /// for a few). All exact; one engine keeps one choice.
     #[arg(long)]
     pub device_products: Option<DeviceProducts>,
-    /// With `--kernels exact` on GPUs: how decode and verify rows attend. `rows` (the default): an
-    /// op of ggml's per row, over that row's sequence's slots with a mask of its own. `paged`:
+    /// With `--kernels exact` on GPUs: how decode and verify rows attend. `paged` (the default):
     /// Axle's paged attention, one op per layer for all of a step's decode and verify rows,
     /// reading each row's keys through its block table (where the CUDA backend carries it and
-    /// the model's heads are ones it takes; else `rows`); not yet measured in the engine at long
-    /// contexts. Both exact.
-    #[arg(long, default_value_t = DeviceAttention::Rows)]
+    /// the model's heads are ones it takes; else `rows`). `rows`: an op of ggml's per row, over
+    /// that row's sequence's slots with a mask of its own. Both exact.
+    #[arg(long, default_value_t = DeviceAttention::Paged)]
     pub device_attention: DeviceAttention,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
     /// default): prompt rows take the arithmetic libllama prefills with (tiled kernels for
