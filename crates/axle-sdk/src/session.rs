@@ -163,10 +163,11 @@ impl Session {
         plan: &structured::Plan,
     ) -> Result<Vec<TokenId>, SdkError> {
         // Calls the model may make but need not (`tool_choice: auto`) are parsed from its text,
-        // not forced by a grammar: their schemas get the size and depth limits only (a full
-        // compile would refuse schemas that clients send and that parse fine as text).
+        // not forced by a grammar: their schemas get the size and depth limits and the
+        // meta-schema, not a compile (which would refuse valid schemas that llguidance does not
+        // take, and that parse fine as text).
         for schema in &plan.tool_check {
-            axle_structured::check_schema_limits(schema)
+            axle_structured::check_tool_schema(schema)
                 .map_err(|e| Rejection::invalid(Field::Tools, e.to_string()))?;
         }
         let tok = &self.model.tokenizer;

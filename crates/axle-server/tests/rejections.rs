@@ -185,6 +185,17 @@ async fn native_rejections_name_their_field() {
             "tool_choice",
         ),
         (json!({"tools": [{"type": "function"}]}), "tools"),
+        // Schemas that are no JSON schema, where the model may call the tool but need not.
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "objcet"}}}], "tool_choice": "auto"}),
+            "tools",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": 5, "required": "x"}}}]}),
+            "tools",
+        ),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f"}}],
                 "tool_choice": "required", "response_format": {"type": "json_object"}}),

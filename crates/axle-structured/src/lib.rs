@@ -19,7 +19,7 @@ mod vocabulary;
 
 pub use constraint::{Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
 pub use format::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
-pub use limits::{check_schema_limits, MAX_GRAMMAR_BYTES, MAX_GRAMMAR_DEPTH};
+pub use limits::{check_tool_schema, MAX_GRAMMAR_BYTES, MAX_GRAMMAR_DEPTH};
 pub use vocabulary::Vocabulary;
 
 /// Why a constraint cannot be built.

@@ -43,10 +43,13 @@ pub(crate) fn check(c: &OutputConstraint) -> Result<(), StructuredError> {
     }
 }
 
-/// The size and depth limits for a JSON schema that is not compiled (a tool's parameters when
-/// the model may call it but need not): `$ref`s that lead outside it are left alone.
-pub fn check_schema_limits(schema: &Value) -> Result<(), StructuredError> {
-    check_schema(schema, false)
+/// The checks for a JSON schema that is not compiled (a tool's parameters when the model may
+/// call it but need not): the size and depth limits (`$ref`s that lead outside it are left
+/// alone), then that it is a schema at all, against the meta-schema of its draft.
+pub fn check_tool_schema(schema: &Value) -> Result<(), StructuredError> {
+    check_schema(schema, false)?;
+    jsonschema::meta::validate(schema)
+        .map_err(|e| StructuredError::Invalid(format!("not a valid JSON schema: {e}")))
 }
 
 /// A schema's size, then (with `local_refs`) that every `$ref` points inside it, whose chain
@@ -587,6 +590,30 @@ fn embedded_json(text: &str, i: usize) -> (usize, usize) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Tools' schemas that are not compiled: valid schemas pass (references outside them too),
+    /// documents that are no schema are refused by what is wrong.
+    #[test]
+    fn tool_schemas_meet_the_meta_schema() {
+        for ok in [
+            json!({}),
+            json!(true),
+            json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}}, "required": ["a"]}),
+            json!({"$ref": "https://example.com/elsewhere.json"}),
+        ] {
+            check_tool_schema(&ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            json!({"type": "objcet"}),
+            json!({"type": "object", "properties": 5}),
+            json!({"required": "x"}),
+            json!({"minimum": "3"}),
+            json!(5),
+        ] {
+            let e = check_tool_schema(&bad).expect_err("refused").to_string();
+            assert!(e.contains("not a valid JSON schema"), "{bad}: {e}");
+        }
+    }
 
     fn ref_chain(n: usize) -> Value {
         let mut defs = serde_json::Map::new();
