@@ -119,6 +119,30 @@ impl Generator {
         Ok(out)
     }
 
+    /// How many tokens `req`'s prompt takes once rendered (its template, tools and system
+    /// prompt), with the checks a start makes of it; native routes (a delegated upstream counts
+    /// with its own vocabulary).
+    pub async fn count_prompt_tokens(&self, req: &GenerateRequest) -> Result<usize, SdkError> {
+        match self {
+            Generator::Native(s) => {
+                req.validate()?;
+                let (s, req) = (s.clone(), req.clone());
+                tokio::task::spawn_blocking(move || s.prompt_tokens(&req).map(|t| t.len()))
+                    .await
+                    .map_err(|_| SdkError::EngineStopped)?
+            }
+            Generator::Delegated(up) => Err(Rejection::unsupported(
+                Field::Prompt,
+                format!(
+                    "counting tokens needs the native backend; this model is delegated to {} at {}",
+                    up.kind().name(),
+                    up.url()
+                ),
+            )
+            .into()),
+        }
+    }
+
     /// The model's tokenizer; token-id routes need it, and only native models have one here.
     pub fn tokenizer(&self) -> Result<&Tokenizer, Rejection> {
         match self {

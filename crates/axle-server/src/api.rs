@@ -31,9 +31,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 type Body<T> = crate::json_body::JsonBody<T>;
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -76,15 +76,17 @@ impl Flavor {
     }
 }
 
-fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else {
         return Ok(());
     };
-    let given = headers
+    // The bearer key, or Anthropic's `x-api-key` header carrying it.
+    let bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
@@ -104,7 +106,7 @@ impl FromRequestParts<AppState> for Authorized {
     }
 }
 
-fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+pub(crate) fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if !m.is_empty() && *m != state.model_name => Err(ApiError::unknown_model(m)),
         _ => Ok(()),
@@ -119,18 +121,22 @@ struct Job {
     include_usage: bool,
 }
 
-/// Starts every request of the job (after the queue check) and answers it.
-async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
-    let t0 = Instant::now();
+/// Counts the request, applies the server's `--max-tokens-limit` (refusing more, capping the
+/// default) and refuses work when the queue is full (`param` names the route's fields).
+pub(crate) fn admit(
+    state: &AppState,
+    requests: &mut [GenerateRequest],
+    param: impl Fn(Field) -> &'static str,
+) -> Result<(), ApiError> {
     state.metrics.request();
     if let Some(limit) = state.max_tokens_limit {
-        for r in &mut job.requests {
+        for r in requests.iter_mut() {
             match r.max_tokens {
                 Some(n) if n > limit => {
                     state.metrics.error();
                     let reason = format!("at most {limit} here (the server's --max-tokens-limit)");
                     let e = Rejection::invalid(Field::MaxTokens, reason);
-                    return Err(job.flavor.error(e.into()));
+                    return Err(ApiError::sdk(e.into(), param));
                 }
                 Some(_) => {}
                 None => r.max_tokens = Some(limit.min(defaults::MAX_TOKENS)),
@@ -142,6 +148,14 @@ async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
         state.metrics.error();
         return Err(ApiError::overloaded(waiting));
     }
+    Ok(())
+}
+
+/// Starts every request of the job (after the queue check) and answers it.
+async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let flavor = job.flavor;
+    admit(state, &mut job.requests, |f| flavor.param(f))?;
     let logprobs = job.requests.iter().any(|r| r.logprobs.is_some());
     let mut streams = Vec::new();
     let delivery = if job.stream {
@@ -199,7 +213,7 @@ async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
 }
 
 /// Records a choice's time to first token, inter-token gaps and finished counts.
-struct Timing<'a> {
+pub(crate) struct Timing<'a> {
     state: &'a AppState,
     t0: Instant,
     last: Option<Instant>,
@@ -208,7 +222,7 @@ struct Timing<'a> {
 impl Timing<'_> {
     /// Timing from `t0`, when the request arrived (before it was started: a delegated blocking
     /// request does all its work there).
-    fn new(state: &AppState, t0: Instant) -> Timing<'_> {
+    pub(crate) fn new(state: &AppState, t0: Instant) -> Timing<'_> {
         Timing {
             state,
             t0,
@@ -216,7 +230,7 @@ impl Timing<'_> {
         }
     }
 
-    fn observe(&mut self, ev: &StreamEvent) {
+    pub(crate) fn observe(&mut self, ev: &StreamEvent) {
         let m = &self.state.metrics;
         match ev {
             StreamEvent::Token { .. } => {
@@ -246,7 +260,7 @@ impl Timing<'_> {
 }
 
 /// Reads one choice to its end.
-async fn timed(
+pub(crate) async fn timed(
     state: &AppState,
     mut s: EventStream,
     t0: Instant,
@@ -553,7 +567,7 @@ impl View {
 }
 
 /// An SDK error as sent in a stream (the stream's copy is consumed by the collector).
-fn clone_error(e: &axle_sdk::SdkError) -> axle_sdk::SdkError {
+pub(crate) fn clone_error(e: &axle_sdk::SdkError) -> axle_sdk::SdkError {
     use axle_sdk::SdkError as E;
     match e {
         E::Rejected(r) => E::Rejected(r.clone()),

@@ -8,11 +8,13 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod anthropic;
 mod api;
 mod body_deadline;
 mod error;
 mod json_body;
 mod listen;
+mod messages;
 mod metrics;
 pub mod openai;
 
@@ -63,6 +65,8 @@ pub fn app(state: AppState) -> Router {
             "/v1/completions",
             post(api::generation::<openai::CompletionRequest>),
         )
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(api::models))
         .route("/v1/runtime", get(api::runtime))
         .route(
