@@ -113,6 +113,7 @@ impl LocalServer {
             metrics: Arc::new(Metrics::default()),
             max_queue: 1024,
             max_tokens_limit: None,
+            responses: Default::default(),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

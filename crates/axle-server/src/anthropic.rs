@@ -264,13 +264,7 @@ impl MessagesRequest {
 
     /// The SDK request.
     pub fn to_request(&self) -> Result<GenerateRequest, WireError> {
-        if let Some((name, _)) = self
-            .other
-            .iter()
-            .find(|(k, v)| !v.is_null() && !IGNORED_FIELDS.contains(&k.as_str()))
-        {
-            return Err(WireError::Unknown(name.clone()));
-        }
+        crate::openai::refuse_unknown(&self.other, &IGNORED_FIELDS)?;
         match self.thinking.as_ref().and_then(|t| t.get("type")) {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "disabled" => {}

@@ -95,7 +95,7 @@ pub(crate) fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), Ap
 
 /// The app state, for a request whose bearer key [`check_auth`] accepted: the first extractor of
 /// every route that requires the key.
-pub(crate) struct Authorized(AppState);
+pub(crate) struct Authorized(pub(crate) AppState);
 
 impl FromRequestParts<AppState> for Authorized {
     type Rejection = ApiError;
@@ -149,6 +149,32 @@ pub(crate) fn admit(
         return Err(ApiError::overloaded(waiting));
     }
     Ok(())
+}
+
+/// Starts a request of one choice (admitted), read as `streamed` says; `param` names the
+/// route's fields in a refusal.
+pub(crate) async fn start_one(
+    state: &AppState,
+    req: &GenerateRequest,
+    streamed: bool,
+    param: impl Fn(Field) -> &'static str,
+) -> Result<EventStream, ApiError> {
+    let delivery = if streamed {
+        Delivery::Streamed
+    } else {
+        Delivery::Whole
+    };
+    let mut streams = state
+        .generator
+        .start_for(req, delivery)
+        .await
+        .map_err(|e| {
+            state.metrics.error();
+            ApiError::sdk(e, param)
+        })?;
+    streams
+        .pop()
+        .ok_or_else(|| ApiError::internal("the request started no stream"))
 }
 
 /// Starts every request of the job (after the queue check) and answers it.

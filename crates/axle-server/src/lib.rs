@@ -17,6 +17,8 @@ mod listen;
 mod messages;
 mod metrics;
 pub mod openai;
+pub mod responses;
+mod responses_routes;
 
 pub use error::ApiError;
 pub use listen::ServeOptions;
@@ -49,6 +51,8 @@ pub struct AppState {
     /// Most tokens one request may ask for (`max_tokens` above it is refused; unset, it is the
     /// default capped by this).
     pub max_tokens_limit: Option<usize>,
+    /// Responses kept for `previous_response_id` (`/v1/responses`).
+    pub responses: Arc<responses::ResponseStore>,
 }
 
 /// Largest request body accepted (bytes).
@@ -65,6 +69,7 @@ pub fn app(state: AppState) -> Router {
             "/v1/completions",
             post(api::generation::<openai::CompletionRequest>),
         )
+        .route("/v1/responses", post(responses_routes::responses))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(api::models))

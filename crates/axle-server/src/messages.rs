@@ -6,7 +6,7 @@ use crate::anthropic::{self, ErrorBody, ErrorDetail, Message, MessagesRequest, T
 use crate::api::{self, Timing};
 use crate::json_body::JsonBody;
 use crate::{ApiError, AppState};
-use axle_sdk::{Completion, Delivery, EventStream, Finish, FinishReason, StreamEvent, ToolCall};
+use axle_sdk::{Completion, EventStream, Finish, FinishReason, StreamEvent, ToolCall};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -108,22 +108,7 @@ pub(crate) async fn messages(
     let mut reqs = vec![request(&state, &headers, &body)?];
     api::admit(&state, &mut reqs, anthropic::param)?;
     let req = &reqs[0];
-    let delivery = if body.streams() {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
-    let mut streams = state
-        .generator
-        .start_for(req, delivery)
-        .await
-        .map_err(|e| {
-            state.metrics.error();
-            ApiError::sdk(e, anthropic::param)
-        })?;
-    let stream = streams
-        .pop()
-        .ok_or_else(|| ApiError::internal("the request started no stream"))?;
+    let stream = api::start_one(&state, req, body.streams(), anthropic::param).await?;
     let view = View {
         id: format!("msg_{:024}", api::NEXT_ID.fetch_add(1, Ordering::Relaxed)),
         model: state.model_name.clone(),

@@ -185,13 +185,7 @@ impl GenerationFields {
 
     /// A request for `prompt` with these fields.
     fn request(&self, prompt: Prompt) -> Result<GenerateRequest, WireError> {
-        if let Some((name, _)) = self
-            .other
-            .iter()
-            .find(|(k, v)| !v.is_null() && !IGNORED_FIELDS.contains(&k.as_str()))
-        {
-            return Err(WireError::Unknown(name.clone()));
-        }
+        refuse_unknown(&self.other, &IGNORED_FIELDS)?;
         let logprobs = match &self.logprobs {
             None | Some(Value::Null) | Some(Value::Bool(false)) => None,
             Some(Value::Bool(true)) => Some(self.top_logprobs.unwrap_or(0)),
@@ -263,6 +257,21 @@ pub enum WireError {
 impl From<Rejection> for WireError {
     fn from(r: Rejection) -> WireError {
         WireError::Rejected(r)
+    }
+}
+
+/// Refuses the first field of `other` (what a body's known fields left) that is set and not
+/// one of `ignored`.
+pub(crate) fn refuse_unknown(
+    other: &BTreeMap<String, Value>,
+    ignored: &[&str],
+) -> Result<(), WireError> {
+    match other
+        .iter()
+        .find(|(k, v)| !v.is_null() && !ignored.contains(&k.as_str()))
+    {
+        Some((name, _)) => Err(WireError::Unknown(name.clone())),
+        None => Ok(()),
     }
 }
 

@@ -3,51 +3,12 @@
 //! read, a forced tool call comes back as a `tool_use` block (blocking and streamed), a
 //! tool-result round trip is taken, `count_tokens` counts the prompt the answer reports, and
 //! refusals and the key check answer in Anthropic's error shape.
-use axle_models::{Model, ModelOptions};
-use axle_sdk::{EngineConfig, Generator, RuntimeReport, Session};
-use axle_server::{app, AppState, Metrics};
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
+mod common;
+
+use axle_server::AppState;
+use axum::http::StatusCode;
+use common::{native, post};
 use serde_json::{json, Value};
-use std::sync::Arc;
-use tower::ServiceExt;
-
-fn native(api_key: Option<&str>) -> AppState {
-    let p = axle_models::fetched::model_path(axle_models::fetched::SMOLLM2)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let model = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
-    let cfg = EngineConfig {
-        kv_slots: 1024,
-        context_len: 512,
-        max_draft: 0,
-        ..Default::default()
-    };
-    let report = RuntimeReport::native(&model, None);
-    let session = Session::new(model, cfg).expect("session");
-    AppState {
-        generator: Generator::Native(Arc::new(session)),
-        runtime: Arc::new(report),
-        model_name: "m".into(),
-        api_key: api_key.map(str::to_string),
-        metrics: Arc::new(Metrics::default()),
-        max_queue: 8,
-        max_tokens_limit: None,
-    }
-}
-
-/// POSTs `body`; returns the status and the body's bytes.
-async fn post(s: &AppState, route: &str, body: &Value, key: Option<&str>) -> (StatusCode, Vec<u8>) {
-    let mut req = Request::post(route).header("content-type", "application/json");
-    if let Some(k) = key {
-        req = req.header("x-api-key", k);
-    }
-    let req = req.body(Body::from(body.to_string())).expect("request");
-    let r = app(s.clone()).oneshot(req).await.expect("response");
-    let status = r.status();
-    let bytes = r.into_body().collect().await.expect("body").to_bytes();
-    (status, bytes.to_vec())
-}
 
 async fn message(s: &AppState, body: &Value) -> Value {
     let (status, bytes) = post(s, "/v1/messages", body, None).await;
@@ -62,26 +23,7 @@ async fn events(s: &AppState, body: &Value) -> Vec<(String, Value)> {
     body["stream"] = json!(true);
     let (status, bytes) = post(s, "/v1/messages", &body, None).await;
     assert_eq!(status, StatusCode::OK);
-    let text = String::from_utf8(bytes).expect("utf-8");
-    let mut out = Vec::new();
-    for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
-        let mut name = String::new();
-        let mut data = String::new();
-        for line in frame.lines() {
-            if let Some(n) = line.strip_prefix("event: ") {
-                name = n.to_string();
-            } else if let Some(d) = line.strip_prefix("data: ") {
-                data.push_str(d);
-            }
-        }
-        if name.is_empty() {
-            continue; // keep-alive comments
-        }
-        let v: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{data}: {e}"));
-        assert_eq!(v["type"], name.as_str(), "{frame}");
-        out.push((name, v));
-    }
-    out
+    common::sse_events(&bytes)
 }
 
 fn base() -> Value {

@@ -23,6 +23,7 @@ fn state(generator: Generator, runtime: RuntimeReport) -> AppState {
         metrics: Arc::new(Metrics::default()),
         max_queue: 8,
         max_tokens_limit: None,
+        responses: Default::default(),
     }
 }
 
@@ -329,6 +330,7 @@ async fn unknown_paths_methods_and_content_types_answer_in_openai_shape() {
 async fn max_tokens_over_the_server_limit_is_refused() {
     let state = AppState {
         max_tokens_limit: Some(64),
+        responses: Default::default(),
         ..native()
     };
     for (route, base) in [

@@ -83,6 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         metrics: Arc::new(Metrics::default()),
         max_queue: a.max_queue,
         max_tokens_limit: a.max_tokens_limit,
+        responses: Default::default(),
     };
     let addr = SocketAddr::new(a.host, a.port);
     eprintln!("serving {name} on http://{addr} (OpenAI-compatible: /v1/chat/completions, /v1/completions)");
