@@ -107,6 +107,8 @@ struct Completion {
     logprobs: Vec<LogprobTuple>,
     /// Tool calls found in the output: (function name, arguments as JSON text).
     tool_calls: Vec<(String, String)>,
+    /// The thinking before the answer, for chat with a model whose template marks it.
+    reasoning: String,
 }
 
 #[pymethods]
@@ -139,6 +141,7 @@ impl Completion {
                 .map(|t| (t.name.clone(), t.arguments.clone()))
                 .collect(),
             text: c.text,
+            reasoning: c.reasoning,
             tokens: c.tokens,
         }
     }

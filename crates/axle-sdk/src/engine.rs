@@ -15,6 +15,7 @@ use axle_models::{
     HostKernels, Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots,
     StepProfile, StreamDecoder, TokenId,
 };
+use axle_structured::reasoning::ReasoningSplitter;
 use axle_structured::tools::ToolCallParser;
 use smart_default::SmartDefault;
 use std::collections::HashMap;
@@ -193,8 +194,10 @@ pub enum Output {
         id: RequestId,
         /// The token.
         token: TokenId,
-        /// Text now safe to emit.
+        /// Answer text now safe to emit.
         text: String,
+        /// Reasoning text now safe to emit (models whose template marks thinking).
+        reasoning: String,
         /// Its log-probabilities, when the request asked for them.
         logprob: Option<TokenLogprob>,
     },
@@ -202,8 +205,10 @@ pub enum Output {
     Finished {
         /// The request.
         id: RequestId,
-        /// Text still held back when it ended (flushed).
+        /// Answer text still held back when it ended (flushed).
         text: String,
+        /// Reasoning text still held back.
+        reasoning: String,
         /// How it ended.
         finish: Finish,
     },
@@ -251,12 +256,21 @@ impl Drained {
 struct TextState {
     decoder: StreamDecoder,
     stop: StopMatcher,
+    thinking: Option<ReasoningSplitter>,
     calls: Option<ToolCallParser>,
 }
 
 impl TextState {
-    /// Text after stop strings, with tool calls held back.
-    fn shown(&mut self, text: String) -> String {
+    /// Text after stop strings: its reasoning, and its answer with tool calls held back.
+    fn shown(&mut self, text: String) -> (String, String) {
+        let (reasoning, answer) = match &mut self.thinking {
+            Some(s) => s.push(&text),
+            None => (String::new(), text),
+        };
+        (reasoning, self.answer(answer))
+    }
+
+    fn answer(&mut self, text: String) -> String {
         match &mut self.calls {
             Some(p) => p.push(&text),
             None => text,
@@ -597,6 +611,9 @@ impl EngineCore {
             TextState {
                 decoder: StreamDecoder::new(),
                 stop: StopMatcher::new(opts.stop_strings),
+                thinking: opts
+                    .thinking
+                    .map(|(markers, opened)| ReasoningSplitter::new(markers, opened)),
                 calls: opts
                     .tool_format
                     .map(|(format, names)| ToolCallParser::new(format, names)),
@@ -621,7 +638,13 @@ impl EngineCore {
         self.sched.has_work()
     }
 
-    fn finished(&mut self, id: RequestId, reason: FinishReason, mut text: String) -> Output {
+    fn finished(
+        &mut self,
+        id: RequestId,
+        reason: FinishReason,
+        mut text: String,
+        mut reasoning: String,
+    ) -> Output {
         if let Some(st) = &mut self.states {
             st.release(id);
         }
@@ -631,7 +654,14 @@ impl EngineCore {
                 let rest = t.decoder.finish();
                 let mut tail = t.stop.push(&rest).0;
                 tail.push_str(&t.stop.finish());
-                text.push_str(&t.shown(tail));
+                let (r, a) = t.shown(tail);
+                reasoning.push_str(&r);
+                text.push_str(&a);
+            }
+            if let Some(s) = t.thinking.take() {
+                let (r, a) = s.finish();
+                reasoning.push_str(&r);
+                text.push_str(&t.answer(a));
             }
             if let Some(p) = t.calls.take() {
                 let (rest, calls) = p.finish();
@@ -645,6 +675,7 @@ impl EngineCore {
         Output::Finished {
             id,
             text,
+            reasoning,
             finish: Finish {
                 reason,
                 usage: Some(Usage {
@@ -682,7 +713,12 @@ impl EngineCore {
         ids.into_iter()
             .map(|id| {
                 self.sched.finish(id, FinishReason::Error(msg.clone()));
-                self.finished(id, FinishReason::Error(msg.clone()), String::new())
+                self.finished(
+                    id,
+                    FinishReason::Error(msg.clone()),
+                    String::new(),
+                    String::new(),
+                )
             })
             .collect()
     }
@@ -877,23 +913,25 @@ impl EngineCore {
                 };
                 let piece = t.decoder.push(&self.model.tokenizer, tok);
                 let (text, hit) = t.stop.push(&piece);
-                let text = t.shown(text);
+                let (reasoning, text) = t.shown(text);
                 if hit {
                     stopped = true;
                     self.sched.finish(ev.id, FinishReason::StopString);
-                    outputs.push(self.finished(ev.id, FinishReason::StopString, text));
+                    let out = self.finished(ev.id, FinishReason::StopString, text, reasoning);
+                    outputs.push(out);
                     break;
                 }
                 outputs.push(Output::Token {
                     id: ev.id,
                     token: tok,
                     text,
+                    reasoning,
                     logprob: ev.logprobs.get(i).cloned(),
                 });
             }
             if !stopped {
                 if let Some(reason) = ev.finished {
-                    outputs.push(self.finished(ev.id, reason, String::new()));
+                    outputs.push(self.finished(ev.id, reason, String::new(), String::new()));
                 }
             }
         }

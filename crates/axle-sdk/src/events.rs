@@ -72,15 +72,19 @@ pub enum StreamEvent {
     Token {
         /// The token id (None on delegated routes, whose vocabulary is the upstream's).
         token: Option<TokenId>,
-        /// Text to append.
+        /// Answer text to append.
         text: String,
+        /// Reasoning text to append (models whose template marks thinking; else empty).
+        reasoning: String,
         /// Its log-probabilities, when asked for.
         logprob: Option<TokenLogprob>,
     },
     /// The request ended; `text` is the last text to append.
     Done {
-        /// Final text.
+        /// Final answer text.
         text: String,
+        /// Final reasoning text.
+        reasoning: String,
         /// How it ended.
         finish: Finish,
     },
@@ -91,8 +95,10 @@ pub enum StreamEvent {
 /// A finished generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
-    /// Generated text.
+    /// Generated answer text.
     pub text: String,
+    /// The thinking before the answer (models whose template marks it; else empty).
+    pub reasoning: String,
     /// Generated token ids (empty on delegated routes).
     pub tokens: Vec<TokenId>,
     /// Log-probabilities of the tokens, when asked for.
@@ -109,15 +115,22 @@ impl Completion {
             StreamEvent::Token {
                 token,
                 text,
+                reasoning,
                 logprob,
             } => {
                 self.tokens.extend(token);
                 self.text.push_str(&text);
+                self.reasoning.push_str(&reasoning);
                 self.logprobs.extend(logprob);
                 Ok(false)
             }
-            StreamEvent::Done { text, finish } => {
+            StreamEvent::Done {
+                text,
+                reasoning,
+                finish,
+            } => {
                 self.text.push_str(&text);
+                self.reasoning.push_str(&reasoning);
                 self.finish = finish;
                 Ok(true)
             }
@@ -129,6 +142,7 @@ impl Completion {
     pub fn empty() -> Completion {
         Completion {
             text: String::new(),
+            reasoning: String::new(),
             tokens: Vec::new(),
             logprobs: Vec::new(),
             finish: Finish {

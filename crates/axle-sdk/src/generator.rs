@@ -100,10 +100,12 @@ impl Generator {
             StreamEvent::Token {
                 token: None,
                 text: c.text,
+                reasoning: c.reasoning,
                 logprob: None,
             },
             StreamEvent::Done {
                 text: String::new(),
+                reasoning: String::new(),
                 finish: c.finish,
             },
         ];

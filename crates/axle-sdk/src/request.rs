@@ -8,6 +8,7 @@
 //! log-probabilities, say) is refused by that route with [`Rejection::Unsupported`].
 use axle_core::{AdmitError, SamplingField, SamplingParams};
 use axle_models::{ChatMessage, TokenId};
+use axle_structured::reasoning::ThinkingMarkers;
 use axle_structured::tools::{ToolChoice, ToolFormat};
 use axle_structured::OutputConstraint;
 use smart_default::SmartDefault;
@@ -33,6 +34,8 @@ pub struct RequestOptions {
     pub speculate: bool,
     /// Look for tool calls of this format, of these functions, in the output.
     pub tool_format: Option<(ToolFormat, Vec<String>)>,
+    /// Split thinking between these markers from the answer (and whether the prompt opened it).
+    pub thinking: Option<(ThinkingMarkers, bool)>,
 }
 
 /// The defaults, each in one place.
@@ -352,6 +355,7 @@ impl GenerateRequest {
             ignore_eos: self.ignore_eos,
             speculate: self.speculate,
             tool_format: None,
+            thinking: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::structured::{self, GrammarSlot};
 use crate::SdkError;
 use axle_core::{FinishReason, RequestId, TokenConstraint};
 use axle_models::{Model, TokenId};
+use axle_structured::reasoning::ThinkingMarkers;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -218,6 +219,18 @@ impl Session {
             }
             None => None,
         };
+        // Chat answers of a template that marks thinking: the thinking is split from the answer,
+        // starting inside it when the rendered prompt opened it.
+        let thinking = match &req.prompt {
+            Prompt::Chat(_) => {
+                ThinkingMarkers::of_template(self.model.chat_template_source()).map(|m| {
+                    let tail = &prompt[prompt.len().saturating_sub(8)..];
+                    let opened = m.opened_by(&self.model.tokenizer.decode(tail, false));
+                    (m, opened)
+                })
+            }
+            _ => None,
+        };
         let mut streams = Vec::with_capacity(req.n);
         let mut acks = Vec::with_capacity(req.n);
         let seed = req.base_seed();
@@ -227,6 +240,7 @@ impl Session {
             let (ack, ack_rx) = oneshot::channel();
             let mut options = req.options(choice, seed);
             options.tool_format = plan.tool_format.clone();
+            options.thinking = thinking.clone();
             // Forced tokens have no log-probabilities: a request that wants them samples all.
             let constraint = match &grammar {
                 Some(g) => Some(
@@ -370,18 +384,32 @@ fn engine_loop(
                         id,
                         token,
                         text,
+                        reasoning,
                         logprob,
                     } => (
                         id,
                         StreamEvent::Token {
                             token: Some(token),
                             text,
+                            reasoning,
                             logprob,
                         },
                     ),
-                    Output::Finished { id, text, finish } => match finish.reason {
+                    Output::Finished {
+                        id,
+                        text,
+                        reasoning,
+                        finish,
+                    } => match finish.reason {
                         FinishReason::Error(e) => (id, StreamEvent::Error(SdkError::Generation(e))),
-                        _ => (id, StreamEvent::Done { text, finish }),
+                        _ => (
+                            id,
+                            StreamEvent::Done {
+                                text,
+                                reasoning,
+                                finish,
+                            },
+                        ),
                     },
                 };
                 let done = !matches!(ev, StreamEvent::Token { .. });

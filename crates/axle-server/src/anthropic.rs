@@ -49,9 +49,11 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<ToolDef>>,
     /// `{type: auto|any|tool|none, name, disable_parallel_tool_use}`.
     pub tool_choice: Option<Value>,
-    /// Extended thinking: only `{"type": "disabled"}` is honoured so far.
+    /// Extended thinking: `{"type": "enabled"|"adaptive"|"disabled"}` (a budget is not
+    /// enforced: the model thinks as its template has it).
     pub thinking: Option<Value>,
-    /// `{"format": {"type": "json_schema", "schema": {...}}}`: the answer follows the schema.
+    /// `{"format": {"type": "json_schema", "schema": {...}}}`: the answer follows the schema
+    /// (Axle also takes `{"type": "regex", "regex"}` and `{"type": "grammar", "grammar"}`).
     pub output_config: Option<Value>,
     /// Every other field: refused by name unless it is metadata or null.
     #[serde(flatten)]
@@ -132,6 +134,18 @@ impl MessagesRequest {
     /// Whether the response streams.
     pub fn streams(&self) -> bool {
         self.stream == Some(true)
+    }
+
+    /// Whether thinking was asked for (`enabled` or `adaptive`): the model's thinking, where its
+    /// template marks it, comes back as `thinking` blocks; otherwise it is left out.
+    pub fn thinks(&self) -> bool {
+        matches!(
+            self.thinking
+                .as_ref()
+                .and_then(|t| t.get("type"))
+                .and_then(Value::as_str),
+            Some("enabled" | "adaptive")
+        )
     }
 
     /// The chat messages of the system prompt and the conversation.
@@ -267,14 +281,12 @@ impl MessagesRequest {
         crate::openai::refuse_unknown(&self.other, &IGNORED_FIELDS)?;
         match self.thinking.as_ref().and_then(|t| t.get("type")) {
             None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "disabled" => {}
+            Some(Value::String(s)) if matches!(s.as_str(), "disabled" | "enabled" | "adaptive") => {
+            }
             Some(t) => {
                 return Err(unsupported(
                     "thinking",
-                    format!(
-                        "{t}: thinking is not separated from the answer yet; send \
-                         {{\"type\": \"disabled\"}} or leave it out"
-                    ),
+                    format!("type {t} (\"enabled\", \"adaptive\" or \"disabled\")"),
                 ))
             }
         }
@@ -328,9 +340,29 @@ impl MessagesRequest {
                     )),
                 }
             }
+            // Axle's extensions, as on the OpenAI routes: a pattern or a Lark grammar.
+            Some(f) if f.get("type").and_then(Value::as_str) == Some("regex") => {
+                match f.get("regex").and_then(Value::as_str) {
+                    Some(p) => Ok(Some(OutputConstraint::Regex {
+                        pattern: p.to_string(),
+                    })),
+                    None => Err(invalid(Field::ResponseFormat, "format.regex must be text")),
+                }
+            }
+            Some(f) if f.get("type").and_then(Value::as_str) == Some("grammar") => {
+                match f.get("grammar").and_then(Value::as_str) {
+                    Some(g) => Ok(Some(OutputConstraint::Grammar {
+                        lark: g.to_string(),
+                    })),
+                    None => Err(invalid(
+                        Field::ResponseFormat,
+                        "format.grammar must be text",
+                    )),
+                }
+            }
             Some(f) => Err(invalid(
                 Field::ResponseFormat,
-                format!("format {f}: only {{\"type\": \"json_schema\", \"schema\": ...}}"),
+                format!("format {f}: json_schema (or Axle's regex and grammar)"),
             )),
         }
     }
@@ -508,8 +540,10 @@ mod tests {
             WireError::Unsupported { field, .. } => field.to_string(),
             WireError::Unknown(name) => name,
         };
-        let thinking = json!({"type": "enabled", "budget_tokens": 1024});
-        assert_eq!(field(with("thinking", thinking)), "thinking");
+        assert_eq!(
+            field(with("thinking", json!({"type": "sometimes"}))),
+            "thinking"
+        );
         assert_eq!(field(with("temperature", json!(1.5))), "temperature");
         assert_eq!(
             field(with("tool_choice", json!({"type": "tool"}))),

@@ -404,6 +404,7 @@ impl View {
                     role: "assistant".into(),
                     content: (!c.text.is_empty() || c.finish.tool_calls.is_empty())
                         .then(|| c.text.clone()),
+                    reasoning_content: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
                     tool_calls: self.tool_calls(index, &c.finish.tool_calls),
                 },
                 logprobs: self.chat_logprobs(&c.logprobs),
@@ -501,16 +502,33 @@ impl View {
                 finish_reason: finish(f.openai_reason()),
                 logprob: None,
             })],
-            (_, StreamEvent::Token { text, logprob, .. }) => {
+            (
+                _,
+                StreamEvent::Token {
+                    text,
+                    reasoning,
+                    logprob,
+                    ..
+                },
+            ) => {
+                let mut out = self.reasoning_chunk(index, reasoning);
                 if text.is_empty() && logprob.is_none() {
-                    return Vec::new();
+                    return out;
                 }
                 let lps: Vec<TokenLogprob> = logprob.iter().cloned().collect();
-                vec![self.text_chunk(index, text, &lps, offset, None)]
+                out.push(self.text_chunk(index, text, &lps, offset, None));
+                out
             }
-            (_, StreamEvent::Done { text, finish: f }) => {
-                // The held-back text, the tool calls, then the finish.
-                let mut out = Vec::new();
+            (
+                _,
+                StreamEvent::Done {
+                    text,
+                    reasoning,
+                    finish: f,
+                },
+            ) => {
+                // The held-back thinking and text, the tool calls, then the finish.
+                let mut out = self.reasoning_chunk(index, reasoning);
                 if !text.is_empty() {
                     out.push(self.text_chunk(index, text, &[], offset, None));
                 }
@@ -538,6 +556,26 @@ impl View {
                 out
             }
         }
+    }
+
+    /// A chat chunk of thinking, if there is any (text completions show none: their prompts
+    /// are not rendered by the template that marks it).
+    fn reasoning_chunk(&self, index: usize, reasoning: &str) -> Vec<String> {
+        if reasoning.is_empty() || self.flavor != Flavor::Chat {
+            return Vec::new();
+        }
+        vec![self.chunk(
+            Some(ChunkChoice {
+                index,
+                delta: Delta {
+                    reasoning_content: Some(reasoning.to_string()),
+                    ..Delta::default()
+                },
+                logprobs: None,
+                finish_reason: None,
+            }),
+            false,
+        )]
     }
 
     /// A chat or text chunk with `text`; the finishing one carries the runtime report.
@@ -631,7 +669,7 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) 
                         delta: Delta {
                             role: Some("assistant".into()),
                             content: Some(String::new()),
-                            tool_calls: None,
+                            ..Delta::default()
                         },
                         logprobs: None,
                         finish_reason: None,

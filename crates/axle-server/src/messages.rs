@@ -113,6 +113,7 @@ pub(crate) async fn messages(
         id: format!("msg_{:024}", api::NEXT_ID.fetch_add(1, Ordering::Relaxed)),
         model: state.model_name.clone(),
         stops: req.stop.clone(),
+        thinking: body.thinks(),
     };
     if body.streams() {
         return Ok(sse(state, view, stream, t0));
@@ -131,6 +132,8 @@ struct View {
     model: String,
     /// The request's stop sequences (the one that ended the answer is named when there is one).
     stops: Vec<String>,
+    /// Thinking was asked for: the model's thinking comes back as `thinking` blocks.
+    thinking: bool,
 }
 
 impl View {
@@ -176,6 +179,9 @@ impl View {
     /// The blocking response.
     fn message(&self, c: &Completion) -> Message {
         let mut content = Vec::new();
+        if self.thinking && !c.reasoning.is_empty() {
+            content.push(json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}));
+        }
         if !c.text.is_empty() || c.finish.tool_calls.is_empty() {
             content.push(json!({"type": "text", "text": c.text}));
         }
@@ -248,70 +254,97 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                 json!({"type": "content_block_stop", "index": index}),
             )
         };
+        let mut thinking_open = false;
         while let Some(ev) = stream.next().await {
             timing.observe(&ev);
             let mut out = Vec::new();
-            match ev {
-                StreamEvent::Token { text, .. } => {
-                    if !text.is_empty() {
-                        if !text_open {
-                            out.push(text_start(index));
-                            text_open = true;
-                        }
-                        out.push(text_delta(index, &text));
-                    }
-                }
-                StreamEvent::Done { text, finish } => {
-                    if !text.is_empty() || (!text_open && finish.tool_calls.is_empty()) {
-                        if !text_open {
-                            out.push(text_start(index));
-                            text_open = true;
-                        }
-                        if !text.is_empty() {
-                            out.push(text_delta(index, &text));
-                        }
-                    }
-                    if text_open {
-                        out.push(block_stop(index));
-                        index += 1;
-                    }
-                    for (k, call) in finish.tool_calls.iter().enumerate() {
-                        let mut block = view.tool_use(k, call);
-                        block["input"] = json!({});
-                        out.push(event(
-                            "content_block_start",
-                            json!({"type": "content_block_start", "index": index,
-                                "content_block": block}),
-                        ));
-                        out.push(event(
-                            "content_block_delta",
-                            json!({"type": "content_block_delta", "index": index,
-                                "delta": {"type": "input_json_delta",
-                                    "partial_json": call.arguments}}),
-                        ));
-                        out.push(block_stop(index));
-                        index += 1;
-                    }
-                    let (stop_reason, stop_sequence) = view.stop(&finish);
-                    out.push(event(
-                        "message_delta",
-                        json!({"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                            "usage": View::usage(&finish)}),
-                    ));
-                    out.push(event("message_stop", json!({"type": "message_stop"})));
-                    for e in out {
-                        if send(e).await.is_err() {
-                            return;
-                        }
-                    }
-                    return;
-                }
+            let (reasoning, text, finish) = match ev {
+                StreamEvent::Token {
+                    text, reasoning, ..
+                } => (reasoning, text, None),
+                StreamEvent::Done {
+                    text,
+                    reasoning,
+                    finish,
+                } => (reasoning, text, Some(finish)),
                 StreamEvent::Error(e) => {
                     let e = ApiError::sdk(api::clone_error(&e), anthropic::param);
                     let _ = send(event("error", json!(error_body(&e)))).await;
                     return;
                 }
+            };
+            if view.thinking && !reasoning.is_empty() {
+                if !thinking_open {
+                    out.push(event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": index,
+                            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                    ));
+                    thinking_open = true;
+                }
+                out.push(event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": reasoning}}),
+                ));
+            }
+            // The thinking ends where the answer (or the end) begins.
+            if thinking_open && (!text.is_empty() || finish.is_some()) {
+                out.push(event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "signature_delta", "signature": ""}}),
+                ));
+                out.push(block_stop(index));
+                index += 1;
+                thinking_open = false;
+            }
+            let ends = finish.as_ref().is_some_and(|f| f.tool_calls.is_empty());
+            if !text.is_empty() || (ends && !text_open) {
+                if !text_open {
+                    out.push(text_start(index));
+                    text_open = true;
+                }
+                if !text.is_empty() {
+                    out.push(text_delta(index, &text));
+                }
+            }
+            if let Some(finish) = finish {
+                if text_open {
+                    out.push(block_stop(index));
+                    index += 1;
+                }
+                for (k, call) in finish.tool_calls.iter().enumerate() {
+                    let mut block = view.tool_use(k, call);
+                    block["input"] = json!({});
+                    out.push(event(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": index,
+                            "content_block": block}),
+                    ));
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "input_json_delta",
+                                "partial_json": call.arguments}}),
+                    ));
+                    out.push(block_stop(index));
+                    index += 1;
+                }
+                let (stop_reason, stop_sequence) = view.stop(&finish);
+                out.push(event(
+                    "message_delta",
+                    json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                        "usage": View::usage(&finish)}),
+                ));
+                out.push(event("message_stop", json!({"type": "message_stop"})));
+                for e in out {
+                    if send(e).await.is_err() {
+                        return;
+                    }
+                }
+                return;
             }
             for e in out {
                 if send(e).await.is_err() {

@@ -519,6 +519,9 @@ pub struct AssistantMessage {
     pub role: String,
     /// Its text (null when the reply is only tool calls).
     pub content: Option<String>,
+    /// The thinking before the answer (models whose template marks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls found in the reply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallBody>,
@@ -546,6 +549,9 @@ pub struct Delta {
     /// Text to append.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Thinking to append (models whose template marks it), before the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls, each whole, in the choice's last chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

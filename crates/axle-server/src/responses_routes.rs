@@ -235,7 +235,8 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
             timing.observe(&e);
             let (piece, finish) = match e {
                 StreamEvent::Token { text, .. } => (text, None),
-                StreamEvent::Done { text, finish } => (text, Some(finish)),
+                // Reasoning items are not offered yet (`reasoning` is refused): thinking is left out.
+                StreamEvent::Done { text, finish, .. } => (text, Some(finish)),
                 StreamEvent::Error(e) => {
                     let e = ApiError::sdk(api::clone_error(&e), responses::param);
                     let body = json!({"code": e.code, "message": e.message, "param": e.param});

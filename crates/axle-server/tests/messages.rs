@@ -167,10 +167,7 @@ async fn refusals_and_keys_answer_in_anthropic_shape() {
         assert_eq!(v["error"]["type"], kind, "{v}");
     }
     let cases = [
-        (
-            json!({"thinking": {"type": "enabled", "budget_tokens": 64}}),
-            "thinking",
-        ),
+        (json!({"thinking": {"type": "sometimes"}}), "thinking"),
         (json!({"frobnicate": 1}), "frobnicate"),
         (json!({"max_tokens": -1}), "max_tokens"),
         (

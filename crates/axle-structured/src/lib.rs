@@ -14,6 +14,7 @@
 mod constraint;
 mod format;
 mod limits;
+pub mod reasoning;
 pub mod tools;
 mod vocabulary;
 

@@ -23,6 +23,7 @@ class Completion:
     accepted: int
     logprobs: List[Tuple[int, float, List[Tuple[int, float]]]]
     tool_calls: List[Tuple[str, str]]
+    reasoning: str
 
 class TextStream:
     def __iter__(self) -> "TextStream": ...

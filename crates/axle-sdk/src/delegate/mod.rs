@@ -589,6 +589,7 @@ impl DelegatedStream {
                     return Some(StreamEvent::Token {
                         token: None,
                         text,
+                        reasoning: String::new(),
                         logprob: None,
                     })
                 }
@@ -617,6 +618,7 @@ impl DelegatedStream {
                     self.over = true;
                     return Some(StreamEvent::Done {
                         text: String::new(),
+                        reasoning: String::new(),
                         finish: Finish {
                             reason: finish_reason(self.finish.as_deref()),
                             usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),

@@ -68,10 +68,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 Err(e) => return Err(e),
             };
             while let Some(ev) = stream.next().await {
-                let text = match ev {
-                    StreamEvent::Token { text, .. } | StreamEvent::Done { text, .. } => text,
+                let (text, reasoning) = match ev {
+                    StreamEvent::Token {
+                        text, reasoning, ..
+                    }
+                    | StreamEvent::Done {
+                        text, reasoning, ..
+                    } => (text, reasoning),
                     StreamEvent::Error(e) => return Err(e),
                 };
+                // Thinking goes to stderr, dimmed; it is not part of the reply kept in history.
+                if !reasoning.is_empty() {
+                    eprint!("\x1b[2m{reasoning}\x1b[0m");
+                }
                 print!("{text}");
                 let _ = std::io::stdout().flush();
                 reply.push_str(&text);

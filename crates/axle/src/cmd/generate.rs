@@ -99,7 +99,7 @@ async fn single(mut s: EventStream, t0: Instant) -> anyhow::Result<()> {
                 writeln!(out)?;
                 bail!("generation failed: {e}");
             }
-            StreamEvent::Done { text, finish } => {
+            StreamEvent::Done { text, finish, .. } => {
                 writeln!(out, "{text}")?;
                 let ttft = first.map_or(t0.elapsed(), |f| f - t0);
                 let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());

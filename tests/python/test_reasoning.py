@@ -1,0 +1,75 @@
+"""Thinking split from the answer, through `axle serve` and the official clients.
+
+SmolLM2-135M with a thinking chat template (ChatML whose generation prompt opens `<think>`, as
+Qwen3.5's does), written by gguf's own metadata tool; a pattern constrains the output to
+thinking, the closing marker and an answer, so the split is known. Chat completions give
+`reasoning_content` and `content` (blocking, and streamed in deltas); Messages with thinking on
+give a `thinking` block before the text (blocking and streamed), and with thinking off the answer
+alone.
+"""
+import re
+import subprocess
+import sys
+
+import anthropic
+import openai
+import pytest
+
+from helpers import MODEL, start_axle
+
+KEY = "test-key"
+TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif -%}"
+    "{#- the thinking ends with </think> #}"
+)
+PATTERN = r"[a-z]{2,8}( [a-z]{2,8}){1,3}\n</think>\n\n[A-Z][a-z]{2,8}\."
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    assert MODEL.is_file(), f"{MODEL} is missing: run scripts/fetch-models.sh"
+    model = tmp_path_factory.mktemp("thinking") / "smollm2-thinking.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(MODEL), str(model),
+                    "--chat-template", TEMPLATE, "--force"], check=True, capture_output=True)
+    proc, url = start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
+                           "--context-len", 512, "--kv-slots", 2048)
+    yield url
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
+
+
+def check_split(reasoning, answer):
+    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){1,3}\n", reasoning), repr(reasoning)
+    assert re.fullmatch(r"[A-Z][a-z]{2,8}\.", answer), repr(answer)
+
+
+def test_chat_completions_give_reasoning_content(base):
+    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", messages=[{"role": "user", "content": "Think, then name a colour."}],
+              temperature=0, max_tokens=40, extra_body={"response_format": {"type": "regex", "regex": PATTERN}})
+    m = client.chat.completions.create(**kw).choices[0].message
+    check_split(m.model_extra["reasoning_content"], m.content)
+    reasoning, answer = "", ""
+    for c in client.chat.completions.create(stream=True, **kw):
+        if c.choices:
+            d = c.choices[0].delta
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            answer += d.content or ""
+    assert (reasoning, answer) == (m.model_extra["reasoning_content"], m.content)
+
+
+def test_messages_give_thinking_blocks(base):
+    client = anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", max_tokens=40, messages=[{"role": "user", "content": "Think, then name a colour."}],
+              extra_body={"temperature": 0, "output_config": {"format": {"type": "regex", "regex": PATTERN}}})
+    m = client.messages.create(thinking={"type": "enabled", "budget_tokens": 1024}, **kw)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    check_split(m.content[0].thinking, m.content[1].text)
+    with client.messages.stream(thinking={"type": "enabled", "budget_tokens": 1024}, **kw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == m.content[0].thinking and final.content[1].text == m.content[1].text
+    # Without thinking asked for, the answer alone.
+    plain = client.messages.create(**kw)
+    assert [b.type for b in plain.content] == ["text"] and plain.content[0].text == m.content[1].text
