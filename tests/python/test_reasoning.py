@@ -1,8 +1,9 @@
 """Thinking split from the answer, through `axle serve` and the official clients.
 
-SmolLM2-135M with a thinking chat template (ChatML whose generation prompt opens `<think>`, as
-Qwen3.5's does), written by gguf's own metadata tool; a pattern constrains the output to
-thinking, the closing marker and an answer, so the split is known. Chat completions give
+SmolLM2-135M with a thinking chat template (ChatML that marks thinking, as Qwen3's does), written
+by gguf's own metadata tool; a pattern constrains the output to a thinking block and an answer,
+so the split is known. (A constrained output is the answer unless it writes the markers itself;
+templates whose generation prompt opens the thinking are covered by the splitter's unit tests.) Chat completions give
 `reasoning_content` and `content` (blocking, and streamed in deltas); Messages with thinking on
 give a `thinking` block before the text (blocking and streamed), and with thinking off the answer
 alone.
@@ -20,27 +21,49 @@ from helpers import MODEL, start_axle
 KEY = "test-key"
 TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif -%}"
-    "{#- the thinking ends with </think> #}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+    "{#- the model thinks between <think> and </think> #}"
 )
-PATTERN = r"[a-z]{2,8}( [a-z]{2,8}){1,3}\n</think>\n\n[A-Z][a-z]{2,8}\."
+PATTERN = r"<think>\n[a-z]{2,8}( [a-z]{2,8}){1,3}\n</think>\n\n[A-Z][a-z]{2,8}\."
+
+
+# Qwen3.5's way: the generation prompt opens the thinking.
+OPENING = TEMPLATE.replace("assistant\n{% endif", "assistant\n<think>\n{% endif")
+
+
+def serve(tmp_path_factory, template):
+    assert MODEL.is_file(), f"{MODEL} is missing: run scripts/fetch-models.sh"
+    model = tmp_path_factory.mktemp("thinking") / "smollm2-thinking.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(MODEL), str(model),
+                    "--chat-template", template, "--force"], check=True, capture_output=True)
+    return start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
+                      "--context-len", 512, "--kv-slots", 2048)
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    assert MODEL.is_file(), f"{MODEL} is missing: run scripts/fetch-models.sh"
-    model = tmp_path_factory.mktemp("thinking") / "smollm2-thinking.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(MODEL), str(model),
-                    "--chat-template", TEMPLATE, "--force"], check=True, capture_output=True)
-    proc, url = start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
-                           "--context-len", 512, "--kv-slots", 2048)
+    proc, url = serve(tmp_path_factory, TEMPLATE)
     yield url
     proc.terminate()
     assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
 
 
+def test_a_constrained_answer_is_the_answer_where_the_prompt_opens_thinking(tmp_path_factory):
+    proc, url = serve(tmp_path_factory, OPENING)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        m = client.chat.completions.create(
+            model="thinker", messages=[{"role": "user", "content": "A colour as JSON."}], temperature=0,
+            max_tokens=30, response_format={"type": "json_object"}).choices[0].message
+        assert m.content.lstrip().startswith("{"), m
+        assert "reasoning_content" not in (m.model_extra or {}), m
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def check_split(reasoning, answer):
-    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){1,3}\n", reasoning), repr(reasoning)
+    assert re.fullmatch(r"\n[a-z]{2,8}( [a-z]{2,8}){1,3}\n", reasoning), repr(reasoning)
     assert re.fullmatch(r"[A-Z][a-z]{2,8}\.", answer), repr(answer)
 
 

@@ -220,12 +220,14 @@ impl Session {
             None => None,
         };
         // Chat answers of a template that marks thinking: the thinking is split from the answer,
-        // starting inside it when the rendered prompt opened it.
+        // starting inside it when the rendered prompt opened it. A constrained output is the
+        // answer from its first token (JSON, a forced call), unless it writes the markers itself.
         let thinking = match &req.prompt {
             Prompt::Chat(_) => {
                 ThinkingMarkers::of_template(self.model.chat_template_source()).map(|m| {
                     let tail = &prompt[prompt.len().saturating_sub(8)..];
-                    let opened = m.opened_by(&self.model.tokenizer.decode(tail, false));
+                    let opened = plan.constraint.is_none()
+                        && m.opened_by(&self.model.tokenizer.decode(tail, false));
                     (m, opened)
                 })
             }
