@@ -3,7 +3,7 @@
 //! system prompt and content blocks become chat messages, `tool_use` and `tool_result` blocks
 //! become the assistant's calls and `tool` messages, tools and `tool_choice` map onto the same
 //! tool machinery as chat completions. What the route cannot honour is refused by name.
-use crate::openai::WireError;
+use crate::openai::{chat_tool, template_call, WireError};
 use axle_models::ChatMessage;
 use axle_sdk::{
     Field, GenerateRequest, OutputConstraint, Prompt, Rejection, SamplingOptions, ToolChoice,
@@ -196,12 +196,11 @@ impl MessagesRequest {
                                 format!("{at}: a tool_use block needs a name"),
                             )
                         })?;
-                        calls.push(json!({
-                            "id": b.get("id").cloned().unwrap_or(Value::Null),
-                            "type": "function",
-                            "function": {"name": name,
-                                "arguments": b.get("input").cloned().unwrap_or(json!({}))},
-                        }));
+                        calls.push(template_call(
+                            b.get("id").cloned().unwrap_or(Value::Null),
+                            name,
+                            b.get("input").cloned().unwrap_or(json!({})),
+                        ));
                     }
                     Some("tool_result") if m.role == "user" => {
                         // Text before a result is its own user turn.
@@ -267,11 +266,8 @@ impl MessagesRequest {
                     ),
                 ));
             }
-            out.push(json!({"type": "function", "function": {
-                "name": t.name,
-                "description": t.description.clone().unwrap_or_default(),
-                "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object"})),
-            }}));
+            let description = json!(t.description.clone().unwrap_or_default());
+            out.push(chat_tool(&t.name, description, t.input_schema.clone()));
         }
         Ok(Some(Value::Array(out)))
     }

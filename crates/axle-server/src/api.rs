@@ -151,28 +151,34 @@ pub(crate) fn admit(
     Ok(())
 }
 
-/// Starts a request of one choice (admitted), read as `streamed` says; `param` names the
-/// route's fields in a refusal.
+/// Starts an admitted request, its choices read as `streamed` says: one stream per choice.
+/// `param` names the route's fields in a refusal.
+pub(crate) async fn start(
+    state: &AppState,
+    req: &GenerateRequest,
+    streamed: bool,
+    param: impl Fn(Field) -> &'static str,
+) -> Result<Vec<EventStream>, ApiError> {
+    let delivery = if streamed {
+        Delivery::Streamed
+    } else {
+        Delivery::Whole
+    };
+    state.generator.start_for(req, delivery).await.map_err(|e| {
+        state.metrics.error();
+        ApiError::sdk(e, param)
+    })
+}
+
+/// [`start`] for a request of one choice.
 pub(crate) async fn start_one(
     state: &AppState,
     req: &GenerateRequest,
     streamed: bool,
     param: impl Fn(Field) -> &'static str,
 ) -> Result<EventStream, ApiError> {
-    let delivery = if streamed {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
-    let mut streams = state
-        .generator
-        .start_for(req, delivery)
-        .await
-        .map_err(|e| {
-            state.metrics.error();
-            ApiError::sdk(e, param)
-        })?;
-    streams
+    start(state, req, streamed, param)
+        .await?
         .pop()
         .ok_or_else(|| ApiError::internal("the request started no stream"))
 }
@@ -184,19 +190,8 @@ async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
     admit(state, &mut job.requests, |f| flavor.param(f))?;
     let logprobs = job.requests.iter().any(|r| r.logprobs.is_some());
     let mut streams = Vec::new();
-    let delivery = if job.stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
     for r in &job.requests {
-        match state.generator.start_for(r, delivery).await {
-            Ok(s) => streams.extend(s),
-            Err(e) => {
-                state.metrics.error();
-                return Err(job.flavor.error(e));
-            }
-        }
+        streams.extend(start(state, r, job.stream, |f| flavor.param(f)).await?);
     }
     let view = View {
         flavor: job.flavor,

@@ -29,7 +29,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 }
 
 /// `application/json`, or a `+json` type, whatever its parameters.
-pub(crate) fn declares_json(headers: &axum::http::HeaderMap) -> bool {
+fn declares_json(headers: &axum::http::HeaderMap) -> bool {
     let Some(v) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -105,10 +105,9 @@ pub(crate) async fn messages(
     Body(body): Body,
 ) -> Result<Response, AnthropicError> {
     let t0 = Instant::now();
-    let mut reqs = vec![request(&state, &headers, &body)?];
-    api::admit(&state, &mut reqs, anthropic::param)?;
-    let req = &reqs[0];
-    let stream = api::start_one(&state, req, body.streams(), anthropic::param).await?;
+    let mut req = request(&state, &headers, &body)?;
+    api::admit(&state, std::slice::from_mut(&mut req), anthropic::param)?;
+    let stream = api::start_one(&state, &req, body.streams(), anthropic::param).await?;
     let view = View {
         id: format!("msg_{:024}", api::NEXT_ID.fetch_add(1, Ordering::Relaxed)),
         model: state.model_name.clone(),
@@ -232,20 +231,16 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
             return;
         }
         let mut timing = Timing::new(&state, t0);
-        let mut index = 0usize;
-        let mut text_open = false;
-        let text_start = |index: usize| {
+        let block_start = |index: usize, block: Value| {
             event(
                 "content_block_start",
-                json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_start", "index": index, "content_block": block}),
             )
         };
-        let text_delta = |index: usize, text: &str| {
+        let block_delta = |index: usize, delta: Value| {
             event(
                 "content_block_delta",
-                json!({"type": "content_block_delta", "index": index,
-                    "delta": {"type": "text_delta", "text": text}}),
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
             )
         };
         let block_stop = |index: usize| {
@@ -254,10 +249,11 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                 json!({"type": "content_block_stop", "index": index}),
             )
         };
-        let mut thinking_open = false;
+        // The open block's index, and whether a thinking or a text block is open.
+        let mut index = 0usize;
+        let (mut thinking_open, mut text_open) = (false, false);
         while let Some(ev) = stream.next().await {
             timing.observe(&ev);
-            let mut out = Vec::new();
             let (reasoning, text, finish) = match ev {
                 StreamEvent::Token {
                     text, reasoning, ..
@@ -273,27 +269,21 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                     return;
                 }
             };
+            let mut out = Vec::new();
             if view.thinking && !reasoning.is_empty() {
                 if !thinking_open {
-                    out.push(event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": index,
-                            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
-                    ));
+                    let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    out.push(block_start(index, block));
                     thinking_open = true;
                 }
-                out.push(event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": reasoning}}),
-                ));
+                let delta = json!({"type": "thinking_delta", "thinking": reasoning});
+                out.push(block_delta(index, delta));
             }
             // The thinking ends where the answer (or the end) begins.
             if thinking_open && (!text.is_empty() || finish.is_some()) {
-                out.push(event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "signature_delta", "signature": ""}}),
+                out.push(block_delta(
+                    index,
+                    json!({"type": "signature_delta", "signature": ""}),
                 ));
                 out.push(block_stop(index));
                 index += 1;
@@ -302,13 +292,17 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
             let ends = finish.as_ref().is_some_and(|f| f.tool_calls.is_empty());
             if !text.is_empty() || (ends && !text_open) {
                 if !text_open {
-                    out.push(text_start(index));
+                    out.push(block_start(index, json!({"type": "text", "text": ""})));
                     text_open = true;
                 }
                 if !text.is_empty() {
-                    out.push(text_delta(index, &text));
+                    out.push(block_delta(
+                        index,
+                        json!({"type": "text_delta", "text": text}),
+                    ));
                 }
             }
+            let done = finish.is_some();
             if let Some(finish) = finish {
                 if text_open {
                     out.push(block_stop(index));
@@ -317,17 +311,9 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                 for (k, call) in finish.tool_calls.iter().enumerate() {
                     let mut block = view.tool_use(k, call);
                     block["input"] = json!({});
-                    out.push(event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": index,
-                            "content_block": block}),
-                    ));
-                    out.push(event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": index,
-                            "delta": {"type": "input_json_delta",
-                                "partial_json": call.arguments}}),
-                    ));
+                    out.push(block_start(index, block));
+                    let delta = json!({"type": "input_json_delta", "partial_json": call.arguments});
+                    out.push(block_delta(index, delta));
                     out.push(block_stop(index));
                     index += 1;
                 }
@@ -339,17 +325,14 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                         "usage": View::usage(&finish)}),
                 ));
                 out.push(event("message_stop", json!({"type": "message_stop"})));
-                for e in out {
-                    if send(e).await.is_err() {
-                        return;
-                    }
-                }
-                return;
             }
             for e in out {
                 if send(e).await.is_err() {
                     return;
                 }
+            }
+            if done {
+                return;
             }
         }
         // Cut before the answer finished (the engine or the upstream went away): never silent.

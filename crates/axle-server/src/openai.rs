@@ -275,6 +275,27 @@ pub(crate) fn refuse_unknown(
     }
 }
 
+/// One call of an assistant turn as chat templates take it (an element of a
+/// [`ChatMessage`]'s `tool_calls`), its arguments a JSON value.
+pub(crate) fn template_call(id: Value, name: &str, arguments: Value) -> Value {
+    serde_json::json!({"id": id, "type": "function",
+        "function": {"name": name, "arguments": arguments}})
+}
+
+/// Arguments sent as text, as templates render them: the JSON they hold, else the text itself.
+pub(crate) fn call_arguments(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// A function tool in the chat completions' shape, which the SDK takes.
+pub(crate) fn chat_tool(name: &str, description: Value, parameters: Option<Value>) -> Value {
+    serde_json::json!({"type": "function", "function": {
+        "name": name,
+        "description": description,
+        "parameters": parameters.unwrap_or_else(|| serde_json::json!({"type": "object"})),
+    }})
+}
+
 fn invalid(field: Field, reason: impl Into<String>) -> WireError {
     WireError::Rejected(Rejection::invalid(field, reason))
 }
@@ -330,10 +351,8 @@ impl ChatCompletionRequest {
                 let calls: Vec<Value> = calls
                     .iter()
                     .map(|c| {
-                        let args = serde_json::from_str::<Value>(&c.function.arguments)
-                            .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
-                        serde_json::json!({"id": c.id, "type": "function",
-                            "function": {"name": c.function.name, "arguments": args}})
+                        let args = call_arguments(&c.function.arguments);
+                        template_call(serde_json::json!(c.id), &c.function.name, args)
                     })
                     .collect();
                 msg.tool_calls = Some(Value::Array(calls));

@@ -2,7 +2,7 @@
 //! of a request body into the SDK's [`GenerateRequest`], and the bounded store behind `store`
 //! and `previous_response_id`: a stored response keeps its conversation (input and output, as
 //! chat messages), so a follow-up renders the same prefix and the prefix cache reuses its KV.
-use crate::openai::WireError;
+use crate::openai::{call_arguments, chat_tool, template_call, WireError};
 use axle_models::ChatMessage;
 use axle_sdk::{
     Field, GenerateRequest, OutputConstraint, Prompt, Rejection, SamplingField, SamplingOptions,
@@ -145,10 +145,8 @@ pub fn append_items(msgs: &mut Vec<ChatMessage>, input: &Input) -> Result<(), Wi
                     invalid(Field::Prompt, format!("{at}: a function_call needs a name"))
                 })?;
                 let args = it.get("arguments").and_then(Value::as_str).unwrap_or("{}");
-                let args = serde_json::from_str::<Value>(args)
-                    .unwrap_or_else(|_| Value::String(args.to_string()));
-                let call = json!({"id": it.get("call_id").cloned().unwrap_or(Value::Null),
-                    "type": "function", "function": {"name": name, "arguments": args}});
+                let id = it.get("call_id").cloned().unwrap_or(Value::Null);
+                let call = template_call(id, name, call_arguments(args));
                 let joins = msgs.last().is_some_and(|m| m.role == "assistant");
                 if !joins {
                     msgs.push(ChatMessage::new("assistant", ""));
@@ -215,11 +213,8 @@ impl ResponsesRequest {
             let Some(name) = t.get("name").and_then(Value::as_str) else {
                 return Err(invalid(Field::Tools, "a function tool needs a name"));
             };
-            out.push(json!({"type": "function", "function": {
-                "name": name,
-                "description": t.get("description").cloned().unwrap_or(json!("")),
-                "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
-            }}));
+            let description = t.get("description").cloned().unwrap_or(json!(""));
+            out.push(chat_tool(name, description, t.get("parameters").cloned()));
         }
         Ok(Some(Value::Array(out)))
     }

@@ -4,6 +4,7 @@
 //! `response.completed`). Stored responses keep their conversation for `previous_response_id`.
 use crate::api::{self, Authorized, Timing};
 use crate::json_body::JsonBody;
+use crate::openai::{call_arguments, template_call};
 use crate::responses::{self, ResponsesRequest};
 use crate::{ApiError, AppState};
 use axle_models::ChatMessage;
@@ -38,15 +39,13 @@ pub(crate) async fn responses(
             )
         })?,
     };
-    let (req, conversation) = body
+    let (mut req, conversation) = body
         .to_request(history)
         .map_err(|e| ApiError::wire(e, responses::param))?;
-    let mut reqs = vec![req];
-    api::admit(&state, &mut reqs, responses::param)?;
-    let stream = api::start_one(&state, &reqs[0], body.streams(), responses::param).await?;
+    api::admit(&state, std::slice::from_mut(&mut req), responses::param)?;
+    let stream = api::start_one(&state, &req, body.streams(), responses::param).await?;
     let n = api::NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let view = View {
-        id: format!("resp_{n:024}"),
         stem: n,
         created: api::now(),
         model: state.model_name.clone(),
@@ -83,7 +82,7 @@ pub(crate) async fn responses(
 
 /// What a response's pieces share.
 struct View {
-    id: String,
+    /// The number in the response's ids (`resp_`, `msg_`, `fc_`, `call_`).
     stem: u64,
     created: u64,
     model: String,
@@ -94,6 +93,10 @@ struct View {
 }
 
 impl View {
+    fn id(&self) -> String {
+        format!("resp_{:024}", self.stem)
+    }
+
     fn message_id(&self) -> String {
         format!("msg_{:024}", self.stem)
     }
@@ -158,7 +161,7 @@ impl View {
         });
         let status = if cut { "incomplete" } else { status };
         let mut r = json!({
-            "id": self.id, "object": "response", "created_at": self.created,
+            "id": self.id(), "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "output": output, "error": null,
             "incomplete_details": if cut { json!({"reason": "max_output_tokens"}) } else { Value::Null },
             "usage": finish.map(Self::usage),
@@ -182,16 +185,17 @@ impl View {
                 .iter()
                 .enumerate()
                 .map(|(k, c)| {
-                    let args = serde_json::from_str::<Value>(&c.arguments)
-                        .unwrap_or_else(|_| Value::String(c.arguments.clone()));
-                    json!({"id": self.call_ids(k).1, "type": "function",
-                        "function": {"name": c.name, "arguments": args}})
+                    template_call(
+                        json!(self.call_ids(k).1),
+                        &c.name,
+                        call_arguments(&c.arguments),
+                    )
                 })
                 .collect();
             m.tool_calls = Some(Value::Array(calls));
         }
         conversation.push(m);
-        state.responses.put(self.id.clone(), conversation);
+        state.responses.put(self.id(), conversation);
     }
 }
 
