@@ -8,11 +8,12 @@
 // AXLE_PA_CHUNK at absolute key indices (chunk c holds keys [c * CHUNK, (c + 1) * CHUNK)), so the
 // chunks a row sees, and every sum inside them, depend only on its (begin, end) and its own query:
 //   1. one thread block per (chunk, KV head, row) scores its keys for the query heads that share
-//      the KV head (GQA), in groups of keys at fixed absolute offsets, warp w of W taking groups
-//      w, w + W, ... (W fixed by the head shape); a warp keeps an online softmax (max, sum,
-//      accumulator) in key order, and the block merges its warps in warp order. Keys and values
-//      reach shared memory through a pipeline of asynchronous copies, a tile (one group per warp)
-//      a stage, so loads of later tiles run while the warps compute;
+//      the KV head (GQA). A warp's lanes form groups of QL lanes (QL fixed by the head shape), each
+//      lane holding a fixed slice of the head; a group scores one key at a time (a dot product per
+//      lane, then a butterfly over the group's lanes) and keeps its own online softmax (max, sum,
+//      accumulator) over keys at fixed offsets of each tile, in key order. The block merges the
+//      groups in a fixed order. Keys and values reach shared memory through a pipeline of
+//      asynchronous copies, a tile a stage, so loads of later tiles run while the warps compute;
 //   2. one block per (query head, row) combines the row's chunks in chunk order.
 // No quantity depends on the other rows of the launch, on how many there are, on where the
 // blocks lie in the cache, or on the grid: a row gets the same bits alone, batched, as one of a
@@ -35,6 +36,7 @@
 // Pipeline stages of a block when the launch fills the card: on the H200, 3 and 4 stages read
 // no faster (the warps' arithmetic, not the loads, sets the pace there).
 #define AXLE_PA_STAGES 2
+#define AXLE_PA_LOG2E 1.4426950408889634f
 
 // The operands of one launch. Row r reads rows[2 r] (offset of its block table in `table`) and
 // rows[2 r + 1] (end: keys visible; 0 = a row not computed here, its output is zero).
@@ -49,7 +51,7 @@ struct axle_pa_args {
     const float * sinks;   // [n_head] extra logit per head, or null
     float * dst;           // F32 [head_dim, n_head, n_rows], contiguous
     float * part;          // scratch [n_rows][n_head][max_chunks][head_dim]
-    float * part_ml;       // scratch [n_rows][n_head][max_chunks][2]: max, sum
+    float * part_ml;       // scratch [n_rows][n_head][max_chunks][2]: max (of base-2 scores), sum
     int head_dim, n_head, n_head_kv, n_rows;
     int block_size;
     int window;            // 0: none
@@ -63,16 +65,24 @@ __device__ __forceinline__ void axle_pa_span(const axle_pa_args & a, int r, int 
     begin     = a.window > 0 && end > a.window ? end - a.window : 0;
 }
 
-// Keys a warp scores together: enough loads in flight, registers for the widest heads.
-template <int D> struct axle_pa_keys { static constexpr int n = D >= 256 ? 4 : 8; };
+// How a warp splits a head: each lane holds EL elements of a query, key, value and accumulator
+// (as many registers for the G query heads of a group as the widest heads allow), so QL = D / EL
+// lanes share one key and a warp works on KR = 32 / QL keys at once. Each group of QL lanes keeps
+// its own online softmax over keys TG at a time; a warp covers T = KR * TG keys of a tile.
+template <int D, int G> struct axle_pa_split {
+    static constexpr int want = G <= 2 ? 16 : G <= 4 ? 8 : 4;      // EL from the registers of G heads
+    static constexpr int EL = want < D / 32 ? D / 32 : want;      // at most 32 lanes a key
+    static constexpr int U = EL < 8 ? EL : 8;                     // halves per load (8 or 16 bytes)
+    static constexpr int QL = D / EL;                             // lanes a key
+    static constexpr int KR = 32 / QL;                            // keys a warp scores at once
+    static constexpr int TG = KR == 1 ? 8 : 4;                    // keys per softmax update
+    static constexpr int T = KR * TG;                             // keys a warp takes from a tile
+};
 
-// Loads E halves of a key or value row (E = 2, 4 or 8: one 4, 8 or 16-byte load) as floats.
-template <int E>
+// Loads U halves (U = 4 or 8: one 8 or 16-byte load) as floats.
+template <int U>
 __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
-    if constexpr (E == 2) {
-        const float2 f = __half22float2(*(const half2 *) p);
-        x[0] = f.x; x[1] = f.y;
-    } else if constexpr (E == 4) {
+    if constexpr (U == 4) {
         const uint2 u = *(const uint2 *) p;
         const half2 * h = (const half2 *) &u;
 #pragma unroll
@@ -85,19 +95,20 @@ __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
     }
 }
 
-// Keys of one pipeline stage: one group per warp, so warp w computes the same groups (w, w + W,
-// ...) whatever the number of stages.
-template <int D> struct axle_pa_tile {
-    static constexpr int keys  = axle_pa_keys<D>::n * AXLE_PA_WARPS;
+// Keys of one pipeline stage: T per warp, so warp w computes the same keys whatever the number
+// of stages.
+template <int D, int G> struct axle_pa_tile {
+    static constexpr int keys  = axle_pa_split<D, G>::T * AXLE_PA_WARPS;
     static constexpr int row   = D * (int) sizeof(half);  // bytes of one head's key or value
     static constexpr int bytes = 2 * keys * row;          // keys, then values
 };
 
-// Bytes of shared memory a chunk block of S stages uses: the stages, reused for the warps'
+// Bytes of shared memory a chunk block of S stages uses: the stages, reused for the key groups'
 // accumulators when the block merges them.
 template <int D, int G, int S> constexpr int axle_pa_smem() {
-    return S * axle_pa_tile<D>::bytes > AXLE_PA_WARPS * G * D * 4 ? S * axle_pa_tile<D>::bytes
-                                                                   : AXLE_PA_WARPS * G * D * 4;
+    constexpr int stages = S * axle_pa_tile<D, G>::bytes;
+    constexpr int accs = AXLE_PA_WARPS * axle_pa_split<D, G>::KR * G * D * 4;
+    return stages > accs ? stages : accs;
 }
 
 // One 16-byte copy from global to shared memory, asynchronous where the GPU has cp.async (sm_80
@@ -122,18 +133,19 @@ template <int N> __device__ __forceinline__ void axle_pa_wait() {
 }
 
 // S stages of keys and values are in flight while the warps compute: S changes how far the
-// loads run ahead, never which keys a warp sums or in what order.
+// loads run ahead, never which keys a group of lanes sums or in what order.
 template <int D, int G, int S>
 __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_args a) {
-    constexpr int E = D / 32;                // elements of a head a lane holds
-    constexpr int T = axle_pa_keys<D>::n;    // keys per group
+    using split = axle_pa_split<D, G>;
+    constexpr int EL = split::EL, U = split::U, QL = split::QL, KR = split::KR, TG = split::TG, T = split::T;
     constexpr int NT = AXLE_PA_WARPS * 32;
-    constexpr int TILE = axle_pa_tile<D>::keys, ROW = axle_pa_tile<D>::row;
-    constexpr int STAGE = axle_pa_tile<D>::bytes;
+    constexpr int TILE = axle_pa_tile<D, G>::keys, ROW = axle_pa_tile<D, G>::row;
+    constexpr int STAGE = axle_pa_tile<D, G>::bytes;
     constexpr int PIECES = TILE * ROW / 16;  // 16-byte copies of a stage's keys (as many of values)
     extern __shared__ __align__(16) char smem[];
     const int c = blockIdx.x, hk = blockIdx.y, r = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kg = lane / QL, kl = lane % QL;  // the lane's key group in the warp, its place in it
     int table_off, begin, end;
     axle_pa_span(a, r, table_off, begin, end);
     // Chunks outside the row's keys are never read by the combine step.
@@ -172,19 +184,26 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         axle_pa_commit();
     }
 
-    float q[G][E];
+    // The lane's elements of a head: piece p covers [p * QL * U + kl * U, + U), so the QL lanes
+    // of a key read it in contiguous 16-byte pieces.
+    // Scores are kept in base 2 (the query carries the scale and log2(e) where there is no soft
+    // cap), so each weight is one exp2.
+    const float qscale = a.softcap == 0.0f ? a.scale * AXLE_PA_LOG2E : a.scale;
+    float q[G][EL];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        const float * qp = (const float *) (a.q + r * a.q_nb2 + (hk * G + g) * a.q_nb1) + lane * E;
+        const float * qp = (const float *) (a.q + r * a.q_nb2 + (hk * G + g) * a.q_nb1);
 #pragma unroll
-        for (int e = 0; e < E; ++e) q[g][e] = qp[e];
+        for (int p = 0; p < EL / U; ++p)
+#pragma unroll
+            for (int u = 0; u < U; ++u) q[g][p * U + u] = qp[p * QL * U + kl * U + u] * qscale;
     }
-    float m[G], l[G], acc[G][E];
+    float m[G], l[G], acc[G][EL];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         m[g] = -INFINITY; l[g] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+        for (int e = 0; e < EL; ++e) acc[g][e] = 0.0f;
     }
 
     for (int t = first; t <= last; ++t) {
@@ -192,50 +211,57 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         axle_pa_commit();
         axle_pa_wait<S - 1>();
         __syncthreads();
-        const int k0 = base + t * TILE + warp * T;
+        const int k0 = base + t * TILE + warp * T;  // the warp's first key; its group's are k0 + i * KR + kg
         if (k0 < c1 && k0 + T > c0) {
-            const char * ks = smem + ((t - first) % S) * STAGE + warp * T * ROW + lane * E * (int) sizeof(half);
-            const char * vs = ks + TILE * ROW;
-            bool ok[T];
+            const char * stage = smem + ((t - first) % S) * STAGE + warp * T * ROW + kl * U * (int) sizeof(half);
+            // Scores of the group's TG keys for each head; every lane of the group holds them.
+            float s[TG][G];
 #pragma unroll
-            for (int i = 0; i < T; ++i) ok[i] = k0 + i >= c0 && k0 + i < c1;
+            for (int i = 0; i < TG; ++i) {
+                const int key = i * KR + kg;
+                float kx[EL];
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float s[T];
+                for (int p = 0; p < EL / U; ++p) axle_pa_load<U>(stage + key * ROW + p * QL * U * (int) sizeof(half), kx + p * U);
+                const bool ok = k0 + key >= c0 && k0 + key < c1;
 #pragma unroll
-                for (int i = 0; i < T; ++i) {
-                    float kx[E];
-                    axle_pa_load<E>(ks + i * ROW, kx);
+                for (int g = 0; g < G; ++g) {
                     float d = 0.0f;
 #pragma unroll
-                    for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kx[e], d);
-                    // A butterfly: every lane ends with the same sum (each pairwise add is commutative).
+                    for (int e = 0; e < EL; ++e) d = fmaf(q[g][e], kx[e], d);
+                    // A butterfly over the key's lanes: each of them ends with the same sum.
 #pragma unroll
-                    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
-                    d *= a.scale;
-                    if (a.softcap != 0.0f) d = a.softcap * tanhf(d / a.softcap);
-                    s[i] = ok[i] ? d : -INFINITY;
+                    for (int off = QL / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
+                    if (a.softcap != 0.0f) d = a.softcap * tanhf(d / a.softcap) * AXLE_PA_LOG2E;
+                    s[i][g] = ok ? d : -INFINITY;
                 }
+            }
+            // The group's online softmax, keys in order; a group whose keys are all outside the
+            // row keeps its state (weights 0, no rescale).
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
                 float mx = m[g];
 #pragma unroll
-                for (int i = 0; i < T; ++i) mx = fmaxf(mx, s[i]);
-                if (mx == -INFINITY) continue;
-                const float corr = expf(m[g] - mx);
+                for (int i = 0; i < TG; ++i) mx = fmaxf(mx, s[i][g]);
+                const bool any = mx != -INFINITY;
+                const float corr = any ? exp2f(m[g] - mx) : 1.0f;
                 float sum = 0.0f;
-                float p[T];
 #pragma unroll
-                for (int i = 0; i < T; ++i) { p[i] = expf(s[i] - mx); sum += p[i]; }
+                for (int i = 0; i < TG; ++i) { s[i][g] = any ? exp2f(s[i][g] - mx) : 0.0f; sum += s[i][g]; }
                 l[g] = l[g] * corr + sum;
-                m[g] = mx;
+                m[g] = any ? mx : m[g];
 #pragma unroll
-                for (int e = 0; e < E; ++e) acc[g][e] *= corr;
+                for (int e = 0; e < EL; ++e) acc[g][e] *= corr;
+            }
 #pragma unroll
-                for (int i = 0; i < T; ++i) {
-                    float vx[E];
-                    axle_pa_load<E>(vs + i * ROW, vx);
+            for (int i = 0; i < TG; ++i) {
+                const int key = i * KR + kg;
+                float vx[EL];
 #pragma unroll
-                    for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p[i], vx[e], acc[g][e]);
-                }
+                for (int p = 0; p < EL / U; ++p) axle_pa_load<U>(stage + TILE * ROW + key * ROW + p * QL * U * (int) sizeof(half), vx + p * U);
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+#pragma unroll
+                    for (int e = 0; e < EL; ++e) acc[g][e] = fmaf(s[i][g], vx[e], acc[g][e]);
             }
         }
         __syncthreads();
@@ -243,14 +269,18 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
     axle_pa_wait<0>();
     __syncthreads();
 
-    // Merge the warps in warp order; the stages' memory holds the warps' accumulators.
-    __shared__ float sm[AXLE_PA_WARPS][G], sl[AXLE_PA_WARPS][G];
+    // Merge the key groups in (warp, group) order; the stages' memory holds their accumulators.
+    constexpr int NG = AXLE_PA_WARPS * KR;
+    __shared__ float sm[NG][G], sl[NG][G];
     float (*sacc)[G][D] = (float (*)[G][D]) smem;
+    const int grp = warp * KR + kg;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = l[g]; }
+        if (kl == 0) { sm[grp][g] = m[g]; sl[grp][g] = l[g]; }
 #pragma unroll
-        for (int e = 0; e < E; ++e) sacc[warp][g][lane * E + e] = acc[g][e];
+        for (int p = 0; p < EL / U; ++p)
+#pragma unroll
+            for (int u = 0; u < U; ++u) sacc[grp][g][p * QL * U + kl * U + u] = acc[g][p * U + u];
     }
     __syncthreads();
     const size_t part0 = ((size_t) r * a.n_head + (size_t) hk * G) * a.max_chunks + c;
@@ -258,12 +288,12 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         const int g = i / D, d = i % D;
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < AXLE_PA_WARPS; ++w) mx = fmaxf(mx, sm[w][g]);
+        for (int w = 0; w < NG; ++w) mx = fmaxf(mx, sm[w][g]);
         float sum = 0.0f, x = 0.0f;
         if (mx != -INFINITY) {
 #pragma unroll
-            for (int w = 0; w < AXLE_PA_WARPS; ++w) {
-                const float f = expf(sm[w][g] - mx);
+            for (int w = 0; w < NG; ++w) {
+                const float f = exp2f(sm[w][g] - mx);
                 sum = fmaf(sl[w][g], f, sum);
                 x = fmaf(sacc[w][g][d], f, x);
             }
@@ -287,14 +317,15 @@ __global__ void __launch_bounds__(D) axle_pa_combine(const axle_pa_args a) {
     const size_t base = ((size_t) r * a.n_head + h) * a.max_chunks;
     float mx = -INFINITY;
     for (int c = first; c <= last; ++c) mx = fmaxf(mx, a.part_ml[2*(base + c)]);
-    if (a.sinks) mx = fmaxf(mx, a.sinks[h]);
+    const float sink = a.sinks ? a.sinks[h] * AXLE_PA_LOG2E : -INFINITY;  // the chunks' maxima are in base 2
+    if (a.sinks) mx = fmaxf(mx, sink);
     float sum = 0.0f, x = 0.0f;
     for (int c = first; c <= last; ++c) {
-        const float f = expf(a.part_ml[2*(base + c)] - mx);
+        const float f = exp2f(a.part_ml[2*(base + c)] - mx);
         sum = fmaf(a.part_ml[2*(base + c) + 1], f, sum);
         x = fmaf(a.part[(base + c) * D + d], f, x);
     }
-    if (a.sinks) sum += expf(a.sinks[h] - mx);
+    if (a.sinks) sum += exp2f(sink - mx);
     *out = sum > 0.0f ? x / sum : 0.0f;
 }
 
@@ -345,7 +376,8 @@ static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
     // blocks. The stages change no arithmetic.
     const long blocks = (long) a.max_chunks * a.n_head_kv * a.n_rows;
     if (blocks < axle_pa_sms()) {
-        axle_pa_launch_dgs<D, G, AXLE_PA_CHUNK / axle_pa_tile<D>::keys < 8 ? AXLE_PA_CHUNK / axle_pa_tile<D>::keys : 8>(a, stream);
+        constexpr int whole = AXLE_PA_CHUNK / axle_pa_tile<D, G>::keys;
+        axle_pa_launch_dgs<D, G, whole < 8 ? whole : 8>(a, stream);
     } else {
         axle_pa_launch_dgs<D, G, AXLE_PA_STAGES>(a, stream);
     }
