@@ -75,12 +75,18 @@ def table(root):
                     for m in re.findall(r"device attention: (\w+)", f.read_text())})
     device = (root / "single" / "device.txt")
     source = (root / "single" / "reference-source.txt")
-    commit = (root / "single" / "axle-commit.txt")
-    facts = [p.read_text().strip() if p.is_file() else "?" for p in (device, source, commit)]
+    facts = [p.read_text().strip() if p.is_file() else "?" for p in (device, source)]
+    # Parts may come from different device sessions (each part's Axle and tool figures from one).
+    parts = {}
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and (p / "axle-commit.txt").is_file()):
+        parts.setdefault((d / "axle-commit.txt").read_text().strip()[:12], []).append(d.name)
+    commits = "; ".join(f"{c} ({', '.join(names)})" for c, names in parts.items()) or "?"
+    sessions = "one session" if len(parts) <= 1 else \
+        f"{len(parts)} sessions, each part's Axle and tool figures from the same one"
     out.append("")
     out.append(f"Device: {facts[0]}. Reference: {facts[1]}, built plainly for sm_90 "
-               f"(`scripts/build-llama-tools.sh`). Axle at commit {facts[2][:12]}. Random-weight "
-               f"Llama-3-8B-shaped {quant(root)} file, flash attention on, one session."
+               f"(`scripts/build-llama-tools.sh`). Axle at commit {commits}. Random-weight "
+               f"Llama-3-8B-shaped {quant(root)} file, flash attention on, {sessions}."
                + (f" Axle's batched rows: `--device-attention {', '.join(modes)}`." if modes else ""))
     return "\n".join(out) + "\n"
 

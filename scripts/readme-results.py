@@ -56,9 +56,11 @@ def gpu_rows():
             for f in d.glob("batched-*.json"):
                 rows.update({r["workload"]: r for r in json.loads(f.read_text())["rows"]})
             a = rows.get(f"seqs={seqs}")
+            part = d / "axle-commit.txt"  # a part may come from a later session
+            at = part.read_text().strip()[:7] if part.is_file() else commit
             if a and seqs in tool:
                 yield (device, model, f"decode, {seqs} x {prompt}-token prompts",
-                       a["axle_median"] / tool[seqs], "llama.cpp's llama-batched-bench", commit)
+                       a["axle_median"] / tool[seqs], "llama.cpp's llama-batched-bench", at)
 
 
 def table():

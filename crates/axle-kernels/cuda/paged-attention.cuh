@@ -376,8 +376,10 @@ static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
     // blocks. The stages change no arithmetic.
     const long blocks = (long) a.max_chunks * a.n_head_kv * a.n_rows;
     if (blocks < axle_pa_sms()) {
-        constexpr int whole = AXLE_PA_CHUNK / axle_pa_tile<D, G>::keys;
-        axle_pa_launch_dgs<D, G, whole < 8 ? whole : 8>(a, stream);
+        // At most 8 stages and 128 KB of them.
+        constexpr int whole = AXLE_PA_CHUNK / axle_pa_tile<D, G>::keys, fit = 128 * 1024 / axle_pa_tile<D, G>::bytes;
+        constexpr int most = whole < 8 ? whole : 8;
+        axle_pa_launch_dgs<D, G, most < fit ? most : fit>(a, stream);
     } else {
         axle_pa_launch_dgs<D, G, AXLE_PA_STAGES>(a, stream);
     }
