@@ -72,5 +72,5 @@ def test_previous_response_id_and_refusals(client):
         create(client, input="x", previous_response_id="resp_unknown")
     assert e.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.BadRequestError) as e:
-        create(client, input="x", reasoning={"effort": "high"})
+        create(client, input="x", reasoning={"effort": "extreme"})
     assert e.value.body["param"] == "reasoning"

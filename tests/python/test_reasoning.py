@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import anthropic
+import axle
 import openai
 import pytest
 
@@ -31,11 +32,16 @@ PATTERN = r"<think>\n[a-z]{2,8}( [a-z]{2,8}){1,3}\n</think>\n\n[A-Z][a-z]{2,8}\.
 OPENING = TEMPLATE.replace("assistant\n{% endif", "assistant\n<think>\n{% endif")
 
 
-def serve(tmp_path_factory, template):
+def retemplated(tmp_path_factory, template):
     assert MODEL.is_file(), f"{MODEL} is missing: run scripts/fetch-models.sh"
     model = tmp_path_factory.mktemp("thinking") / "smollm2-thinking.gguf"
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(MODEL), str(model),
                     "--chat-template", template, "--force"], check=True, capture_output=True)
+    return model
+
+
+def serve(tmp_path_factory, template):
+    model = retemplated(tmp_path_factory, template)
     return start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
                       "--context-len", 512, "--kv-slots", 2048)
 
@@ -96,3 +102,87 @@ def test_messages_give_thinking_blocks(base):
     # Without thinking asked for, the answer alone.
     plain = client.messages.create(**kw)
     assert [b.type for b in plain.content] == ["text"] and plain.content[0].text == m.content[1].text
+
+
+# A template that reads `enable_thinking` (Qwen3's way): thinking opens in the generation prompt
+# unless it is turned off, when the prompt closes an empty one.
+SWITCH = TEMPLATE.replace(
+    "assistant\n{% endif",
+    "assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif")
+
+
+@pytest.fixture(scope="module")
+def switch(tmp_path_factory):
+    proc, url = serve(tmp_path_factory, SWITCH)
+    yield url
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
+
+
+QUESTION = "Think, then name a colour."
+
+
+def test_responses_give_reasoning_items(switch):
+    """The prompt opens the thinking and the model never closes it in 12 tokens: all of them are
+    thinking, a reasoning item before an empty message, blocking and streamed alike."""
+    client = openai.OpenAI(base_url=switch + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", input=QUESTION, temperature=0, max_output_tokens=12,
+              reasoning={"effort": "low", "summary": "auto"})
+    r = client.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "message"], r.output
+    thought = r.output[0].content[0].text
+    assert thought.strip() and r.output[0].content[0].type == "reasoning_text"
+    assert r.usage.output_tokens == 12
+    assert r.usage.output_tokens_details.reasoning_tokens == 12
+    deltas, final = "", None
+    for e in client.responses.create(stream=True, **kw):
+        if e.type == "response.reasoning_text.delta":
+            assert e.output_index == 0
+            deltas += e.delta
+        if e.type in ("response.completed", "response.incomplete"):
+            final = e.response
+    assert deltas == thought
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == thought
+
+
+def test_thinking_turned_off_reaches_the_template(switch):
+    """Each surface's way of turning thinking off renders the closed thinking, so the model
+    answers at once: no reasoning, no reasoning tokens, the same answer everywhere."""
+    client = openai.OpenAI(base_url=switch + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=12)
+    on = client.chat.completions.create(**kw)
+    assert on.choices[0].message.model_extra["reasoning_content"].strip()
+    assert on.usage.completion_tokens_details.reasoning_tokens == on.usage.completion_tokens
+    off = client.chat.completions.create(reasoning_effort="none", **kw)
+    answer = off.choices[0].message.content
+    assert answer.strip() and "reasoning_content" not in (off.choices[0].message.model_extra or {})
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    kwargs = client.chat.completions.create(extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kw)
+    assert kwargs.choices[0].message.content == answer
+    r = client.responses.create(model="thinker", input=QUESTION, temperature=0, max_output_tokens=12,
+                                reasoning={"effort": "none"})
+    assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].text == answer
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    msgs = anthropic.Anthropic(base_url=switch, api_key=KEY, max_retries=0, timeout=120)
+    m = msgs.messages.create(model="thinker", max_tokens=12, messages=[{"role": "user", "content": QUESTION}],
+                             thinking={"type": "disabled"}, extra_body={"temperature": 0})
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == answer
+    # A template input cannot be set through the variables.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(extra_body={"chat_template_kwargs": {"messages": []}}, **kw)
+    assert e.value.body["param"] == "chat_template_kwargs", e.value.body
+
+
+def test_the_python_package_passes_template_variables(tmp_path_factory):
+    model = retemplated(tmp_path_factory, SWITCH)
+    msgs = [{"role": "user", "content": QUESTION}]
+    with axle.Engine(str(model), threads=2, context=512) as e:
+        on = e.chat(msgs, temperature=0, max_tokens=12)
+        assert on.reasoning.strip()
+        off = e.chat(msgs, temperature=0, max_tokens=12, chat_template_kwargs={"enable_thinking": False})
+        assert off.text.strip() and not off.reasoning
+        with pytest.raises(axle.RequestError) as err:
+            e.chat(msgs, max_tokens=4, chat_template_kwargs={"add_generation_prompt": False})
+        assert err.value.field == "chat_template_kwargs"

@@ -3,6 +3,10 @@
 //! ship without a template get a built-in one, chosen by architecture, never silently.
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Variables a chat template reads beside the messages, by name (`enable_thinking`, ...).
+pub type TemplateVars = BTreeMap<String, serde_json::Value>;
 
 /// One chat message, with the fields Hugging Face templates read for tool use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,12 +98,15 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders messages (and tools, when given as JSON) into the prompt text.
+    /// Renders messages (and tools, when given as JSON) into the prompt text; `vars` are more
+    /// variables the template may read (`enable_thinking`, `reasoning_effort`, ...), never
+    /// overriding the ones above.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
+        vars: &TemplateVars,
     ) -> Result<String, ChatError> {
         let tmpl = self
             .env
@@ -111,6 +118,7 @@ impl ChatTemplate {
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
             tools => tools.map(Value::from_serialize),
+            ..Value::from_serialize(vars)
         };
         tmpl.render(ctx)
             .map_err(|e| ChatError::Render(format!("{e:#}")))
@@ -126,13 +134,38 @@ mod tests {
         let src = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}<|{{ m.role }}|>{{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
         let t = ChatTemplate::new(Some(src), "llama", "<s>", "</s>").unwrap();
         let out = t
-            .render(&[ChatMessage::new("user", " hi ")], true, None)
+            .render(
+                &[ChatMessage::new("user", " hi ")],
+                true,
+                None,
+                &TemplateVars::new(),
+            )
             .unwrap();
         assert_eq!(out, "<|user|>hi\n<|assistant|>");
         let err = t
-            .render(&[ChatMessage::new("system", "x")], true, None)
+            .render(
+                &[ChatMessage::new("system", "x")],
+                true,
+                None,
+                &TemplateVars::new(),
+            )
             .unwrap_err();
         assert!(err.to_string().contains("no system"), "{err}");
+    }
+
+    #[test]
+    fn variables_reach_the_template_and_never_replace_its_inputs() {
+        let src = "{{ messages[0].content }}|{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{{ reasoning_effort | default('medium') }}";
+        let t = ChatTemplate::new(Some(src), "qwen3", "", "").unwrap();
+        let msgs = [ChatMessage::new("user", "hi")];
+        let plain = t.render(&msgs, true, None, &TemplateVars::new()).unwrap();
+        assert_eq!(plain, "hi|medium");
+        let mut vars = TemplateVars::new();
+        vars.insert("enable_thinking".into(), serde_json::json!(false));
+        vars.insert("reasoning_effort".into(), serde_json::json!("low"));
+        vars.insert("messages".into(), serde_json::json!([{"content": "evil"}]));
+        let out = t.render(&msgs, true, None, &vars).unwrap();
+        assert_eq!(out, "hi|<think></think>low");
     }
 
     #[test]
@@ -146,6 +179,7 @@ mod tests {
                 ],
                 true,
                 None,
+                &TemplateVars::new(),
             )
             .unwrap();
         assert_eq!(

@@ -2,7 +2,7 @@
 //! template. Loading validates everything a user can get wrong (path, format, architecture) and
 //! reports it as one clear error.
 use crate::arch::{self, Family};
-use crate::chat::{ChatError, ChatMessage, ChatTemplate};
+use crate::chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars};
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
@@ -334,8 +334,9 @@ impl Model {
         &self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
+        vars: &TemplateVars,
     ) -> Result<Vec<u32>, ChatError> {
-        let text = self.chat_template()?.render(messages, true, tools)?;
+        let text = self.chat_template()?.render(messages, true, tools, vars)?;
         let tok = &self.tokenizer;
         let mut ids = tok.encode(&text, false, true);
         if tok.add_bos {

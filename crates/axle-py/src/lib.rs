@@ -399,7 +399,7 @@ impl Engine {
         prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
         stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true, response_format=None,
-        tools=None, tool_choice=None, parallel_tool_calls=true
+        tools=None, tool_choice=None, parallel_tool_calls=true, chat_template_kwargs=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn _start(
@@ -424,6 +424,7 @@ impl Engine {
         tools: Option<String>,
         tool_choice: Option<String>,
         parallel_tool_calls: bool,
+        chat_template_kwargs: Option<String>,
     ) -> PyResult<Vec<TextStream>> {
         let bad = |field: Field, e: serde_json::Error| {
             py_err(
@@ -442,6 +443,10 @@ impl Engine {
             Some(j) => Some(
                 serde_json::from_str::<serde_json::Value>(&j).map_err(|e| bad(Field::Tools, e))?,
             ),
+        };
+        let template_args = match chat_template_kwargs {
+            None => Default::default(),
+            Some(j) => serde_json::from_str(&j).map_err(|e| bad(Field::TemplateArgs, e))?,
         };
         let tool_choice = match tool_choice.as_deref() {
             None | Some("auto") => ToolChoice::Auto,
@@ -470,6 +475,7 @@ impl Engine {
             n,
             ignore_eos,
             speculate: ngram,
+            template_args,
             ..GenerateRequest::new(prompt_of(prompt)?)
         };
         let streams = self.start(py, &req)?;

@@ -258,6 +258,8 @@ struct TextState {
     stop: StopMatcher,
     thinking: Option<ReasoningSplitter>,
     calls: Option<ToolCallParser>,
+    /// Tokens generated while the thinking was open.
+    reasoning_tokens: usize,
 }
 
 impl TextState {
@@ -617,6 +619,7 @@ impl EngineCore {
                 calls: opts
                     .tool_format
                     .map(|(format, names)| ToolCallParser::new(format, names)),
+                reasoning_tokens: 0,
             },
         );
         Ok(id)
@@ -649,7 +652,9 @@ impl EngineCore {
             st.release(id);
         }
         let mut tool_calls = Vec::new();
+        let mut reasoning_tokens = 0;
         if let Some(mut t) = self.text.remove(&id) {
+            reasoning_tokens = t.reasoning_tokens;
             if !matches!(reason, FinishReason::StopString) {
                 let rest = t.decoder.finish();
                 let mut tail = t.stop.push(&rest).0;
@@ -682,6 +687,7 @@ impl EngineCore {
                     prompt_tokens: s.prompt_tokens,
                     completion_tokens: s.generated_tokens,
                     cached_tokens: s.cached_tokens,
+                    reasoning_tokens,
                 }),
                 speculation: Speculation {
                     drafted: s.drafted,
@@ -913,7 +919,11 @@ impl EngineCore {
                 };
                 let piece = t.decoder.push(&self.model.tokenizer, tok);
                 let (text, hit) = t.stop.push(&piece);
+                let was_thinking = t.thinking.as_ref().is_some_and(|s| s.thinking());
                 let (reasoning, text) = t.shown(text);
+                if was_thinking || t.thinking.as_ref().is_some_and(|s| s.thinking()) {
+                    t.reasoning_tokens += 1;
+                }
                 if hit {
                     stopped = true;
                     self.sched.finish(ev.id, FinishReason::StopString);

@@ -14,6 +14,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Generated tokens inside the thinking (models whose template marks it): those generated
+    /// while the thinking was open, its closing marker's included.
+    pub reasoning_tokens: usize,
 }
 
 /// What n-gram speculation did for a request.
@@ -90,6 +93,27 @@ pub enum StreamEvent {
     },
     /// The request failed part-way (the engine step or the upstream failed); the stream ends.
     Error(SdkError),
+}
+
+/// What one event appends: reasoning text, answer text, and the finish at the end.
+pub type Pieces = (String, String, Option<Finish>);
+
+impl StreamEvent {
+    /// The reasoning and answer text the event appends and, at the end, the finish; the error
+    /// of a failed stream.
+    pub fn into_pieces(self) -> Result<Pieces, SdkError> {
+        match self {
+            StreamEvent::Token {
+                text, reasoning, ..
+            } => Ok((reasoning, text, None)),
+            StreamEvent::Done {
+                text,
+                reasoning,
+                finish,
+            } => Ok((reasoning, text, Some(finish))),
+            StreamEvent::Error(e) => Err(e),
+        }
+    }
 }
 
 /// A finished generation.

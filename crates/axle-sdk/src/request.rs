@@ -7,7 +7,7 @@
 //! route's entry point calls; what a route cannot honour (a delegated upstream asked for token
 //! log-probabilities, say) is refused by that route with [`Rejection::Unsupported`].
 use axle_core::{AdmitError, SamplingField, SamplingParams};
-use axle_models::{ChatMessage, TokenId};
+use axle_models::{ChatMessage, TemplateVars, TokenId};
 use axle_structured::reasoning::ThinkingMarkers;
 use axle_structured::tools::{ToolChoice, ToolFormat};
 use axle_structured::OutputConstraint;
@@ -158,7 +158,21 @@ pub struct GenerateRequest {
     /// engine's gate decides per step whether it pays). A permission, so routes without
     /// speculation simply do not use it.
     pub speculate: bool,
+    /// Variables given to the chat template beside the messages (`enable_thinking`,
+    /// `reasoning_effort`, a client's `chat_template_kwargs`); chat prompts only. The names the
+    /// template's own inputs use ([`RESERVED_TEMPLATE_ARGS`]) are refused.
+    pub template_args: TemplateVars,
 }
+
+/// Template variables a request cannot set: the messages, tools and tokens the template is
+/// rendered with.
+pub const RESERVED_TEMPLATE_ARGS: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
 
 /// Seeds of requests that set none: distinct per request, the same sequence on every run.
 static NEXT_SEED: AtomicU64 = AtomicU64::new(1);
@@ -182,7 +196,14 @@ impl GenerateRequest {
             n: 1,
             ignore_eos: false,
             speculate: true,
+            template_args: TemplateVars::new(),
         }
+    }
+
+    /// Sets a chat template variable (e.g. `enable_thinking`).
+    pub fn template_arg(mut self, name: &str, value: serde_json::Value) -> Self {
+        self.template_args.insert(name.to_string(), value);
+        self
     }
 
     /// Sets the token limit.
@@ -288,6 +309,22 @@ impl GenerateRequest {
         if self.tools.is_some() && !matches!(self.prompt, Prompt::Chat(_)) {
             return invalid(Field::Tools, "tools go with chat messages".into());
         }
+        if !self.template_args.is_empty() && !matches!(self.prompt, Prompt::Chat(_)) {
+            return invalid(
+                Field::TemplateArgs,
+                "template variables go with chat messages".into(),
+            );
+        }
+        if let Some(name) = self
+            .template_args
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_ARGS.contains(&k.as_str()))
+        {
+            return invalid(
+                Field::TemplateArgs,
+                format!("`{name}` is the template's own input; it cannot be set"),
+            );
+        }
         if self.tools.is_none()
             && matches!(
                 self.tool_choice,
@@ -387,6 +424,8 @@ pub enum Field {
     ResponseFormat,
     /// `tool_choice`.
     ToolChoice,
+    /// The chat template's variables (`chat_template_kwargs`).
+    TemplateArgs,
 }
 
 impl Field {
@@ -406,6 +445,7 @@ impl Field {
             Field::IgnoreEos => "ignore_eos",
             Field::ResponseFormat => "response_format",
             Field::ToolChoice => "tool_choice",
+            Field::TemplateArgs => "chat_template_kwargs",
         }
     }
 }
@@ -538,6 +578,12 @@ mod tests {
             field_of(GenerateRequest::new(Vec::<ChatMessage>::new())),
             Field::Prompt
         );
+        let thinking_off = |r: GenerateRequest| r.template_arg("enable_thinking", false.into());
+        assert_eq!(field_of(thinking_off(base())), Field::TemplateArgs);
+        let chat = || GenerateRequest::new(vec![ChatMessage::new("user", "hi")]);
+        assert!(thinking_off(chat()).validate().is_ok());
+        let r = chat().template_arg("bos_token", "<evil>".into());
+        assert_eq!(field_of(r), Field::TemplateArgs);
         for (f, set) in [
             (
                 SamplingField::Temperature,

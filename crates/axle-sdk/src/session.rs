@@ -180,6 +180,7 @@ impl Session {
                 .encode_chat(
                     planned.as_deref().unwrap_or(m),
                     plan.template_tools.as_ref(),
+                    &req.template_args,
                 )
                 .map_err(|e| {
                     let field = if req.tools.is_some() {

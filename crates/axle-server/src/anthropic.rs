@@ -49,8 +49,8 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<ToolDef>>,
     /// `{type: auto|any|tool|none, name, disable_parallel_tool_use}`.
     pub tool_choice: Option<Value>,
-    /// Extended thinking: `{"type": "enabled"|"adaptive"|"disabled"}` (a budget is not
-    /// enforced: the model thinks as its template has it).
+    /// Extended thinking: `{"type": "enabled"|"adaptive"|"disabled"}`, passed to the template as
+    /// `enable_thinking` (a budget is not enforced).
     pub thinking: Option<Value>,
     /// `{"format": {"type": "json_schema", "schema": {...}}}`: the answer follows the schema
     /// (Axle also takes `{"type": "regex", "regex"}` and `{"type": "grammar", "grammar"}`).
@@ -306,6 +306,13 @@ impl MessagesRequest {
         req.tool_choice = choice;
         req.parallel_tool_calls = parallel;
         req.format = self.output_format()?;
+        // Thinking on or off reaches templates that read `enable_thinking` (Qwen-style).
+        if let Some(kind) = self.thinking.as_ref().and_then(|t| t.get("type")) {
+            req.template_args.insert(
+                "enable_thinking".into(),
+                Value::Bool(kind.as_str() != Some("disabled")),
+            );
+        }
         Ok(req)
     }
 

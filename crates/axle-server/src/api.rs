@@ -230,7 +230,11 @@ async fn run(state: &AppState, mut job: Job) -> Result<Response, ApiError> {
         .iter()
         .map(|c| c.finish.usage.map_or(0, |u| u.completion_tokens))
         .sum();
-    Ok(view.complete(&done, UsageBody::new(prompt, completion)))
+    let reasoning: usize = done
+        .iter()
+        .map(|c| c.finish.usage.map_or(0, |u| u.reasoning_tokens))
+        .sum();
+    Ok(view.complete(&done, UsageBody::new(prompt, completion, reasoning)))
 }
 
 /// Records a choice's time to first token, inter-token gaps and finished counts.
@@ -722,6 +726,8 @@ fn sse(view: View, streams: Vec<EventStream>, include_usage: bool, t0: Instant) 
                             *total = UsageBody::new(
                                 u.prompt_tokens,
                                 total.completion_tokens + u.completion_tokens,
+                                total.completion_tokens_details.reasoning_tokens
+                                    + u.reasoning_tokens,
                             );
                         }
                     }

@@ -6,7 +6,7 @@ use crate::anthropic::{self, ErrorBody, ErrorDetail, Message, MessagesRequest, T
 use crate::api::{self, Timing};
 use crate::json_body::JsonBody;
 use crate::{ApiError, AppState};
-use axle_sdk::{Completion, EventStream, Finish, FinishReason, StreamEvent, ToolCall};
+use axle_sdk::{Completion, EventStream, Finish, FinishReason, ToolCall};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -254,16 +254,9 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
         let (mut thinking_open, mut text_open) = (false, false);
         while let Some(ev) = stream.next().await {
             timing.observe(&ev);
-            let (reasoning, text, finish) = match ev {
-                StreamEvent::Token {
-                    text, reasoning, ..
-                } => (reasoning, text, None),
-                StreamEvent::Done {
-                    text,
-                    reasoning,
-                    finish,
-                } => (reasoning, text, Some(finish)),
-                StreamEvent::Error(e) => {
+            let (reasoning, text, finish) = match ev.into_pieces() {
+                Ok(pieces) => pieces,
+                Err(e) => {
                     let e = ApiError::sdk(api::clone_error(&e), anthropic::param);
                     let _ = send(event("error", json!(error_body(&e)))).await;
                     return;

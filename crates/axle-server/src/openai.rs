@@ -1,7 +1,7 @@
 //! OpenAI's request and response shapes as typed serde structs (plus Axle's token-id route),
 //! and the conversion of a request body into the SDK's [`GenerateRequest`]. The server and the
 //! tests use these; nothing else writes OpenAI JSON by hand.
-use axle_models::ChatMessage;
+use axle_models::{ChatMessage, TemplateVars};
 use axle_sdk::{
     Field, GenerateRequest, Prompt, Rejection, ResponseFormat, RuntimeReport, SamplingField,
     SamplingOptions, ToolCall, ToolChoice,
@@ -312,6 +312,12 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<Value>,
     /// Whether a required call may be several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// `none`, `minimal`, `low`, `medium` or `high`: passed to the chat template (see
+    /// [`effort_vars`]).
+    pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (e.g. `{"enable_thinking": false}`); they win over
+    /// what `reasoning_effort` sets.
+    pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
     /// Shared fields.
     #[serde(flatten)]
     pub fields: GenerationFields,
@@ -381,6 +387,11 @@ impl ChatCompletionRequest {
             },
         };
         req.parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
+        if let Some(e) = &self.reasoning_effort {
+            req.template_args = effort_vars(e, "reasoning_effort")?;
+        }
+        req.template_args
+            .extend(self.chat_template_kwargs.clone().unwrap_or_default());
         Ok(req)
     }
 }
@@ -477,17 +488,52 @@ pub struct UsageBody {
     pub completion_tokens: usize,
     /// Their sum.
     pub total_tokens: usize,
+    /// What the generated tokens were.
+    #[serde(default)]
+    pub completion_tokens_details: CompletionDetails,
+}
+
+/// What generated tokens were.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletionDetails {
+    /// Tokens inside the thinking.
+    pub reasoning_tokens: usize,
 }
 
 impl UsageBody {
-    /// Counts of `prompt` and `completion` tokens.
-    pub fn new(prompt: usize, completion: usize) -> UsageBody {
+    /// Counts of `prompt` and `completion` tokens, `reasoning` of them thinking.
+    pub fn new(prompt: usize, completion: usize, reasoning: usize) -> UsageBody {
         UsageBody {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
+            completion_tokens_details: CompletionDetails {
+                reasoning_tokens: reasoning,
+            },
         }
     }
+}
+
+/// Reasoning efforts a request may name (OpenAI's `reasoning_effort`, Responses'
+/// `reasoning.effort`).
+const EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
+/// The template variables of a reasoning effort: `none` turns thinking off
+/// (`enable_thinking: false`, what Qwen-style templates read); the others turn it on and pass
+/// the effort as `reasoning_effort` (what gpt-oss templates read). `field` names the wire field.
+pub(crate) fn effort_vars(effort: &str, field: &'static str) -> Result<TemplateVars, WireError> {
+    if !EFFORTS.contains(&effort) {
+        return Err(WireError::Unsupported {
+            field,
+            reason: format!("effort `{effort}`: one of {}", EFFORTS.join(", ")),
+        });
+    }
+    let mut vars = TemplateVars::new();
+    vars.insert("enable_thinking".into(), Value::Bool(effort != "none"));
+    if effort != "none" {
+        vars.insert("reasoning_effort".into(), Value::String(effort.into()));
+    }
+    Ok(vars)
 }
 
 /// A chat token, or one of its alternatives.

@@ -3,7 +3,7 @@
 //! and `previous_response_id`: a stored response keeps its conversation (input and output, as
 //! chat messages), so a follow-up renders the same prefix and the prefix cache reuses its KV.
 use crate::openai::{call_arguments, chat_tool, template_call, WireError};
-use axle_models::ChatMessage;
+use axle_models::{ChatMessage, TemplateVars};
 use axle_sdk::{
     Field, GenerateRequest, OutputConstraint, Prompt, Rejection, SamplingField, SamplingOptions,
     ToolChoice,
@@ -39,7 +39,8 @@ pub struct ResponsesRequest {
     pub parallel_tool_calls: Option<bool>,
     /// `{format: {type: "text"|"json_object"|"json_schema", ...}}`.
     pub text: Option<Value>,
-    /// Reasoning options: refused until thinking is separated from the answer.
+    /// `{effort, summary}`: the effort reaches the chat template; the thinking comes back as a
+    /// reasoning item (no summary is written).
     pub reasoning: Option<Value>,
     /// Most tokens to generate.
     pub max_output_tokens: Option<usize>,
@@ -243,6 +244,33 @@ impl ResponsesRequest {
         }
     }
 
+    /// `reasoning`: `effort` reaches the chat template (see `openai::effort_vars`); `summary` is
+    /// accepted, but no summary is written: the thinking itself comes back as a reasoning
+    /// item's `reasoning_text`.
+    fn template_vars(&self) -> Result<TemplateVars, WireError> {
+        let Some(r) = self.reasoning.as_ref().filter(|r| !r.is_null()) else {
+            return Ok(TemplateVars::new());
+        };
+        let Some(obj) = r.as_object() else {
+            return Err(unsupported("reasoning", "must be an object"));
+        };
+        if let Some(k) = obj
+            .iter()
+            .find(|(k, v)| !v.is_null() && !matches!(k.as_str(), "effort" | "summary"))
+            .map(|(k, _)| k)
+        {
+            return Err(unsupported(
+                "reasoning",
+                format!("`{k}` is not supported (effort, summary)"),
+            ));
+        }
+        match obj.get("effort") {
+            None | Some(Value::Null) => Ok(TemplateVars::new()),
+            Some(Value::String(e)) => crate::openai::effort_vars(e, "reasoning"),
+            Some(e) => Err(unsupported("reasoning", format!("effort {e}: a string"))),
+        }
+    }
+
     /// Checks the fields that need no conversation, then the SDK request for `history` (the
     /// stored conversation this one continues) and this input. Returns the request and the
     /// conversation without the instructions (what a stored response keeps).
@@ -251,12 +279,7 @@ impl ResponsesRequest {
         history: Vec<ChatMessage>,
     ) -> Result<(GenerateRequest, Vec<ChatMessage>), WireError> {
         crate::openai::refuse_unknown(&self.other, &IGNORED_FIELDS)?;
-        if self.reasoning.as_ref().is_some_and(|r| !r.is_null()) {
-            return Err(unsupported(
-                "reasoning",
-                "thinking is not separated from the answer yet; leave `reasoning` out",
-            ));
-        }
+        let vars = self.template_vars()?;
         if self.truncation.as_deref().is_some_and(|t| t != "disabled") {
             return Err(unsupported(
                 "truncation",
@@ -281,6 +304,7 @@ impl ResponsesRequest {
         msgs.extend(conversation.iter().cloned());
         let mut req = GenerateRequest::new(Prompt::Chat(msgs));
         req.max_tokens = self.max_output_tokens;
+        req.template_args = vars;
         req.sampling = SamplingOptions {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -442,7 +466,14 @@ mod tests {
                 WireError::Unknown(name) => name,
             }
         };
-        assert_eq!(field(json!({"reasoning": {"effort": "high"}})), "reasoning");
+        assert_eq!(
+            field(json!({"reasoning": {"effort": "extreme"}})),
+            "reasoning"
+        );
+        assert_eq!(
+            field(json!({"reasoning": {"generate_summary": "auto"}})),
+            "reasoning"
+        );
         assert_eq!(field(json!({"tools": [{"type": "web_search"}]})), "tools");
         assert_eq!(field(json!({"truncation": "auto"})), "truncation");
         assert_eq!(field(json!({"include": ["x"]})), "include");
@@ -450,6 +481,24 @@ mod tests {
         assert_eq!(field(json!({"frobnicate": 1})), "frobnicate");
         assert_eq!(field(json!({"input": [{"type": "image"}]})), "input");
         assert_eq!(field(json!({"text": {"format": {"type": "yaml"}}})), "text");
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_the_template() {
+        let vars = |v: Value| {
+            parse(json!({"input": "hi", "reasoning": v}))
+                .to_request(Vec::new())
+                .expect("accepted")
+                .0
+                .template_args
+        };
+        let off = vars(json!({"effort": "none", "summary": "auto"}));
+        assert_eq!(off.get("enable_thinking"), Some(&json!(false)));
+        assert_eq!(off.get("reasoning_effort"), None);
+        let high = vars(json!({"effort": "high"}));
+        assert_eq!(high.get("enable_thinking"), Some(&json!(true)));
+        assert_eq!(high.get("reasoning_effort"), Some(&json!("high")));
+        assert!(vars(json!({"summary": "auto"})).is_empty());
     }
 
     #[test]

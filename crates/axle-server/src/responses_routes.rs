@@ -8,7 +8,7 @@ use crate::openai::{call_arguments, template_call};
 use crate::responses::{self, ResponsesRequest};
 use crate::{ApiError, AppState};
 use axle_models::ChatMessage;
-use axle_sdk::{EventStream, Finish, FinishReason, StreamEvent};
+use axle_sdk::{EventStream, Finish, FinishReason};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -74,7 +74,7 @@ pub(crate) async fn responses(
     view.keep(&state, &c.text, &c.finish);
     Ok(Json(view.response(
         "completed",
-        view.output(&c.text, &c.finish),
+        view.output(&c.reasoning, &c.text, &c.finish),
         Some(&c.finish),
     ))
     .into_response())
@@ -99,6 +99,21 @@ impl View {
 
     fn message_id(&self) -> String {
         format!("msg_{:024}", self.stem)
+    }
+
+    fn reasoning_id(&self) -> String {
+        format!("rs_{:024}", self.stem)
+    }
+
+    /// The thinking, as a reasoning item with its text (no summary is written).
+    fn reasoning_item(&self, text: &str, status: &str) -> Value {
+        let content = if status == "completed" {
+            json!([{"type": "reasoning_text", "text": text}])
+        } else {
+            json!([])
+        };
+        json!({"type": "reasoning", "id": self.reasoning_id(), "status": status,
+            "summary": [], "content": content})
     }
 
     fn call_ids(&self, k: usize) -> (String, String) {
@@ -130,10 +145,13 @@ impl View {
             "arguments": arguments, "status": status})
     }
 
-    /// The output items of a finished answer: its text (if any, or if there is nothing else),
-    /// then a `function_call` per call.
-    fn output(&self, text: &str, f: &Finish) -> Vec<Value> {
+    /// The output items of a finished answer: its thinking (if any), its text (if any, or if
+    /// there is nothing else), then a `function_call` per call.
+    fn output(&self, reasoning: &str, text: &str, f: &Finish) -> Vec<Value> {
         let mut out = Vec::new();
+        if !reasoning.is_empty() {
+            out.push(self.reasoning_item(reasoning, "completed"));
+        }
         if !text.is_empty() || f.tool_calls.is_empty() {
             out.push(self.message_item(text, "completed"));
         }
@@ -148,7 +166,7 @@ impl View {
         json!({"input_tokens": u.prompt_tokens,
             "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens})
     }
 
@@ -206,6 +224,50 @@ struct Events {
 }
 
 impl Events {
+    /// Opens output item `at` with its one content part.
+    async fn open(&mut self, at: usize, item: Value, id: &str, part: Value) -> bool {
+        self.send(
+            "response.output_item.added",
+            json!({"output_index": at, "item": item}),
+        )
+        .await
+            && self
+                .send(
+                    "response.content_part.added",
+                    json!({"item_id": id, "output_index": at, "content_index": 0, "part": part}),
+                )
+                .await
+    }
+
+    /// Closes output item `at`: its text's last event (`done`: the kind, and its fields besides
+    /// the item's place), its content part, the item.
+    async fn close(
+        &mut self,
+        at: usize,
+        id: &str,
+        done: (&str, Value),
+        part: Value,
+        item: Value,
+    ) -> bool {
+        let (kind, mut text) = done;
+        text["item_id"] = json!(id);
+        text["output_index"] = json!(at);
+        text["content_index"] = json!(0);
+        self.send(kind, text).await
+            && self
+                .send(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": at, "content_index": 0, "part": part}),
+                )
+                .await
+            && self
+                .send(
+                    "response.output_item.done",
+                    json!({"output_index": at, "item": item}),
+                )
+                .await
+    }
+
     /// Sends one event; false when the client is gone.
     async fn send(&mut self, kind: &str, mut data: Value) -> bool {
         data["type"] = json!(kind);
@@ -213,6 +275,125 @@ impl Events {
         self.seq += 1;
         let e = Event::default().event(kind).data(data.to_string());
         self.tx.send(Ok(e)).await.is_ok()
+    }
+}
+
+/// The streamed output items so far: the reasoning item, then the message, each open while its
+/// text arrives (their output indices in the order they opened).
+#[derive(Default)]
+struct Output {
+    /// The thinking so far, and the reasoning item's index while it is open.
+    thought: String,
+    reasoning: Option<usize>,
+    /// The answer so far, and the message's index once it opened.
+    answer: String,
+    message: Option<usize>,
+    /// Whether the message was closed.
+    message_done: bool,
+    /// The next item's index.
+    next: usize,
+}
+
+impl Output {
+    /// Appends thinking, opening the reasoning item first; false when the client is gone.
+    async fn reasoning(&mut self, ev: &mut Events, view: &View, piece: &str) -> bool {
+        if piece.is_empty() {
+            return true;
+        }
+        let id = view.reasoning_id();
+        let at = match self.reasoning {
+            Some(at) => at,
+            None => {
+                let at = self.next;
+                self.next += 1;
+                self.reasoning = Some(at);
+                let item = view.reasoning_item("", "in_progress");
+                let part = json!({"type": "reasoning_text", "text": ""});
+                if !ev.open(at, item, &id, part).await {
+                    return false;
+                }
+                at
+            }
+        };
+        self.thought.push_str(piece);
+        ev.send(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": at, "content_index": 0, "delta": piece}),
+        )
+        .await
+    }
+
+    /// Appends answer text, closing the reasoning item and opening the message first.
+    async fn text(&mut self, ev: &mut Events, view: &View, piece: &str) -> bool {
+        if !self.close_reasoning(ev, view).await {
+            return false;
+        }
+        let id = view.message_id();
+        let at = match self.message {
+            Some(at) => at,
+            None => {
+                let at = self.next;
+                self.next += 1;
+                self.message = Some(at);
+                let item = view.message_item("", "in_progress");
+                let part = json!({"type": "output_text", "text": "", "annotations": []});
+                if !ev.open(at, item, &id, part).await {
+                    return false;
+                }
+                at
+            }
+        };
+        if piece.is_empty() {
+            return true;
+        }
+        self.answer.push_str(piece);
+        ev.send(
+            "response.output_text.delta",
+            json!({"item_id": id, "output_index": at, "content_index": 0, "delta": piece,
+                "logprobs": []}),
+        )
+        .await
+    }
+
+    async fn close_reasoning(&mut self, ev: &mut Events, view: &View) -> bool {
+        let Some(at) = self.reasoning.take() else {
+            return true;
+        };
+        let text = &self.thought;
+        let done = json!({"text": text});
+        let part = json!({"type": "reasoning_text", "text": text});
+        let item = view.reasoning_item(text, "completed");
+        ev.close(
+            at,
+            &view.reasoning_id(),
+            ("response.reasoning_text.done", done),
+            part,
+            item,
+        )
+        .await
+    }
+
+    /// Closes what is open, at the end of the answer.
+    async fn close(&mut self, ev: &mut Events, view: &View) -> bool {
+        if !self.close_reasoning(ev, view).await {
+            return false;
+        }
+        let (Some(at), false) = (self.message, self.message_done) else {
+            return true;
+        };
+        self.message_done = true;
+        let text = &self.answer;
+        let done = json!({"text": text, "logprobs": []});
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
+        let item = view.message_item(text, "completed");
+        ev.close(
+            at,
+            &view.message_id(),
+            ("response.output_text.done", done),
+            part,
+            item,
+        )
+        .await
     }
 }
 
@@ -232,87 +413,37 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
             return;
         }
         let mut timing = Timing::new(&state, t0);
-        let mut text = String::new();
-        let mut open = false;
-        let item_id = view.message_id();
+        let mut out = Output::default();
         while let Some(e) = stream.next().await {
             timing.observe(&e);
-            let (piece, finish) = match e {
-                StreamEvent::Token { text, .. } => (text, None),
-                // Reasoning items are not offered yet (`reasoning` is refused): thinking is left out.
-                StreamEvent::Done { text, finish, .. } => (text, Some(finish)),
-                StreamEvent::Error(e) => {
+            let (reasoning, piece, finish) = match e.into_pieces() {
+                Ok(pieces) => pieces,
+                Err(e) => {
                     let e = ApiError::sdk(api::clone_error(&e), responses::param);
                     let body = json!({"code": e.code, "message": e.message, "param": e.param});
                     ev.send("error", body).await;
                     return;
                 }
             };
+            if !out.reasoning(&mut ev, &view, &reasoning).await {
+                return;
+            }
             let needs_text = !piece.is_empty()
                 || finish
                     .as_ref()
-                    .is_some_and(|f| f.tool_calls.is_empty() && !open);
-            if needs_text && !open {
-                open = true;
-                let item = view.message_item("", "in_progress");
-                let part = json!({"type": "output_text", "text": "", "annotations": []});
-                if !ev
-                    .send(
-                        "response.output_item.added",
-                        json!({"output_index": 0, "item": item}),
-                    )
-                    .await
-                    || !ev
-                        .send(
-                            "response.content_part.added",
-                            json!({"item_id": item_id,
-                        "output_index": 0, "content_index": 0, "part": part}),
-                        )
-                        .await
-                {
-                    return;
-                }
-            }
-            if !piece.is_empty() {
-                text.push_str(&piece);
-                let delta = json!({"item_id": item_id, "output_index": 0, "content_index": 0,
-                    "delta": piece, "logprobs": []});
-                if !ev.send("response.output_text.delta", delta).await {
-                    return;
-                }
+                    .is_some_and(|f| f.tool_calls.is_empty() && out.message.is_none());
+            if needs_text && !out.text(&mut ev, &view, &piece).await {
+                return;
             }
             let Some(finish) = finish else {
                 continue;
             };
-            let mut index = 0;
-            if open {
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
-                let done = [
-                    (
-                        "response.output_text.done",
-                        json!({"item_id": item_id, "output_index": 0,
-                        "content_index": 0, "text": text, "logprobs": []}),
-                    ),
-                    (
-                        "response.content_part.done",
-                        json!({"item_id": item_id, "output_index": 0,
-                        "content_index": 0, "part": part}),
-                    ),
-                    (
-                        "response.output_item.done",
-                        json!({"output_index": 0,
-                        "item": view.message_item(&text, "completed")}),
-                    ),
-                ];
-                for (kind, data) in done {
-                    if !ev.send(kind, data).await {
-                        return;
-                    }
-                }
-                index = 1;
+            if !out.close(&mut ev, &view).await {
+                return;
             }
             for (k, call) in finish.tool_calls.iter().enumerate() {
-                let at = index + k;
+                let at = out.next;
+                out.next += 1;
                 let (id, _) = view.call_ids(k);
                 let steps = [
                     (
@@ -342,8 +473,9 @@ fn sse(state: AppState, view: View, mut stream: EventStream, t0: Instant) -> Res
                     }
                 }
             }
-            view.keep(&state, &text, &finish);
-            let done = view.response("completed", view.output(&text, &finish), Some(&finish));
+            view.keep(&state, &out.answer, &finish);
+            let items = view.output(&out.thought, &out.answer, &finish);
+            let done = view.response("completed", items, Some(&finish));
             let kind = if done["status"] == "incomplete" {
                 "response.incomplete"
             } else {

@@ -142,7 +142,7 @@ async fn function_calls_and_refusals() {
     assert!(!output_text(&a).is_empty(), "{a}");
 
     for (extra, param) in [
-        (json!({"reasoning": {"effort": "high"}}), "reasoning"),
+        (json!({"reasoning": {"effort": "extreme"}}), "reasoning"),
         (json!({"tools": [{"type": "web_search"}]}), "tools"),
         (json!({"max_output_tokens": -1}), "max_output_tokens"),
         (json!({"frobnicate": 1}), "frobnicate"),

@@ -126,6 +126,11 @@ impl ReasoningSplitter {
         (reasoning, answer)
     }
 
+    /// Whether the output is inside the thinking now.
+    pub fn thinking(&self) -> bool {
+        matches!(self.phase, Phase::Thinking)
+    }
+
     /// Ends the output: what was held goes where it was headed (an unclosed thinking is all
     /// reasoning).
     pub fn finish(self) -> (String, String) {

@@ -108,7 +108,10 @@ class Engine:
         decoding is constrained to it. Tools: ``tools`` (OpenAI's list), ``tool_choice``
         (``"auto"``, ``"none"``, ``"required"``, a function name or OpenAI's dict) and
         ``parallel_tool_calls``; calls come back in ``completion.tool_calls`` as
-        ``(name, arguments_json)`` and ``finish_reason == "tool_calls"``.
+        ``(name, arguments_json)`` and ``finish_reason == "tool_calls"``. Chat prompts:
+        ``chat_template_kwargs`` (a dict) gives the template more variables, e.g.
+        ``{"enable_thinking": False}``; a template's thinking comes back in
+        ``completion.reasoning``.
         """
         n = sampling.get("n", 1)
         out = []
@@ -190,6 +193,8 @@ def _normalize(sampling: Dict[str, Any]) -> Dict[str, Any]:
             sampling["response_format"] = json.dumps(fmt)
     if sampling.get("tools") is not None:
         sampling["tools"] = json.dumps(sampling["tools"])
+    if sampling.get("chat_template_kwargs") is not None:
+        sampling["chat_template_kwargs"] = json.dumps(sampling["chat_template_kwargs"])
     choice = sampling.get("tool_choice")
     if isinstance(choice, dict):
         sampling["tool_choice"] = _field(choice, "tool_choice", "function", "name")

@@ -101,6 +101,7 @@ fn usage(prompt_tokens: Option<u64>, completion_tokens: Option<u64>) -> Option<U
         prompt_tokens: prompt_tokens? as usize,
         completion_tokens: completion_tokens? as usize,
         cached_tokens: 0,
+        reasoning_tokens: 0,
     })
 }
 
@@ -290,6 +291,10 @@ impl Upstream {
                 b.insert(k.into(), v);
             }
         };
+        // llama-server, vLLM and Axle read the template's variables under this name.
+        if !req.template_args.is_empty() {
+            put("chat_template_kwargs", Some(json!(req.template_args)));
+        }
         put("temperature", req.sampling.temperature.map(|x| json!(x)));
         put("top_p", req.sampling.top_p.map(|x| json!(x)));
         put("top_k", req.sampling.top_k.map(|x| json!(x)));

@@ -50,6 +50,11 @@ fn sampling_fields_are_passed_through_and_renamed_for_llama_cpp() {
         b,
         json!({"model": "m", "messages": [{"role": "user", "content": "q"}]})
     );
+    // The template's variables go as chat_template_kwargs.
+    let req = GenerateRequest::new(vec![ChatMessage::new("user", "q")])
+        .template_arg("enable_thinking", json!(false));
+    let b = upstream(RuntimeKind::LlamaCpp).body(&req, false);
+    assert_eq!(b["chat_template_kwargs"], json!({"enable_thinking": false}));
 }
 
 #[test]
