@@ -2,8 +2,8 @@
 
 SmolLM2-135M with a thinking chat template (ChatML that marks thinking, as Qwen3's does), written
 by gguf's own metadata tool; a pattern constrains the output to a thinking block and an answer,
-so the split is known. (A constrained output is the answer unless it writes the markers itself;
-templates whose generation prompt opens the thinking are covered by the splitter's unit tests.) Chat completions give
+so the split is known (a pattern that writes the closing marker covers the thinking too; other
+constraints cover the answer after it). Chat completions give
 `reasoning_content` and `content` (blocking, and streamed in deltas); Messages with thinking on
 give a `thinking` block before the text (blocking and streamed), and with thinking off the answer
 alone.
@@ -28,8 +28,12 @@ TEMPLATE = (
 PATTERN = r"<think>\n[a-z]{2,8}( [a-z]{2,8}){1,3}\n</think>\n\n[A-Z][a-z]{2,8}\."
 
 
-# Qwen3.5's way: the generation prompt opens the thinking.
-OPENING = TEMPLATE.replace("assistant\n{% endif", "assistant\n<think>\n{% endif")
+# A template that reads `enable_thinking` (Qwen3's way): thinking opens in the generation prompt
+# unless it is turned off, when the prompt closes an empty one.
+SWITCH = TEMPLATE.replace(
+    "assistant\n{% endif",
+    "assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif")
 
 
 def retemplated(tmp_path_factory, template):
@@ -54,15 +58,22 @@ def base(tmp_path_factory):
     assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
 
 
-def test_a_constrained_answer_is_the_answer_where_the_prompt_opens_thinking(tmp_path_factory):
-    proc, url = serve(tmp_path_factory, OPENING)
+def test_a_constraint_covers_the_answer_after_the_thinking(tmp_path_factory):
+    """Where the prompt opens the thinking, the thinking is free text (the constraint starts after
+    its closing marker: crates/axle-structured's unit test walks the whole grammar); SmolLM2 does not
+    close it within 30 tokens, so all of them are reasoning. With the thinking turned off, the
+    constraint starts at once."""
+    proc, url = serve(tmp_path_factory, SWITCH)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        m = client.chat.completions.create(
-            model="thinker", messages=[{"role": "user", "content": "A colour as JSON."}], temperature=0,
-            max_tokens=30, response_format={"type": "json_object"}).choices[0].message
-        assert m.content.lstrip().startswith("{"), m
-        assert "reasoning_content" not in (m.model_extra or {}), m
+        kw = dict(model="thinker", messages=[{"role": "user", "content": "A colour as JSON."}], temperature=0,
+                  max_tokens=30, response_format={"type": "json_object"})
+        c = client.chat.completions.create(**kw).choices[0]
+        assert c.finish_reason == "length" and not c.message.content, c
+        assert c.message.model_extra["reasoning_content"].strip(), c
+        off = client.chat.completions.create(reasoning_effort="none", **kw).choices[0].message
+        assert off.content.lstrip().startswith("{"), off
+        assert "reasoning_content" not in (off.model_extra or {}), off
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -102,14 +113,6 @@ def test_messages_give_thinking_blocks(base):
     # Without thinking asked for, the answer alone.
     plain = client.messages.create(**kw)
     assert [b.type for b in plain.content] == ["text"] and plain.content[0].text == m.content[1].text
-
-
-# A template that reads `enable_thinking` (Qwen3's way): thinking opens in the generation prompt
-# unless it is turned off, when the prompt closes an empty one.
-SWITCH = TEMPLATE.replace(
-    "assistant\n{% endif",
-    "assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-    "{% else %}<think>\n{% endif %}{% endif")
 
 
 @pytest.fixture(scope="module")

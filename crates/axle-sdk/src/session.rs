@@ -10,6 +10,7 @@ use crate::SdkError;
 use axle_core::{FinishReason, RequestId, TokenConstraint};
 use axle_models::{Model, TokenId};
 use axle_structured::reasoning::ThinkingMarkers;
+use axle_structured::{AnswerStart, OutputConstraint};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -208,31 +209,47 @@ impl Session {
         req.validate()?;
         let plan = structured::plan(req, self.model.chat_template_source())?;
         let prompt = self.planned_tokens(req, &plan)?;
-        let grammar = match &plan.constraint {
-            Some((c, field)) => {
-                let engine = self.grammar.get(&self.model)?;
-                let compiled = if plan.json_grammar {
-                    engine.compile_with(c, Some(axle_structured::JSON_DIGIT_LIMIT))
-                } else {
-                    engine.compile(c)
-                };
-                Some(compiled.map_err(|e| Rejection::invalid(*field, e.to_string()))?)
-            }
-            None => None,
-        };
         // Chat answers of a template that marks thinking: the thinking is split from the answer,
-        // starting inside it when the rendered prompt opened it. A constrained output is the
-        // answer from its first token (JSON, a forced call), unless it writes the markers itself.
+        // starting inside it when the rendered prompt opened it; a constraint (JSON, a forced
+        // call) covers the answer after the thinking.
         let thinking = match &req.prompt {
             Prompt::Chat(_) => {
                 ThinkingMarkers::of_template(self.model.chat_template_source()).map(|m| {
                     let tail = &prompt[prompt.len().saturating_sub(8)..];
-                    let opened = plan.constraint.is_none()
-                        && m.opened_by(&self.model.tokenizer.decode(tail, false));
+                    let opened = m.opened_by(&self.model.tokenizer.decode(tail, false));
                     (m, opened)
                 })
             }
             _ => None,
+        };
+        let grammar = match &plan.constraint {
+            Some((c, field)) => {
+                let engine = self.grammar.get(&self.model)?;
+                let digits = (plan.json_grammar
+                    || matches!(
+                        c,
+                        OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. }
+                    ))
+                .then_some(axle_structured::JSON_DIGIT_LIMIT);
+                // A pattern or grammar that writes the closing marker itself covers the thinking.
+                let own = match c {
+                    OutputConstraint::Regex { pattern: text }
+                    | OutputConstraint::Grammar { lark: text } => thinking
+                        .as_ref()
+                        .is_some_and(|(m, _)| text.contains(&m.close)),
+                    _ => false,
+                };
+                let start = match &thinking {
+                    Some((markers, opened)) if !own => AnswerStart::AfterThinking {
+                        markers: markers.clone(),
+                        opened: *opened,
+                    },
+                    _ => AnswerStart::First,
+                };
+                let compiled = engine.compile_answer(c, digits, &start);
+                Some(compiled.map_err(|e| Rejection::invalid(*field, e.to_string()))?)
+            }
+            None => None,
         };
         let mut streams = Vec::with_capacity(req.n);
         let mut acks = Vec::with_capacity(req.n);

@@ -6,11 +6,13 @@
 //! when it needs the mask before the thread has it, and never for a thread to wake up just to
 //! answer: a mask the thread has not started is computed in place.
 use crate::format::OutputConstraint;
+use crate::reasoning::ThinkingMarkers;
 use crate::vocabulary::{TokenEnv, Vocabulary};
 use crate::StructuredError;
 use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, TokenMask};
 use llguidance::toktrie::TokEnv;
 use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -86,6 +88,21 @@ impl DigitState {
     }
 }
 
+/// Where a constrained answer starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerStart {
+    /// At the first generated token.
+    First,
+    /// After the thinking between `markers`, which the prompt opened (`opened`) or the model
+    /// may open itself first.
+    AfterThinking {
+        /// The template's thinking markers.
+        markers: ThinkingMarkers,
+        /// The rendered prompt ended inside the thinking.
+        opened: bool,
+    },
+}
+
 impl std::fmt::Debug for GrammarEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrammarEngine")
@@ -125,8 +142,49 @@ impl GrammarEngine {
         c: &OutputConstraint,
         digit_limit: Option<usize>,
     ) -> Result<Grammar, StructuredError> {
+        self.compile_answer(c, digit_limit, &AnswerStart::First)
+    }
+
+    /// [`GrammarEngine::compile_with`] for an answer that starts where `start` says: after the
+    /// thinking, the output is free text up to the closing marker (a control token where the
+    /// vocabulary has one, else the marker's text), then whitespace, then the constraint.
+    pub fn compile_answer(
+        &self,
+        c: &OutputConstraint,
+        digit_limit: Option<usize>,
+        start: &AnswerStart,
+    ) -> Result<Grammar, StructuredError> {
         crate::limits::check(c)?;
-        let grammar = c.grammar()?;
+        let mut grammar = c.grammar()?;
+        if let AnswerStart::AfterThinking { markers, opened } = start {
+            let trie = self.factory.tok_env().tok_trie();
+            let literal = |s: &str| match trie.get_special_token(s) {
+                Some(id) => format!("<[{id}]>"),
+                None => Value::String(s.to_string()).to_string(),
+            };
+            let think = match trie.get_special_token(&markers.close) {
+                Some(id) => format!("think: THOUGHT? <[{id}]>\nTHOUGHT: /(.|\n)+/\n"),
+                None => format!(
+                    "think[suffix={}]: /(.|\n)*/\n",
+                    Value::String(markers.close.clone())
+                ),
+            };
+            let opening = if *opened {
+                "think".to_string()
+            } else {
+                format!("({} think)?", literal(&markers.open))
+            };
+            // The constraint's grammar follows this one, named to be referenced.
+            let lark = format!(
+                "start: {opening} answer\nanswer: WS? @axle_answer\nWS: /[ \\t\\r\\n]+/\n{think}"
+            );
+            let mut grammars = vec![llguidance::api::GrammarWithLexer::from_lark(lark)];
+            if let Some(first) = grammar.grammars.first_mut() {
+                first.name = Some("axle_answer".into());
+            }
+            grammars.append(&mut grammar.grammars);
+            grammar.grammars = grammars;
+        }
         let compiled = std::thread::scope(|s| {
             std::thread::Builder::new()
                 .name("axle-grammar-compile".into())
@@ -840,6 +898,56 @@ mod tests {
             c.valid_prefix(&[b'{' as TokenId, b'"' as TokenId, b'x' as TokenId]),
             2
         );
+    }
+
+    /// Bytes as single-byte tokens.
+    fn bytes(s: &str) -> Vec<TokenId> {
+        s.bytes().map(TokenId::from).collect()
+    }
+
+    #[test]
+    fn a_constrained_answer_starts_after_the_thinking() {
+        let e = engine();
+        let markers = crate::reasoning::ThinkingMarkers::of_template(Some("<think></think>"))
+            .expect("markers");
+        let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"], "additionalProperties": false});
+        let c = OutputConstraint::JsonSchema { schema };
+        let thought = "Hm, {not json} <b>.\n";
+        // Opened by the prompt: free text (braces, tags, newlines) up to the marker, then JSON.
+        let start = AnswerStart::AfterThinking {
+            markers: markers.clone(),
+            opened: true,
+        };
+        let g = e
+            .compile_answer(&c, Some(JSON_DIGIT_LIMIT), &start)
+            .unwrap();
+        let mut k = g.constraint(false, false).unwrap();
+        k.start().unwrap();
+        let full = format!("{thought}</think>\n\n{{\"ok\": true}}");
+        assert_eq!(k.valid_prefix(&bytes(&full)), full.len());
+        // Not JSON after the thinking, and no answer before the marker closes it.
+        let bad = format!("{thought}</think>\nyes");
+        assert_eq!(k.valid_prefix(&bytes(&bad)), bad.len() - 3);
+        // Opened by the model, or not at all.
+        let start = AnswerStart::AfterThinking {
+            markers,
+            opened: false,
+        };
+        let g = e
+            .compile_answer(&c, Some(JSON_DIGIT_LIMIT), &start)
+            .unwrap();
+        for text in [
+            format!("<think>{thought}</think>{{\"ok\": false}}"),
+            "{\"ok\": false}".to_string(),
+        ] {
+            let mut k = g.constraint(false, false).unwrap();
+            k.start().unwrap();
+            assert_eq!(k.valid_prefix(&bytes(&text)), text.len(), "{text}");
+        }
+        let mut k = g.constraint(false, false).unwrap();
+        k.start().unwrap();
+        assert_eq!(k.valid_prefix(&bytes("Hm")), 0, "text outside the thinking");
     }
 
     /// With overlap, the mask thread computes the next mask once the engine asks for it
