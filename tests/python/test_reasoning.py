@@ -44,39 +44,40 @@ def retemplated(tmp_path_factory, template):
     return model
 
 
-def serve(tmp_path_factory, template):
+def served(tmp_path_factory, template):
+    """A module's server for `template`: its URL, then a clean shutdown."""
     model = retemplated(tmp_path_factory, template)
-    return start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
-                      "--context-len", 512, "--kv-slots", 2048)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    proc, url = serve(tmp_path_factory, TEMPLATE)
+    proc, url = start_axle("--model", model, "--threads", 2, "--api-key", KEY, "--model-alias", "thinker",
+                           "--context-len", 512, "--kv-slots", 2048)
     yield url
     proc.terminate()
     assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
 
 
-def test_a_constraint_covers_the_answer_after_the_thinking(tmp_path_factory):
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    yield from served(tmp_path_factory, TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def switch(tmp_path_factory):
+    yield from served(tmp_path_factory, SWITCH)
+
+
+def test_a_constraint_covers_the_answer_after_the_thinking(switch):
     """Where the prompt opens the thinking, the thinking is free text (the constraint starts after
     its closing marker: crates/axle-structured's unit test walks the whole grammar); SmolLM2 does not
     close it within 30 tokens, so all of them are reasoning. With the thinking turned off, the
     constraint starts at once."""
-    proc, url = serve(tmp_path_factory, SWITCH)
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        kw = dict(model="thinker", messages=[{"role": "user", "content": "A colour as JSON."}], temperature=0,
-                  max_tokens=30, response_format={"type": "json_object"})
-        c = client.chat.completions.create(**kw).choices[0]
-        assert c.finish_reason == "length" and not c.message.content, c
-        assert c.message.model_extra["reasoning_content"].strip(), c
-        off = client.chat.completions.create(reasoning_effort="none", **kw).choices[0].message
-        assert off.content.lstrip().startswith("{"), off
-        assert "reasoning_content" not in (off.model_extra or {}), off
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    client = openai.OpenAI(base_url=switch + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", messages=[{"role": "user", "content": "A colour as JSON."}], temperature=0,
+              max_tokens=30, response_format={"type": "json_object"})
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "length" and not c.message.content, c
+    assert c.message.model_extra["reasoning_content"].strip(), c
+    off = client.chat.completions.create(reasoning_effort="none", **kw).choices[0].message
+    assert off.content.lstrip().startswith("{"), off
+    assert "reasoning_content" not in (off.model_extra or {}), off
 
 
 def check_split(reasoning, answer):
@@ -113,14 +114,6 @@ def test_messages_give_thinking_blocks(base):
     # Without thinking asked for, the answer alone.
     plain = client.messages.create(**kw)
     assert [b.type for b in plain.content] == ["text"] and plain.content[0].text == m.content[1].text
-
-
-@pytest.fixture(scope="module")
-def switch(tmp_path_factory):
-    proc, url = serve(tmp_path_factory, SWITCH)
-    yield url
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0, "graceful shutdown should exit cleanly"
 
 
 QUESTION = "Think, then name a colour."

@@ -8,6 +8,15 @@ use std::collections::BTreeMap;
 /// Variables a chat template reads beside the messages, by name (`enable_thinking`, ...).
 pub type TemplateVars = BTreeMap<String, serde_json::Value>;
 
+/// The variables [`ChatTemplate::render`] sets itself, which [`TemplateVars`] never override.
+pub const TEMPLATE_INPUTS: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
 /// One chat message, with the fields Hugging Face templates read for tool use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {

@@ -26,7 +26,7 @@ pub mod tensor_split;
 pub mod tokenizer;
 mod weights;
 
-pub use chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars};
+pub use chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars, TEMPLATE_INPUTS};
 pub use layers::{HostKernels, Kernels};
 pub use model::{
     default_threads, FusedProjections, HostMemory, Model, ModelOptions, MAX_THREADS_PER_CORE,

@@ -42,7 +42,6 @@ pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
 pub use generator::{Delivery, EventStream, Generator};
 pub use request::{
     check_vocab, defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions,
-    RESERVED_TEMPLATE_ARGS,
 };
 pub use session::{EngineStats, Session, TokenStream};
 pub use stop::StopMatcher;

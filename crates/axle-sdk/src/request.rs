@@ -7,7 +7,7 @@
 //! route's entry point calls; what a route cannot honour (a delegated upstream asked for token
 //! log-probabilities, say) is refused by that route with [`Rejection::Unsupported`].
 use axle_core::{AdmitError, SamplingField, SamplingParams};
-use axle_models::{ChatMessage, TemplateVars, TokenId};
+use axle_models::{ChatMessage, TemplateVars, TokenId, TEMPLATE_INPUTS};
 use axle_structured::reasoning::ThinkingMarkers;
 use axle_structured::tools::{ToolChoice, ToolFormat};
 use axle_structured::OutputConstraint;
@@ -160,19 +160,9 @@ pub struct GenerateRequest {
     pub speculate: bool,
     /// Variables given to the chat template beside the messages (`enable_thinking`,
     /// `reasoning_effort`, a client's `chat_template_kwargs`); chat prompts only. The names the
-    /// template's own inputs use ([`RESERVED_TEMPLATE_ARGS`]) are refused.
+    /// template's own inputs use ([`TEMPLATE_INPUTS`]) are refused.
     pub template_args: TemplateVars,
 }
-
-/// Template variables a request cannot set: the messages, tools and tokens the template is
-/// rendered with.
-pub const RESERVED_TEMPLATE_ARGS: [&str; 5] = [
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "bos_token",
-    "eos_token",
-];
 
 /// Seeds of requests that set none: distinct per request, the same sequence on every run.
 static NEXT_SEED: AtomicU64 = AtomicU64::new(1);
@@ -318,7 +308,7 @@ impl GenerateRequest {
         if let Some(name) = self
             .template_args
             .keys()
-            .find(|k| RESERVED_TEMPLATE_ARGS.contains(&k.as_str()))
+            .find(|k| TEMPLATE_INPUTS.contains(&k.as_str()))
         {
             return invalid(
                 Field::TemplateArgs,

@@ -10,7 +10,7 @@ use crate::SdkError;
 use axle_core::{FinishReason, RequestId, TokenConstraint};
 use axle_models::{Model, TokenId};
 use axle_structured::reasoning::ThinkingMarkers;
-use axle_structured::{AnswerStart, OutputConstraint};
+use axle_structured::AnswerStart;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -225,27 +225,14 @@ impl Session {
         let grammar = match &plan.constraint {
             Some((c, field)) => {
                 let engine = self.grammar.get(&self.model)?;
-                let digits = (plan.json_grammar
-                    || matches!(
-                        c,
-                        OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. }
-                    ))
-                .then_some(axle_structured::JSON_DIGIT_LIMIT);
-                // A pattern or grammar that writes the closing marker itself covers the thinking.
-                let own = match c {
-                    OutputConstraint::Regex { pattern: text }
-                    | OutputConstraint::Grammar { lark: text } => thinking
-                        .as_ref()
-                        .is_some_and(|(m, _)| text.contains(&m.close)),
-                    _ => false,
-                };
                 let start = match &thinking {
-                    Some((markers, opened)) if !own => AnswerStart::AfterThinking {
+                    Some((markers, opened)) => AnswerStart::AfterThinking {
                         markers: markers.clone(),
                         opened: *opened,
                     },
-                    _ => AnswerStart::First,
+                    None => AnswerStart::First,
                 };
+                let digits = axle_structured::digit_limit(c, plan.json_grammar);
                 let compiled = engine.compile_answer(c, digits, &start);
                 Some(compiled.map_err(|e| Rejection::invalid(*field, e.to_string()))?)
             }

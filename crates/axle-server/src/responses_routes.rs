@@ -224,19 +224,35 @@ struct Events {
 }
 
 impl Events {
-    /// Opens output item `at` with its one content part.
-    async fn open(&mut self, at: usize, item: Value, id: &str, part: Value) -> bool {
-        self.send(
-            "response.output_item.added",
-            json!({"output_index": at, "item": item}),
-        )
-        .await
+    /// The index of the item in `slot`, opening it first (the next index, with its one content
+    /// part) if it is not open; None when the client is gone.
+    async fn open(
+        &mut self,
+        slot: &mut Option<usize>,
+        next: &mut usize,
+        item: impl FnOnce() -> Value,
+        id: &str,
+        part: impl FnOnce() -> Value,
+    ) -> Option<usize> {
+        if let Some(at) = *slot {
+            return Some(at);
+        }
+        let at = *next;
+        *next += 1;
+        *slot = Some(at);
+        let sent = self
+            .send(
+                "response.output_item.added",
+                json!({"output_index": at, "item": item()}),
+            )
+            .await
             && self
                 .send(
                     "response.content_part.added",
-                    json!({"item_id": id, "output_index": at, "content_index": 0, "part": part}),
+                    json!({"item_id": id, "output_index": at, "content_index": 0, "part": part()}),
                 )
-                .await
+                .await;
+        sent.then_some(at)
     }
 
     /// Closes output item `at`: its text's last event (`done`: the kind, and its fields besides
@@ -285,11 +301,9 @@ struct Output {
     /// The thinking so far, and the reasoning item's index while it is open.
     thought: String,
     reasoning: Option<usize>,
-    /// The answer so far, and the message's index once it opened.
+    /// The answer so far, and the message's index while it is open.
     answer: String,
     message: Option<usize>,
-    /// Whether the message was closed.
-    message_done: bool,
     /// The next item's index.
     next: usize,
 }
@@ -301,19 +315,11 @@ impl Output {
             return true;
         }
         let id = view.reasoning_id();
-        let at = match self.reasoning {
-            Some(at) => at,
-            None => {
-                let at = self.next;
-                self.next += 1;
-                self.reasoning = Some(at);
-                let item = view.reasoning_item("", "in_progress");
-                let part = json!({"type": "reasoning_text", "text": ""});
-                if !ev.open(at, item, &id, part).await {
-                    return false;
-                }
-                at
-            }
+        let item = || view.reasoning_item("", "in_progress");
+        let part = || json!({"type": "reasoning_text", "text": ""});
+        let opened = ev.open(&mut self.reasoning, &mut self.next, item, &id, part);
+        let Some(at) = opened.await else {
+            return false;
         };
         self.thought.push_str(piece);
         ev.send(
@@ -329,19 +335,11 @@ impl Output {
             return false;
         }
         let id = view.message_id();
-        let at = match self.message {
-            Some(at) => at,
-            None => {
-                let at = self.next;
-                self.next += 1;
-                self.message = Some(at);
-                let item = view.message_item("", "in_progress");
-                let part = json!({"type": "output_text", "text": "", "annotations": []});
-                if !ev.open(at, item, &id, part).await {
-                    return false;
-                }
-                at
-            }
+        let item = || view.message_item("", "in_progress");
+        let part = || json!({"type": "output_text", "text": "", "annotations": []});
+        let opened = ev.open(&mut self.message, &mut self.next, item, &id, part);
+        let Some(at) = opened.await else {
+            return false;
         };
         if piece.is_empty() {
             return true;
@@ -378,10 +376,9 @@ impl Output {
         if !self.close_reasoning(ev, view).await {
             return false;
         }
-        let (Some(at), false) = (self.message, self.message_done) else {
+        let Some(at) = self.message.take() else {
             return true;
         };
-        self.message_done = true;
         let text = &self.answer;
         let done = json!({"text": text, "logprobs": []});
         let part = json!({"type": "output_text", "text": text, "annotations": []});

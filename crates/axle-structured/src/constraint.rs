@@ -10,6 +10,7 @@ use crate::reasoning::ThinkingMarkers;
 use crate::vocabulary::{TokenEnv, Vocabulary};
 use crate::StructuredError;
 use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, TokenMask};
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::toktrie::TokEnv;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
@@ -88,6 +89,17 @@ impl DigitState {
     }
 }
 
+/// The bound on runs of digits a constraint's output gets: JSON answers (a schema, an object,
+/// or a grammar of JSON such as a tool call's) hold runs of at most [`JSON_DIGIT_LIMIT`].
+pub fn digit_limit(c: &OutputConstraint, json_grammar: bool) -> Option<usize> {
+    (json_grammar
+        || matches!(
+            c,
+            OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. }
+        ))
+    .then_some(JSON_DIGIT_LIMIT)
+}
+
 /// Where a constrained answer starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AnswerStart {
@@ -127,12 +139,7 @@ impl GrammarEngine {
     /// Compiles a constraint; errors name what is wrong with the schema, pattern or grammar.
     /// JSON answers hold runs of at most [`JSON_DIGIT_LIMIT`] digits.
     pub fn compile(&self, c: &OutputConstraint) -> Result<Grammar, StructuredError> {
-        let limit = matches!(
-            c,
-            OutputConstraint::JsonObject | OutputConstraint::JsonSchema { .. }
-        )
-        .then_some(JSON_DIGIT_LIMIT);
-        self.compile_with(c, limit)
+        self.compile_with(c, digit_limit(c, false))
     }
 
     /// [`GrammarEngine::compile`] with a chosen bound on runs of digits (None: unbounded). The
@@ -147,7 +154,9 @@ impl GrammarEngine {
 
     /// [`GrammarEngine::compile_with`] for an answer that starts where `start` says: after the
     /// thinking, the output is free text up to the closing marker (a control token where the
-    /// vocabulary has one, else the marker's text), then whitespace, then the constraint.
+    /// vocabulary has one, else the marker's text), then whitespace, then the constraint. A
+    /// pattern or grammar that writes the closing marker itself covers the thinking too, so it
+    /// starts at the first token.
     pub fn compile_answer(
         &self,
         c: &OutputConstraint,
@@ -157,33 +166,11 @@ impl GrammarEngine {
         crate::limits::check(c)?;
         let mut grammar = c.grammar()?;
         if let AnswerStart::AfterThinking { markers, opened } = start {
-            let trie = self.factory.tok_env().tok_trie();
-            let literal = |s: &str| match trie.get_special_token(s) {
-                Some(id) => format!("<[{id}]>"),
-                None => Value::String(s.to_string()).to_string(),
-            };
-            let think = match trie.get_special_token(&markers.close) {
-                Some(id) => format!("think: THOUGHT? <[{id}]>\nTHOUGHT: /(.|\n)+/\n"),
-                None => format!(
-                    "think[suffix={}]: /(.|\n)*/\n",
-                    Value::String(markers.close.clone())
-                ),
-            };
-            let opening = if *opened {
-                "think".to_string()
-            } else {
-                format!("({} think)?", literal(&markers.open))
-            };
-            // The constraint's grammar follows this one, named to be referenced.
-            let lark = format!(
-                "start: {opening} answer\nanswer: WS? @axle_answer\nWS: /[ \\t\\r\\n]+/\n{think}"
-            );
-            let mut grammars = vec![llguidance::api::GrammarWithLexer::from_lark(lark)];
-            if let Some(first) = grammar.grammars.first_mut() {
-                first.name = Some("axle_answer".into());
+            let own = matches!(c, OutputConstraint::Regex { pattern: t } | OutputConstraint::Grammar { lark: t }
+                if t.contains(&markers.close));
+            if !own {
+                grammar = self.after_thinking(grammar, markers, *opened);
             }
-            grammars.append(&mut grammar.grammars);
-            grammar.grammars = grammars;
         }
         let compiled = std::thread::scope(|s| {
             std::thread::Builder::new()
@@ -204,13 +191,44 @@ impl GrammarEngine {
         })
     }
 
+    /// `answer` behind free thinking text: opened by the prompt (`opened`) or optionally by the
+    /// model, up to the closing marker, then whitespace.
+    fn after_thinking(
+        &self,
+        mut answer: TopLevelGrammar,
+        markers: &ThinkingMarkers,
+        opened: bool,
+    ) -> TopLevelGrammar {
+        let trie = self.factory.tok_env().tok_trie();
+        let think = match trie.get_special_token(&markers.close) {
+            Some(id) => format!("think: THOUGHT? <[{id}]>\nTHOUGHT: /(.|\n)+/\n"),
+            None => format!(
+                "think[suffix={}]: /(.|\n)*/\n",
+                Value::String(markers.close.clone())
+            ),
+        };
+        let opening = match (opened, trie.get_special_token(&markers.open)) {
+            (true, _) => "think".to_string(),
+            (false, Some(id)) => format!("(<[{id}]> think)?"),
+            (false, None) => format!("({} think)?", Value::String(markers.open.clone())),
+        };
+        // The constraint's grammar follows this one, named to be referenced.
+        let lark = format!(
+            "start: {opening} answer\nanswer: WS? @axle_answer\nWS: /[ \\t\\r\\n]+/\n{think}"
+        );
+        if let Some(first) = answer.grammars.first_mut() {
+            first.name = Some("axle_answer".into());
+        }
+        let mut grammars = vec![GrammarWithLexer::from_lark(lark)];
+        grammars.append(&mut answer.grammars);
+        answer.grammars = grammars;
+        answer
+    }
+
     /// Compiles on the calling thread, then computes the first mask of a copy: a grammar that
     /// compiles but cannot start (no token allowed, or a parser limit hit at once) is refused
     /// here rather than when the request runs.
-    fn compile_here(
-        &self,
-        grammar: llguidance::api::TopLevelGrammar,
-    ) -> Result<Matcher, StructuredError> {
+    fn compile_here(&self, grammar: TopLevelGrammar) -> Result<Matcher, StructuredError> {
         let parser = self
             .factory
             .create_parser(grammar)

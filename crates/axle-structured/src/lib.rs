@@ -18,7 +18,7 @@ pub mod reasoning;
 pub mod tools;
 mod vocabulary;
 
-pub use constraint::{AnswerStart, Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
+pub use constraint::{digit_limit, AnswerStart, Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
 pub use format::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use limits::{check_tool_schema, MAX_GRAMMAR_BYTES, MAX_GRAMMAR_DEPTH};
 pub use vocabulary::Vocabulary;
