@@ -238,3 +238,32 @@ def test_the_delegated_route(engine):
                 up.tokenize("hi")
     finally:
         stop(proc)
+
+
+def test_a_hub_id_loads_from_the_hub_cache(engine, tmp_path, monkeypatch):
+    """`Engine("org/repo:QUANT", offline=True)` finds the model where huggingface_hub caches it
+    (blob named by its sha256, snapshot link, ref) and runs it as the file itself; a model not
+    there is refused without touching the network."""
+    import hashlib
+    import os
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    sha = hashlib.sha256(MODEL.read_bytes()).hexdigest()
+    repo = tmp_path / "hub" / "models--org--SmolLM2-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    os.symlink(MODEL, repo / "blobs" / sha)
+    os.symlink(f"../../blobs/{sha}", repo / "snapshots" / commit / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with axle.Engine("org/SmolLM2-GGUF:Q4_1", offline=True, threads=2, context=1024) as e:
+        assert e.runtime["model_source"] == f"hf:org/SmolLM2-GGUF@{commit}"
+        for p in PROMPTS[:2]:
+            assert e.generate(p, max_tokens=16, temperature=0).text == \
+                engine.generate(p, max_tokens=16, temperature=0).text
+    with pytest.raises(axle.ModelError, match="not in the Hub cache"):
+        axle.Engine("org/absent", offline=True, threads=2)
+    with pytest.raises(axle.ModelError, match="has no `Q8_0` GGUF"):
+        axle.Engine("org/SmolLM2-GGUF:Q8_0", offline=True, threads=2)

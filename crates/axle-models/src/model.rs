@@ -167,6 +167,13 @@ impl Model {
                 opts.threads
             )));
         }
+        if path.is_dir() && path.join("config.json").is_file() {
+            return Err(ModelError::Unsupported(format!(
+                "{} is a safetensors folder (config.json); Axle loads GGUF files, and safetensors \
+                 folders are not loaded natively yet",
+                path.display()
+            )));
+        }
         let file = GgufFile::open(path)?;
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;

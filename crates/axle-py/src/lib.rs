@@ -61,6 +61,33 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// An SDK error as a Python exception of the matching class; a refused request carries the field
 /// (`e.field`, OpenAI's name) and the reason.
+/// The model a `model_path` names: a path as it is (`file:` source), a Hub id pulled into the
+/// Hub cache (`hf:org/repo@commit`), or found there when `offline`.
+fn local_model(reference: &std::path::Path, offline: bool) -> PyResult<(PathBuf, String)> {
+    let text = reference.to_string_lossy();
+    let id =
+        match axle_hub::ModelRef::parse(&text).map_err(|e| ModelError::new_err(e.to_string()))? {
+            axle_hub::ModelRef::Path(p) => {
+                let abs = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+                return Ok((p, format!("file:{}", abs.display())));
+            }
+            axle_hub::ModelRef::Hub(id) => id,
+        };
+    let hub = axle_hub::Hub::from_env()
+        .map_err(|e| ModelError::new_err(e.to_string()))?
+        .offline(offline);
+    let pulled = hub
+        .resolve(&id, &mut axle_hub::Quiet)
+        .map_err(|e| ModelError::new_err(e.to_string()))?;
+    if pulled.format == axle_hub::Format::Safetensors {
+        return Err(ModelError::new_err(format!(
+            "{id} is a safetensors repository; Axle loads GGUF files, and safetensors folders \
+             are not loaded natively yet: use a GGUF repository of the model"
+        )));
+    }
+    Ok((pulled.path.clone(), pulled.source()))
+}
+
 fn py_err(py: Python<'_>, e: SdkError) -> PyErr {
     match e {
         SdkError::Rejected(r) => {
@@ -278,7 +305,7 @@ impl Engine {
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
-        split_mode="layer".to_string(), device_products=None, host_kernels=None
+        split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -307,6 +334,7 @@ impl Engine {
         split_mode: String,
         device_products: Option<String>,
         host_kernels: Option<String>,
+        offline: bool,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -354,8 +382,14 @@ impl Engine {
             split_mode: split_mode.parse().map_err(invalid)?,
             ..Default::default()
         };
+        // A Hub id (`org/repo[:QUANT]`) is pulled into the Hub cache first (or, offline, found
+        // there); a path is taken as it is.
+        let local = match model_path {
+            Some(p) => Some(py.allow_threads(|| local_model(&p, offline))?),
+            None => None,
+        };
         let spec = RouteSpec {
-            model: model_path,
+            model: local.as_ref().map(|(path, _)| path.clone()),
             policy,
             upstream,
             upstream_model,
@@ -386,7 +420,10 @@ impl Engine {
             ..EngineConfig::sized(m, &sizing)
         };
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
-        let (generator, report) = opened.map_err(|e| py_err(py, e))?;
+        let (generator, mut report) = opened.map_err(|e| py_err(py, e))?;
+        if matches!(generator, Generator::Native(_)) {
+            report.model_source = local.map(|(_, source)| source);
+        }
         Ok(Engine {
             generator: Some(generator),
             report,

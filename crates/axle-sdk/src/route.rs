@@ -230,6 +230,11 @@ pub struct RuntimeReport {
     pub model_id: String,
     /// The local model file, when one was given.
     pub model_path: Option<PathBuf>,
+    /// Where the model came from: `hf:org/repo@commit` for a model pulled from the Hub,
+    /// `file:PATH` for one given by path; absent on delegated routes and where the caller did
+    /// not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_source: Option<String>,
     /// Its GGUF architecture, when known.
     pub architecture: Option<String>,
     /// Axle's version.
@@ -281,6 +286,7 @@ impl RuntimeReport {
             },
             model_id,
             model_path: model_path.map(Path::to_path_buf),
+            model_source: None,
             architecture: match &input.local {
                 Some(LocalModel::Gguf { arch, .. }) => Some(arch.clone()),
                 _ => None,
@@ -341,6 +347,13 @@ impl RuntimeReport {
                     tier_name(self.support_tier),
                     self.model_id
                 );
+                if let Some(source) = self
+                    .model_source
+                    .as_deref()
+                    .filter(|s| s.starts_with("hf:"))
+                {
+                    line.push_str(&format!(", from {source}"));
+                }
                 if let Some(p) = &self.device_products {
                     line.push_str(&format!(", device products {p}"));
                 }

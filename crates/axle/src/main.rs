@@ -1,5 +1,5 @@
-//! `axle`: run local LLMs. Subcommands: generate, chat, serve, tokenize, doctor, bench,
-//! rpc-server.
+//! `axle`: run local LLMs. Subcommands: generate, chat, serve, pull, list, rm, tokenize,
+//! doctor, bench, rpc-server.
 #![forbid(unsafe_code)]
 
 mod cmd;
@@ -10,6 +10,9 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "axle", version, about = "Axle: a local LLM inference runtime")]
 struct Cli {
+    /// Never reach the Hub: models named by Hub id come from the cache (as HF_HUB_OFFLINE=1).
+    #[arg(long, global = true)]
+    offline: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -22,6 +25,12 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
+    /// Download a model from the Hugging Face Hub (or HF_ENDPOINT) into the Hub cache.
+    Pull(cmd::hub::PullArgs),
+    /// The models in the Hub cache: name, size, architecture, quantization, native or not.
+    List(cmd::hub::ListArgs),
+    /// Remove a model (a repository, or one GGUF quantization) from the Hub cache.
+    Rm(cmd::hub::RmArgs),
     /// Print the token ids and pieces of a text.
     Tokenize(cmd::tokenize::Args),
     /// Print what this build can use here (CPU features, threads, ggml backends) and check a model.
@@ -35,10 +44,18 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.offline {
+        // Read by the Hub client wherever a command resolves a model id; set before any thread
+        // starts.
+        std::env::set_var("HF_HUB_OFFLINE", "1");
+    }
     let result = match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Chat(a) => cmd::chat::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Pull(a) => cmd::hub::pull(a),
+        Command::List(a) => cmd::hub::list(a),
+        Command::Rm(a) => cmd::hub::rm(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),

@@ -46,7 +46,10 @@ Prompt = Union[str, Sequence[int], Sequence[Message]]
 class Engine:
     """A model and its engine, or a delegated upstream.
 
-    Native: ``Engine(model_path, device="auto", context=None, threads=None, ngram=True, ...)``.
+    Native: ``Engine(model_path, device="auto", context=None, threads=None, ngram=True, ...)``;
+    ``model_path`` may be a Hub id (``"org/repo:Q4_K_M"``), pulled into the Hugging Face cache
+    (``HF_HOME``, ``HF_ENDPOINT``, ``HF_TOKEN``) on first use, or found there with
+    ``offline=True`` (or ``HF_HUB_OFFLINE=1``).
     Delegated: ``Engine(backend="llama-cpp" | "openai", upstream="http://host:port")``, or
     ``Engine(model_path, upstream=..., allow_delegation=True)`` for a file Axle cannot run.
     Keyword arguments are those of ``axle serve`` (``max_batch_size``, ``max_batch_tokens``,

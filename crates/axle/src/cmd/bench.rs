@@ -580,8 +580,9 @@ fn quick(
     workload: Workload,
     extras: QuickExtras,
 ) -> anyhow::Result<()> {
-    let model = std::fs::canonicalize(&target.model)
-        .with_context(|| format!("cannot open model {}", target.model.display()))?;
+    let local = super::hub::local(&target.model)?.path;
+    let model = std::fs::canonicalize(&local)
+        .with_context(|| format!("cannot open model {}", local.display()))?;
     let stem = model
         .file_stem()
         .map(|s| {

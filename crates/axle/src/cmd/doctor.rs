@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A GGUF model file to check.
+    /// A GGUF model file (or Hub id) to check.
     #[arg(long)]
     model: Option<PathBuf>,
 }
@@ -53,7 +53,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     println!("supported architectures: {}", arch::supported().join(", "));
-    if let Some(path) = a.model {
+    if let Some(model) = a.model {
+        let path = super::hub::local(&model)?.path;
         let file = GgufFile::open(&path)?;
         let arch_name = file.str("general.architecture")?;
         if arch::loader_for(arch_name).is_err() {

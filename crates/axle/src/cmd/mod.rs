@@ -3,6 +3,7 @@ pub mod bench;
 pub mod chat;
 pub mod doctor;
 pub mod generate;
+pub mod hub;
 pub mod route;
 pub mod rpc_server;
 pub mod serve;
@@ -293,6 +294,8 @@ pub fn load_model(path: &Path, engine: &EngineArgs) -> anyhow::Result<Model> {
 
 /// [`load_model`] for the bench commands, which take threads and device alone.
 pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::Result<Model> {
+    let local = hub::local(path)?;
+    let path = local.path.as_path();
     let opts = ModelOptions {
         threads: device.threads,
         repack,

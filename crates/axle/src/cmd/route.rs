@@ -34,7 +34,8 @@ impl From<BackendArg> for RoutePolicy {
 /// Which model, and who runs it.
 #[derive(Debug, clap::Args)]
 pub struct RouteArgs {
-    /// GGUF model file (optional when an upstream serves the model).
+    /// GGUF model file, or Hub id (`org/repo[:QUANT][@REVISION]`, pulled on first use into the
+    /// Hub cache; with --offline, found there). Optional when an upstream serves the model.
     #[arg(long, required_unless_present = "upstream")]
     pub model: Option<PathBuf>,
     /// Backend policy.
@@ -68,8 +69,9 @@ impl RouteArgs {
         kv_seqs: usize,
     ) -> anyhow::Result<(Generator, RuntimeReport)> {
         engine.check_sizes(max_seqs, kv_seqs)?;
+        let local = self.model.as_deref().map(super::hub::local).transpose()?;
         let spec = RouteSpec {
-            model: self.model.clone(),
+            model: local.as_ref().map(|l| l.path.clone()),
             policy: self.backend.into(),
             upstream: self.upstream.clone(),
             upstream_model: self.upstream_model.clone(),
@@ -81,17 +83,30 @@ impl RouteArgs {
             super::load_model(path, engine).map_err(|e| SdkError::Config(format!("{e:#}")))
         };
         let configure = |model: &axle_models::Model| engine.engine_config(model, max_seqs, kv_seqs);
-        let (generator, report) = route::open(&spec, load, configure).await?;
+        let (generator, mut report) = route::open(&spec, load, configure).await?;
+        if matches!(generator, Generator::Native(_)) {
+            report.model_source = local.map(|l| l.source);
+        }
         if matches!(generator, Generator::Delegated(_)) {
             engine.check_delegated()?;
         }
         Ok((generator, report))
     }
 
-    /// The name clients use: the alias, else the file stem, else the upstream's model id.
+    /// The name clients use: the alias, else the Hub id or the file stem, else the upstream's
+    /// model id.
     pub fn display_name(&self, alias: Option<&str>, generator: &Generator) -> String {
         if let Some(a) = alias {
             return a.to_string();
+        }
+        let text = self
+            .model
+            .as_deref()
+            .map(|m| m.to_string_lossy().into_owned());
+        if let Some(Ok(axle_hub::ModelRef::Hub(id))) =
+            text.as_deref().map(axle_hub::ModelRef::parse)
+        {
+            return id.to_string();
         }
         if let Some(stem) = self.model.as_deref().and_then(|m| m.file_stem()) {
             return stem.to_string_lossy().into_owned();

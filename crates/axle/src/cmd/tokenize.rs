@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// GGUF model file.
+    /// GGUF model file, or Hub id (`org/repo[:QUANT]`).
     #[arg(long)]
     model: PathBuf,
     /// Do not add BOS/EOS.
@@ -20,7 +20,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     // Only the vocabulary is needed: read metadata, not weights.
-    let file = GgufFile::open(&a.model)?;
+    let file = GgufFile::open(super::hub::local(&a.model)?.path)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&a.text, !a.no_special, !a.no_parse_special);
     for id in &ids {
