@@ -103,9 +103,10 @@ class Tensors:
         self.w.add_tensor(name, (center + self.rng.standard_normal(n) * scale).astype(np.float32))
 
 
-def writer(path, arch, name, e, nl, ff, nh, nkv):
-    """A GGUF writer with the metadata every fixture has."""
-    w = gguf.GGUFWriter(path, arch)
+def writer(path, arch, name, e, nl, ff, nh, nkv, split_max_tensors=0):
+    """A GGUF writer with the metadata every fixture has; `split_max_tensors` splits the file into
+    parts of that many tensors (`<stem>-00001-of-0000N.gguf`), as llama.cpp's gguf-split does."""
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(4096)
     w.add_embedding_length(e)
@@ -133,17 +134,20 @@ def finish(w, path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    if os.path.exists(path):
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    else:
+        print(f"wrote {path} in parts")
 
 
 def write(path, arch, cfg, vocab, seed, qk_norm=False, qkv_bias=False, extra=None, moe=None,
-          embd_type=Q.Q8_0, untied=False):
+          embd_type=Q.Q8_0, untied=False, split_max_tensors=0):
     """A Llama-shaped fixture. `moe`: dict(n_expert, n_used, n_ff_exp, shared_ff (or None),
     qtype (of the expert weights)) makes every FFN a mixture of experts."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     e, nh, nkv, hd, ff, nl = cfg["n_embd"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["n_ff"], cfg["n_layer"]
-    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv, split_max_tensors)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(cfg.get("rope_base", 10000.0))
@@ -389,7 +393,7 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     d_conv, hk, n_kh, n_vh = 4, 16, 2, 4
     key_dim, value_dim = hk * n_kh, hk * n_vh
     conv_dim = 2 * key_dim + value_dim
-    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv, split_max_tensors)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_uint32(f"{arch}.rope.dimension_count", 16)
@@ -570,7 +574,8 @@ def write_glm4moe(path, vocab, seed):
     finish(w, path)
 
 
-FIXTURES = 16
+# Files written (the split llama fixture counts its two parts).
+FIXTURES = 18
 
 
 def main():
@@ -590,6 +595,8 @@ def main():
     write(os.path.join(a.out, "qwen2-tiny.gguf"), "qwen2", base, vocab, 1, qkv_bias=True)
     write(os.path.join(a.out, "qwen3-tiny.gguf"), "qwen3", dict(base, head_dim=32, rope_base=1e6), vocab, 2, qk_norm=True)
     write(os.path.join(a.out, "llama-tiny.gguf"), "llama", base, vocab, 3)
+    # The same weights split into two files (llama-split-tiny-0000{1,2}-of-00002.gguf).
+    write(os.path.join(a.out, "llama-split-tiny.gguf"), "llama", base, vocab, 3, split_max_tensors=12)
     # Mistral-style: every layer attends over a sliding window. One layer, so that the last token's
     # logits over a long prompt equal a full-attention run over just the last `window` tokens.
     write(os.path.join(a.out, "mistral-swa-tiny.gguf"), "llama", dict(base, n_layer=1), vocab, 4,

@@ -22,12 +22,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
 
-# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 14
+# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 18
 # files, about 120 MB): written from seeds by scripts/make-fixtures.py (about 10 s), byte for byte
 # the same on every machine, rather than kept in git.
 models="$("$here/fetch-models.sh")"
 fixtures="$here/../fixtures"
-if [ "$(ls "$fixtures"/*-tiny.gguf 2>/dev/null | wc -l)" -lt "$("$venv/bin/python" "$here/make-fixtures.py" --count)" ]; then
+if [ "$(ls "$fixtures"/*-tiny*.gguf 2>/dev/null | wc -l)" -lt "$("$venv/bin/python" "$here/make-fixtures.py" --count)" ]; then
   "$venv/bin/python" "$here/make-fixtures.py" --smollm2 "$models/SmolLM2-135M-Instruct.Q4_1.gguf" \
     --out "$fixtures" >/dev/null
 fi

@@ -68,7 +68,9 @@ pub struct TensorInfo {
     pub dtype: DType,
     /// Shape, ggml order (ne0 is the contiguous dimension); trailing ones dropped.
     pub shape: Vec<i64>,
-    /// Byte offset of the data from the start of the file.
+    /// The part of a split model that holds it (0 for a model in one file).
+    pub part: usize,
+    /// Byte offset of the data from the start of its part's file.
     pub file_offset: u64,
     /// Size of the data in bytes.
     pub nbytes: u64,
@@ -86,13 +88,33 @@ impl TensorInfo {
     }
 }
 
-/// An opened GGUF file: metadata, tensor table and the mmap of the whole file.
+/// An opened GGUF model: metadata, tensor table and the mmap of each file. A model split over
+/// several files (`name-00001-of-00003.gguf`, as llama.cpp's gguf-split writes them, metadata
+/// `split.count`) is opened from its first part and reads as one: the metadata is the first
+/// part's, the tensors are every part's.
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
     metadata: BTreeMap<String, MetaValue>,
     tensors: Vec<TensorInfo>,
+    parts: Vec<Arc<Mmap>>,
+}
+
+/// One file of a model: its metadata, tensors and mapping.
+struct Part {
+    metadata: BTreeMap<String, MetaValue>,
+    tensors: Vec<TensorInfo>,
     mmap: Arc<Mmap>,
+}
+
+/// The path of part `no` (0-based) of a split model whose first part is `first`, in
+/// llama.cpp's naming (`prefix-00001-of-00003.gguf`), if `first` is named so.
+fn part_path(first: &Path, no: usize, count: usize) -> Option<PathBuf> {
+    let name = first.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".gguf")?;
+    let suffix = format!("-00001-of-{count:05}");
+    let prefix = stem.strip_suffix(&suffix)?;
+    Some(first.with_file_name(format!("{prefix}-{:05}-of-{count:05}.gguf", no + 1)))
 }
 
 struct GgufCtx(*mut sys::gguf_context);
@@ -112,10 +134,82 @@ fn cstr(p: *const std::ffi::c_char) -> String {
 }
 
 impl GgufFile {
-    /// Opens and validates a GGUF file, mmapping it.
+    /// Opens and validates a GGUF file, mmapping it; a split model's first part opens every
+    /// part.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
-        crate::quiet_logs();
         let path = path.as_ref().to_path_buf();
+        let first = Self::open_part(&path, 0)?;
+        let malformed = |detail: String| Error::MalformedGguf {
+            path: path.clone(),
+            detail,
+        };
+        let int = |m: &BTreeMap<String, MetaValue>, k: &str| m.get(k).and_then(MetaValue::as_i64);
+        let count = int(&first.metadata, "split.count").unwrap_or(1);
+        let no = int(&first.metadata, "split.no").unwrap_or(0);
+        if !(1..=9999).contains(&count) || !(0..count).contains(&no) {
+            return Err(malformed(format!("split.no {no} of split.count {count}")));
+        }
+        if no != 0 {
+            return Err(malformed(format!(
+                "this is part {} of {count} of a split model: open the first part",
+                no + 1
+            )));
+        }
+        let count = count as usize;
+        let Part {
+            metadata,
+            mut tensors,
+            mmap,
+        } = first;
+        let mut parts = vec![mmap];
+        for no in 1..count {
+            let part_file = part_path(&path, no, count).ok_or_else(|| {
+                malformed(format!(
+                    "split.count is {count} but the name is not `<name>-00001-of-{count:05}.gguf`"
+                ))
+            })?;
+            let part = Self::open_part(&part_file, no)?;
+            let (pno, pcount) = (
+                int(&part.metadata, "split.no"),
+                int(&part.metadata, "split.count"),
+            );
+            if pno != Some(no as i64) || pcount != Some(count as i64) {
+                return Err(Error::MalformedGguf {
+                    path: part_file,
+                    detail: format!(
+                        "expected part {} of {count}, found split.no {pno:?} of split.count {pcount:?}",
+                        no + 1
+                    ),
+                });
+            }
+            tensors.extend(part.tensors);
+            parts.push(part.mmap);
+        }
+        if count > 1 {
+            let listed = int(&metadata, "split.tensors.count");
+            if listed.is_some_and(|n| n != tensors.len() as i64) {
+                return Err(malformed(format!(
+                    "split.tensors.count is {listed:?} but the {count} parts hold {} tensors",
+                    tensors.len()
+                )));
+            }
+            let mut names = std::collections::BTreeSet::new();
+            if let Some(dup) = tensors.iter().find(|t| !names.insert(t.name.as_str())) {
+                return Err(malformed(format!("tensor {} is in two parts", dup.name)));
+            }
+        }
+        Ok(GgufFile {
+            path,
+            metadata,
+            tensors,
+            parts,
+        })
+    }
+
+    /// Opens one file, its tensors marked as part `part`.
+    fn open_part(path: &Path, part: usize) -> Result<Part> {
+        crate::quiet_logs();
+        let path = path.to_path_buf();
         let io = |source| Error::Io {
             path: path.clone(),
             source,
@@ -160,7 +254,7 @@ impl GgufFile {
         }
         let ctx = GgufCtx(raw);
         let metadata = read_metadata(&ctx);
-        let tensors = read_tensors(&ctx)?;
+        let tensors = read_tensors(&ctx, part)?;
         let needed = tensors
             .iter()
             .map(|t| t.file_offset + t.nbytes)
@@ -176,8 +270,7 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; Axle never writes model files while they are mapped.
         // Another process truncating the file under us is outside what any mmap user can defend against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Ok(GgufFile {
-            path,
+        Ok(Part {
             metadata,
             tensors,
             mmap: Arc::new(mmap),
@@ -189,9 +282,14 @@ impl GgufFile {
         &self.path
     }
 
-    /// File size in bytes.
+    /// Size in bytes (of all parts).
     pub fn file_size(&self) -> u64 {
-        self.mmap.len() as u64
+        self.parts.iter().map(|m| m.len() as u64).sum()
+    }
+
+    /// How many files the model is split over (1 for one file).
+    pub fn part_count(&self) -> usize {
+        self.parts.len()
     }
 
     /// All metadata.
@@ -218,13 +316,14 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The raw bytes of a tensor (from the mmap).
+    /// The raw bytes of a tensor (from its part's mmap).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        &self.mmap[info.file_offset as usize..(info.file_offset + info.nbytes) as usize]
+        &self.parts[info.part][info.file_offset as usize..(info.file_offset + info.nbytes) as usize]
     }
 
-    pub(crate) fn mmap(&self) -> &Arc<Mmap> {
-        &self.mmap
+    /// The mapping of part `part`.
+    pub(crate) fn mmap(&self, part: usize) -> &Arc<Mmap> {
+        &self.parts[part]
     }
 
     /// A metadata value.
@@ -398,7 +497,7 @@ fn read_metadata(ctx: &GgufCtx) -> BTreeMap<String, MetaValue> {
     out
 }
 
-fn read_tensors(ctx: &GgufCtx) -> Result<Vec<TensorInfo>> {
+fn read_tensors(ctx: &GgufCtx, part: usize) -> Result<Vec<TensorInfo>> {
     let c = ctx.0;
     // SAFETY: live context; all indices below are < n_tensors.
     let (n, data_offset) = unsafe { (sys::gguf_get_n_tensors(c), sys::gguf_get_data_offset(c)) };
@@ -425,6 +524,7 @@ fn read_tensors(ctx: &GgufCtx) -> Result<Vec<TensorInfo>> {
             name,
             dtype,
             shape,
+            part,
             file_offset: (data_offset + off) as u64,
             nbytes: size as u64,
         });

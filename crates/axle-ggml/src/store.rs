@@ -26,7 +26,7 @@ struct StoreInner {
     /// The tensors split over several devices, when some are (see [`crate::meta`]).
     split_ctx: Option<Context>,
     _buffers: Vec<Buffer>,
-    _mmap: Option<Arc<Mmap>>,
+    _mmap: Vec<Arc<Mmap>>,
     /// The in-place weights' copy in huge pages, when they were copied.
     _huge: Option<HugeRegion>,
     by_name: HashMap<String, *mut sys::ggml_tensor>,
@@ -51,7 +51,7 @@ impl std::fmt::Debug for TensorStore {
         f.debug_struct("TensorStore")
             .field("tensors", &self.inner.by_name.len())
             .field("buffers", &self.inner._buffers.len())
-            .field("mapped", &self.inner._mmap.is_some())
+            .field("mapped", &!self.inner._mmap.is_empty())
             .finish()
     }
 }
@@ -349,7 +349,7 @@ impl TensorStore {
             .sum();
         let mut done = 0u64;
         let mut buffers = Vec::new();
-        let mut mmap = None;
+        let mut mmap = Vec::new();
         let mut huge_region = None;
         // Tensors split over several devices are allocated last, from their own context (a split
         // buffer takes every tensor of the context it is allocated from).
@@ -373,9 +373,9 @@ impl TensorStore {
                         buffers.push(buf);
                         huge_region = Some(region);
                     } else {
-                        let (buf, m) = place_in_mapping(file, infos, &tensors)?;
-                        buffers.push(buf);
-                        mmap = Some(m);
+                        let (bufs, maps) = place_in_mapping(file, infos, &tensors)?;
+                        buffers.extend(bufs);
+                        mmap = maps;
                     }
                 }
                 Some(buft) => {
@@ -486,7 +486,7 @@ impl TensorStore {
                 ctx,
                 split_ctx: None,
                 _buffers: vec![buf],
-                _mmap: None,
+                _mmap: Vec::new(),
                 _huge: None,
                 by_name,
                 fused: Vec::new(),
@@ -581,36 +581,53 @@ fn place_in_huge_pages(
     Ok((buf, region))
 }
 
-/// Places file tensors in one host buffer over the file's whole mapping, each at its own bytes.
+/// Places file tensors in host buffers over the files' whole mappings (one per part of a split
+/// model), each at its own bytes.
 fn place_in_mapping(
     file: &GgufFile,
     infos: &[TensorInfo],
     tensors: &[(Source, *mut sys::ggml_tensor)],
-) -> Result<(Buffer, Arc<Mmap>)> {
-    let m = file.mmap().clone();
-    // SAFETY: the mapping outlives the buffer (both owned by the store; the buffer is dropped
-    // first). ggml never writes to weight tensors.
-    let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(m.as_ptr() as *mut _, m.len()) };
-    if buf.is_null() {
-        return Err(Error::Alloc("cpu buffer over mmap".into()));
-    }
-    let buf = Buffer(buf);
-    // SAFETY: buf is a fresh buffer.
-    unsafe { sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
-    for (src, t) in tensors {
-        let Source::File(i) = src else {
-            unreachable!("fused weights always get a buffer of their own");
-        };
-        let off = infos[*i].file_offset as usize;
-        // SAFETY: off + nbytes <= file size was checked when the file was opened, so the
-        // address lies inside buf.
-        let st =
-            unsafe { sys::ggml_backend_tensor_alloc(buf.0, *t, m.as_ptr().add(off) as *mut _) };
-        if st != sys::GGML_STATUS_SUCCESS {
-            return Err(Error::Alloc(format!("placing {} in mmap", infos[*i].name)));
+) -> Result<(Vec<Buffer>, Vec<Arc<Mmap>>)> {
+    let mut buffers = Vec::new();
+    let mut maps = Vec::new();
+    for part in 0..file.part_count() {
+        let in_part: Vec<(usize, *mut sys::ggml_tensor)> = tensors
+            .iter()
+            .map(|(src, t)| match src {
+                Source::File(i) => (*i, *t),
+                Source::Fused(_) => unreachable!("fused weights always get a buffer of their own"),
+            })
+            .filter(|(i, _)| infos[*i].part == part)
+            .collect();
+        if in_part.is_empty() {
+            continue;
         }
+        let m = file.mmap(part).clone();
+        // SAFETY: the mapping outlives the buffer (both owned by the store; the buffer is
+        // dropped first). ggml never writes to weight tensors.
+        let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(m.as_ptr() as *mut _, m.len()) };
+        if buf.is_null() {
+            return Err(Error::Alloc("cpu buffer over mmap".into()));
+        }
+        let buf = Buffer(buf);
+        // SAFETY: buf is a fresh buffer.
+        unsafe {
+            sys::ggml_backend_buffer_set_usage(buf.0, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        };
+        for (i, t) in in_part {
+            let off = infos[i].file_offset as usize;
+            // SAFETY: off + nbytes <= the part's size was checked when the part was opened, so
+            // the address lies inside buf.
+            let st =
+                unsafe { sys::ggml_backend_tensor_alloc(buf.0, t, m.as_ptr().add(off) as *mut _) };
+            if st != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Alloc(format!("placing {} in mmap", infos[i].name)));
+            }
+        }
+        buffers.push(buf);
+        maps.push(m);
     }
-    Ok((buf, m))
+    Ok((buffers, maps))
 }
 
 /// Where a loaded tensor's bytes come from.
