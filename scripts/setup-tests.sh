@@ -31,6 +31,11 @@ if [ "$(ls "$fixtures"/*-tiny*.gguf 2>/dev/null | wc -l)" -lt "$("$venv/bin/pyth
   "$venv/bin/python" "$here/make-fixtures.py" --smollm2 "$models/SmolLM2-135M-Instruct.Q4_1.gguf" \
     --out "$fixtures" >/dev/null
 fi
+# Safetensors folders written from those fixtures, each beside a GGUF twin of the same numbers
+# (fixtures/hf, about 45 MB, a few seconds).
+if [ "$(ls -d "$fixtures"/hf/*/ 2>/dev/null | wc -l)" -lt "$("$venv/bin/python" "$here/make-hf-fixtures.py" --count)" ]; then
+  "$venv/bin/python" "$here/make-hf-fixtures.py" --fixtures "$fixtures" >/dev/null
+fi
 
 # The delegated-route tests run llama.cpp's server as llama-cpp-python packages it. PyPI has its
 # source only, so its wheel is built once (about 6 minutes on 2 cores, host CPU features, no

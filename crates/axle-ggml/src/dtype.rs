@@ -11,6 +11,8 @@ impl DType {
     pub const F32: DType = DType(sys::GGML_TYPE_F32);
     /// 16-bit float.
     pub const F16: DType = DType(sys::GGML_TYPE_F16);
+    /// bfloat16.
+    pub const BF16: DType = DType(sys::GGML_TYPE_BF16);
     /// 32-bit signed integer.
     pub const I32: DType = DType(sys::GGML_TYPE_I32);
     /// 64-bit signed integer.

@@ -107,6 +107,36 @@ struct Part {
     mmap: Arc<Mmap>,
 }
 
+/// Maps a weights file of another format (safetensors) read-only, for [`GgufFile::assembled`].
+pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the file is opened read-only; Axle never writes model files while they are mapped.
+    // Another process truncating the file under us is outside what any mmap user can defend against.
+    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+    Ok(Arc::new(mmap))
+}
+
+/// Bytes made in memory (weights converted at load), as a read-only mapping like a file's.
+pub fn map_bytes(bytes: &[u8]) -> Result<Arc<Mmap>> {
+    let io = |source| Error::Io {
+        path: PathBuf::from("<converted weights>"),
+        source,
+    };
+    let mut m = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io)?;
+    m[..bytes.len()].copy_from_slice(bytes);
+    Ok(Arc::new(m.make_read_only().map_err(io)?))
+}
+
 /// The path of part `no` (0-based) of a split model whose first part is `first`, in
 /// llama.cpp's naming (`prefix-00001-of-00003.gguf`), if `first` is named so.
 fn part_path(first: &Path, no: usize, count: usize) -> Option<PathBuf> {
@@ -196,6 +226,52 @@ impl GgufFile {
             let mut names = std::collections::BTreeSet::new();
             if let Some(dup) = tensors.iter().find(|t| !names.insert(t.name.as_str())) {
                 return Err(malformed(format!("tensor {} is in two parts", dup.name)));
+            }
+        }
+        Ok(GgufFile {
+            path,
+            metadata,
+            tensors,
+            parts,
+        })
+    }
+
+    /// A model assembled in memory from another format's files: its metadata (as GGUF keys),
+    /// its tensors, and the mappings their bytes lie in (`TensorInfo::part` indexes `parts`).
+    /// Each tensor is checked to lie inside its part and to hold what its type and shape take.
+    pub fn assembled(
+        path: PathBuf,
+        metadata: BTreeMap<String, MetaValue>,
+        tensors: Vec<TensorInfo>,
+        parts: Vec<Arc<Mmap>>,
+    ) -> Result<GgufFile> {
+        let malformed = |detail: String| Error::MalformedGguf {
+            path: path.clone(),
+            detail,
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for t in &tensors {
+            let part = parts
+                .get(t.part)
+                .ok_or_else(|| malformed(format!("{}: no part {}", t.name, t.part)))?;
+            let end = t.file_offset.checked_add(t.nbytes);
+            if end.is_none_or(|e| e > part.len() as u64) {
+                return Err(malformed(format!(
+                    "{}: its bytes lie outside its file",
+                    t.name
+                )));
+            }
+            let elements: i64 = t.shape.iter().product();
+            let rows = elements / t.shape.first().copied().unwrap_or(1).max(1);
+            let want = t.dtype.row_size(t.shape.first().copied().unwrap_or(1)) as u64 * rows as u64;
+            if t.shape.iter().any(|&d| d <= 0) || want != t.nbytes {
+                return Err(malformed(format!(
+                    "{}: {} bytes for {:?} of {:?}",
+                    t.name, t.nbytes, t.shape, t.dtype
+                )));
+            }
+            if !names.insert(t.name.as_str()) {
+                return Err(malformed(format!("tensor {} appears twice", t.name)));
             }
         }
         Ok(GgufFile {

@@ -33,8 +33,9 @@ pub use backend::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use gguf::{GgufFile, MetaValue, TensorInfo};
+pub use gguf::{map_bytes, map_file, GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
+pub use memmap2::Mmap;
 pub use store::{FusedWeight, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
 pub use sysinfo::{cpu_features, host_available_memory, system_info, CpuFeature};
 /// A small deterministic generator for the kernels' self-checks (xorshift64).

@@ -11,6 +11,7 @@ mod choice;
 pub mod device_step;
 pub mod fetched;
 mod heads;
+pub mod hf;
 pub mod kv;
 pub mod layers;
 pub mod model;

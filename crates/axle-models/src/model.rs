@@ -6,7 +6,7 @@ use crate::chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars};
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
-use axle_ggml::{Backend, GgufFile, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
+use axle_ggml::{Backend, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
 use smart_default::SmartDefault;
 use std::path::{Path, PathBuf};
 
@@ -167,14 +167,7 @@ impl Model {
                 opts.threads
             )));
         }
-        if path.is_dir() && path.join("config.json").is_file() {
-            return Err(ModelError::Unsupported(format!(
-                "{} is a safetensors folder (config.json); Axle loads GGUF files, and safetensors \
-                 folders are not loaded natively yet",
-                path.display()
-            )));
-        }
-        let file = GgufFile::open(path)?;
+        let file = crate::hf::open_model(path)?;
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;
         // Layers counted from the tensors themselves (`blk.N.*`), before any family reads them.

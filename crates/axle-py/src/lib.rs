@@ -79,12 +79,6 @@ fn local_model(reference: &std::path::Path, offline: bool) -> PyResult<(PathBuf,
     let pulled = hub
         .resolve(&id, &mut axle_hub::Quiet)
         .map_err(|e| ModelError::new_err(e.to_string()))?;
-    if pulled.format == axle_hub::Format::Safetensors {
-        return Err(ModelError::new_err(format!(
-            "{id} is a safetensors repository; Axle loads GGUF files, and safetensors folders \
-             are not loaded natively yet: use a GGUF repository of the model"
-        )));
-    }
     Ok((pulled.path.clone(), pulled.source()))
 }
 

@@ -376,6 +376,28 @@ pub fn file_sha256(path: &Path) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
     let meta = std::fs::metadata(path)?;
+    if meta.is_dir() {
+        // A safetensors folder: the hash of its files' names and hashes, in name order.
+        let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        names.sort();
+        let mut hasher = Sha256::new();
+        for p in names {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            hasher.update(format!(
+                "{}:{}\n",
+                name.unwrap_or_default(),
+                file_sha256(&p)?
+            ));
+        }
+        return Ok(hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect());
+    }
     let canon = std::fs::canonicalize(path)?;
     let mtime = meta
         .modified()

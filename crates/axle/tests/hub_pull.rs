@@ -134,28 +134,31 @@ fn pull_list_generate_offline_and_remove() {
         ],
     ));
     assert!(e.contains("not in the Hub cache"), "{e}");
-    mock.add(
-        "org/st",
-        vec![
+    // A sharded safetensors repository: pulled whole and run natively, as from its folder.
+    let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf/llama-f32");
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&folder)
+        .expect("fixtures/hf/llama-f32 (scripts/make-hf-fixtures.py)")
+        .map(|e| {
+            let e = e.expect("entry");
             (
-                "config.json".into(),
-                br#"{"model_type":"llama","torch_dtype":"bfloat16"}"#.to_vec(),
-            ),
-            ("model.safetensors".into(), vec![0u8; 64]),
-        ],
-    );
-    let e = err(&axle(
-        home.path(),
-        &ep,
-        &["generate", "--model", "org/st", "--prompt", "x"],
-    ));
-    assert!(e.contains("safetensors"), "{e}");
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).expect("file"),
+            )
+        })
+        .collect();
+    mock.add("org/st", files);
+    let (by_folder, _) = gen(&folder.display().to_string(), false);
+    let (by_repo, stderr) = gen("org/st", false);
+    assert_eq!(by_repo, by_folder);
+    assert!(stderr.contains("from hf:org/st@"), "{stderr}");
     let list = ok(&axle(home.path(), &ep, &["list"]));
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("org/st ") && l.contains("bfloat16") && l.ends_with("no")),
-        "{list}"
-    );
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("org/st "))
+        .unwrap_or_else(|| panic!("{list}"));
+    for cell in ["llama", "float32", "safetensors", "yes"] {
+        assert!(row.split_whitespace().any(|c| c == cell), "{cell}: {row}");
+    }
 
     let out = ok(&axle(home.path(), &ep, &["rm", REPO]));
     assert!(out.contains("removed"), "{out}");

@@ -495,6 +495,9 @@ pub fn supported() -> Vec<&'static str> {
 
 /// The `general.architecture` of a GGUF file, read from its header (tensors are not loaded).
 pub fn architecture_of(path: &std::path::Path) -> Result<String, ModelError> {
+    if crate::hf::is_folder(path) {
+        return crate::hf::architecture_of(path);
+    }
     let file = GgufFile::open(path)?;
     Ok(file.str("general.architecture")?.to_string())
 }

@@ -31,6 +31,9 @@ fn pre_regexes(pre: &str) -> Vec<&'static str> {
 pub(super) struct Bpe {
     ranks: HashMap<(String, String), u32>,
     regexes: Vec<Regex>,
+    /// A word that is a token as a whole is that token, merges or not (tokenizer.json's
+    /// `ignore_merges`).
+    ignore_merges: bool,
 }
 
 /// gpt2's reversible byte -> printable character map.
@@ -90,7 +93,13 @@ impl Ord for Cand {
 }
 
 impl Bpe {
-    pub(super) fn new(merges: &[String], pre: &str) -> Result<Bpe, TokenizerError> {
+    /// The merges, and the pre-tokenizer: the regexes given, else those of the GGUF name `pre`.
+    pub(super) fn new(
+        merges: &[String],
+        pre: &str,
+        regexes: Option<&[String]>,
+        ignore_merges: bool,
+    ) -> Result<Bpe, TokenizerError> {
         let mut ranks = HashMap::with_capacity(merges.len());
         for (i, m) in merges.iter().enumerate() {
             // A merge is "left right"; the separator is the first space after the first character.
@@ -102,11 +111,23 @@ impl Bpe {
                     .or_insert(i as u32);
             }
         }
-        let regexes = pre_regexes(pre)
-            .into_iter()
+        let named: Vec<String>;
+        let sources: &[String] = match regexes {
+            Some(r) => r,
+            None => {
+                named = pre_regexes(pre).into_iter().map(str::to_string).collect();
+                &named
+            }
+        };
+        let regexes = sources
+            .iter()
             .map(|r| Regex::new(r).map_err(|e| TokenizerError::Regex(e.to_string())))
             .collect::<Result<_, _>>()?;
-        Ok(Bpe { ranks, regexes })
+        Ok(Bpe {
+            ranks,
+            regexes,
+            ignore_merges,
+        })
     }
 
     /// Splits text into words: each regex in turn splits every current piece into its matches and
@@ -139,6 +160,12 @@ impl Bpe {
     pub(super) fn encode(&self, tok: &Tokenizer, text: &str, out: &mut Vec<TokenId>) {
         for word in self.words(text) {
             let encoded: String = word.bytes().map(byte_to_unicode).collect();
+            if self.ignore_merges {
+                if let Some(id) = tok.token_id(&encoded) {
+                    out.push(id);
+                    continue;
+                }
+            }
             let mut syms: Vec<String> = encoded.chars().map(String::from).collect();
             let mut next: Vec<Option<usize>> = (0..syms.len())
                 .map(|i| (i + 1 < syms.len()).then_some(i + 1))

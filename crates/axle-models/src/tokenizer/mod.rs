@@ -244,7 +244,23 @@ impl Tokenizer {
                     .str_opt("tokenizer.ggml.pre")
                     .map_err(meta)?
                     .unwrap_or("default");
-                Some(bpe::Bpe::new(&merges, pre)?)
+                // A safetensors folder's tokenizer gives its pre-tokenizer as regexes, and
+                // whether a word found whole in the vocabulary skips the merges
+                // (`hf::tokenizer`).
+                let regexes = match file.array_opt("tokenizer.axle.pre_regexes").map_err(meta)? {
+                    Some(_) => Some(str_array(file, "tokenizer.axle.pre_regexes")?),
+                    None => None,
+                };
+                let ignore_merges = file
+                    .bool_opt("tokenizer.axle.ignore_merges")
+                    .map_err(meta)?
+                    .unwrap_or(false);
+                Some(bpe::Bpe::new(
+                    &merges,
+                    pre,
+                    regexes.as_deref(),
+                    ignore_merges,
+                )?)
             }
             Algorithm::Spm => None,
         };

@@ -10,16 +10,23 @@ pub fn model(name: &str) -> PathBuf {
     axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
-pub fn fixture(name: &str) -> PathBuf {
+/// `fixtures/<folder>/<name>`, which `script` writes.
+fn fixture_in(folder: &str, name: &str, script: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures")
+        .join(folder)
         .join(name);
-    assert!(
-        p.is_file(),
-        "fixture {} is missing: run scripts/make-fixtures.py",
-        p.display()
-    );
+    assert!(p.exists(), "{} is missing: run {script}", p.display());
     p
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    fixture_in("", name, "scripts/make-fixtures.py")
+}
+
+/// A safetensors folder of `fixtures/hf`, or its GGUF twin (`NAME.gguf`).
+pub fn hf_fixture(name: &str) -> PathBuf {
+    fixture_in("hf", name, "scripts/make-hf-fixtures.py")
 }
 
 /// Prompts of varied lengths and content for oracle comparisons.

@@ -1,5 +1,5 @@
 //! `axle doctor`: what this build can use on this machine, and whether a model file is usable.
-use axle_ggml::{cpu_features, system_info, Device, GgufFile};
+use axle_ggml::{cpu_features, system_info, Device};
 use axle_models::{arch, default_threads, Tokenizer};
 use std::path::PathBuf;
 
@@ -55,7 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     println!("supported architectures: {}", arch::supported().join(", "));
     if let Some(model) = a.model {
         let path = super::hub::local(&model)?.path;
-        let file = GgufFile::open(&path)?;
+        let file = axle_models::hf::open_model(&path)?;
         let arch_name = file.str("general.architecture")?;
         if arch::loader_for(arch_name).is_err() {
             anyhow::bail!(

@@ -122,13 +122,6 @@ pub fn local(model: &Path) -> anyhow::Result<Local> {
         .join()
         .map_err(|_| anyhow::anyhow!("the pull of {id} stopped unexpectedly"))?
     })?;
-    if pulled.format == Format::Safetensors {
-        anyhow::bail!(
-            "{id} is a safetensors repository (cached at {}); Axle loads GGUF files, and \
-             safetensors folders are not loaded natively yet: use a GGUF repository of the model",
-            pulled.path.display()
-        );
-    }
     Ok(Local {
         source: pulled.source(),
         path: pulled.path,
@@ -178,7 +171,9 @@ fn architecture(row: &axle_hub::Listed) -> (String, &'static str) {
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
                 .and_then(|v| v.get("model_type")?.as_str().map(str::to_string))
                 .unwrap_or_else(|| "unknown".into());
-            (arch, "no")
+            // Native: a family read from folders, in a type read as it is.
+            let native = axle_models::arch::architecture_of(&row.path()).is_ok();
+            (arch, if native { "yes" } else { "no" })
         }
     }
 }

@@ -1,5 +1,4 @@
 //! `axle tokenize`: ids and pieces of a text, one per line.
-use axle_ggml::GgufFile;
 use axle_models::Tokenizer;
 use std::path::PathBuf;
 
@@ -20,7 +19,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     // Only the vocabulary is needed: read metadata, not weights.
-    let file = GgufFile::open(super::hub::local(&a.model)?.path)?;
+    let file = axle_models::hf::open_model(&super::hub::local(&a.model)?.path)?;
     let tok = Tokenizer::from_gguf(&file)?;
     let ids = tok.encode(&a.text, !a.no_special, !a.no_parse_special);
     for id in &ids {

@@ -1,0 +1,155 @@
+//! `config.json` → the GGUF metadata a family reads: which family (`model_type`), and its
+//! hyperparameters under the keys `convert_hf_to_gguf.py` writes.
+use crate::ModelError;
+use axle_ggml::MetaValue;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The family a `model_type` loads as, and whether its Q and K rows are stored for rotary
+/// halves (Hugging Face) where the family rotates pairs (GGUF's `llama`): those get permuted.
+pub(super) struct Family {
+    /// The GGUF architecture.
+    pub arch: &'static str,
+    /// Q and K rows need llama.cpp's permutation (rotate-half order to interleaved pairs).
+    pub permute_qk: bool,
+}
+
+/// The `model_type`s read natively.
+const FAMILIES: &[(&str, Family)] = &[
+    (
+        "llama",
+        Family {
+            arch: "llama",
+            permute_qk: true,
+        },
+    ),
+    (
+        "mistral",
+        Family {
+            arch: "llama",
+            permute_qk: true,
+        },
+    ),
+    (
+        "qwen2",
+        Family {
+            arch: "qwen2",
+            permute_qk: false,
+        },
+    ),
+    (
+        "qwen3",
+        Family {
+            arch: "qwen3",
+            permute_qk: false,
+        },
+    ),
+];
+
+/// The families read from safetensors folders, by `model_type`.
+pub fn supported() -> Vec<&'static str> {
+    FAMILIES.iter().map(|(t, _)| *t).collect()
+}
+
+fn invalid(what: String) -> ModelError {
+    ModelError::Invalid(format!("config.json: {what}"))
+}
+
+/// A positive integer field.
+fn count(c: &Value, key: &str) -> Result<Option<u64>, ModelError> {
+    match c.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 && n <= u32::MAX as u64 => Ok(Some(n)),
+            _ => Err(invalid(format!("`{key}` is {v}, not a positive integer"))),
+        },
+    }
+}
+
+fn required(c: &Value, key: &str) -> Result<u64, ModelError> {
+    count(c, key)?.ok_or_else(|| invalid(format!("`{key}` is missing")))
+}
+
+/// A finite positive float field.
+fn positive(c: &Value, key: &str) -> Result<Option<f64>, ModelError> {
+    match c.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+            _ => Err(invalid(format!("`{key}` is {v}, not a positive number"))),
+        },
+    }
+}
+
+/// The family and the metadata of a config.
+pub(super) fn read(
+    c: &Value,
+) -> Result<(&'static Family, BTreeMap<String, MetaValue>), ModelError> {
+    let model_type = c
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("`model_type` is missing".into()))?;
+    let family = FAMILIES
+        .iter()
+        .find(|(t, _)| *t == model_type)
+        .map(|(_, f)| f)
+        .ok_or_else(|| ModelError::UnsupportedArch {
+            arch: format!("{model_type} (safetensors)"),
+            supported: supported().join(", "),
+        })?;
+    if let Some(q) = c
+        .get("quantization")
+        .or_else(|| c.get("quantization_config"))
+    {
+        if !q.is_null() {
+            return Err(ModelError::Unsupported(format!(
+                "quantized safetensors weights ({q}); Axle reads bf16, f16 and f32 folders"
+            )));
+        }
+    }
+    if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
+        return Err(ModelError::Unsupported(format!(
+            "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"
+        )));
+    }
+    if c.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        return Err(ModelError::Unsupported(
+            "use_sliding_window in a safetensors folder".into(),
+        ));
+    }
+    let arch = family.arch;
+    let mut m = BTreeMap::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = |v: u64| MetaValue::UInt(v);
+    m.insert("general.architecture".into(), MetaValue::Str(arch.into()));
+    let heads = required(c, "num_attention_heads")?;
+    let hidden = required(c, "hidden_size")?;
+    m.insert(key("embedding_length"), uint(hidden));
+    m.insert(key("block_count"), uint(required(c, "num_hidden_layers")?));
+    m.insert(
+        key("feed_forward_length"),
+        uint(required(c, "intermediate_size")?),
+    );
+    m.insert(key("attention.head_count"), uint(heads));
+    let kv = count(c, "num_key_value_heads")?.unwrap_or(heads);
+    m.insert(key("attention.head_count_kv"), uint(kv));
+    if let Some(hd) = count(c, "head_dim")? {
+        m.insert(key("attention.key_length"), uint(hd));
+        m.insert(key("attention.value_length"), uint(hd));
+    }
+    if let Some(n) = count(c, "max_position_embeddings")? {
+        m.insert(key("context_length"), uint(n));
+    }
+    if let Some(n) = count(c, "vocab_size")? {
+        m.insert(key("vocab_size"), uint(n));
+    }
+    if let Some(t) = positive(c, "rope_theta")? {
+        m.insert(key("rope.freq_base"), MetaValue::Float(t));
+    }
+    let eps = positive(c, "rms_norm_eps")?.unwrap_or(1e-6);
+    m.insert(
+        key("attention.layer_norm_rms_epsilon"),
+        MetaValue::Float(eps),
+    );
+    Ok((family, m))
+}

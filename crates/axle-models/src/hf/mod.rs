@@ -1,0 +1,337 @@
+//! Hugging Face safetensors folders (`config.json`, `tokenizer.json`, `*.safetensors` with their
+//! index), read natively as the GGUF a converter would write: the config becomes the family's
+//! metadata ([`config`]), the tokenizer its vocabulary, merges and pre-tokenizer
+//! ([`tokenizer`]), each weight its GGUF name. Weights of 2 or more dimensions stay in the
+//! shards' mappings in their own type (bf16, f16, f32), used in place; those that need changing
+//! are converted once at load into memory of their own: 1-D weights (norms, biases) to f32, as
+//! GGUF stores them, and, for the llama family, Q and K rows from rotate-half order to the
+//! interleaved pairs the family rotates (llama.cpp's permutation).
+mod config;
+mod tokenizer;
+
+use crate::ModelError;
+use axle_ggml::{DType, GgufFile, MetaValue, Mmap, TensorInfo};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use config::supported;
+
+/// A model path opened as what it is: a safetensors folder, or a GGUF file.
+pub fn open_model(path: &Path) -> Result<GgufFile, ModelError> {
+    if is_folder(path) {
+        open(path)
+    } else {
+        Ok(GgufFile::open(path)?)
+    }
+}
+
+/// Whether `path` is a safetensors folder (a directory with a config.json).
+pub fn is_folder(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+fn invalid(path: &Path, what: impl std::fmt::Display) -> ModelError {
+    ModelError::Invalid(format!("{}: {what}", path.display()))
+}
+
+/// The shards of a folder: those its index names, else every `*.safetensors`.
+fn shards(folder: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = folder.join("model.safetensors.index.json");
+    let mut names: Vec<String> = if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| invalid(&index, e))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| invalid(&index, e))?;
+        let map = json["weight_map"]
+            .as_object()
+            .ok_or_else(|| invalid(&index, "no weight_map"))?;
+        map.values()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| invalid(&index, "a weight_map value is not a file name"))?
+    } else {
+        std::fs::read_dir(folder)
+            .map_err(|e| invalid(folder, e))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".safetensors"))
+            .collect()
+    };
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(invalid(folder, "no *.safetensors files"));
+    }
+    for n in &names {
+        if n.contains('/') || n.contains("..") {
+            return Err(invalid(&index, format!("shard name {n:?}")));
+        }
+    }
+    Ok(names.into_iter().map(|n| folder.join(n)).collect())
+}
+
+/// The GGUF name of a Hugging Face tensor name; `None` for tensors a GGUF leaves out.
+fn gguf_name(hf: &str) -> Result<Option<String>, String> {
+    const TOP: &[(&str, &str)] = &[
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    const LAYER: &[(&str, &str)] = &[
+        ("input_layernorm.weight", "attn_norm.weight"),
+        ("self_attn.q_proj.weight", "attn_q.weight"),
+        ("self_attn.q_proj.bias", "attn_q.bias"),
+        ("self_attn.k_proj.weight", "attn_k.weight"),
+        ("self_attn.k_proj.bias", "attn_k.bias"),
+        ("self_attn.v_proj.weight", "attn_v.weight"),
+        ("self_attn.v_proj.bias", "attn_v.bias"),
+        ("self_attn.o_proj.weight", "attn_output.weight"),
+        ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+        ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+        ("post_attention_layernorm.weight", "ffn_norm.weight"),
+        ("mlp.gate_proj.weight", "ffn_gate.weight"),
+        ("mlp.up_proj.weight", "ffn_up.weight"),
+        ("mlp.down_proj.weight", "ffn_down.weight"),
+    ];
+    if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == hf) {
+        return Ok(Some(g.to_string()));
+    }
+    if hf.ends_with("rotary_emb.inv_freq") {
+        return Ok(None);
+    }
+    let rest = hf
+        .strip_prefix("model.layers.")
+        .ok_or_else(|| hf.to_string())?;
+    let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
+    let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
+    let (_, g) = LAYER
+        .iter()
+        .find(|(h, _)| *h == field)
+        .ok_or_else(|| hf.to_string())?;
+    Ok(Some(format!("blk.{layer}.{g}")))
+}
+
+/// One weight read from a shard.
+struct Weight {
+    name: String,
+    dtype: DType,
+    /// GGUF order: the contiguous dimension first.
+    shape: Vec<i64>,
+    part: usize,
+    offset: usize,
+    nbytes: usize,
+}
+
+/// Converts elements of `dtype` to f32 little-endian bytes.
+fn to_f32(bytes: &[u8], dtype: DType) -> Vec<u8> {
+    let f = |b: &[u8]| -> f32 {
+        match dtype {
+            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        }
+    };
+    let width = if dtype == DType::F32 { 4 } else { 2 };
+    bytes
+        .chunks_exact(width)
+        .flat_map(|c| f(c).to_le_bytes())
+        .collect()
+}
+
+/// llama.cpp's Q/K permutation: within each head, row `p * half + j` (rotate-half order)
+/// moves to `2 * j + p` (interleaved pairs).
+fn permute_rows(bytes: &[u8], rows: usize, heads: usize) -> Result<Vec<u8>, String> {
+    if heads == 0
+        || rows == 0
+        || !rows.is_multiple_of(heads)
+        || !(rows / heads).is_multiple_of(2)
+        || !bytes.len().is_multiple_of(rows)
+    {
+        return Err(format!(
+            "{rows} rows do not split into {heads} heads of pairs"
+        ));
+    }
+    let row = bytes.len() / rows;
+    let head_rows = rows / heads;
+    let half = head_rows / 2;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for p in 0..2 {
+            for j in 0..half {
+                let src = h * head_rows + p * half + j;
+                let dst = h * head_rows + 2 * j + p;
+                out[dst * row..(dst + 1) * row].copy_from_slice(&bytes[src * row..(src + 1) * row]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The GGUF architecture a folder's config.json names (reading nothing else).
+pub fn architecture_of(folder: &Path) -> Result<String, ModelError> {
+    let config_path = folder.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| invalid(&config_path, e))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(&config_path, e))?;
+    Ok(config::read(&config)?.0.arch.to_string())
+}
+
+/// Opens a safetensors folder as the GGUF model it holds.
+pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
+    let config_path = folder.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| invalid(&config_path, e))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(&config_path, e))?;
+    let (family, mut metadata) = config::read(&config)?;
+    metadata.extend(tokenizer::read(folder)?);
+    let name = folder
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    metadata.insert("general.name".into(), MetaValue::Str(name));
+    let int = |k: &str| {
+        metadata
+            .get(&format!("{}.{k}", family.arch))
+            .and_then(MetaValue::as_i64)
+            .unwrap_or(0) as usize
+    };
+    let (heads, kv_heads) = (int("attention.head_count"), int("attention.head_count_kv"));
+
+    let mut parts: Vec<Arc<Mmap>> = Vec::new();
+    let mut weights = Vec::new();
+    for shard in shards(folder)? {
+        let map = axle_ggml::map_file(&shard)?;
+        let st = safetensors::SafeTensors::deserialize(&map[..])
+            .map_err(|e| invalid(&shard, format!("not a safetensors file: {e}")))?;
+        let part = parts.len();
+        for (hf, view) in st.tensors() {
+            let Some(name) = gguf_name(&hf)
+                .map_err(|n| invalid(&shard, format!("tensor {n} is not one Axle reads")))?
+            else {
+                continue;
+            };
+            let dtype = match view.dtype() {
+                safetensors::Dtype::BF16 => DType::BF16,
+                safetensors::Dtype::F16 => DType::F16,
+                safetensors::Dtype::F32 => DType::F32,
+                other => {
+                    return Err(ModelError::Unsupported(format!(
+                        "{hf} in {} is {other:?}; Axle reads bf16, f16 and f32 folders",
+                        shard.display()
+                    )))
+                }
+            };
+            let shape: Vec<i64> = view.shape().iter().rev().map(|&d| d as i64).collect();
+            if shape.is_empty() || shape.len() > 2 {
+                return Err(invalid(
+                    &shard,
+                    format!("{hf} has shape {:?}", view.shape()),
+                ));
+            }
+            weights.push(Weight {
+                name,
+                dtype,
+                shape,
+                part,
+                offset: view.data().as_ptr() as usize - map.as_ptr() as usize,
+                nbytes: view.data().len(),
+            });
+        }
+        parts.push(map);
+    }
+    // The weights converted at load, in one mapping of their own after the shards'.
+    let converted = parts.len();
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut tensors = Vec::with_capacity(weights.len());
+    for w in weights {
+        let data = &parts[w.part][w.offset..w.offset + w.nbytes];
+        let heads_of = match w.name.rsplit('.').nth(1) {
+            Some("attn_q") if family.permute_qk => Some(heads),
+            Some("attn_k") if family.permute_qk => Some(kv_heads),
+            _ => None,
+        };
+        let change = w.shape.len() == 1 || heads_of.is_some();
+        if !change {
+            tensors.push(TensorInfo {
+                name: w.name,
+                dtype: w.dtype,
+                shape: w.shape,
+                part: w.part,
+                file_offset: w.offset as u64,
+                nbytes: w.nbytes as u64,
+            });
+            continue;
+        }
+        let (dtype, mut out) = if w.shape.len() == 1 {
+            (DType::F32, to_f32(data, w.dtype))
+        } else {
+            (w.dtype, data.to_vec())
+        };
+        if let Some(h) = heads_of {
+            // Output rows: a bias's elements, or a matrix's second (ggml) dimension.
+            let rows = w.shape[w.shape.len() - 1] as usize;
+            out = permute_rows(&out, rows, h)
+                .map_err(|e| invalid(folder, format!("{}: {e}", w.name)))?;
+        }
+        // GGUF aligns tensor data to 32 bytes; so do we.
+        bytes.resize(bytes.len().next_multiple_of(32), 0);
+        tensors.push(TensorInfo {
+            name: w.name,
+            dtype,
+            shape: w.shape,
+            part: converted,
+            file_offset: bytes.len() as u64,
+            nbytes: out.len() as u64,
+        });
+        bytes.extend_from_slice(&out);
+    }
+    parts.push(axle_ggml::map_bytes(&bytes)?);
+    tensors.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));
+    Ok(GgufFile::assembled(
+        folder.to_path_buf(),
+        metadata,
+        tensors,
+        parts,
+    )?)
+}
+
+/// Sorts `blk.2` before `blk.10`.
+fn natural(name: &str) -> (u32, &str) {
+    let layer = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|l| l.parse().ok())
+        .map_or(0, |l: u32| l + 1);
+    (layer, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_and_unknown_ones_are_named() {
+        assert_eq!(
+            gguf_name("model.layers.11.self_attn.k_norm.weight")
+                .unwrap()
+                .as_deref(),
+            Some("blk.11.attn_k_norm.weight")
+        );
+        assert_eq!(
+            gguf_name("lm_head.weight").unwrap().as_deref(),
+            Some("output.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq").unwrap(),
+            None
+        );
+        assert!(gguf_name("model.layers.0.mlp.experts.0.w1.weight").is_err());
+        assert!(gguf_name("model.vision_tower.x").is_err());
+    }
+
+    #[test]
+    fn permutation_interleaves_the_halves_of_each_head() {
+        // 2 heads of 4 rows, one byte per row: [a0 a1 b0 b1] -> [a0 b0 a1 b1].
+        let rows: Vec<u8> = (0..8).collect();
+        assert_eq!(permute_rows(&rows, 8, 2).unwrap(), [0, 2, 1, 3, 4, 6, 5, 7]);
+        assert!(permute_rows(&rows, 8, 3).is_err());
+    }
+}

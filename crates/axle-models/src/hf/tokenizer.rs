@@ -1,0 +1,246 @@
+//! `tokenizer.json` (and `tokenizer_config.json`) → the tokenizer metadata GGUF files carry:
+//! vocabulary with token kinds, merges, the pre-tokenizer as its regexes, the special tokens and
+//! whether a BOS is added, and the chat template. Byte-level BPE (GPT-2, Llama 3, Qwen and
+//! SmolLM vocabularies); anything else is refused by name.
+use crate::ModelError;
+use axle_ggml::MetaValue;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// GPT-2's pre-tokenizer, which `ByteLevel { use_regex: true }` applies.
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// Token kinds as GGUF numbers them.
+const NORMAL: i64 = 1;
+const CONTROL: i64 = 3;
+const USER_DEFINED: i64 = 4;
+
+fn refuse(what: String) -> ModelError {
+    ModelError::Unsupported(format!("tokenizer.json: {what}"))
+}
+
+fn read_json(path: &Path) -> Result<Value, ModelError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// The pre-tokenizer's regexes, applied in turn (each splits every piece into its matches and
+/// what lies between).
+fn pre_regexes(pre: &Value, out: &mut Vec<String>) -> Result<(), ModelError> {
+    if pre.is_null() {
+        return Ok(());
+    }
+    match pre.get("type").and_then(Value::as_str).unwrap_or("") {
+        "Sequence" => {
+            for p in pre
+                .get("pretokenizers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                pre_regexes(p, out)?;
+            }
+        }
+        "ByteLevel" => {
+            if pre.get("add_prefix_space").and_then(Value::as_bool) == Some(true) {
+                return Err(refuse("ByteLevel with add_prefix_space".into()));
+            }
+            if pre
+                .get("use_regex")
+                .and_then(Value::as_bool)
+                .unwrap_or(true)
+            {
+                out.push(GPT2.into());
+            }
+        }
+        "Split" => {
+            let behavior = pre.get("behavior").and_then(Value::as_str).unwrap_or("");
+            let invert = pre.get("invert").and_then(Value::as_bool).unwrap_or(false);
+            let Some(re) = pre
+                .get("pattern")
+                .and_then(|p| p.get("Regex").or_else(|| p.get("String")))
+                .and_then(Value::as_str)
+            else {
+                return Err(refuse(format!("Split pattern {}", pre["pattern"])));
+            };
+            if behavior != "Isolated" || invert {
+                return Err(refuse(format!(
+                    "Split with behavior {behavior}, invert {invert}"
+                )));
+            }
+            let re = if pre["pattern"].get("String").is_some() {
+                fancy_regex::escape(re).into_owned()
+            } else {
+                re.to_string()
+            };
+            out.push(re);
+        }
+        "Digits" => {
+            let single = pre
+                .get("individual_digits")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            out.push(if single { r"\p{N}" } else { r"\p{N}+" }.into());
+        }
+        other => return Err(refuse(format!("pre-tokenizer {other}"))),
+    }
+    Ok(())
+}
+
+/// A token given as a string or as `{"content": ...}`.
+fn token_text(v: &Value) -> Option<&str> {
+    v.as_str().or_else(|| v.get("content")?.as_str())
+}
+
+/// The tokenizer metadata and chat template of a folder.
+pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelError> {
+    let tj = read_json(&folder.join("tokenizer.json"))?;
+    let config_path = folder.join("tokenizer_config.json");
+    let tc = if config_path.is_file() {
+        read_json(&config_path)?
+    } else {
+        Value::Null
+    };
+    let model = &tj["model"];
+    if model.get("type").and_then(Value::as_str) != Some("BPE") {
+        return Err(refuse(format!("model type {}", model["type"])));
+    }
+    if model.get("byte_fallback").and_then(Value::as_bool) == Some(true) {
+        return Err(refuse(
+            "BPE with byte_fallback (SentencePiece style)".into(),
+        ));
+    }
+    match tj["normalizer"].get("type").and_then(Value::as_str) {
+        None | Some("NFC") => {}
+        Some(other) => return Err(refuse(format!("normalizer {other}"))),
+    }
+    let vocab = model
+        .get("vocab")
+        .and_then(Value::as_object)
+        .ok_or_else(|| refuse("no model.vocab".into()))?;
+    let mut tokens: Vec<Option<String>> = Vec::new();
+    let mut kinds: Vec<i64> = Vec::new();
+    let mut place = |id: u64, text: &str, kind: i64| -> Result<(), ModelError> {
+        let id = usize::try_from(id)
+            .ok()
+            .filter(|&i| i < 1 << 21)
+            .ok_or_else(|| refuse(format!("token id {id} of {text:?}")))?;
+        if tokens.len() <= id {
+            tokens.resize(id + 1, None);
+            kinds.resize(id + 1, NORMAL);
+        }
+        tokens[id] = Some(text.to_string());
+        kinds[id] = kind;
+        Ok(())
+    };
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| refuse(format!("id of {text:?}")))?;
+        place(id, text, NORMAL)?;
+    }
+    for added in tj["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else {
+            return Err(refuse(format!("added token {added}")));
+        };
+        let special = added["special"].as_bool().unwrap_or(false);
+        place(id, text, if special { CONTROL } else { USER_DEFINED })?;
+    }
+    let tokens: Vec<MetaValue> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| MetaValue::Str(t.unwrap_or_else(|| format!("[PAD{i}]"))))
+        .collect();
+    let merges: Vec<MetaValue> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m {
+            Value::String(s) => Ok(MetaValue::Str(s.clone())),
+            Value::Array(pair) if pair.len() == 2 => Ok(MetaValue::Str(format!(
+                "{} {}",
+                pair[0].as_str().unwrap_or_default(),
+                pair[1].as_str().unwrap_or_default()
+            ))),
+            other => Err(refuse(format!("merge {other}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let mut regexes = Vec::new();
+    pre_regexes(&tj["pre_tokenizer"], &mut regexes)?;
+    let id_of = |text: &str| -> Option<u64> {
+        if let Some(id) = vocab.get(text).and_then(Value::as_u64) {
+            return Some(id);
+        }
+        tj["added_tokens"]
+            .as_array()?
+            .iter()
+            .find(|a| a["content"].as_str() == Some(text))?["id"]
+            .as_u64()
+    };
+    let mut m = BTreeMap::new();
+    m.insert("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into()));
+    m.insert("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens));
+    m.insert(
+        "tokenizer.ggml.token_type".into(),
+        MetaValue::Array(kinds.into_iter().map(MetaValue::Int).collect()),
+    );
+    m.insert("tokenizer.ggml.merges".into(), MetaValue::Array(merges));
+    m.insert(
+        "tokenizer.axle.pre_regexes".into(),
+        MetaValue::Array(regexes.into_iter().map(MetaValue::Str).collect()),
+    );
+    m.insert(
+        "tokenizer.axle.ignore_merges".into(),
+        MetaValue::Bool(model["ignore_merges"].as_bool().unwrap_or(false)),
+    );
+    // BOS: the token the post-processor puts first, else the config's, added as it says.
+    let template_bos = tj["post_processor"]
+        .get("single")
+        .and_then(Value::as_array)
+        .and_then(|s| s.first())
+        .and_then(|f| f.get("SpecialToken"))
+        .and_then(|t| t["id"].as_str())
+        .and_then(id_of);
+    let bos = template_bos.or_else(|| tc.get("bos_token").and_then(token_text).and_then(id_of));
+    if let Some(b) = bos {
+        m.insert("tokenizer.ggml.bos_token_id".into(), MetaValue::UInt(b));
+    }
+    let add_bos = template_bos.is_some()
+        || tc
+            .get("add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    m.insert(
+        "tokenizer.ggml.add_bos_token".into(),
+        MetaValue::Bool(add_bos && bos.is_some()),
+    );
+    if let Some(e) = tc.get("eos_token").and_then(token_text).and_then(id_of) {
+        m.insert("tokenizer.ggml.eos_token_id".into(), MetaValue::UInt(e));
+    }
+    if let Some(p) = tc.get("pad_token").and_then(token_text).and_then(id_of) {
+        m.insert("tokenizer.ggml.padding_token_id".into(), MetaValue::UInt(p));
+    }
+    let jinja = folder.join("chat_template.jinja");
+    let template = if jinja.is_file() {
+        Some(
+            std::fs::read_to_string(&jinja)
+                .map_err(|e| ModelError::Invalid(format!("{}: {e}", jinja.display())))?,
+        )
+    } else {
+        match &tc["chat_template"] {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"].as_str() == Some("default"))
+                .and_then(|t| t["template"].as_str())
+                .map(str::to_string),
+            _ => None,
+        }
+    };
+    if let Some(t) = template {
+        m.insert("tokenizer.chat_template".into(), MetaValue::Str(t));
+    }
+    Ok(m)
+}
