@@ -97,16 +97,6 @@ pub(super) fn read(
             arch: format!("{model_type} (safetensors)"),
             supported: supported().join(", "),
         })?;
-    if let Some(q) = c
-        .get("quantization")
-        .or_else(|| c.get("quantization_config"))
-    {
-        if !q.is_null() {
-            return Err(ModelError::Unsupported(format!(
-                "quantized safetensors weights ({q}); Axle reads bf16, f16 and f32 folders"
-            )));
-        }
-    }
     if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
         return Err(ModelError::Unsupported(format!(
             "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"

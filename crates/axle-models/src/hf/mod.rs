@@ -4,13 +4,16 @@
 //! ([`tokenizer`]), each weight its GGUF name. Weights of 2 or more dimensions stay in the
 //! shards' mappings in their own type (bf16, f16, f32), used in place; those that need changing
 //! are converted once at load into memory of their own: 1-D weights (norms, biases) to f32, as
-//! GGUF stores them, and, for the llama family, Q and K rows from rotate-half order to the
-//! interleaved pairs the family rotates (llama.cpp's permutation).
+//! GGUF stores them, MLX-quantized weights as [`quant`] says, and, for the llama family, Q and K
+//! rows from rotate-half order to the interleaved pairs the family rotates (llama.cpp's
+//! permutation).
 mod config;
+mod quant;
 mod tokenizer;
 
 use crate::ModelError;
 use axle_ggml::{DType, GgufFile, MetaValue, Mmap, TensorInfo};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -109,12 +112,13 @@ fn gguf_name(hf: &str) -> Result<Option<String>, String> {
     Ok(Some(format!("blk.{layer}.{g}")))
 }
 
-/// One weight read from a shard.
-struct Weight {
-    name: String,
-    dtype: DType,
-    /// GGUF order: the contiguous dimension first.
-    shape: Vec<i64>,
+/// One tensor of a shard, by its Hugging Face name.
+struct View {
+    /// Its type (`None`: u32, the words of a quantized weight).
+    dtype: Option<DType>,
+    /// Transformers' order: the contiguous dimension last.
+    shape: Vec<usize>,
+    shard: PathBuf,
     part: usize,
     offset: usize,
     nbytes: usize,
@@ -171,6 +175,7 @@ pub fn architecture_of(folder: &Path) -> Result<String, ModelError> {
     let text = std::fs::read_to_string(&config_path).map_err(|e| invalid(&config_path, e))?;
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| invalid(&config_path, e))?;
+    quant::Quantization::read(&config)?;
     Ok(config::read(&config)?.0.arch.to_string())
 }
 
@@ -195,93 +200,140 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
     };
     let (heads, kv_heads) = (int("attention.head_count"), int("attention.head_count_kv"));
 
+    let quantization = quant::Quantization::read(&config)?;
+
     let mut parts: Vec<Arc<Mmap>> = Vec::new();
-    let mut weights = Vec::new();
+    let mut views: BTreeMap<String, View> = BTreeMap::new();
     for shard in shards(folder)? {
         let map = axle_ggml::map_file(&shard)?;
         let st = safetensors::SafeTensors::deserialize(&map[..])
             .map_err(|e| invalid(&shard, format!("not a safetensors file: {e}")))?;
         let part = parts.len();
         for (hf, view) in st.tensors() {
-            let Some(name) = gguf_name(&hf)
-                .map_err(|n| invalid(&shard, format!("tensor {n} is not one Axle reads")))?
-            else {
-                continue;
-            };
             let dtype = match view.dtype() {
-                safetensors::Dtype::BF16 => DType::BF16,
-                safetensors::Dtype::F16 => DType::F16,
-                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::BF16 => Some(DType::BF16),
+                safetensors::Dtype::F16 => Some(DType::F16),
+                safetensors::Dtype::F32 => Some(DType::F32),
+                safetensors::Dtype::U32 if quantization.any() => None,
                 other => {
                     return Err(ModelError::Unsupported(format!(
-                        "{hf} in {} is {other:?}; Axle reads bf16, f16 and f32 folders",
+                        "{hf} in {} is {other:?}; Axle reads bf16, f16 and f32 folders and MLX's \
+                         affine quantization",
                         shard.display()
                     )))
                 }
             };
-            let shape: Vec<i64> = view.shape().iter().rev().map(|&d| d as i64).collect();
-            if shape.is_empty() || shape.len() > 2 {
+            if view.shape().is_empty() || view.shape().len() > 2 {
                 return Err(invalid(
                     &shard,
                     format!("{hf} has shape {:?}", view.shape()),
                 ));
             }
-            weights.push(Weight {
-                name,
-                dtype,
-                shape,
-                part,
-                offset: view.data().as_ptr() as usize - map.as_ptr() as usize,
-                nbytes: view.data().len(),
-            });
+            views.insert(
+                hf,
+                View {
+                    dtype,
+                    shape: view.shape().to_vec(),
+                    shard: shard.clone(),
+                    part,
+                    offset: view.data().as_ptr() as usize - map.as_ptr() as usize,
+                    nbytes: view.data().len(),
+                },
+            );
         }
         parts.push(map);
     }
     // The weights converted at load, in one mapping of their own after the shards'.
     let converted = parts.len();
     let mut bytes: Vec<u8> = Vec::new();
-    let mut tensors = Vec::with_capacity(weights.len());
-    for w in weights {
-        let data = &parts[w.part][w.offset..w.offset + w.nbytes];
-        let heads_of = match w.name.rsplit('.').nth(1) {
+    let mut tensors = Vec::with_capacity(views.len());
+    let data = |v: &View| &parts[v.part][v.offset..v.offset + v.nbytes];
+    for (hf, view) in &views {
+        // A quantized weight's scales and biases are read with it.
+        let module = hf
+            .strip_suffix(".scales")
+            .or_else(|| hf.strip_suffix(".biases"));
+        if module.is_some_and(|m| {
+            views
+                .get(&format!("{m}.weight"))
+                .is_some_and(|w| w.dtype.is_none())
+        }) {
+            continue;
+        }
+        let Some(name) = gguf_name(hf)
+            .map_err(|n| invalid(&view.shard, format!("tensor {n} is not one Axle reads")))?
+        else {
+            continue;
+        };
+        // GGUF order: the contiguous dimension first.
+        let rows = view.shape[0];
+        let (dtype, shape, mut out): (DType, Vec<i64>, Option<Vec<u8>>) = match view.dtype {
+            None => {
+                let module = hf.strip_suffix(".weight").unwrap_or(hf);
+                let a = quantization.of(module).ok_or_else(|| {
+                    invalid(
+                        &view.shard,
+                        format!("{hf} is u32 but {module} is not quantized"),
+                    )
+                })?;
+                let part = |what: &str| {
+                    views
+                        .get(&format!("{module}.{what}"))
+                        .ok_or_else(|| invalid(&view.shard, format!("{module} has no {what}")))
+                };
+                let (sv, bv) = (part("scales")?, part("biases")?);
+                let scale_type = sv.dtype.unwrap_or(DType::F32);
+                let cols = view.shape.get(1).copied().unwrap_or(0) * 32 / a.bits as usize;
+                let (t, b) = quant::convert(
+                    data(view),
+                    &quant::floats(data(sv), scale_type),
+                    &quant::floats(data(bv), bv.dtype.unwrap_or(DType::F32)),
+                    scale_type,
+                    rows,
+                    cols,
+                    a,
+                )
+                .map_err(|e| invalid(&view.shard, format!("{hf}: {e}")))?;
+                (t, vec![cols as i64, rows as i64], Some(b))
+            }
+            Some(t) if view.shape.len() == 1 => {
+                (DType::F32, vec![rows as i64], Some(to_f32(data(view), t)))
+            }
+            Some(t) => (t, vec![view.shape[1] as i64, rows as i64], None),
+        };
+        let heads_of = match name.rsplit('.').nth(1) {
             Some("attn_q") if family.permute_qk => Some(heads),
             Some("attn_k") if family.permute_qk => Some(kv_heads),
             _ => None,
         };
-        let change = w.shape.len() == 1 || heads_of.is_some();
-        if !change {
-            tensors.push(TensorInfo {
-                name: w.name,
-                dtype: w.dtype,
-                shape: w.shape,
-                part: w.part,
-                file_offset: w.offset as u64,
-                nbytes: w.nbytes as u64,
-            });
-            continue;
-        }
-        let (dtype, mut out) = if w.shape.len() == 1 {
-            (DType::F32, to_f32(data, w.dtype))
-        } else {
-            (w.dtype, data.to_vec())
-        };
         if let Some(h) = heads_of {
-            // Output rows: a bias's elements, or a matrix's second (ggml) dimension.
-            let rows = w.shape[w.shape.len() - 1] as usize;
-            out = permute_rows(&out, rows, h)
-                .map_err(|e| invalid(folder, format!("{}: {e}", w.name)))?;
+            let permuted = permute_rows(out.as_deref().unwrap_or(data(view)), rows, h)
+                .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
+            out = Some(permuted);
         }
-        // GGUF aligns tensor data to 32 bytes; so do we.
-        bytes.resize(bytes.len().next_multiple_of(32), 0);
-        tensors.push(TensorInfo {
-            name: w.name,
-            dtype,
-            shape: w.shape,
-            part: converted,
-            file_offset: bytes.len() as u64,
-            nbytes: out.len() as u64,
-        });
-        bytes.extend_from_slice(&out);
+        match out {
+            None => tensors.push(TensorInfo {
+                name,
+                dtype,
+                shape,
+                part: view.part,
+                file_offset: view.offset as u64,
+                nbytes: view.nbytes as u64,
+            }),
+            Some(out) => {
+                // GGUF aligns tensor data to 32 bytes; so do we.
+                bytes.resize(bytes.len().next_multiple_of(32), 0);
+                tensors.push(TensorInfo {
+                    name,
+                    dtype,
+                    shape,
+                    part: converted,
+                    file_offset: bytes.len() as u64,
+                    nbytes: out.len() as u64,
+                });
+                bytes.extend_from_slice(&out);
+            }
+        }
     }
     parts.push(axle_ggml::map_bytes(&bytes)?);
     tensors.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));

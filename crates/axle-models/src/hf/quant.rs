@@ -1,0 +1,289 @@
+//! MLX's affine quantization (`quantization` in config.json, as `mlx_lm.convert` writes it):
+//! a quantized weight is `<module>.weight` (u32 words packing `bits`-bit values, the first in the
+//! lowest bits), `<module>.scales` and `<module>.biases` (one per group of `group_size` values of a
+//! row), and means `w = scale * q + bias`.
+//!
+//! How each reads here: 4-bit weights become ggml's Q4_1 blocks (32 values, an f16 scale and an
+//! f16 minimum, `w = d * q + m`: the same formula), each block taking its group's scale and bias,
+//! which is exact where every scale and bias is an f16 value (always for bf16 and f16 models,
+//! whose scales are of that type; 0.56 bytes a weight for groups of 64, as MLX's 0.56). No ggml
+//! weight type holds 8-bit affine values, nor 4-bit ones whose scales f16 cannot hold (f32
+//! models): those are dequantized at load, to f16 where the scales are 16-bit (2 bytes a weight
+//! against MLX's 1.06 for 8 bits) and to f32 where they are f32 (4 bytes). Other widths (2, 3,
+//! 5, 6 bits) and modes are refused by name.
+use crate::ModelError;
+use axle_ggml::DType;
+use half::f16;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Bits and group size of one module's weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Affine {
+    pub bits: u32,
+    pub group: usize,
+}
+
+/// The folder's quantization: a default, and per-module choices (`None`: left unquantized).
+#[derive(Debug, Default)]
+pub(super) struct Quantization {
+    default: Option<Affine>,
+    modules: BTreeMap<String, Option<Affine>>,
+}
+
+fn refuse(what: String) -> ModelError {
+    ModelError::Unsupported(format!("config.json quantization: {what}"))
+}
+
+fn affine(v: &Value, at: &str) -> Result<Affine, ModelError> {
+    let bits = v["bits"].as_u64().unwrap_or(0) as u32;
+    let group = v["group_size"].as_u64().unwrap_or(0) as usize;
+    if let Some(mode) = v.get("mode").and_then(Value::as_str) {
+        if mode != "affine" {
+            return Err(refuse(format!("{at}: mode {mode} (Axle reads affine)")));
+        }
+    }
+    if !matches!(bits, 4 | 8) {
+        return Err(refuse(format!(
+            "{at}: {bits}-bit weights (Axle reads 4 and 8)"
+        )));
+    }
+    if !matches!(group, 32 | 64 | 128) {
+        return Err(refuse(format!(
+            "{at}: groups of {group} (Axle reads 32, 64, 128)"
+        )));
+    }
+    Ok(Affine { bits, group })
+}
+
+impl Quantization {
+    /// Reads `quantization` (or `quantization_config`) of a config.
+    pub fn read(c: &Value) -> Result<Quantization, ModelError> {
+        let Some(q) = c
+            .get("quantization")
+            .or_else(|| c.get("quantization_config"))
+            .filter(|q| !q.is_null())
+        else {
+            return Ok(Quantization::default());
+        };
+        let Some(fields) = q.as_object() else {
+            return Err(refuse(format!("{q}")));
+        };
+        let mut out = Quantization {
+            default: Some(affine(q, "the default")?),
+            modules: BTreeMap::new(),
+        };
+        for (k, v) in fields {
+            match v {
+                Value::Object(_) => {
+                    out.modules.insert(k.clone(), Some(affine(v, k)?));
+                }
+                Value::Bool(false) => {
+                    out.modules.insert(k.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// How `module`'s weight is quantized (`None` where it is not).
+    pub fn of(&self, module: &str) -> Option<Affine> {
+        match self.modules.get(module) {
+            Some(choice) => *choice,
+            None => self.default,
+        }
+    }
+
+    /// Whether the folder is quantized at all.
+    pub fn any(&self) -> bool {
+        self.default.is_some()
+    }
+}
+
+/// Reads little-endian elements of a float type as f32.
+pub(super) fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
+/// A quantized weight read as a ggml tensor: its type and bytes (rows of `cols` values).
+pub(super) fn convert(
+    words: &[u8],
+    scales: &[f32],
+    biases: &[f32],
+    scale_type: DType,
+    rows: usize,
+    cols: usize,
+    a: Affine,
+) -> Result<(DType, Vec<u8>), String> {
+    let per_word = (32 / a.bits) as usize;
+    let groups = cols / a.group;
+    if cols == 0
+        || !cols.is_multiple_of(a.group)
+        || !cols.is_multiple_of(per_word)
+        || !cols.is_multiple_of(32)
+    {
+        return Err(format!(
+            "{cols} columns do not split into groups of {}",
+            a.group
+        ));
+    }
+    if words.len() != rows * cols / per_word * 4
+        || scales.len() != rows * groups
+        || biases.len() != rows * groups
+    {
+        return Err(format!(
+            "{} bytes of weights and {} scales for {rows} x {cols} at {} bits",
+            words.len(),
+            scales.len(),
+            a.bits
+        ));
+    }
+    let q = |r: usize, c: usize| -> u32 {
+        let i = r * cols + c;
+        let w = i / per_word;
+        let word = u32::from_le_bytes([
+            words[4 * w],
+            words[4 * w + 1],
+            words[4 * w + 2],
+            words[4 * w + 3],
+        ]);
+        (word >> (a.bits as usize * (i % per_word))) & ((1 << a.bits) - 1)
+    };
+    let f16_exact = |x: f32| f16::from_f32(x).to_f32() == x;
+    let exact = scales.iter().chain(biases).all(|&x| f16_exact(x));
+    if a.bits == 4 && exact {
+        // Q4_1: per block of 32, d (f16), m (f16), then 16 bytes holding value j in the low
+        // nibble of byte j and value j + 16 in the high nibble.
+        let mut out = Vec::with_capacity(rows * cols / 32 * 20);
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                let g = r * groups + b * 32 / a.group;
+                out.extend_from_slice(&f16::from_f32(scales[g]).to_le_bytes());
+                out.extend_from_slice(&f16::from_f32(biases[g]).to_le_bytes());
+                for j in 0..16 {
+                    let lo = q(r, b * 32 + j);
+                    let hi = q(r, b * 32 + j + 16);
+                    out.push((lo | (hi << 4)) as u8);
+                }
+            }
+        }
+        return Ok((DType::Q4_1, out));
+    }
+    let value = |r: usize, c: usize| {
+        let g = r * groups + c / a.group;
+        scales[g] * q(r, c) as f32 + biases[g]
+    };
+    if scale_type == DType::F32 {
+        let mut out = Vec::with_capacity(rows * cols * 4);
+        for r in 0..rows {
+            for c in 0..cols {
+                out.extend_from_slice(&value(r, c).to_le_bytes());
+            }
+        }
+        Ok((DType::F32, out))
+    } else {
+        let mut out = Vec::with_capacity(rows * cols * 2);
+        for r in 0..rows {
+            for c in 0..cols {
+                out.extend_from_slice(&f16::from_f32(value(r, c)).to_le_bytes());
+            }
+        }
+        Ok((DType::F16, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pack(values: &[u32], bits: u32) -> Vec<u8> {
+        let per = (32 / bits) as usize;
+        values
+            .chunks(per)
+            .map(|c| {
+                c.iter()
+                    .enumerate()
+                    .fold(0u32, |w, (i, v)| w | (v << (bits as usize * i)))
+            })
+            .flat_map(u32::to_le_bytes)
+            .collect()
+    }
+
+    #[test]
+    fn four_bit_groups_become_q4_1_blocks_with_the_same_values() {
+        // One row of 64 values, one group: q = i % 16, scale 0.5, bias -1.
+        let values: Vec<u32> = (0..64).map(|i| i % 16).collect();
+        let a = Affine { bits: 4, group: 64 };
+        let (t, bytes) =
+            convert(&pack(&values, 4), &[0.5], &[-1.0], DType::BF16, 1, 64, a).unwrap();
+        assert_eq!(t, DType::Q4_1);
+        assert_eq!(bytes.len(), 2 * 20);
+        for (b, block) in bytes.chunks(20).enumerate() {
+            let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+            for j in 0..32 {
+                let nib = if j < 16 {
+                    block[4 + j] & 15
+                } else {
+                    block[4 + j - 16] >> 4
+                };
+                let want = 0.5 * values[b * 32 + j] as f32 - 1.0;
+                assert_eq!(d * nib as f32 + m, want, "block {b} value {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn eight_bits_and_inexact_scales_are_dequantized() {
+        let values: Vec<u32> = (0..32).map(|i| i * 7).collect();
+        let a = Affine { bits: 8, group: 32 };
+        let (t, bytes) = convert(&pack(&values, 8), &[0.25], &[0.5], DType::F32, 1, 32, a).unwrap();
+        assert_eq!(t, DType::F32);
+        assert_eq!(
+            f32::from_le_bytes(bytes[12..16].try_into().unwrap()),
+            0.25 * 21.0 + 0.5
+        );
+        let a4 = Affine { bits: 4, group: 32 };
+        let v4: Vec<u32> = (0..32).map(|i| i % 16).collect();
+        let (t, _) = convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 32, a4).unwrap();
+        assert_eq!(t, DType::F32, "0.1 is no f16 value");
+        assert!(convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 64, a4).is_err());
+    }
+
+    #[test]
+    fn per_module_choices_and_refusals() {
+        let c: Value = serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+            "model.layers.0.mlp.down_proj": {"bits": 8, "group_size": 64}, "lm_head": false}});
+        let q = Quantization::read(&c).unwrap();
+        assert_eq!(
+            q.of("model.layers.1.mlp.up_proj"),
+            Some(Affine { bits: 4, group: 64 })
+        );
+        assert_eq!(
+            q.of("model.layers.0.mlp.down_proj"),
+            Some(Affine { bits: 8, group: 64 })
+        );
+        assert_eq!(q.of("lm_head"), None);
+        for bad in [
+            serde_json::json!({"quantization": {"group_size": 64, "bits": 3}}),
+            serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}}),
+            serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}),
+        ] {
+            assert!(Quantization::read(&bad).is_err(), "{bad}");
+        }
+    }
+}
