@@ -12,13 +12,14 @@ use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions, Sa
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// A cached real model, or a fixture of `fixtures/` (named `*-tiny.gguf`).
+/// A cached real model, or a fixture of `fixtures/` (named `*-tiny.gguf`, or `hf/NAME` for a
+/// safetensors folder).
 fn model(name: &str) -> Arc<Model> {
-    let p = if name.ends_with("-tiny.gguf") {
+    let p = if name.ends_with("-tiny.gguf") || name.starts_with("hf/") {
         let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../fixtures")
             .join(name);
-        assert!(p.is_file(), "fixture {} is missing", p.display());
+        assert!(p.exists(), "fixture {} is missing", p.display());
         p
     } else {
         axle_models::fetched::model_path(name).unwrap_or_else(|e| panic!("{e}"))
@@ -219,6 +220,18 @@ fn greedy_speculation_is_exact_smollm2() {
 #[test]
 fn greedy_speculation_is_exact_gemma3() {
     greedy_exactness("gemma-3-270m-q4_k_m.gguf", Drafts::AcceptedAndRejected);
+}
+
+/// Safetensors folders (bf16 and f32 weights used in place, Q/K rows permuted at load) keep the
+/// invariants a GGUF has.
+#[test]
+fn greedy_speculation_is_exact_bf16_folder() {
+    greedy_exactness("hf/llama-bf16", Drafts::AsTheyCome);
+}
+
+#[test]
+fn greedy_speculation_is_exact_f32_folder() {
+    greedy_exactness("hf/qwen2-f32", Drafts::AsTheyCome);
 }
 
 /// Mixture of experts with K-quant experts (not repacked: the expert products run in slices so
