@@ -393,7 +393,7 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     d_conv, hk, n_kh, n_vh = 4, 16, 2, 4
     key_dim, value_dim = hk * n_kh, hk * n_vh
     conv_dim = 2 * key_dim + value_dim
-    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv, split_max_tensors)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_uint32(f"{arch}.rope.dimension_count", 16)

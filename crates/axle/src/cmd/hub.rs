@@ -121,7 +121,10 @@ pub fn local(model: &Path) -> anyhow::Result<Local> {
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the pull of {id} stopped unexpectedly"))?
-    })?;
+    });
+    // A mistyped relative path reads as a Hub id: say both.
+    let pulled =
+        pulled.with_context(|| format!("no file or folder `{text}` here, and as a Hub id"))?;
     Ok(Local {
         source: pulled.source(),
         path: pulled.path,
