@@ -120,10 +120,14 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
         )));
     }
     let file = std::fs::File::open(path).map_err(io)?;
+    map_opened(&file).map_err(io)
+}
+
+/// Maps a model file opened read-only.
+fn map_opened(file: &std::fs::File) -> std::io::Result<Arc<Mmap>> {
     // SAFETY: the file is opened read-only; Axle never writes model files while they are mapped.
     // Another process truncating the file under us is outside what any mmap user can defend against.
-    let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok(Arc::new(mmap))
+    Ok(Arc::new(unsafe { Mmap::map(file) }?))
 }
 
 /// Bytes made in memory (weights converted at load), as a read-only mapping like a file's.
@@ -343,13 +347,10 @@ impl GgufFile {
                 actual: file_size,
             });
         }
-        // SAFETY: the file is opened read-only; Axle never writes model files while they are mapped.
-        // Another process truncating the file under us is outside what any mmap user can defend against.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
         Ok(Part {
             metadata,
             tensors,
-            mmap: Arc::new(mmap),
+            mmap: map_opened(&file).map_err(io)?,
         })
     }
 

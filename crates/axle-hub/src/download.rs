@@ -111,7 +111,7 @@ impl Hasher {
             Hasher::Sha256(h) => h.finalize().to_vec(),
             Hasher::GitBlob(h) => h.finalize().to_vec(),
         };
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&bytes)
     }
 }
 
@@ -121,6 +121,11 @@ impl Check {
             Check::Sha256(h) | Check::GitBlob(h) => h,
         }
     }
+}
+
+/// Bytes as lower-case hexadecimal, as the Hub writes hashes.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Hashes a file on disk as `expected` says, and says whether it matches.

@@ -147,6 +147,36 @@ impl Pulled {
     }
 }
 
+/// A model on this machine, and where it came from.
+#[derive(Debug, Clone)]
+pub struct Located {
+    /// What a loader opens.
+    pub path: PathBuf,
+    /// `hf:org/repo@commit`, or `file:PATH` for a model given by path.
+    pub source: String,
+}
+
+/// What a model reference (a `--model`, Python's `Engine(...)`) names, on this machine: a path
+/// as it is, a Hub id resolved by [`Hub::from_env`] (offline when `offline` or the environment
+/// says so; see [`Hub::resolve`]).
+pub fn locate(text: &str, offline: bool, progress: &mut dyn Progress) -> Result<Located, HubError> {
+    let id = match ModelRef::parse(text)? {
+        ModelRef::Path(path) => {
+            let abs = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            return Ok(Located {
+                source: format!("file:{}", abs.display()),
+                path,
+            });
+        }
+        ModelRef::Hub(id) => id,
+    };
+    let pulled = Hub::from_env()?.offline(offline).resolve(&id, progress)?;
+    Ok(Located {
+        source: pulled.source(),
+        path: pulled.path,
+    })
+}
+
 /// One model in the cache, for `axle list`.
 #[derive(Debug, Clone)]
 pub struct Listed {

@@ -2,6 +2,7 @@
 //! listings with sizes and hashes, file downloads with `Range`, the Hub's error codes for
 //! unknown and gated repositories, and faults on demand (a download cut short, a corrupted one).
 //! Plain HTTP/1.1 over std's TCP, one thread per connection.
+use crate::download::hex;
 use sha1::Digest as _;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -31,10 +32,6 @@ struct Repo {
     files: BTreeMap<String, Vec<u8>>,
     /// Gated: only this token sees it.
     token: Option<String>,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn git_blob_id(content: &[u8]) -> String {

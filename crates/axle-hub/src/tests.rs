@@ -17,8 +17,7 @@ fn files(list: &[(&str, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
 
 fn sha256(content: &[u8]) -> String {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(content);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    crate::download::hex(&sha2::Sha256::digest(content))
 }
 
 fn id(text: &str) -> HubId {

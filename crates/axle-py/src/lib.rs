@@ -61,27 +61,6 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// An SDK error as a Python exception of the matching class; a refused request carries the field
 /// (`e.field`, OpenAI's name) and the reason.
-/// The model a `model_path` names: a path as it is (`file:` source), a Hub id pulled into the
-/// Hub cache (`hf:org/repo@commit`), or found there when `offline`.
-fn local_model(reference: &std::path::Path, offline: bool) -> PyResult<(PathBuf, String)> {
-    let text = reference.to_string_lossy();
-    let id =
-        match axle_hub::ModelRef::parse(&text).map_err(|e| ModelError::new_err(e.to_string()))? {
-            axle_hub::ModelRef::Path(p) => {
-                let abs = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
-                return Ok((p, format!("file:{}", abs.display())));
-            }
-            axle_hub::ModelRef::Hub(id) => id,
-        };
-    let hub = axle_hub::Hub::from_env()
-        .map_err(|e| ModelError::new_err(e.to_string()))?
-        .offline(offline);
-    let pulled = hub
-        .resolve(&id, &mut axle_hub::Quiet)
-        .map_err(|e| ModelError::new_err(e.to_string()))?;
-    Ok((pulled.path.clone(), pulled.source()))
-}
-
 fn py_err(py: Python<'_>, e: SdkError) -> PyErr {
     match e {
         SdkError::Rejected(r) => {
@@ -379,11 +358,16 @@ impl Engine {
         // A Hub id (`org/repo[:QUANT]`) is pulled into the Hub cache first (or, offline, found
         // there); a path is taken as it is.
         let local = match model_path {
-            Some(p) => Some(py.allow_threads(|| local_model(&p, offline))?),
+            Some(p) => Some(
+                py.allow_threads(|| {
+                    axle_hub::locate(&p.to_string_lossy(), offline, &mut axle_hub::Quiet)
+                })
+                .map_err(|e| ModelError::new_err(e.to_string()))?,
+            ),
             None => None,
         };
         let spec = RouteSpec {
-            model: local.as_ref().map(|(path, _)| path.clone()),
+            model: local.as_ref().map(|l| l.path.clone()),
             policy,
             upstream,
             upstream_model,
@@ -416,7 +400,7 @@ impl Engine {
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
         let (generator, mut report) = opened.map_err(|e| py_err(py, e))?;
         if matches!(generator, Generator::Native(_)) {
-            report.model_source = local.map(|(_, source)| source);
+            report.model_source = local.map(|l| l.source);
         }
         Ok(Engine {
             generator: Some(generator),

@@ -41,9 +41,7 @@ fn invalid(path: &Path, what: impl std::fmt::Display) -> ModelError {
 fn shards(folder: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = folder.join("model.safetensors.index.json");
     let mut names: Vec<String> = if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| invalid(&index, e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| invalid(&index, e))?;
+        let json = read_json(&index)?;
         let map = json["weight_map"]
             .as_object()
             .ok_or_else(|| invalid(&index, "no weight_map"))?;
@@ -124,20 +122,28 @@ struct View {
     nbytes: usize,
 }
 
-/// Converts elements of `dtype` to f32 little-endian bytes.
-fn to_f32(bytes: &[u8], dtype: DType) -> Vec<u8> {
-    let f = |b: &[u8]| -> f32 {
-        match dtype {
-            DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-            DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        }
-    };
-    let width = if dtype == DType::F32 { 4 } else { 2 };
-    bytes
-        .chunks_exact(width)
-        .flat_map(|c| f(c).to_le_bytes())
-        .collect()
+/// Little-endian elements of a float type (f32, f16, bf16) as f32.
+fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
+/// A JSON file of the folder, parsed.
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| invalid(path, e))?;
+    serde_json::from_str(&text).map_err(|e| invalid(path, e))
 }
 
 /// llama.cpp's Q/K permutation: within each head, row `p * half + j` (rotate-half order)
@@ -171,20 +177,14 @@ fn permute_rows(bytes: &[u8], rows: usize, heads: usize) -> Result<Vec<u8>, Stri
 
 /// The GGUF architecture a folder's config.json names (reading nothing else).
 pub fn architecture_of(folder: &Path) -> Result<String, ModelError> {
-    let config_path = folder.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| invalid(&config_path, e))?;
-    let config: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| invalid(&config_path, e))?;
+    let config = read_json(&folder.join("config.json"))?;
     quant::Quantization::read(&config)?;
     Ok(config::read(&config)?.0.arch.to_string())
 }
 
 /// Opens a safetensors folder as the GGUF model it holds.
 pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
-    let config_path = folder.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| invalid(&config_path, e))?;
-    let config: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| invalid(&config_path, e))?;
+    let config = read_json(&folder.join("config.json"))?;
     let (family, mut metadata) = config::read(&config)?;
     metadata.extend(tokenizer::read(folder)?);
     let name = folder
@@ -286,8 +286,8 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 let cols = view.shape.get(1).copied().unwrap_or(0) * 32 / a.bits as usize;
                 let (t, b) = quant::convert(
                     data(view),
-                    &quant::floats(data(sv), scale_type),
-                    &quant::floats(data(bv), bv.dtype.unwrap_or(DType::F32)),
+                    &floats(data(sv), scale_type),
+                    &floats(data(bv), bv.dtype.unwrap_or(DType::F32)),
                     scale_type,
                     rows,
                     cols,
@@ -297,7 +297,12 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 (t, vec![cols as i64, rows as i64], Some(b))
             }
             Some(t) if view.shape.len() == 1 => {
-                (DType::F32, vec![rows as i64], Some(to_f32(data(view), t)))
+                let f32s = floats(data(view), t);
+                (
+                    DType::F32,
+                    vec![rows as i64],
+                    Some(f32s.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                )
             }
             Some(t) => (t, vec![view.shape[1] as i64, rows as i64], None),
         };

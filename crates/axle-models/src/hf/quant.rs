@@ -101,24 +101,6 @@ impl Quantization {
     }
 }
 
-/// Reads little-endian elements of a float type as f32.
-pub(super) fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
-    match dtype {
-        DType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        _ => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-    }
-}
-
 /// A quantized weight read as a ggml tensor: its type and bytes (rows of `cols` values).
 pub(super) fn convert(
     words: &[u8],

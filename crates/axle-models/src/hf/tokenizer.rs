@@ -2,6 +2,7 @@
 //! vocabulary with token kinds, merges, the pre-tokenizer as its regexes, the special tokens and
 //! whether a BOS is added, and the chat template. Byte-level BPE (GPT-2, Llama 3, Qwen and
 //! SmolLM vocabularies); anything else is refused by name.
+use super::read_json;
 use crate::ModelError;
 use axle_ggml::MetaValue;
 use serde_json::Value;
@@ -18,12 +19,6 @@ const USER_DEFINED: i64 = 4;
 
 fn refuse(what: String) -> ModelError {
     ModelError::Unsupported(format!("tokenizer.json: {what}"))
-}
-
-fn read_json(path: &Path) -> Result<Value, ModelError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// The pre-tokenizer's regexes, applied in turn (each splits every piece into its matches and

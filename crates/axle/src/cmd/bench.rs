@@ -60,7 +60,8 @@ pub struct DeviceCheckArgs {
 }
 
 fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
-    let model = std::sync::Arc::new(super::load_model_on(&a.model, false, &a.device)?);
+    let path = super::hub::local(&a.model)?.path;
+    let model = std::sync::Arc::new(super::load_model_on(&path, false, &a.device)?);
     let text = std::fs::read_to_string(&a.workloads)
         .with_context(|| format!("cannot read {}", a.workloads.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -265,6 +266,7 @@ fn soak_run(a: &SoakArgs) -> anyhow::Result<(axle_bench::soak::SoakReport, serde
         .model
         .as_deref()
         .context("--model is needed to run a soak")?;
+    let path = &super::hub::local(path)?.path;
     let model = std::sync::Arc::new(super::load_model_on(path, false, &a.device)?);
     let spec = axle_bench::soak::SoakSpec {
         clients: a.clients,

@@ -2,9 +2,9 @@
 //! that names a Hub repository (`org/repo[:QUANT][@REVISION]`) instead of a file: pulled on
 //! first use into the standard Hub cache (`HF_HOME`), found there with `--offline`.
 use anyhow::Context;
-use axle_hub::{Format, Hub, HubId, ModelRef, Recheck};
+use axle_hub::{Format, Hub, HubId, Located, ModelRef, Recheck};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// `axle pull`.
 #[derive(Debug, clap::Args)]
@@ -27,15 +27,6 @@ pub struct ListArgs {
 pub struct RmArgs {
     /// `org/repo` (the whole repository) or `org/repo:QUANT` (that GGUF's files).
     model: String,
-}
-
-/// A model on this machine, and where it came from.
-#[derive(Debug, Clone)]
-pub struct Local {
-    /// What a loader opens.
-    pub path: PathBuf,
-    /// `hf:org/repo@commit` or `file:PATH`.
-    pub source: String,
 }
 
 /// Bars on stderr, one per file, for a pull.
@@ -100,35 +91,18 @@ fn hub_id(text: &str) -> anyhow::Result<HubId> {
     }
 }
 
-/// The model a `--model` names, on this machine: a path as it is, a Hub id pulled (or found in
-/// the cache with `--offline`). Runs its requests on a thread of its own, so callers inside an
-/// async runtime may call it.
-pub fn local(model: &Path) -> anyhow::Result<Local> {
+/// The model a `--model` names, on this machine ([`axle_hub::locate`]; `--offline` reaches it
+/// as HF_HUB_OFFLINE). Runs its requests on a thread of its own, so callers inside an async
+/// runtime may call it.
+pub fn local(model: &Path) -> anyhow::Result<Located> {
     let text = model.to_string_lossy().into_owned();
-    let id = match ModelRef::parse(&text)? {
-        ModelRef::Path(path) => {
-            let abs = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-            return Ok(Local {
-                source: format!("file:{}", abs.display()),
-                path,
-            });
-        }
-        ModelRef::Hub(id) => id,
-    };
-    let pulled = std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<axle_hub::Pulled> {
-            Ok(hub()?.resolve(&id, &mut Bars::new())?)
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the pull of {id} stopped unexpectedly"))?
-    });
-    // A mistyped relative path reads as a Hub id: say both.
-    let pulled =
-        pulled.with_context(|| format!("no file or folder `{text}` here, and as a Hub id"))?;
-    Ok(Local {
-        source: pulled.source(),
-        path: pulled.path,
-    })
+    let located = std::thread::scope(|s| {
+        s.spawn(|| axle_hub::locate(&text, false, &mut Bars::new()))
+            .join()
+            .map_err(|_| anyhow::anyhow!("the pull of {text} stopped unexpectedly"))
+    })?;
+    // Only a Hub id fails here, and a mistyped relative path reads as one: say both.
+    located.with_context(|| format!("no file or folder `{text}` here, and as a Hub id"))
 }
 
 pub fn pull(a: PullArgs) -> anyhow::Result<()> {
@@ -157,57 +131,48 @@ pub fn pull(a: PullArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The architecture and whether Axle runs it natively.
-fn architecture(row: &axle_hub::Listed) -> (String, &'static str) {
+/// A cached model's architecture, quantization and whether Axle runs it natively.
+fn describe(row: &axle_hub::Listed) -> (String, String, &'static str) {
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
     match row.format {
-        Format::Gguf => match axle_models::arch::architecture_of(&row.path()) {
-            Ok(arch) => {
-                let native = axle_models::arch::supported().contains(&arch.as_str());
-                (arch, if native { "yes" } else { "no" })
+        Format::Gguf => {
+            let quant = row.name.rsplit(':').next().unwrap_or("").to_string();
+            match axle_models::arch::architecture_of(&row.path()) {
+                Ok(arch) => {
+                    let native = axle_models::arch::supported().contains(&arch.as_str());
+                    (arch, quant, yes_no(native))
+                }
+                Err(_) => ("unreadable".into(), quant, "no"),
             }
-            Err(_) => ("unreadable".into(), "no"),
-        },
-        Format::Safetensors => {
-            let config = row.path().join("config.json");
-            let arch = std::fs::read_to_string(config)
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v.get("model_type")?.as_str().map(str::to_string))
-                .unwrap_or_else(|| "unknown".into());
-            // Native: a family read from folders, in a type read as it is.
-            let native = axle_models::arch::architecture_of(&row.path()).is_ok();
-            (arch, if native { "yes" } else { "no" })
         }
-    }
-}
-
-fn quantization(row: &axle_hub::Listed) -> String {
-    match row.format {
-        Format::Gguf => row.name.rsplit(':').next().unwrap_or("").to_string(),
         Format::Safetensors => {
             let config = std::fs::read_to_string(row.path().join("config.json"))
                 .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-            let Some(c) = config else {
-                return "?".into();
-            };
-            if let Some(q) = c
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .unwrap_or_default();
+            let arch = config["model_type"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_string();
+            let quant = match config
                 .get("quantization")
-                .or_else(|| c.get("quantization_config"))
+                .or_else(|| config.get("quantization_config"))
             {
-                let bits = q.get("bits").and_then(|b| b.as_u64());
-                let group = q.get("group_size").and_then(|g| g.as_u64());
-                return match (bits, group) {
+                Some(q) => match (q["bits"].as_u64(), q["group_size"].as_u64()) {
                     (Some(b), Some(g)) => format!("{b}-bit g{g}"),
                     (Some(b), None) => format!("{b}-bit"),
                     _ => "quantized".into(),
-                };
-            }
-            c.get("torch_dtype")
-                .or_else(|| c.get("dtype"))
-                .and_then(|d| d.as_str())
-                .unwrap_or("?")
-                .to_string()
+                },
+                None => config
+                    .get("torch_dtype")
+                    .or_else(|| config.get("dtype"))
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("?")
+                    .to_string(),
+            };
+            // Native: a family read from folders, in a type read as it is.
+            let native = axle_models::arch::architecture_of(&row.path()).is_ok();
+            (arch, quant, yes_no(native))
         }
     }
 }
@@ -222,7 +187,7 @@ pub fn list(a: ListArgs) -> anyhow::Result<()> {
     let table: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
-            let (arch, native) = architecture(r);
+            let (arch, quant, native) = describe(r);
             let mut name = r.name.clone();
             if !r.refs.iter().any(|x| x == "main") {
                 name.push_str(&format!("@{}", &r.commit[..r.commit.len().min(12)]));
@@ -231,7 +196,7 @@ pub fn list(a: ListArgs) -> anyhow::Result<()> {
                 name,
                 indicatif::HumanBytes(r.size()).to_string(),
                 arch,
-                quantization(r),
+                quant,
                 r.format.name().to_string(),
                 native.to_string(),
             ]

@@ -294,8 +294,6 @@ pub fn load_model(path: &Path, engine: &EngineArgs) -> anyhow::Result<Model> {
 
 /// [`load_model`] for the bench commands, which take threads and device alone.
 pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::Result<Model> {
-    let local = hub::local(path)?;
-    let path = local.path.as_path();
     let opts = ModelOptions {
         threads: device.threads,
         repack,
