@@ -190,7 +190,10 @@ pub fn list(a: ListArgs) -> anyhow::Result<()> {
             let (arch, quant, native) = describe(r);
             let mut name = r.name.clone();
             if !r.refs.iter().any(|x| x == "main") {
-                name.push_str(&format!("@{}", &r.commit[..r.commit.len().min(12)]));
+                name.push_str(&format!(
+                    "@{}",
+                    r.commit.chars().take(12).collect::<String>()
+                ));
             }
             [
                 name,
