@@ -15,7 +15,10 @@ pub mod scheduler;
 
 pub use blocks::{BlockId, BlockOrigin, BlockPool};
 pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
-pub use drafter::{DraftConfig, Drafter, MatchClass, PositionStats, MAX_DRAFT};
+pub use drafter::{
+    DraftConfig, DraftSource, DraftSources, Drafter, MatchClass, PositionStats, SourceCounts,
+    SuffixCache, MAX_DRAFT,
+};
 pub use sampler::{RowLogits, Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
 pub use scheduler::{
     AdmitError, Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler,

@@ -15,7 +15,7 @@ use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
     defaults, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest, Generator, Model,
     ModelOptions, Prompt, Rejection, ResponseFormat, RoutePolicy, RuntimeReport, SamplingOptions,
-    SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT,
+    SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT, DraftSources,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -278,7 +278,8 @@ impl Engine {
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
-        split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false
+        split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false,
+        drafters="all".to_string()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -308,6 +309,7 @@ impl Engine {
         device_products: Option<String>,
         host_kernels: Option<String>,
         offline: bool,
+        drafters: String,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -333,6 +335,7 @@ impl Engine {
         if !(1..=MAX_DRAFT).contains(&draft_len) {
             return Err(invalid(format!("draft_len must be 1 to {MAX_DRAFT}")));
         }
+        let drafters = DraftSources::parse(&drafters).map_err(invalid)?;
         if max_batch_size == 0 {
             return Err(invalid("max_batch_size must be at least 1".into()));
         }
@@ -395,6 +398,7 @@ impl Engine {
             kernels,
             device_products,
             host_kernels,
+            drafters,
             ..EngineConfig::sized(m, &sizing)
         };
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));

@@ -7,7 +7,7 @@ use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, Event, FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepPlan,
+    DraftConfig, DraftSources, Event, FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepPlan,
     TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
@@ -43,9 +43,11 @@ pub struct EngineConfig {
     /// Most tokens one sequence may hold.
     #[default(defaults::CONTEXT)]
     pub context_len: usize,
-    /// Longest n-gram draft (0 turns speculation off for every request).
+    /// Longest draft (0 turns speculation off for every request).
     #[default(defaults::DRAFT_LEN)]
     pub max_draft: usize,
+    /// The drafters requests consult.
+    pub drafters: DraftSources,
     /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
     /// at start-up on this machine and model.
     pub verify_cost: Option<Vec<f64>>,
@@ -533,6 +535,7 @@ impl EngineCore {
                         m.ratios
                     }
                 },
+                sources: cfg.drafters,
                 ..Default::default()
             })
         } else {
@@ -694,6 +697,7 @@ impl EngineCore {
                     accepted: s.accepted,
                     verifies: s.verifies,
                     positions: s.positions,
+                    by_source: s.by_source,
                 },
                 upstream_reason: None,
                 tool_calls,
@@ -705,6 +709,12 @@ impl EngineCore {
     /// The scheduler's speculation settings (measured verify costs), if on.
     pub fn draft_config(&self) -> Option<&DraftConfig> {
         self.sched.config().draft.as_ref()
+    }
+
+    /// Forgets the outputs kept for suffix drafts across requests (for benchmarks that time each
+    /// request on its own).
+    pub fn clear_shared_drafts(&mut self) {
+        self.sched.clear_shared_drafts();
     }
 
     /// Where the steps that measured the verify cost spent their time, for k = 0.. drafts

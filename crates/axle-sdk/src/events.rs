@@ -1,7 +1,7 @@
 //! What a request produces, the same for every route: a stream of [`StreamEvent`]s ending in one
 //! [`Finish`], or, run to the end, one [`Completion`].
 use crate::SdkError;
-use axle_core::{ConstraintTiming, FinishReason, PositionStats, TokenLogprob};
+use axle_core::{ConstraintTiming, FinishReason, PositionStats, SourceCounts, TokenLogprob};
 use axle_models::TokenId;
 use axle_structured::tools::ToolCall;
 
@@ -19,7 +19,7 @@ pub struct Usage {
     pub reasoning_tokens: usize,
 }
 
-/// What n-gram speculation did for a request.
+/// What speculation did for a request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Speculation {
     /// Draft tokens proposed.
@@ -30,6 +30,8 @@ pub struct Speculation {
     pub verifies: usize,
     /// Acceptance by draft position.
     pub positions: PositionStats,
+    /// Counts by drafter (indexed by `DraftSource as usize`).
+    pub by_source: [SourceCounts; 2],
 }
 
 /// How a request ended.

@@ -50,7 +50,8 @@ pub use delegate::{DelegateError, Upstream};
 pub use route::{RoutePolicy, RouteSpec, RuntimeKind, RuntimeReport, SupportTier};
 
 pub use axle_core::{
-    FinishReason, PositionStats, RequestId, SamplingField, SamplingParams, TokenLogprob, MAX_DRAFT,
+    DraftSource, DraftSources, FinishReason, PositionStats, RequestId, SamplingField,
+    SamplingParams, SourceCounts, TokenLogprob, MAX_DRAFT,
 };
 pub use axle_models::{
     fetched, ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer,

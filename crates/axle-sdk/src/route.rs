@@ -251,6 +251,10 @@ pub struct RuntimeReport {
     /// on delegated routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory: Option<String>,
+    /// A native engine's speculation: its drafters and longest draft (`ngram,suffix up to 4
+    /// tokens`); absent where speculation is off and on delegated routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<String>,
 }
 
 impl RuntimeReport {
@@ -295,6 +299,7 @@ impl RuntimeReport {
             device: None,
             device_products: None,
             host_memory: None,
+            speculation: None,
         }
     }
 
@@ -629,6 +634,13 @@ pub async fn open(
             let mut report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
                 .on_device(&model);
             let cfg = configure(&model);
+            report.speculation = (cfg.max_draft > 0).then(|| {
+                format!(
+                    "{} up to {} tokens",
+                    cfg.drafters.names(),
+                    cfg.max_draft.min(crate::MAX_DRAFT)
+                )
+            });
             let session = Session::new(Arc::new(model), cfg)?;
             report.device_products = session.device_products_summary().map(str::to_string);
             Ok((Generator::Native(Arc::new(session)), report))

@@ -271,12 +271,10 @@ impl Timing<'_> {
             }
             StreamEvent::Done { finish, .. } => {
                 let u = finish.usage.unwrap_or_default();
-                let sp = &finish.speculation;
                 m.finished(
                     u.prompt_tokens,
                     u.completion_tokens,
-                    sp.drafted,
-                    sp.accepted,
+                    &finish.speculation.by_source,
                 );
             }
             StreamEvent::Error(_) => m.error(),

@@ -1,7 +1,7 @@
 //! Server metrics in Prometheus text format. Hand-written rather than the `prometheus` crate: a
 //! dozen counters and two fixed-bucket histograms do not need a registry, and this keeps the
 //! server's dependency tree small.
-use axle_sdk::EngineStats;
+use axle_sdk::{DraftSource, EngineStats, SourceCounts};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -46,8 +46,9 @@ pub struct Metrics {
     errors: AtomicU64,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
-    drafted: AtomicU64,
-    accepted: AtomicU64,
+    /// Draft tokens proposed and accepted, by drafter (`DraftSource as usize`).
+    drafted: [AtomicU64; 2],
+    accepted: [AtomicU64; 2],
     max_running: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
@@ -64,14 +65,16 @@ impl Metrics {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A request finished with these token counts.
-    pub fn finished(&self, prompt: usize, completion: usize, drafted: usize, accepted: usize) {
+    /// A request finished with these token counts and these drafts by drafter.
+    pub fn finished(&self, prompt: usize, completion: usize, drafts: &[SourceCounts; 2]) {
         self.prompt_tokens
             .fetch_add(prompt as u64, Ordering::Relaxed);
         self.completion_tokens
             .fetch_add(completion as u64, Ordering::Relaxed);
-        self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
-        self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+        for (i, d) in drafts.iter().enumerate() {
+            self.drafted[i].fetch_add(d.drafted as u64, Ordering::Relaxed);
+            self.accepted[i].fetch_add(d.accepted as u64, Ordering::Relaxed);
+        }
     }
 
     /// Time to first token, seconds.
@@ -107,8 +110,6 @@ impl Metrics {
             (c, "axle_request_errors_total",        "Requests that ended in an error.",             r(&self.errors)),
             (c, "axle_prompt_tokens_total",         "Prompt tokens processed.",                     r(&self.prompt_tokens)),
             (c, "axle_completion_tokens_total",     "Tokens generated.",                            r(&self.completion_tokens)),
-            (c, "axle_ngram_drafted_tokens_total",  "Draft tokens proposed by n-gram speculation.", r(&self.drafted)),
-            (c, "axle_ngram_accepted_tokens_total", "Draft tokens accepted.",                       r(&self.accepted)),
             (g, "axle_queue_depth",                 "Requests waiting.",                            e.waiting as u64),
             (g, "axle_running_sequences",           "Sequences holding KV.",                        e.running as u64),
             (g, "axle_running_sequences_max",       "Peak running sequences since start.",          r(&self.max_running)),
@@ -119,6 +120,20 @@ impl Metrics {
                 out,
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
+        }
+        for (name, help, counts) in [
+            ("axle_drafted_tokens_total", "Draft tokens proposed, by drafter.", &self.drafted),
+            ("axle_accepted_tokens_total", "Draft tokens accepted, by drafter.", &self.accepted),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for d in DraftSource::ALL {
+                let _ = writeln!(
+                    out,
+                    "{name}{{drafter=\"{}\"}} {}",
+                    d.name(),
+                    r(&counts[d as usize])
+                );
+            }
         }
         if let Ok(h) = self.ttft.lock() {
             h.render(

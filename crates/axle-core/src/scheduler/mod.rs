@@ -10,7 +10,7 @@
 //! logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockOrigin, BlockPool};
 use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
-use crate::drafter::{DraftConfig, Drafter, PositionStats};
+use crate::drafter::{suffix, DraftConfig, Drafter, PositionStats, SourceCounts, SuffixCache};
 use crate::sampler::{logprobs, RowLogits, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -88,6 +88,8 @@ pub struct Scheduler {
     reusable: HashSet<u64>,
     /// Free recurrent state slots (the last is handed out first).
     free_states: Vec<u32>,
+    /// Recent outputs of all requests, for suffix drafts across requests.
+    shared: SuffixCache,
 }
 
 impl Scheduler {
@@ -105,6 +107,12 @@ impl Scheduler {
             clock: 0,
             reusable: HashSet::new(),
             free_states: (0..cfg.state_slots.unwrap_or(0)).rev().collect(),
+            shared: SuffixCache::new(
+                cfg.draft
+                    .as_ref()
+                    .filter(|d| d.sources.suffix)
+                    .map_or(0, |d| d.shared_tokens),
+            ),
             cfg,
         }
     }
@@ -188,8 +196,8 @@ impl Scheduler {
         let mut tokens = spec.prompt.clone();
         tokens.extend_from_slice(&unreported);
         let sampler = Sampler::new(spec.sampling.clone());
-        let drafter = (spec.speculate && self.cfg.draft.is_some()).then(|| {
-            let mut d = Drafter::new(&spec.prompt);
+        let drafter = self.cfg.draft.as_ref().filter(|_| spec.speculate).map(|cfg| {
+            let mut d = Drafter::new(&spec.prompt, cfg.sources);
             for &t in &unreported {
                 d.push(t);
             }
@@ -217,6 +225,12 @@ impl Scheduler {
         );
         self.waiting.push_back(id);
         Ok(id)
+    }
+
+    /// Forgets the outputs kept for suffix drafts across requests (benchmarks that time each
+    /// request on its own clear them between requests).
+    pub fn clear_shared_drafts(&mut self) {
+        self.shared.clear();
     }
 
     /// A request's phase (None once forgotten).
@@ -247,6 +261,7 @@ impl Scheduler {
             accepted: r.drafter.as_ref().map_or(0, |d| d.accepted),
             verifies: r.drafter.as_ref().map_or(0, |d| d.verifies),
             positions: r.drafter.as_ref().map(|d| d.positions).unwrap_or_default(),
+            by_source: r.drafter.as_ref().map(|d| d.by_source).unwrap_or_default(),
             constraint: r
                 .constraint
                 .as_ref()
@@ -290,6 +305,11 @@ impl Scheduler {
         }
         give_back(r, &mut self.pool, &mut self.free_states);
         r.phase = Phase::Finished(reason);
+        // Its output, after a little of its prompt, joins the outputs later requests draft from.
+        if r.drafter.is_some() && r.generated() > 0 && self.shared.budget() > 0 {
+            let from = r.spec.prompt.len().saturating_sub(suffix::MAX_PATTERN);
+            self.shared.add(r.tokens[from..].to_vec());
+        }
         self.running.retain(|&x| x != id);
         self.waiting.retain(|&x| x != id);
         true
@@ -561,7 +581,7 @@ impl Scheduler {
         let left = r.spec.max_tokens.saturating_sub(r.generated() + 1);
         let room = left.min(cap.saturating_sub(r.tokens.len() + 1)).min(budget);
         let mut draft = match r.drafter.as_mut() {
-            Some(d) if room > 0 => d.propose(cfg, room),
+            Some(d) if room > 0 => d.propose(cfg, room, Some(&self.shared)),
             _ => Vec::new(),
         };
         // A draft token the constraint forbids ends the draft.

@@ -94,7 +94,7 @@ pub struct SchedulerConfig {
     /// block's [`BlockOrigin`], so a cached block is reused only where it holds the numbers the
     /// request would compute. Empty: every row is computed alike, and keys name tokens alone.
     pub prompt_classes: Vec<usize>,
-    /// N-gram speculation settings (None: off for every request).
+    /// Speculation settings (None: off for every request).
     pub draft: Option<DraftConfig>,
     /// Recurrent models: per-sequence state slots (conv window and delta-rule state of every
     /// linear-attention layer), one per running sequence; None for attention-only models.
@@ -189,6 +189,8 @@ pub struct RequestStats {
     pub verifies: usize,
     /// Acceptance by draft position.
     pub positions: PositionStats,
+    /// Draft counts by source (indexed by `DraftSource as usize`).
+    pub by_source: [SourceCounts; 2],
     /// Time spent on the output constraint's masks.
     pub constraint: ConstraintTiming,
 }

@@ -4,7 +4,7 @@
 use super::{RunArgs, SamplingArgs};
 use anyhow::bail;
 use axle_models::ChatMessage;
-use axle_sdk::{defaults, EventStream, Prompt, StreamEvent};
+use axle_sdk::{defaults, DraftSource, EventStream, Prompt, StreamEvent};
 use std::io::Write;
 use std::time::Instant;
 
@@ -104,15 +104,21 @@ async fn single(mut s: EventStream, t0: Instant) -> anyhow::Result<()> {
                 let ttft = first.map_or(t0.elapsed(), |f| f - t0);
                 let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
                 let decode = n.saturating_sub(1) as f64 / dec.max(1e-9);
-                let sp = &finish.speculation;
+                // Accepted of drafted tokens, by drafter.
+                let drafts = DraftSource::ALL
+                    .iter()
+                    .map(|&d| {
+                        let c = finish.speculation.by_source[d as usize];
+                        format!("{} {}/{}", d.name(), c.accepted, c.drafted)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 match finish.usage {
                     Some(u) => eprintln!(
-                        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {decode:.1} tok/s | ngram: {} drafted, {} accepted | finish: {}",
+                        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {decode:.1} tok/s | drafts accepted: {drafts} | finish: {}",
                         u.prompt_tokens,
                         u.prompt_tokens as f64 / ttft.as_secs_f64(),
                         u.completion_tokens,
-                        sp.drafted,
-                        sp.accepted,
                         finish.openai_reason()
                     ),
                     None => eprintln!(

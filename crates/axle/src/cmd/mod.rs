@@ -12,7 +12,7 @@ pub mod tokenize;
 use anyhow::Context;
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{default_threads, DeviceChoice, HostKernels, Model, ModelOptions};
-use axle_sdk::{defaults, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
+use axle_sdk::{defaults, DraftSources, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::Path;
 use std::time::Duration;
 
@@ -118,10 +118,15 @@ pub struct EngineArgs {
     /// changes the output).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub ngram: Switch,
-    /// Longest n-gram draft.
+    /// Longest draft.
     #[arg(long, default_value_t = defaults::DRAFT_LEN,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFT as u64))]
     pub draft_len: usize,
+    /// Where drafts come from, comma-separated: `ngram` (prompt lookup over the sequence's own
+    /// tokens), `suffix` (suffix decoding over the sequence's tokens and recent outputs of all
+    /// requests), or `all`. Each step the proposal with the longest match goes to the gate.
+    #[arg(long, default_value = "all", value_parser = DraftSources::parse)]
+    pub drafters: DraftSources,
     /// Kernel choice: `exact` (a request's output does not depend on what shares its steps, and
     /// n-gram speculation reproduces plain decoding) or `fast` (ggml's kernels for each step's
     /// shape, as llama.cpp runs: more tokens/s for many concurrent sequences on a GPU, where
@@ -236,6 +241,7 @@ impl EngineArgs {
             device_products: self.device_products,
             device_attention: self.device_attention,
             host_kernels: self.host_kernels,
+            drafters: self.drafters,
             ..EngineConfig::sized(model, &sizing)
         }
     }

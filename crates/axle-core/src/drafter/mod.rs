@@ -1,8 +1,8 @@
-//! N-gram self-speculation: the sequence's own context proposes its next tokens, with no draft
-//! model. Two sources, both updated in O(1) per token: prompt lookup (the continuation after the
-//! earlier occurrence of the current suffix that matches it longest, among the latest few
-//! occurrences of its last three tokens, or the latest of its last two) and, past the end of
-//! history, a chain through trigram / bigram "next token" tables.
+//! Self-speculation: the context proposes the sequence's next tokens, with no draft model. Sources
+//! ([`DraftSource`]): n-gram prompt lookup ([`ngram`]), and suffix decoding ([`suffix`]) over the
+//! sequence's own tokens and over recent outputs of all requests ([`SuffixCache`]). Each step
+//! every source the request has on proposes a draft; the one whose match is longest (then whose
+//! draft is longest) goes to the gate.
 //!
 //! A gate keeps drafting only while it pays. Acceptance is estimated per draft position (the chance
 //! that a draft token is accepted given that the ones before it were: every checked position is
@@ -18,10 +18,109 @@
 //! paused gate can never learn that from real drafts, because it makes none).
 use crate::TokenId;
 use smart_default::SmartDefault;
-use std::collections::HashMap;
+
+pub mod ngram;
+pub mod suffix;
+
+pub use ngram::NgramIndex;
+pub use suffix::{SuffixCache, SuffixDraft, SuffixTrie};
 
 /// The longest draft a verify step may carry.
-pub const MAX_DRAFT: usize = 8;
+pub const MAX_DRAFT: usize = 16;
+
+/// Where a draft came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraftSource {
+    /// N-gram prompt lookup over the sequence's own tokens.
+    Ngram = 0,
+    /// Suffix decoding over the sequence's own tokens and recent outputs of all requests.
+    Suffix = 1,
+}
+
+impl DraftSource {
+    /// Every source.
+    pub const ALL: [DraftSource; 2] = [DraftSource::Ngram, DraftSource::Suffix];
+
+    /// Its name in options, counters and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftSource::Ngram => "ngram",
+            DraftSource::Suffix => "suffix",
+        }
+    }
+}
+
+/// Which sources a request's drafter consults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, SmartDefault)]
+pub struct DraftSources {
+    /// N-gram prompt lookup.
+    #[default(true)]
+    pub ngram: bool,
+    /// Suffix decoding.
+    #[default(true)]
+    pub suffix: bool,
+}
+
+impl DraftSources {
+    /// Parses a comma-separated list of source names (`ngram`, `suffix`), or `all`.
+    pub fn parse(text: &str) -> Result<DraftSources, String> {
+        let mut s = DraftSources {
+            ngram: false,
+            suffix: false,
+        };
+        for name in text.split(',').map(str::trim) {
+            match name {
+                "ngram" => s.ngram = true,
+                "suffix" => s.suffix = true,
+                "all" => s = DraftSources::default(),
+                other => {
+                    return Err(format!(
+                        "unknown drafter '{other}' (known: ngram, suffix, all)"
+                    ))
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Whether `source` is on.
+    pub fn has(self, source: DraftSource) -> bool {
+        match source {
+            DraftSource::Ngram => self.ngram,
+            DraftSource::Suffix => self.suffix,
+        }
+    }
+
+    /// The names of the sources on, comma-separated.
+    pub fn names(self) -> String {
+        DraftSource::ALL
+            .iter()
+            .filter(|&&d| self.has(d))
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Draft counts of one source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceCounts {
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Verify steps with its drafts.
+    pub verifies: usize,
+}
+
+impl SourceCounts {
+    /// Adds another's counts.
+    pub fn add(&mut self, other: &SourceCounts) {
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.verifies += other.verifies;
+    }
+}
 
 /// Acceptance by draft position: how often position `j` of a draft was checked against the model
 /// (every earlier draft token having been accepted) and how often it was accepted. Shows where a
@@ -87,6 +186,11 @@ pub struct DraftConfig {
     /// Cost of a verify step with k draft tokens relative to a plain decode step, for k = 0..=max
     /// (index 0 is 1.0). Measured by the engine on the machine and model at start-up.
     pub verify_cost: Vec<f64>,
+    /// The sources drafts come from.
+    pub sources: DraftSources,
+    /// Tokens of recent outputs the scheduler keeps for suffix drafts across requests.
+    #[default(32768)]
+    pub shared_tokens: usize,
 }
 
 impl DraftConfig {
@@ -113,11 +217,6 @@ impl DraftConfig {
         best.1
     }
 }
-
-/// Earlier occurrences of a trigram kept for prompt lookup (the latest ones).
-const CANDIDATES: usize = 8;
-/// Longest suffix match measured (enough to tell a copy from a chance match).
-const MAX_MATCH: usize = 32;
 
 /// How long the current suffix matched its earlier occurrence: the classes the gate keeps
 /// acceptance estimates for.
@@ -151,53 +250,39 @@ impl MatchClass {
     }
 }
 
-/// The latest `CANDIDATES` positions in a fixed ring (O(1) insert), iterated newest first.
-#[derive(Debug, Clone, Copy, Default)]
-struct Recent {
-    at: [usize; CANDIDATES],
-    len: usize,
-    next: usize,
+/// A source's proposal before the gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Draft tokens (up to the longest draft).
+    pub tokens: Vec<TokenId>,
+    /// Context tokens its match covered.
+    pub match_len: usize,
+    /// Its source.
+    pub source: DraftSource,
 }
 
-impl Recent {
-    fn push(&mut self, i: usize) {
-        self.at[self.next] = i;
-        self.next = (self.next + 1) % CANDIDATES;
-        self.len = (self.len + 1).min(CANDIDATES);
-    }
-
-    /// Newest first.
-    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (1..=self.len).map(move |j| self.at[(self.next + CANDIDATES - j) % CANDIDATES])
-    }
-
-    fn latest(&self) -> Option<usize> {
-        self.iter().next()
+impl Candidate {
+    /// Order between sources' proposals: the longer match (up to the suffix trie's pattern, past
+    /// which both are copies), then the longer draft.
+    fn rank(&self) -> (usize, usize) {
+        (self.match_len.min(suffix::MAX_PATTERN), self.tokens.len())
     }
 }
 
-/// A suffix match: where its earlier occurrence continues, and how many tokens matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Found {
-    start: usize,
-    len: usize,
-}
-
-/// Per-sequence n-gram state.
+/// Per-sequence drafting state: the sources' indexes and the gate.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     tokens: Vec<TokenId>,
-    /// Continuation indexes after the latest earlier occurrences of each trigram, and after the
-    /// latest occurrence of each bigram.
-    after3: HashMap<[TokenId; 3], Recent>,
-    after2: HashMap<[TokenId; 2], usize>,
+    ngram: Option<NgramIndex>,
+    suffix: Option<SuffixTrie>,
     /// Overall per-position acceptance estimate (drives the pause).
     ema: f64,
     /// Per-position acceptance estimate by match class (drives the draft length).
     by_class: [f64; 3],
     paused_until: Option<usize>,
-    /// Class of the match behind the draft last proposed.
+    /// Class and source of the draft last proposed.
     draft_class: MatchClass,
+    draft_source: DraftSource,
     /// The pending shadow draft, its match class, and how many of its tokens the model has
     /// matched so far.
     shadow: Vec<TokenId>,
@@ -215,15 +300,17 @@ pub struct Drafter {
     pub verifies: usize,
     /// Acceptance by draft position.
     pub positions: PositionStats,
+    /// Counts by source (indexed by `DraftSource as usize`).
+    pub by_source: [SourceCounts; 2],
 }
 
 impl Drafter {
-    /// A drafter over the initial tokens (the prompt).
-    pub fn new(prompt: &[TokenId]) -> Drafter {
+    /// A drafter over the initial tokens (the prompt), consulting `sources`.
+    pub fn new(prompt: &[TokenId], sources: DraftSources) -> Drafter {
         let mut d = Drafter {
             tokens: Vec::with_capacity(prompt.len() + 256),
-            after3: HashMap::new(),
-            after2: HashMap::new(),
+            ngram: sources.ngram.then(NgramIndex::default),
+            suffix: sources.suffix.then(SuffixTrie::default),
             ema: 0.8,
             by_class: [
                 MatchClass::Short.prior(),
@@ -232,6 +319,7 @@ impl Drafter {
             ],
             paused_until: None,
             draft_class: MatchClass::Short,
+            draft_source: DraftSource::Ngram,
             shadow: Vec::new(),
             shadow_class: MatchClass::Short,
             shadow_matched: 0,
@@ -241,6 +329,7 @@ impl Drafter {
             accepted: 0,
             verifies: 0,
             positions: PositionStats::default(),
+            by_source: [SourceCounts::default(); 2],
         };
         for &t in prompt {
             d.push(t);
@@ -248,20 +337,15 @@ impl Drafter {
         d
     }
 
-    /// Appends a token, indexing the n-grams that now have a continuation.
+    /// Appends a token to every source's index.
     pub fn push(&mut self, t: TokenId) {
-        let n = self.tokens.len();
-        if n >= 2 {
-            self.after2
-                .insert([self.tokens[n - 2], self.tokens[n - 1]], n);
-        }
-        if n >= 3 {
-            self.after3
-                .entry([self.tokens[n - 3], self.tokens[n - 2], self.tokens[n - 1]])
-                .or_default()
-                .push(n);
-        }
         self.tokens.push(t);
+        if let Some(x) = self.ngram.as_mut() {
+            x.push(t);
+        }
+        if let Some(x) = self.suffix.as_mut() {
+            x.push(t);
+        }
         if self.shadow_matched < self.shadow.len() {
             if self.shadow[self.shadow_matched] == t {
                 self.shadow_matched += 1;
@@ -305,6 +389,11 @@ impl Drafter {
         self.tokens.is_empty()
     }
 
+    /// The tokens seen.
+    pub fn tokens(&self) -> &[TokenId] {
+        &self.tokens
+    }
+
     /// Overall per-position acceptance estimate.
     pub fn acceptance(&self) -> f64 {
         self.ema
@@ -315,53 +404,62 @@ impl Drafter {
         self.by_class[class as usize]
     }
 
-    /// How many tokens before the continuation index `start` equal the current suffix (at most
-    /// `MAX_MATCH`).
-    fn match_len(&self, start: usize) -> usize {
-        let n = self.tokens.len();
-        (0..MAX_MATCH.min(start))
-            .take_while(|&j| self.tokens[start - 1 - j] == self.tokens[n - 1 - j])
-            .count()
-    }
-
-    /// The earlier occurrence of the current suffix that matches it longest: among the latest
-    /// occurrences of its last three tokens (the newest wins ties), else the latest of its last
-    /// two.
-    fn lookup(&self) -> Option<Found> {
-        let n = self.tokens.len();
-        if n >= 3 {
-            let key = [self.tokens[n - 3], self.tokens[n - 2], self.tokens[n - 1]];
-            if let Some(recent) = self.after3.get(&key) {
-                let mut best: Option<Found> = None;
-                for start in recent.iter() {
-                    let len = self.match_len(start);
-                    if best.is_none_or(|b| len > b.len) {
-                        best = Some(Found { start, len });
-                    }
+    /// Every source's proposal of up to `k` tokens now, ignoring the gate, best first: the
+    /// sequence's n-gram index, its suffix trie, then `shared` (recent outputs of all requests).
+    pub fn candidates(&self, k: usize, shared: Option<&SuffixCache>) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        if let Some(x) = &self.ngram {
+            if let Some(f) = x.lookup() {
+                let tokens = x.continuation(f.start, k);
+                if !tokens.is_empty() {
+                    out.push(Candidate {
+                        tokens,
+                        match_len: f.len,
+                        source: DraftSource::Ngram,
+                    });
                 }
-                return best;
             }
         }
-        if n >= 2 {
-            if let Some(&start) = self.after2.get(&[self.tokens[n - 2], self.tokens[n - 1]]) {
-                return Some(Found {
-                    start,
-                    len: self.match_len(start),
+        if let Some(x) = &self.suffix {
+            let own = x.draft(&self.tokens, k);
+            let across = shared.and_then(|c| c.draft(&self.tokens, k));
+            for d in [own, across].into_iter().flatten() {
+                out.push(Candidate {
+                    tokens: d.tokens,
+                    match_len: d.match_len,
+                    source: DraftSource::Suffix,
                 });
             }
         }
-        None
+        // Stable: among equals, the earlier source stays first.
+        out.sort_by_key(|c| std::cmp::Reverse(c.rank()));
+        out
     }
 
-    /// Proposes up to `cfg`-chosen many draft tokens (possibly none).
-    pub fn propose(&mut self, cfg: &DraftConfig, room: usize) -> Vec<TokenId> {
+    /// What a draft of up to `k` tokens would be now, ignoring the gate (for analysis: replays
+    /// that ask how well a hindsight choice of lengths would do).
+    pub fn candidate(&self, k: usize, shared: Option<&SuffixCache>) -> Vec<TokenId> {
+        self.candidates(k, shared)
+            .into_iter()
+            .next()
+            .map_or_else(Vec::new, |c| c.tokens)
+    }
+
+    /// Proposes up to `cfg`-chosen many draft tokens (possibly none), at most `room`; `shared`
+    /// holds recent outputs of all requests for suffix decoding.
+    pub fn propose(
+        &mut self,
+        cfg: &DraftConfig,
+        room: usize,
+        shared: Option<&SuffixCache>,
+    ) -> Vec<TokenId> {
         for (d, a, class) in std::mem::take(&mut self.shadow_outcomes) {
             self.shadow_checks += 1;
             self.learn(cfg, d, a, class);
         }
         let n = self.tokens.len();
-        let found = self.lookup();
-        let class = found.map(|f| MatchClass::of(f.len));
+        let best = self.candidates(cfg.max_len, shared).into_iter().next();
+        let class = best.as_ref().map(|c| MatchClass::of(c.match_len));
         let mut draft = true;
         if let Some(until) = self.paused_until {
             // A fresh long match, or shadow drafts that would have been accepted, lift the pause
@@ -374,18 +472,18 @@ impl Drafter {
                 self.ema = cfg.min_acceptance.max(self.ema);
             }
         }
-        let (Some(found), Some(class)) = (found, class) else {
+        let (Some(mut best), Some(class)) = (best, class) else {
             return Vec::new();
         };
         let k = if draft {
-            cfg.best_len(self.by_class[class as usize], room)
+            cfg.best_len(self.by_class[class as usize], room.min(best.tokens.len()))
         } else {
             0
         };
         if k == 0 {
             // Held back: keep a shadow draft to learn whether drafting would pay now.
             if self.shadow.is_empty() {
-                self.shadow = self.continuation(found.start, cfg.max_len);
+                self.shadow = best.tokens;
                 self.shadow_class = class;
                 self.shadow_matched = 0;
             }
@@ -396,45 +494,9 @@ impl Drafter {
         self.shadow.clear();
         self.shadow_matched = 0;
         self.draft_class = class;
-        self.continuation(found.start, k)
-    }
-
-    /// What a draft of up to `k` tokens would be now, ignoring the gate (for analysis: replays
-    /// that ask how well a hindsight choice of lengths would do).
-    pub fn candidate(&self, k: usize) -> Vec<TokenId> {
-        self.lookup()
-            .map_or_else(Vec::new, |f| self.continuation(f.start, k))
-    }
-
-    /// Up to `k` tokens continuing the history from index `start`.
-    fn continuation(&self, start: usize, k: usize) -> Vec<TokenId> {
-        let n = self.tokens.len();
-        // Copy the earlier continuation; it may run into the current suffix (periodic text).
-        let mut out = Vec::with_capacity(k);
-        let mut i = start;
-        while out.len() < k && i < n {
-            out.push(self.tokens[i]);
-            i += 1;
-        }
-        // Past the end of history, continue by chaining trigram/bigram lookups over the draft.
-        while out.len() < k {
-            let mut ctx: Vec<TokenId> = self.tokens[n.saturating_sub(3)..].to_vec();
-            ctx.extend_from_slice(&out);
-            let m = ctx.len();
-            let next = (m >= 3)
-                .then(|| {
-                    self.after3
-                        .get(&[ctx[m - 3], ctx[m - 2], ctx[m - 1]])
-                        .and_then(Recent::latest)
-                })
-                .flatten()
-                .or_else(|| self.after2.get(&[ctx[m - 2], ctx[m - 1]]).copied());
-            match next {
-                Some(j) if j < n => out.push(self.tokens[j]),
-                _ => break,
-            }
-        }
-        out
+        self.draft_source = best.source;
+        best.tokens.truncate(k);
+        best.tokens
     }
 
     /// Records the outcome of the draft last proposed: `accepted` of `drafted` tokens matched.
@@ -445,6 +507,10 @@ impl Drafter {
         self.drafted += drafted;
         self.accepted += accepted;
         self.verifies += 1;
+        let s = &mut self.by_source[self.draft_source as usize];
+        s.drafted += drafted;
+        s.accepted += accepted;
+        s.verifies += 1;
         self.positions.record(drafted, accepted);
         self.learn(cfg, drafted, accepted, self.draft_class);
         if self.ema < cfg.min_acceptance {
@@ -457,36 +523,26 @@ impl Drafter {
 mod tests {
     use super::*;
 
+    const NGRAM: DraftSources = DraftSources {
+        ngram: true,
+        suffix: false,
+    };
+    const SUFFIX: DraftSources = DraftSources {
+        ngram: false,
+        suffix: true,
+    };
+
     #[test]
     fn proposes_continuation_of_repeated_text() {
         let cfg = DraftConfig {
             verify_cost: vec![1.0; 5],
             ..Default::default()
         };
-        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3]);
-        assert_eq!(d.propose(&cfg, 8), vec![4, 5, 6, 7]);
+        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3], NGRAM);
+        assert_eq!(d.propose(&cfg, 8, None), vec![4, 5, 6, 7]);
         d.push(4);
-        assert_eq!(d.propose(&cfg, 8), vec![5, 6, 7, 9]);
-        assert_eq!(d.propose(&cfg, 2), vec![5, 6], "limited by room");
-    }
-
-    #[test]
-    fn lookup_prefers_the_occurrence_that_matches_longest() {
-        let cfg = DraftConfig {
-            verify_cost: vec![1.0; 5],
-            ..Default::default()
-        };
-        // "1 2 3" occurs twice; the current suffix "8 9 1 2 3" matches the older occurrence over
-        // five tokens and the newer one over three, so the older continuation wins.
-        let d0 = [
-            8, 9, 1, 2, 3, 40, 41, 42, 43, 7, 1, 2, 3, 50, 51, 52, 53, 8, 9, 1, 2, 3,
-        ];
-        let mut d = Drafter::new(&d0);
-        assert_eq!(d.propose(&cfg, 8), vec![40, 41, 42, 43]);
-        assert_eq!(d.lookup().map(|f| f.len), Some(5));
-        // With no longer match, the newest occurrence wins.
-        let mut d = Drafter::new(&[1, 2, 3, 40, 41, 1, 2, 3, 50, 51, 6, 1, 2, 3]);
-        assert_eq!(d.propose(&cfg, 2), vec![50, 51]);
+        assert_eq!(d.propose(&cfg, 8, None), vec![5, 6, 7, 9]);
+        assert_eq!(d.propose(&cfg, 2, None), vec![5, 6], "limited by room");
     }
 
     #[test]
@@ -495,7 +551,7 @@ mod tests {
             alpha: 0.5,
             ..Default::default()
         };
-        let mut d = Drafter::new(&[]);
+        let mut d = Drafter::new(&[], NGRAM);
         let before = d.acceptance_for(MatchClass::Short);
         // Two accepted, the third rejected, the fourth never checked: trials 1, 1, 0.
         d.record(&cfg, 4, 2);
@@ -511,9 +567,9 @@ mod tests {
     fn misses_on_short_matches_do_not_stop_drafting_a_copy() {
         let cfg = dear();
         let doc: Vec<TokenId> = (10..40).collect();
-        let mut d = Drafter::new(&[doc.clone(), vec![7, 10, 11]].concat());
+        let mut d = Drafter::new(&[doc.clone(), vec![7, 10, 11]].concat(), NGRAM);
         assert_eq!(
-            MatchClass::of(d.lookup().map_or(0, |f| f.len)),
+            MatchClass::of(d.candidates(8, None)[0].match_len),
             MatchClass::Short
         );
         for _ in 0..20 {
@@ -525,11 +581,11 @@ mod tests {
             d.push(t);
         }
         assert_eq!(
-            MatchClass::of(d.lookup().map_or(0, |f| f.len)),
+            MatchClass::of(d.candidates(8, None)[0].match_len),
             MatchClass::Long
         );
         assert!(
-            !d.propose(&cfg, 8).is_empty(),
+            !d.propose(&cfg, 8, None).is_empty(),
             "a long match lifts the pause"
         );
     }
@@ -540,14 +596,14 @@ mod tests {
             verify_cost: vec![1.0, 1.1, 1.2, 1.3, 1.4],
             ..Default::default()
         };
-        let mut d = Drafter::new(&[5, 6, 7, 8, 5, 6]);
+        let mut d = Drafter::new(&[5, 6, 7, 8, 5, 6], NGRAM);
         for _ in 0..20 {
             d.record(&cfg, 4, 0);
         }
         assert!(d.acceptance() < 0.5);
         d.push(9);
         d.push(10);
-        assert!(d.propose(&cfg, 8).is_empty(), "paused");
+        assert!(d.propose(&cfg, 8, None).is_empty(), "paused");
         // Expensive verification: drafting never pays.
         let dear = DraftConfig {
             verify_cost: vec![1.0, 2.5, 3.5, 4.5, 5.5],
@@ -571,8 +627,8 @@ mod tests {
         let cfg = dear();
         assert_eq!(cfg.best_len(cfg.min_acceptance, 8), 0);
         let pattern: Vec<TokenId> = (1..=8).collect();
-        let mut d = Drafter::new(&[pattern.clone(), pattern.clone()].concat());
-        assert!(!d.propose(&cfg, 8).is_empty(), "a long match drafts");
+        let mut d = Drafter::new(&[pattern.clone(), pattern.clone()].concat(), NGRAM);
+        assert!(!d.propose(&cfg, 8, None).is_empty(), "a long match drafts");
         for _ in 0..20 {
             d.record(&cfg, 4, 0);
         }
@@ -584,7 +640,7 @@ mod tests {
         // estimate climbs, and real drafting resumes.
         let mut reopened_after = None;
         for (i, &t) in pattern.iter().cycle().take(64).enumerate() {
-            if !d.propose(&cfg, 8).is_empty() {
+            if !d.propose(&cfg, 8, None).is_empty() {
                 reopened_after = Some(i);
                 break;
             }
@@ -600,13 +656,13 @@ mod tests {
     fn shadow_misses_keep_the_gate_shut() {
         let cfg = dear();
         // After 9 1 2 the model says something new each time, so every shadow draft fails there.
-        let mut d = Drafter::new(&[9, 1, 2, 3, 4, 9]);
+        let mut d = Drafter::new(&[9, 1, 2, 3, 4, 9], NGRAM);
         for _ in 0..20 {
             d.record(&cfg, 4, 0);
         }
         for i in 0..30 {
             for t in [1, 2, 100 + i, 9] {
-                let draft = d.propose(&cfg, 8);
+                let draft = d.propose(&cfg, 8, None);
                 assert!(draft.is_empty(), "drafted {draft:?}");
                 d.push(t);
             }
@@ -630,5 +686,48 @@ mod tests {
         q.add(&p);
         q.add(&p);
         assert_eq!(q.tested[0], 6);
+    }
+
+    #[test]
+    fn suffix_drafts_come_from_the_sequence_and_from_other_requests_outputs() {
+        let cfg = DraftConfig {
+            verify_cost: vec![1.0; MAX_DRAFT + 1],
+            max_len: MAX_DRAFT,
+            ..Default::default()
+        };
+        let answer: Vec<TokenId> = (500..540).collect();
+        // Another request answered the same question: its output is in the shared cache.
+        let mut shared = SuffixCache::new(1000);
+        shared.add([&[1, 2, 3][..], &answer].concat());
+        let mut d = Drafter::new(&[9, 9, 1, 2, 3], SUFFIX);
+        assert!(d.propose(&cfg, 16, None).is_empty(), "nothing in its own history");
+        let draft = d.propose(&cfg, 16, Some(&shared));
+        assert_eq!(draft, answer[..3].to_vec(), "as long as the match");
+        for &t in &answer[..12] {
+            d.push(t);
+        }
+        let draft = d.propose(&cfg, 16, Some(&shared));
+        assert_eq!(draft, answer[12..12 + suffix::MAX_PATTERN].to_vec());
+        d.record(&cfg, draft.len(), 5);
+        let s = d.by_source[DraftSource::Suffix as usize];
+        assert_eq!((s.drafted, s.accepted, s.verifies), (12, 5, 1));
+        assert_eq!(d.by_source[DraftSource::Ngram as usize], SourceCounts::default());
+    }
+
+    #[test]
+    fn sources_rank_by_match_then_length() {
+        // Both sources see the same copy: the n-gram lookup drafts as far as the gate allows, the
+        // suffix trie no further than its match; the longer draft goes first.
+        let doc: Vec<TokenId> = (10..40).collect();
+        let d = Drafter::new(&[&doc[..], &[7], &doc[..6]].concat(), DraftSources::default());
+        let c = d.candidates(16, None);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].source, c[0].tokens.len()), (DraftSource::Ngram, 16));
+        assert_eq!((c[1].source, c[1].tokens.len()), (DraftSource::Suffix, 6));
+        assert_eq!(c[1].tokens, doc[6..12].to_vec());
+        assert_eq!(DraftSources::parse("suffix"), Ok(SUFFIX));
+        assert_eq!(DraftSources::parse("ngram, suffix"), Ok(DraftSources::default()));
+        assert!(DraftSources::parse("medusa").is_err());
+        assert_eq!(DraftSources::default().names(), "ngram,suffix");
     }
 }
