@@ -1,12 +1,18 @@
-//! `axle bench ngram`: decode speed with n-gram self-speculation against plain decoding, on the
-//! checked-in workloads (`benchmarks/workloads/ngram.json`), same engine, same process, greedy, with
-//! the outputs checked to be identical. Given a `llama-server` binary, the same prompts also go
-//! through llama.cpp's own n-gram speculative modes, each against its own plain decoding.
+//! `axle bench ngram`: decode speed with self-speculation against plain decoding, on checked-in
+//! workloads (`benchmarks/workloads/ngram.json`, `suffix.json`), same engine, same process, with
+//! the outputs checked to be identical: one speculative engine per drafter set compared
+//! (`ngram`, `suffix`, `all`), greedy or sampled with the same seed as the plain run. The outputs
+//! kept for suffix drafts across requests are cleared before each prompt, except within a
+//! workload marked `session` (turns of one agent session, run in order). Given a `llama-server`
+//! binary, the same prompts also go through llama.cpp's own n-gram speculative modes, each against
+//! its own plain decoding.
 use crate::llama_server::LlamaServer;
 use crate::stats::median;
 use crate::BenchError;
 use axle_models::Model;
-use axle_sdk::{EngineConfig, EngineCore, Output, PositionStats, RequestOptions};
+use axle_sdk::{
+    DraftSources, EngineConfig, EngineCore, Output, PositionStats, RequestOptions, SamplingParams,
+};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +27,10 @@ pub struct Workload {
     pub kind: String,
     /// Plain completion prompts.
     pub prompts: Vec<String>,
+    /// The prompts are turns of one session, run in order, sharing the outputs kept for suffix
+    /// drafts across requests (cleared before the first turn only).
+    #[serde(default)]
+    pub session: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +60,10 @@ pub struct NgramOptions {
     pub max_tokens: usize,
     /// Longest draft.
     pub max_draft: usize,
+    /// The drafter sets compared, one speculative engine each.
+    pub drafters: Vec<DraftSources>,
+    /// Sampling temperature (0: greedy); sampled runs use the repetition's seed in both modes.
+    pub temperature: f32,
     /// Repetitions per prompt.
     pub reps: usize,
     /// A `llama-server` binary to compare with (its n-gram speculative modes).
@@ -97,6 +111,8 @@ pub struct LlamaServerRow {
 pub struct NgramRow {
     /// Workload.
     pub workload: String,
+    /// The drafters of the speculative engine (`ngram`, `suffix`, `ngram,suffix`).
+    pub drafters: String,
     /// Kind.
     pub kind: String,
     /// Plain and accelerated decode tok/s.
@@ -147,11 +163,18 @@ fn generate(
     e: &mut EngineCore,
     prompt: Vec<u32>,
     max_tokens: usize,
+    temperature: f32,
+    seed: u64,
 ) -> Result<RunResult, BenchError> {
     let id = e.add(
         prompt,
         RequestOptions {
             max_tokens,
+            sampling: SamplingParams {
+                temperature,
+                seed,
+                ..Default::default()
+            },
             ..Default::default()
         },
     )?;
@@ -288,18 +311,34 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
             ..base.clone()
         },
     )?;
-    let mut fast = EngineCore::new(
-        model.clone(),
-        &EngineConfig {
-            max_draft: opts.max_draft,
-            ..base
-        },
-    )?;
-    let verify_cost = fast
+    let drafters = if opts.drafters.is_empty() {
+        vec![DraftSources::default()]
+    } else {
+        opts.drafters.clone()
+    };
+    // One speculative engine per drafter set; the first measures the verify cost, the others
+    // take its measurement.
+    let mut fast: Vec<EngineCore> = Vec::new();
+    for &d in &drafters {
+        let verify_cost = fast
+            .first()
+            .and_then(|e| e.draft_config())
+            .map(|c| c.verify_cost.clone());
+        fast.push(EngineCore::new(
+            model.clone(),
+            &EngineConfig {
+                max_draft: opts.max_draft,
+                drafters: d,
+                verify_cost,
+                ..base.clone()
+            },
+        )?);
+    }
+    let verify_cost = fast[0]
         .draft_config()
         .map(|d| d.verify_cost.clone())
         .unwrap_or_default();
-    let verify_split_us = fast
+    let verify_split_us = fast[0]
         .verify_profiles()
         .iter()
         .map(|p| p.per_step_us())
@@ -311,7 +350,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
     } else {
         0
     };
-    let total = per_pass * (2 + server_passes);
+    let total = per_pass * (2 * drafters.len() + server_passes);
     let prompts: Vec<Vec<Vec<u32>>> = workloads
         .iter()
         .map(|w| {
@@ -325,64 +364,79 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
     let mut rows = Vec::new();
     plain.take_profile();
     for (w, w_prompts) in workloads.iter().zip(&prompts) {
-        let (mut p_speed, mut f_speed) = (Vec::new(), Vec::new());
-        let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
-        let mut positions = PositionStats::default();
-        let (mut same, mut runs) = (0usize, 0usize);
-        for (pi, prompt) in w_prompts.iter().enumerate() {
+        for (engine, d) in fast.iter_mut().zip(&drafters) {
+            let (mut p_speed, mut f_speed) = (Vec::new(), Vec::new());
+            let (mut drafted, mut accepted, mut verifies) = (0, 0, 0);
+            let mut positions = PositionStats::default();
+            let (mut same, mut runs) = (0usize, 0usize);
             for rep in 0..opts.reps.max(1) {
-                bar.set_message(format!("{} prompt {} rep {}", w.name, pi + 1, rep + 1));
-                // Alternate the order so neither mode always runs on a warmer machine.
-                let (a, b) = if rep % 2 == 0 {
-                    let a = generate(&mut plain, prompt.clone(), opts.max_tokens)?;
+                let seed = rep as u64 + 1;
+                engine.clear_shared_drafts();
+                for (pi, prompt) in w_prompts.iter().enumerate() {
+                    bar.set_message(format!(
+                        "{} [{}] prompt {} rep {}",
+                        w.name,
+                        d.names(),
+                        pi + 1,
+                        rep + 1
+                    ));
+                    if !w.session {
+                        engine.clear_shared_drafts();
+                    }
+                    let (t, tau) = (opts.max_tokens, opts.temperature);
+                    // Alternate the order so neither mode always runs on a warmer machine.
+                    let (a, b) = if rep % 2 == 0 {
+                        let a = generate(&mut plain, prompt.clone(), t, tau, seed)?;
+                        bar.inc(1);
+                        (a, generate(engine, prompt.clone(), t, tau, seed)?)
+                    } else {
+                        let b = generate(engine, prompt.clone(), t, tau, seed)?;
+                        bar.inc(1);
+                        (generate(&mut plain, prompt.clone(), t, tau, seed)?, b)
+                    };
                     bar.inc(1);
-                    (a, generate(&mut fast, prompt.clone(), opts.max_tokens)?)
-                } else {
-                    let b = generate(&mut fast, prompt.clone(), opts.max_tokens)?;
-                    bar.inc(1);
-                    (generate(&mut plain, prompt.clone(), opts.max_tokens)?, b)
-                };
-                bar.inc(1);
-                same += usize::from(a.tokens == b.tokens);
-                runs += 1;
-                positions.add(&b.positions);
-                // A prompt answered in one token (an end of text at once) has no decode to
-                // time: it would enter the medians as 0 tok/s in both modes.
-                if a.tokens.len() > 1 && b.tokens.len() > 1 {
-                    p_speed.push(a.decode_tok_s);
-                    f_speed.push(b.decode_tok_s);
+                    same += usize::from(a.tokens == b.tokens);
+                    runs += 1;
+                    positions.add(&b.positions);
+                    // A prompt answered in one token (an end of text at once) has no decode to
+                    // time: it would enter the medians as 0 tok/s in both modes.
+                    if a.tokens.len() > 1 && b.tokens.len() > 1 {
+                        p_speed.push(a.decode_tok_s);
+                        f_speed.push(b.decode_tok_s);
+                    }
+                    drafted += b.drafted;
+                    accepted += b.accepted;
+                    verifies += b.verifies;
                 }
-                drafted += b.drafted;
-                accepted += b.accepted;
-                verifies += b.verifies;
             }
+            let (p, f) = (median(&p_speed), median(&f_speed));
+            rows.push(NgramRow {
+                workload: w.name.clone(),
+                drafters: d.names(),
+                kind: w.kind.clone(),
+                speed: Speedup {
+                    plain: p,
+                    accelerated: f,
+                    ratio: if p > 0.0 { f / p } else { 0.0 },
+                    acceptance: fraction(accepted, drafted),
+                },
+                mean_accepted: fraction(accepted, verifies),
+                identical_share: fraction(same, runs),
+                acceptance_by_position: positions.rates(),
+                llama_server: Vec::new(),
+            });
         }
-        let (p, f) = (median(&p_speed), median(&f_speed));
-        rows.push(NgramRow {
-            workload: w.name.clone(),
-            kind: w.kind.clone(),
-            speed: Speedup {
-                plain: p,
-                accelerated: f,
-                ratio: if p > 0.0 { f / p } else { 0.0 },
-                acceptance: fraction(accepted, drafted),
-            },
-            mean_accepted: fraction(accepted, verifies),
-            identical_share: fraction(same, runs),
-            acceptance_by_position: positions.rates(),
-            llama_server: Vec::new(),
-        });
     }
     let plain_split_us = plain.take_profile().per_step_us();
-    let stacked_shapes = fast.stacked_shapes();
+    let stacked_shapes = fast[0].stacked_shapes();
     if let Some(bin) = &opts.llama_server {
         // Axle's engines hold spinning thread pools: free the cores for llama-server.
         drop((plain, fast));
-        for (row, ls) in rows
-            .iter_mut()
-            .zip(llama_server_rows(bin, opts, &prompts, &bar)?)
-        {
-            row.llama_server = ls;
+        let per_workload = llama_server_rows(bin, opts, &prompts, &bar)?;
+        for (chunk, ls) in rows.chunks_mut(drafters.len()).zip(per_workload) {
+            for row in chunk {
+                row.llama_server = ls.clone();
+            }
         }
     }
     bar.finish_and_clear();

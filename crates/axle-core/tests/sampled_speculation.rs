@@ -99,7 +99,11 @@ fn run(draft: Option<DraftConfig>, prompt: &[u32]) -> (Vec<Vec<u32>>, usize, usi
 
 /// Pearson's statistic of `counts` against `expected` probabilities over `n` samples, cells
 /// expected below 5 merged into one; with its degrees of freedom.
-fn chi_square(counts: &HashMap<Vec<u32>, u64>, expected: &HashMap<Vec<u32>, f64>, n: f64) -> (f64, usize) {
+fn chi_square(
+    counts: &HashMap<Vec<u32>, u64>,
+    expected: &HashMap<Vec<u32>, f64>,
+    n: f64,
+) -> (f64, usize) {
     let (mut stat, mut cells) = (0.0, 0usize);
     let (mut rest_obs, mut rest_exp) = (0.0, 0.0);
     for (k, &p) in expected {
@@ -146,8 +150,17 @@ fn sampled_speculation_draws_what_plain_sampling_draws() {
         };
         let (fast, drafted, accepted) = run(Some(cfg), &prompt);
         let same = plain.iter().zip(&fast).filter(|(a, b)| a == b).count();
-        assert_eq!(same, SAMPLES as usize, "{}: outputs differ by seed", sources.names());
-        assert!(drafted > 0 && accepted > 0 && accepted < drafted, "{} {drafted} {accepted}", sources.names());
+        assert_eq!(
+            same,
+            SAMPLES as usize,
+            "{}: outputs differ by seed",
+            sources.names()
+        );
+        assert!(
+            drafted > 0 && accepted > 0 && accepted < drafted,
+            "{} {drafted} {accepted}",
+            sources.names()
+        );
 
         // The exact distributions of the first token and of the 4 tokens.
         let last = *prompt.last().expect("prompt");

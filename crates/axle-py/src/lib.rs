@@ -13,9 +13,9 @@ use axle_models::device_step::DeviceProducts;
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
-    defaults, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest, Generator, Model,
-    ModelOptions, Prompt, Rejection, ResponseFormat, RoutePolicy, RuntimeReport, SamplingOptions,
-    SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT, DraftSources,
+    defaults, DraftSources, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest,
+    Generator, Model, ModelOptions, Prompt, Rejection, ResponseFormat, RoutePolicy, RuntimeReport,
+    SamplingOptions, SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};

@@ -7,8 +7,8 @@ use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, DraftSources, Event, FinishReason, RequestId, RequestSpec, Scheduler, SchedulerConfig, StepPlan,
-    TokenConstraint, TokenLogprob, MAX_DRAFT,
+    DraftConfig, DraftSources, Event, FinishReason, RequestId, RequestSpec, Scheduler,
+    SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{

@@ -29,7 +29,7 @@ pub struct RequestOptions {
     pub stop_tokens: Vec<TokenId>,
     /// Do not stop at the model's end-of-generation tokens.
     pub ignore_eos: bool,
-    /// Use n-gram speculation when the engine has it on (the gate still decides per step).
+    /// Use speculation when the engine has it on (the gate still decides per step).
     #[default(true)]
     pub speculate: bool,
     /// Look for tool calls of this format, of these functions, in the output.

@@ -122,8 +122,16 @@ impl Metrics {
             );
         }
         for (name, help, counts) in [
-            ("axle_drafted_tokens_total", "Draft tokens proposed, by drafter.", &self.drafted),
-            ("axle_accepted_tokens_total", "Draft tokens accepted, by drafter.", &self.accepted),
+            (
+                "axle_drafted_tokens_total",
+                "Draft tokens proposed, by drafter.",
+                &self.drafted,
+            ),
+            (
+                "axle_accepted_tokens_total",
+                "Draft tokens accepted, by drafter.",
+                &self.accepted,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for d in DraftSource::ALL {

@@ -270,10 +270,21 @@ pub struct NgramSpec {
     /// Longest draft.
     #[serde(default = "four")]
     pub draft_len: usize,
+    /// The drafter sets compared, one speculative engine each (`ngram`, `suffix`, `all`, or a
+    /// comma-separated list).
+    #[serde(default = "all_drafters")]
+    pub drafters: Vec<String>,
+    /// Sampling temperature (0: greedy).
+    #[serde(default)]
+    pub temperature: f32,
     /// llama-server `--spec-type` modes to compare with, when a binary is given
     /// (`--llama-server` or `AXLE_LLAMA_SERVER`).
     #[serde(default = "default_llama_server_modes")]
     pub llama_server_modes: Vec<String>,
+}
+
+fn all_drafters() -> Vec<String> {
+    vec!["all".into()]
 }
 
 fn default_llama_server_modes() -> Vec<String> {

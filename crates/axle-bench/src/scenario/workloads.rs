@@ -8,7 +8,7 @@ use crate::{batched, compare, ngram, prefix, server, structured, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::device_step::DeviceProducts;
 use axle_models::Model;
-use axle_sdk::{EngineConfig, GenerateRequest, SamplingParams, Session, StreamEvent};
+use axle_sdk::{DraftSources, EngineConfig, GenerateRequest, SamplingParams, Session, StreamEvent};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -165,17 +165,30 @@ pub fn run(
                     workloads: super::manifest::resolve(&n.workloads, dir),
                     max_tokens: n.max_tokens,
                     max_draft: n.draft_len,
+                    drafters: n
+                        .drafters
+                        .iter()
+                        .map(|d| DraftSources::parse(d))
+                        .collect::<Result<_, _>>()
+                        .map_err(BenchError::Invalid)?,
+                    temperature: n.temperature,
                     reps,
                     llama_server: opts.llama_server.clone(),
                     llama_server_modes: n.llama_server_modes.clone(),
                 },
             )?;
+            let several = n.drafters.len() > 1;
             let mut rows: Vec<Row> = r
                 .rows
                 .into_iter()
                 .map(|row| {
+                    let name = if several {
+                        format!("{} ({}) [{}]", row.workload, row.kind, row.drafters)
+                    } else {
+                        format!("{} ({})", row.workload, row.kind)
+                    };
                     let mut out = Row::new(
-                        format!("{} ({})", row.workload, row.kind),
+                        name,
                         "decode_tok_s",
                         vec![row.speed.accelerated],
                         Some(("no speculation", vec![row.speed.plain])),

@@ -700,33 +700,48 @@ mod tests {
         let mut shared = SuffixCache::new(1000);
         shared.add([&[1, 2, 3][..], &answer].concat());
         let mut d = Drafter::new(&[9, 9, 1, 2, 3], SUFFIX);
-        assert!(d.propose(&cfg, 16, None).is_empty(), "nothing in its own history");
+        assert!(
+            d.propose(&cfg, 16, None).is_empty(),
+            "nothing in its own history"
+        );
         let draft = d.propose(&cfg, 16, Some(&shared));
-        assert_eq!(draft, answer[..3].to_vec(), "as long as the match");
+        assert!(
+            answer.starts_with(&draft) && (4..=6).contains(&draft.len()),
+            "{draft:?}"
+        );
         for &t in &answer[..12] {
             d.push(t);
         }
         let draft = d.propose(&cfg, 16, Some(&shared));
-        assert_eq!(draft, answer[12..12 + suffix::MAX_PATTERN].to_vec());
+        assert_eq!(draft, answer[12..28].to_vec());
         d.record(&cfg, draft.len(), 5);
         let s = d.by_source[DraftSource::Suffix as usize];
-        assert_eq!((s.drafted, s.accepted, s.verifies), (12, 5, 1));
-        assert_eq!(d.by_source[DraftSource::Ngram as usize], SourceCounts::default());
+        assert_eq!((s.drafted, s.accepted, s.verifies), (16, 5, 1));
+        assert_eq!(
+            d.by_source[DraftSource::Ngram as usize],
+            SourceCounts::default()
+        );
     }
 
     #[test]
     fn sources_rank_by_match_then_length() {
         // Both sources see the same copy: the n-gram lookup drafts as far as the gate allows, the
-        // suffix trie no further than its match; the longer draft goes first.
+        // suffix trie no further than twice its match; the longer draft goes first.
         let doc: Vec<TokenId> = (10..40).collect();
-        let d = Drafter::new(&[&doc[..], &[7], &doc[..6]].concat(), DraftSources::default());
+        let d = Drafter::new(
+            &[&doc[..], &[7], &doc[..6]].concat(),
+            DraftSources::default(),
+        );
         let c = d.candidates(16, None);
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].source, c[0].tokens.len()), (DraftSource::Ngram, 16));
-        assert_eq!((c[1].source, c[1].tokens.len()), (DraftSource::Suffix, 6));
-        assert_eq!(c[1].tokens, doc[6..12].to_vec());
+        assert_eq!((c[1].source, c[1].tokens.len()), (DraftSource::Suffix, 12));
+        assert_eq!(c[1].tokens, doc[6..18].to_vec());
         assert_eq!(DraftSources::parse("suffix"), Ok(SUFFIX));
-        assert_eq!(DraftSources::parse("ngram, suffix"), Ok(DraftSources::default()));
+        assert_eq!(
+            DraftSources::parse("ngram, suffix"),
+            Ok(DraftSources::default())
+        );
         assert!(DraftSources::parse("medusa").is_err());
         assert_eq!(DraftSources::default().names(), "ngram,suffix");
     }

@@ -166,7 +166,10 @@ mod tests {
             8, 9, 1, 2, 3, 40, 41, 42, 43, 7, 1, 2, 3, 50, 51, 52, 53, 8, 9, 1, 2, 3,
         ]);
         let f = x.lookup().expect("a match");
-        assert_eq!((f.len, x.continuation(f.start, 4)), (5, vec![40, 41, 42, 43]));
+        assert_eq!(
+            (f.len, x.continuation(f.start, 4)),
+            (5, vec![40, 41, 42, 43])
+        );
         // With no longer match, the newest occurrence wins.
         let x = index(&[1, 2, 3, 40, 41, 1, 2, 3, 50, 51, 6, 1, 2, 3]);
         let f = x.lookup().expect("a match");

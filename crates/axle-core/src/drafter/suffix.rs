@@ -2,8 +2,8 @@
 //! counting how often its string occurred. The current context's longest suffix that occurred
 //! before (and went on) is the match; the draft follows the most frequent continuation from there,
 //! token by token, while the product of the continuation frequencies stays above
-//! [`MIN_PROBABILITY`] and for at most as many tokens as the match is long (a two-token match
-//! drafts two tokens, a copy of a paragraph drafts a full draft). At the trie's depth the draft
+//! [`MIN_PROBABILITY`] and for at most twice as many tokens as the match is long (a two-token
+//! match drafts up to four tokens, a copy of a paragraph a full draft). At the trie's depth the draft
 //! re-anchors: it matches again with its own tokens as the context's tail.
 //!
 //! Two tries serve a request: its own (prompt and output, updated per token in O(`DEPTH`)), and one
@@ -165,21 +165,34 @@ impl SuffixTrie {
     }
 
     /// The longest suffix of `context` (at most [`MAX_PATTERN`] tokens) that occurred with a next
-    /// token: its node and length.
+    /// token: its node and length. Binary search over the length: the trie holds every substring
+    /// up to its depth, so if a suffix occurred and went on, every shorter one did.
     fn anchor(&self, context: &[TokenId]) -> Option<(u32, usize)> {
-        let longest = MAX_PATTERN.min(context.len());
-        (1..=longest).rev().find_map(|p| {
-            let v = self.find(&context[context.len() - p..])?;
-            (self.nodes[v as usize].cont > 0).then_some((v, p))
-        })
+        let went_on = |p: usize| {
+            self.find(&context[context.len() - p..])
+                .filter(|&v| self.nodes[v as usize].cont > 0)
+        };
+        let (mut lo, mut hi) = (0, MAX_PATTERN.min(context.len()));
+        let mut best = None;
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            match went_on(mid) {
+                Some(v) => {
+                    best = Some((v, mid));
+                    lo = mid;
+                }
+                None => hi = mid - 1,
+            }
+        }
+        best
     }
 
-    /// The most frequent continuation of `context`: up to `max` tokens, no more than the first
-    /// match is long, while the estimated chance that all are right stays at or above
+    /// The most frequent continuation of `context`: up to `max` tokens, no more than twice as
+    /// many as the first match is long, while the estimated chance that all are right stays at or above
     /// [`MIN_PROBABILITY`]. None when no suffix of the context occurred before.
     pub fn draft(&self, context: &[TokenId], max: usize) -> Option<SuffixDraft> {
         let (mut v, match_len) = self.anchor(context)?;
-        let limit = max.min(match_len);
+        let limit = max.min(2 * match_len);
         let mut out = SuffixDraft {
             tokens: Vec::with_capacity(limit),
             match_len,
@@ -308,7 +321,10 @@ mod tests {
         }
         // "1 2 3" occurred 3 times; the last occurrence has no next token yet.
         let v = t.find(&[1, 2, 3]).expect("held");
-        assert_eq!((t.nodes[v as usize].count, t.nodes[v as usize].cont), (3, 2));
+        assert_eq!(
+            (t.nodes[v as usize].count, t.nodes[v as usize].cont),
+            (3, 2)
+        );
     }
 
     #[test]
@@ -317,7 +333,7 @@ mod tests {
         let t = SuffixTrie::new(&[7, 8, 9, 1, 7, 8, 6, 2, 7, 8, 9, 1, 0, 7, 8]);
         let d = t.draft(&[0, 7, 8], 8).expect("a match");
         assert_eq!(d.match_len, 2, "'0 7 8' never occurred before, '7 8' did");
-        assert_eq!(d.tokens, vec![9, 1], "no longer than the match");
+        assert_eq!(d.tokens, vec![9, 1, 0, 7], "up to twice the match");
         assert!((d.probabilities[0] - 2.0 / 3.0).abs() < 1e-12);
         assert!(t.draft(&[42], 8).is_none());
     }
@@ -331,11 +347,11 @@ mod tests {
         let context: Vec<TokenId> = [&doc[..], &[7], &doc[..20]].concat();
         let d = t.draft(&context, 40).expect("a match");
         assert_eq!(d.match_len, MAX_PATTERN);
-        assert_eq!(d.tokens, doc[20..20 + MAX_PATTERN].to_vec());
+        assert_eq!(d.tokens, doc[20..20 + 2 * MAX_PATTERN].to_vec());
         assert!(d.probabilities.iter().all(|&p| p == 1.0));
         let long = SuffixTrie::new(&[&doc[..], &doc[..]].concat());
         let d = long.draft(&doc[..30], 40).expect("a match");
-        assert_eq!(d.tokens, doc[30..30 + MAX_PATTERN].to_vec());
+        assert_eq!(d.tokens, doc[30..30 + 2 * MAX_PATTERN].to_vec());
     }
 
     #[test]
@@ -349,8 +365,9 @@ mod tests {
         // Four ways, one of them twice: that one, at 2/5, and then what followed it.
         let t = SuffixTrie::new(&[&text[..16], &[5, 6, 201, 301]].concat());
         let d = t.draft(&[5, 6], 8).expect("a match");
-        assert_eq!(d.tokens, vec![201, 301]);
-        assert!((d.probabilities[1] - 0.4).abs() < 1e-12);
+        assert_eq!(d.tokens, vec![201, 301, 5, 6]);
+        // Each later token is the only one that ever followed: the chance stays at 2/5.
+        assert!(d.probabilities.iter().all(|&p| (p - 0.4).abs() < 1e-12));
     }
 
     #[test]

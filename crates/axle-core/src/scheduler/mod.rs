@@ -196,13 +196,18 @@ impl Scheduler {
         let mut tokens = spec.prompt.clone();
         tokens.extend_from_slice(&unreported);
         let sampler = Sampler::new(spec.sampling.clone());
-        let drafter = self.cfg.draft.as_ref().filter(|_| spec.speculate).map(|cfg| {
-            let mut d = Drafter::new(&spec.prompt, cfg.sources);
-            for &t in &unreported {
-                d.push(t);
-            }
-            d
-        });
+        let drafter = self
+            .cfg
+            .draft
+            .as_ref()
+            .filter(|_| spec.speculate)
+            .map(|cfg| {
+                let mut d = Drafter::new(&spec.prompt, cfg.sources);
+                for &t in &unreported {
+                    d.push(t);
+                }
+                d
+            });
         self.requests.insert(
             id,
             Request {

@@ -340,6 +340,13 @@ pub struct NgramArgs {
     /// Draft length and repetitions.
     #[command(flatten)]
     runs: SpeculativeRuns,
+    /// A drafter set to compare (`ngram`, `suffix`, `all` or a comma-separated list); give it
+    /// several times for one speculative engine each.
+    #[arg(long, default_value = "all")]
+    drafters: Vec<String>,
+    /// Sampling temperature (0: greedy); sampled runs give both modes the same seed.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
     /// A llama.cpp `llama-server` binary: also run its n-gram speculative modes on the same
     /// prompts (`--spec-type` each of --llama-server-modes) and print them beside ours.
     #[arg(long, env = "AXLE_LLAMA_SERVER")]
@@ -463,6 +470,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     workloads: workloads.display().to_string(),
                     max_tokens: a.max_tokens,
                     draft_len: a.runs.draft_len,
+                    drafters: a.drafters,
+                    temperature: a.temperature,
                     llama_server_modes: a.llama_server_modes,
                 }),
                 QuickExtras {
