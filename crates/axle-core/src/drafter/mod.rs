@@ -705,10 +705,7 @@ mod tests {
             "nothing in its own history"
         );
         let draft = d.propose(&cfg, 16, Some(&shared));
-        assert!(
-            answer.starts_with(&draft) && (4..=6).contains(&draft.len()),
-            "{draft:?}"
-        );
+        assert!(answer.starts_with(&draft) && draft.len() >= 4, "{draft:?}");
         for &t in &answer[..12] {
             d.push(t);
         }
@@ -725,8 +722,8 @@ mod tests {
 
     #[test]
     fn sources_rank_by_match_then_length() {
-        // Both sources see the same copy: the n-gram lookup drafts as far as the gate allows, the
-        // suffix trie no further than twice its match; the longer draft goes first.
+        // Both sources see the same copy and propose the same draft: the earlier source (n-gram)
+        // goes first among equals.
         let doc: Vec<TokenId> = (10..40).collect();
         let d = Drafter::new(
             &[&doc[..], &[7], &doc[..6]].concat(),
@@ -735,8 +732,9 @@ mod tests {
         let c = d.candidates(16, None);
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].source, c[0].tokens.len()), (DraftSource::Ngram, 16));
-        assert_eq!((c[1].source, c[1].tokens.len()), (DraftSource::Suffix, 12));
-        assert_eq!(c[1].tokens, doc[6..18].to_vec());
+        assert_eq!((c[1].source, c[1].tokens.len()), (DraftSource::Suffix, 16));
+        assert_eq!(c[1].tokens, doc[6..22].to_vec());
+        assert_eq!(c[0].tokens, c[1].tokens);
         assert_eq!(DraftSources::parse("suffix"), Ok(SUFFIX));
         assert_eq!(
             DraftSources::parse("ngram, suffix"),

@@ -2,9 +2,9 @@
 //! counting how often its string occurred. The current context's longest suffix that occurred
 //! before (and went on) is the match; the draft follows the most frequent continuation from there,
 //! token by token, while the product of the continuation frequencies stays above
-//! [`MIN_PROBABILITY`] and for at most twice as many tokens as the match is long (a two-token
-//! match drafts up to four tokens, a copy of a paragraph a full draft). At the trie's depth the draft
-//! re-anchors: it matches again with its own tokens as the context's tail.
+//! [`MIN_PROBABILITY`]. At the trie's depth the draft re-anchors: it matches again with its own
+//! tokens as the context's tail. How many of its tokens are sent to verification is the gate's
+//! choice (by the match's length class and the measured verify cost).
 //!
 //! Two tries serve a request: its own (prompt and output, updated per token in O(`DEPTH`)), and one
 //! shared by all requests of a scheduler over recent outputs ([`SuffixCache`]: what agents
@@ -187,12 +187,11 @@ impl SuffixTrie {
         best
     }
 
-    /// The most frequent continuation of `context`: up to `max` tokens, no more than twice as
-    /// many as the first match is long, while the estimated chance that all are right stays at or above
+    /// The most frequent continuation of `context`: up to `max` tokens, while the estimated chance that all are right stays at or above
     /// [`MIN_PROBABILITY`]. None when no suffix of the context occurred before.
     pub fn draft(&self, context: &[TokenId], max: usize) -> Option<SuffixDraft> {
         let (mut v, match_len) = self.anchor(context)?;
-        let limit = max.min(2 * match_len);
+        let limit = max;
         let mut out = SuffixDraft {
             tokens: Vec::with_capacity(limit),
             match_len,
@@ -333,7 +332,7 @@ mod tests {
         let t = SuffixTrie::new(&[7, 8, 9, 1, 7, 8, 6, 2, 7, 8, 9, 1, 0, 7, 8]);
         let d = t.draft(&[0, 7, 8], 8).expect("a match");
         assert_eq!(d.match_len, 2, "'0 7 8' never occurred before, '7 8' did");
-        assert_eq!(d.tokens, vec![9, 1, 0, 7], "up to twice the match");
+        assert_eq!(d.tokens[..2], [9, 1]);
         assert!((d.probabilities[0] - 2.0 / 3.0).abs() < 1e-12);
         assert!(t.draft(&[42], 8).is_none());
     }
@@ -347,11 +346,15 @@ mod tests {
         let context: Vec<TokenId> = [&doc[..], &[7], &doc[..20]].concat();
         let d = t.draft(&context, 40).expect("a match");
         assert_eq!(d.match_len, MAX_PATTERN);
-        assert_eq!(d.tokens, doc[20..20 + 2 * MAX_PATTERN].to_vec());
+        assert_eq!(d.tokens, doc[20..60].to_vec());
         assert!(d.probabilities.iter().all(|&p| p == 1.0));
         let long = SuffixTrie::new(&[&doc[..], &doc[..]].concat());
         let d = long.draft(&doc[..30], 40).expect("a match");
-        assert_eq!(d.tokens, doc[30..30 + 2 * MAX_PATTERN].to_vec());
+        assert_eq!(
+            d.tokens,
+            [&doc[30..], &doc[..10]].concat(),
+            "the text was periodic"
+        );
     }
 
     #[test]
@@ -365,7 +368,7 @@ mod tests {
         // Four ways, one of them twice: that one, at 2/5, and then what followed it.
         let t = SuffixTrie::new(&[&text[..16], &[5, 6, 201, 301]].concat());
         let d = t.draft(&[5, 6], 8).expect("a match");
-        assert_eq!(d.tokens, vec![201, 301, 5, 6]);
+        assert_eq!(d.tokens[..4], [201, 301, 5, 6]);
         // Each later token is the only one that ever followed: the chance stays at 2/5.
         assert!(d.probabilities.iter().all(|&p| (p - 0.4).abs() < 1e-12));
     }
