@@ -16,13 +16,13 @@ pub mod scheduler;
 pub use blocks::{BlockId, BlockOrigin, BlockPool};
 pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
 pub use drafter::{
-    DraftConfig, DraftSource, DraftSources, Drafter, MatchClass, PositionStats, SourceCounts,
-    SuffixCache, MAX_DRAFT,
+    BySource, DraftConfig, DraftSource, DraftSources, Drafter, MatchClass, PositionStats,
+    SourceCounts, SuffixCache, DRAFT_SOURCES, MAX_DRAFT,
 };
 pub use sampler::{RowLogits, Sampler, SamplingError, SamplingField, SamplingParams, TokenLogprob};
 pub use scheduler::{
-    AdmitError, Event, FinishReason, Phase, PlannedSeq, RequestId, RequestSpec, Scheduler,
-    SchedulerConfig, StepPlan,
+    AdmitError, Event, FinishReason, ModelAsk, ModelDrafter, Phase, PlannedSeq, RequestId,
+    RequestSpec, Scheduler, SchedulerConfig, StepPlan,
 };
 
 /// A token id.

@@ -8,8 +8,9 @@
 //! without speculation.
 use axle_core::sampler::argmax;
 use axle_core::{
-    Advanced, Allowed, ConstraintTiming, DraftConfig, FinishReason, Phase, RequestId, RequestSpec,
-    RowLogits, SamplingParams, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenMask,
+    Advanced, Allowed, ConstraintTiming, DraftConfig, FinishReason, ModelAsk, ModelDrafter, Phase,
+    RequestId, RequestSpec, RowLogits, SamplingParams, Scheduler, SchedulerConfig, StepPlan,
+    TokenConstraint, TokenMask,
 };
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -279,6 +280,61 @@ fn simulate_observed(
     cfg: SchedulerConfig,
     cancels: bool,
     picks: bool,
+    observe: impl FnMut(&StepPlan, &[Option<RequestId>]),
+) -> Vec<(Vec<u32>, FinishReason)> {
+    simulate_drafted(arrivals, cfg, cancels, picks, None, observe)
+}
+
+/// A draft model for the fake model: guesses the greedy token as a function of the last token
+/// alone (which the fake model mostly is), wrong now and then on purpose, and checks that the
+/// blocks it is given cover every position it writes.
+struct FakeDrafter {
+    calls: usize,
+    drafted: usize,
+}
+
+impl ModelDrafter for FakeDrafter {
+    fn draft(&mut self, asks: &[ModelAsk<'_>]) -> Vec<Vec<u32>> {
+        self.calls += 1;
+        asks.iter()
+            .map(|a| {
+                // Positions written: up to the one before the last draft token.
+                let last_pos = a.tokens.len() + a.len - 2;
+                assert!(
+                    a.block_table.len() * BS as usize > last_pos,
+                    "blocks end before the draft model's writes"
+                );
+                let mut last = *a.tokens.last().expect("tokens");
+                (0..a.len)
+                    .map(|j| {
+                        let key = last as u64 + 17;
+                        let l: Vec<f32> = (0..VOCAB)
+                            .map(|v| {
+                                (((key ^ v as u64).wrapping_mul(0x9E3779B97F4A7C15) >> 40) % 1000)
+                                    as f32
+                            })
+                            .collect();
+                        last = if (a.tokens.len() + j) % 7 == 3 {
+                            (last + 1) % VOCAB as u32 // a wrong guess now and then
+                        } else {
+                            argmax(&l)
+                        };
+                        self.drafted += 1;
+                        last
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// [`simulate_observed`] with `drafter` as the draft model.
+fn simulate_drafted(
+    arrivals: &[Arrival],
+    cfg: SchedulerConfig,
+    cancels: bool,
+    picks: bool,
+    mut drafter: Option<&mut dyn ModelDrafter>,
     mut observe: impl FnMut(&StepPlan, &[Option<RequestId>]),
 ) -> Vec<(Vec<u32>, FinishReason)> {
     let mut model = FakeModel::new(&cfg);
@@ -304,7 +360,7 @@ fn simulate_observed(
                 }
             }
         }
-        let plan = s.schedule();
+        let plan = s.schedule_with(drafter.as_deref_mut());
         s.check()
             .unwrap_or_else(|e| panic!("after schedule at step {step}: {e}"));
         assert!(plan.n_tokens() <= s.config().max_batch_tokens);
@@ -460,6 +516,25 @@ proptest! {
         prop_assert_eq!(got, reference);
         let greedy = arrivals.iter().any(|a| !a.sampled && !a.constrained);
         prop_assert!(!greedy || picked > 0, "no plain-greedy request was planned with picks");
+    }
+
+    #[test]
+    fn a_draft_model_changes_no_output(
+        arrivals in arrivals(),
+        limits in step_limits(),
+        n_blocks in 8u32..40,
+    ) {
+        let plain = simulate(&arrivals, cfg(64, false, 64, 8), false);
+        let mut c = limits.config(n_blocks, true);
+        let draft = c.draft.get_or_insert_with(|| DraftConfig {
+            max_len: 4,
+            verify_cost: vec![1.0, 1.05, 1.1, 1.15, 1.2],
+            ..Default::default()
+        });
+        draft.model_cost = Some(0.05);
+        let mut model = FakeDrafter { calls: 0, drafted: 0 };
+        let fast = simulate_drafted(&arrivals, c, false, false, Some(&mut model), |_, _| {});
+        prop_assert_eq!(plain, fast);
     }
 
     #[test]
@@ -866,4 +941,60 @@ fn lanes_keep_each_sequence_consecutive_and_steps_in_block_order() {
     }
     assert_eq!(s.pool().in_use(), 0);
     s.check().unwrap();
+}
+
+#[test]
+fn draft_model_drafts_are_verified_and_counted() {
+    let prompt: Vec<u32> = (0..10).map(|i| [3u32, 5, 7, 2, 9][i % 5]).collect();
+    let c = || {
+        let mut c = with_drafts(
+            SchedulerConfig {
+                context_limit: 256,
+                ..cfg(64, false, 64, 4)
+            },
+            4,
+        );
+        if let Some(d) = c.draft.as_mut() {
+            d.model_cost = Some(0.05);
+            d.sources.ngram = false;
+            d.sources.suffix = false;
+        }
+        c
+    };
+    let run = |drafter: Option<&mut FakeDrafter>| {
+        let mut s = Scheduler::new(c());
+        let mut model = FakeModel::new(s.config());
+        let id = s
+            .add(RequestSpec {
+                prompt: prompt.clone(),
+                sampling: SamplingParams::greedy(),
+                max_tokens: 60,
+                stop_tokens: vec![],
+                speculate: drafter.is_some(),
+            })
+            .unwrap();
+        let mut drafter = drafter;
+        while s.has_work() {
+            let p = s.schedule_with(drafter.as_deref_mut());
+            let out = model.run(&p);
+            s.apply(&p, |i, j| out[i][j].as_deref().map(RowLogits::Full));
+            s.check().unwrap();
+        }
+        assert_eq!(s.pool().in_use(), 0);
+        (s.generated(id).unwrap().to_vec(), s.stats(id).unwrap())
+    };
+    let (plain, _) = run(None);
+    let mut m = FakeDrafter {
+        calls: 0,
+        drafted: 0,
+    };
+    let (fast, stats) = run(Some(&mut m));
+    assert_eq!(plain, fast);
+    let by_model = stats.by_source[axle_core::DraftSource::Model as usize];
+    assert!(m.calls > 0 && by_model.drafted > 0, "{stats:?}");
+    assert!(
+        by_model.accepted > 0 && by_model.accepted < by_model.drafted,
+        "{by_model:?}"
+    );
+    assert_eq!(stats.drafted, by_model.drafted, "only the model drafted");
 }

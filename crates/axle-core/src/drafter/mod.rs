@@ -1,8 +1,10 @@
-//! Self-speculation: the context proposes the sequence's next tokens, with no draft model. Sources
-//! ([`DraftSource`]): n-gram prompt lookup ([`ngram`]), and suffix decoding ([`suffix`]) over the
-//! sequence's own tokens and over recent outputs of all requests ([`SuffixCache`]). Each step
-//! every source the request has on proposes a draft; the one whose match is longest (then whose
-//! draft is longest) goes to the gate.
+//! Drafting: proposals of a sequence's next tokens, verified by the model in one step. Sources
+//! ([`DraftSource`]): n-gram prompt lookup ([`ngram`]) and suffix decoding ([`suffix`]) over the
+//! sequence's own tokens and over recent outputs of all requests ([`SuffixCache`]), free to
+//! consult; and a draft model, which the scheduler asks through [`ModelDrafter`] (the engine runs
+//! it) only where no free source matched a copy (a long match). Each step every free source the
+//! request has on proposes a draft; the one whose match is longest (then whose draft is longest)
+//! goes to the gate, unless the draft model was asked.
 //!
 //! A gate keeps drafting only while it pays. Acceptance is estimated per draft position (the chance
 //! that a draft token is accepted given that the ones before it were: every checked position is
@@ -35,17 +37,27 @@ pub enum DraftSource {
     Ngram = 0,
     /// Suffix decoding over the sequence's own tokens and recent outputs of all requests.
     Suffix = 1,
+    /// A smaller model with the same vocabulary.
+    Model = 2,
 }
+
+/// How many draft sources there are.
+pub const DRAFT_SOURCES: usize = 3;
+
+/// Draft counts per source, indexed by `DraftSource as usize`.
+pub type BySource = [SourceCounts; DRAFT_SOURCES];
 
 impl DraftSource {
     /// Every source.
-    pub const ALL: [DraftSource; 2] = [DraftSource::Ngram, DraftSource::Suffix];
+    pub const ALL: [DraftSource; DRAFT_SOURCES] =
+        [DraftSource::Ngram, DraftSource::Suffix, DraftSource::Model];
 
     /// Its name in options, counters and reports.
     pub fn name(self) -> &'static str {
         match self {
             DraftSource::Ngram => "ngram",
             DraftSource::Suffix => "suffix",
+            DraftSource::Model => "model",
         }
     }
 }
@@ -59,23 +71,28 @@ pub struct DraftSources {
     /// Suffix decoding.
     #[default(true)]
     pub suffix: bool,
+    /// The draft model (where the engine has one).
+    #[default(true)]
+    pub model: bool,
 }
 
 impl DraftSources {
-    /// Parses a comma-separated list of source names (`ngram`, `suffix`), or `all`.
+    /// Parses a comma-separated list of source names (`ngram`, `suffix`, `model`), or `all`.
     pub fn parse(text: &str) -> Result<DraftSources, String> {
         let mut s = DraftSources {
             ngram: false,
             suffix: false,
+            model: false,
         };
         for name in text.split(',').map(str::trim) {
             match name {
                 "ngram" => s.ngram = true,
                 "suffix" => s.suffix = true,
+                "model" => s.model = true,
                 "all" => s = DraftSources::default(),
                 other => {
                     return Err(format!(
-                        "unknown drafter '{other}' (known: ngram, suffix, all)"
+                        "unknown drafter '{other}' (known: ngram, suffix, model, all)"
                     ))
                 }
             }
@@ -88,6 +105,7 @@ impl DraftSources {
         match source {
             DraftSource::Ngram => self.ngram,
             DraftSource::Suffix => self.suffix,
+            DraftSource::Model => self.model,
         }
     }
 
@@ -191,6 +209,8 @@ pub struct DraftConfig {
     /// Tokens of recent outputs the scheduler keeps for suffix drafts across requests.
     #[default(32768)]
     pub shared_tokens: usize,
+    /// The draft model's step cost relative to the target's decode step (None: no draft model).
+    pub model_cost: Option<f64>,
 }
 
 impl DraftConfig {
@@ -198,6 +218,12 @@ impl DraftConfig {
     /// probability `p`; a longer draft must beat the best shorter choice (plain decoding first) by
     /// 2%, so 0 when none does.
     pub fn best_len(&self, p: f64, available: usize) -> usize {
+        self.best_len_with(p, available, 0.0)
+    }
+
+    /// [`DraftConfig::best_len`] where each draft token also costs `per_token` (a draft model's
+    /// step, relative to a decode step).
+    pub fn best_len_with(&self, p: f64, available: usize, per_token: f64) -> usize {
         let mut best = (1.0, 0usize); // plain decode: 1 token per unit cost
         let mut expected = 1.0; // the model's own token is always gained
         let mut pk = 1.0;
@@ -208,7 +234,8 @@ impl DraftConfig {
                 .verify_cost
                 .get(k)
                 .copied()
-                .unwrap_or(1.0 + 0.1 * k as f64);
+                .unwrap_or(1.0 + 0.1 * k as f64)
+                + per_token * k as f64;
             let value = expected / cost;
             if value > best.0 * 1.02 {
                 best = (value, k);
@@ -228,6 +255,8 @@ pub enum MatchClass {
     Medium = 1,
     /// 8 tokens or more: the text is being copied.
     Long = 2,
+    /// Not a match: a draft model's proposal.
+    Model = 3,
 }
 
 impl MatchClass {
@@ -246,6 +275,7 @@ impl MatchClass {
             MatchClass::Short => 0.6,
             MatchClass::Medium => 0.8,
             MatchClass::Long => 0.9,
+            MatchClass::Model => 0.7,
         }
     }
 }
@@ -278,7 +308,7 @@ pub struct Drafter {
     /// Overall per-position acceptance estimate (drives the pause).
     ema: f64,
     /// Per-position acceptance estimate by match class (drives the draft length).
-    by_class: [f64; 3],
+    by_class: [f64; 4],
     paused_until: Option<usize>,
     /// Class and source of the draft last proposed.
     draft_class: MatchClass,
@@ -301,7 +331,11 @@ pub struct Drafter {
     /// Acceptance by draft position.
     pub positions: PositionStats,
     /// Counts by source (indexed by `DraftSource as usize`).
-    pub by_source: [SourceCounts; 2],
+    pub by_source: BySource,
+    /// Tokens seen when the draft model last drafted (for its probes while its estimate is low).
+    model_at: usize,
+    /// Sources on.
+    sources: DraftSources,
 }
 
 impl Drafter {
@@ -316,6 +350,7 @@ impl Drafter {
                 MatchClass::Short.prior(),
                 MatchClass::Medium.prior(),
                 MatchClass::Long.prior(),
+                MatchClass::Model.prior(),
             ],
             paused_until: None,
             draft_class: MatchClass::Short,
@@ -329,7 +364,9 @@ impl Drafter {
             accepted: 0,
             verifies: 0,
             positions: PositionStats::default(),
-            by_source: [SourceCounts::default(); 2],
+            by_source: BySource::default(),
+            model_at: 0,
+            sources,
         };
         for &t in prompt {
             d.push(t);
@@ -373,7 +410,9 @@ impl Drafter {
             .map(|_| 1.0)
             .chain((accepted < drafted).then_some(0.0));
         for hit in trials {
-            self.ema = (1.0 - a) * self.ema + a * hit;
+            if class != MatchClass::Model {
+                self.ema = (1.0 - a) * self.ema + a * hit;
+            }
             let c = &mut self.by_class[class as usize];
             *c = (1.0 - a) * *c + a * hit;
         }
@@ -445,17 +484,54 @@ impl Drafter {
             .map_or_else(Vec::new, |c| c.tokens)
     }
 
+    /// How many tokens to ask the draft model for now (0: none): none where a free source
+    /// matched a copy (a long match) or the model is off; else the gate's length at the model's
+    /// acceptance estimate with its step cost added per token, and a one-token probe every
+    /// `2 * cooldown` tokens while that length is 0 (so that the estimate can recover).
+    pub fn model_len(
+        &mut self,
+        cfg: &DraftConfig,
+        room: usize,
+        shared: Option<&SuffixCache>,
+    ) -> usize {
+        let Some(cost) = cfg.model_cost.filter(|_| self.sources.model) else {
+            return 0;
+        };
+        let free = self.candidates(cfg.max_len, shared).into_iter().next();
+        if free.is_some_and(|c| MatchClass::of(c.match_len) == MatchClass::Long) {
+            return 0;
+        }
+        let p = self.by_class[MatchClass::Model as usize];
+        let k = cfg.best_len_with(p, room, cost);
+        if k > 0 {
+            return k;
+        }
+        usize::from(room > 0 && self.tokens.len() >= self.model_at + 2 * cfg.cooldown)
+    }
+
     /// Proposes up to `cfg`-chosen many draft tokens (possibly none), at most `room`; `shared`
-    /// holds recent outputs of all requests for suffix decoding.
+    /// holds recent outputs of all requests for suffix decoding; `model` is what the draft model
+    /// proposed when it was asked ([`Drafter::model_len`]), which then goes to verification as
+    /// it is.
     pub fn propose(
         &mut self,
         cfg: &DraftConfig,
         room: usize,
         shared: Option<&SuffixCache>,
+        model: Option<Vec<TokenId>>,
     ) -> Vec<TokenId> {
         for (d, a, class) in std::mem::take(&mut self.shadow_outcomes) {
             self.shadow_checks += 1;
             self.learn(cfg, d, a, class);
+        }
+        if let Some(mut tokens) = model.filter(|t| !t.is_empty()) {
+            self.shadow.clear();
+            self.shadow_matched = 0;
+            self.draft_class = MatchClass::Model;
+            self.draft_source = DraftSource::Model;
+            self.model_at = self.tokens.len();
+            tokens.truncate(room);
+            return tokens;
         }
         let n = self.tokens.len();
         let best = self.candidates(cfg.max_len, shared).into_iter().next();
@@ -513,6 +589,9 @@ impl Drafter {
         s.verifies += 1;
         self.positions.record(drafted, accepted);
         self.learn(cfg, drafted, accepted, self.draft_class);
+        if self.draft_class == MatchClass::Model {
+            return; // the model's estimate sets its own length; the pause is for free sources
+        }
         if self.ema < cfg.min_acceptance {
             self.paused_until = Some(self.tokens.len() + cfg.cooldown);
         }
@@ -526,10 +605,12 @@ mod tests {
     const NGRAM: DraftSources = DraftSources {
         ngram: true,
         suffix: false,
+        model: false,
     };
     const SUFFIX: DraftSources = DraftSources {
         ngram: false,
         suffix: true,
+        model: false,
     };
 
     #[test]
@@ -539,10 +620,14 @@ mod tests {
             ..Default::default()
         };
         let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3], NGRAM);
-        assert_eq!(d.propose(&cfg, 8, None), vec![4, 5, 6, 7]);
+        assert_eq!(d.propose(&cfg, 8, None, None), vec![4, 5, 6, 7]);
         d.push(4);
-        assert_eq!(d.propose(&cfg, 8, None), vec![5, 6, 7, 9]);
-        assert_eq!(d.propose(&cfg, 2, None), vec![5, 6], "limited by room");
+        assert_eq!(d.propose(&cfg, 8, None, None), vec![5, 6, 7, 9]);
+        assert_eq!(
+            d.propose(&cfg, 2, None, None),
+            vec![5, 6],
+            "limited by room"
+        );
     }
 
     #[test]
@@ -585,7 +670,7 @@ mod tests {
             MatchClass::Long
         );
         assert!(
-            !d.propose(&cfg, 8, None).is_empty(),
+            !d.propose(&cfg, 8, None, None).is_empty(),
             "a long match lifts the pause"
         );
     }
@@ -603,7 +688,7 @@ mod tests {
         assert!(d.acceptance() < 0.5);
         d.push(9);
         d.push(10);
-        assert!(d.propose(&cfg, 8, None).is_empty(), "paused");
+        assert!(d.propose(&cfg, 8, None, None).is_empty(), "paused");
         // Expensive verification: drafting never pays.
         let dear = DraftConfig {
             verify_cost: vec![1.0, 2.5, 3.5, 4.5, 5.5],
@@ -628,7 +713,10 @@ mod tests {
         assert_eq!(cfg.best_len(cfg.min_acceptance, 8), 0);
         let pattern: Vec<TokenId> = (1..=8).collect();
         let mut d = Drafter::new(&[pattern.clone(), pattern.clone()].concat(), NGRAM);
-        assert!(!d.propose(&cfg, 8, None).is_empty(), "a long match drafts");
+        assert!(
+            !d.propose(&cfg, 8, None, None).is_empty(),
+            "a long match drafts"
+        );
         for _ in 0..20 {
             d.record(&cfg, 4, 0);
         }
@@ -640,7 +728,7 @@ mod tests {
         // estimate climbs, and real drafting resumes.
         let mut reopened_after = None;
         for (i, &t) in pattern.iter().cycle().take(64).enumerate() {
-            if !d.propose(&cfg, 8, None).is_empty() {
+            if !d.propose(&cfg, 8, None, None).is_empty() {
                 reopened_after = Some(i);
                 break;
             }
@@ -662,7 +750,7 @@ mod tests {
         }
         for i in 0..30 {
             for t in [1, 2, 100 + i, 9] {
-                let draft = d.propose(&cfg, 8, None);
+                let draft = d.propose(&cfg, 8, None, None);
                 assert!(draft.is_empty(), "drafted {draft:?}");
                 d.push(t);
             }
@@ -701,15 +789,15 @@ mod tests {
         shared.add([&[1, 2, 3][..], &answer].concat());
         let mut d = Drafter::new(&[9, 9, 1, 2, 3], SUFFIX);
         assert!(
-            d.propose(&cfg, 16, None).is_empty(),
+            d.propose(&cfg, 16, None, None).is_empty(),
             "nothing in its own history"
         );
-        let draft = d.propose(&cfg, 16, Some(&shared));
+        let draft = d.propose(&cfg, 16, Some(&shared), None);
         assert!(answer.starts_with(&draft) && draft.len() >= 4, "{draft:?}");
         for &t in &answer[..12] {
             d.push(t);
         }
-        let draft = d.propose(&cfg, 16, Some(&shared));
+        let draft = d.propose(&cfg, 16, Some(&shared), None);
         assert_eq!(draft, answer[12..28].to_vec());
         d.record(&cfg, draft.len(), 5);
         let s = d.by_source[DraftSource::Suffix as usize];
@@ -737,10 +825,10 @@ mod tests {
         assert_eq!(c[0].tokens, c[1].tokens);
         assert_eq!(DraftSources::parse("suffix"), Ok(SUFFIX));
         assert_eq!(
-            DraftSources::parse("ngram, suffix"),
+            DraftSources::parse("ngram, suffix,model"),
             Ok(DraftSources::default())
         );
         assert!(DraftSources::parse("medusa").is_err());
-        assert_eq!(DraftSources::default().names(), "ngram,suffix");
+        assert_eq!(DraftSources::default().names(), "ngram,suffix,model");
     }
 }

@@ -10,7 +10,7 @@
 //! logits the runner computed for it.
 use crate::blocks::{block_key, BlockId, BlockKey, BlockOrigin, BlockPool};
 use crate::constraint::{Advanced, ConstraintTiming, TokenConstraint};
-use crate::drafter::{suffix, DraftConfig, Drafter, PositionStats, SourceCounts, SuffixCache};
+use crate::drafter::{suffix, BySource, DraftConfig, Drafter, PositionStats, SuffixCache};
 use crate::sampler::{logprobs, RowLogits, Sampler, SamplingParams, TokenLogprob};
 use crate::TokenId;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -444,8 +444,15 @@ impl Scheduler {
 
     /// Plans the next step: running decodes first (one token each), then the next chunk of each
     /// running prefill that fits, then waiting requests in arrival order while their first chunk
-    /// fits, and last, with the budget left, n-gram drafts for the decodes.
+    /// fits, and last, with the budget left, drafts for the decodes (from the n-gram and suffix
+    /// sources; no draft model).
     pub fn schedule(&mut self) -> StepPlan {
+        self.schedule_with::<dyn ModelDrafter>(None)
+    }
+
+    /// [`Scheduler::schedule`], asking `model` for drafts where the gate wants it: every such
+    /// decode at once, before the free sources' drafts take the budget left.
+    pub fn schedule_with<M: ModelDrafter + ?Sized>(&mut self, model: Option<&mut M>) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_batch_tokens;
         // Running requests: decodes first, then unfinished prefills, each in arrival order.
@@ -514,30 +521,75 @@ impl Scheduler {
             plan.seqs.push(self.planned(id, n));
         }
         // Drafts, with what the budget has left (a draft that finds no free block is dropped).
-        for id in decodes {
-            if budget == 0 {
-                break;
+        // Only for the decodes planned above: preemption may have dropped one from the plan since
+        // (and re-admission may have planned it again, as a prefill).
+        let decodes: Vec<(RequestId, usize)> = decodes
+            .into_iter()
+            .filter(|id| !plan.preempted.contains(id))
+            .filter_map(|id| Some((id, plan.seqs.iter().position(|p| p.id == id)?)))
+            .collect();
+        // The draft model first: its asks reserve their budget and blocks, then run together.
+        let mut reserved: HashMap<RequestId, (usize, Vec<TokenId>)> = HashMap::new();
+        if let Some(model) = model {
+            let mut asked = Vec::new();
+            for &(id, _) in &decodes {
+                let k = self.model_len_for(id, budget);
+                if k == 0 {
+                    continue;
+                }
+                let computed = self.requests[&id].computed;
+                let had = self.requests[&id].blocks.len();
+                if !self.ensure_blocks(id, computed + 1 + k, &mut plan, false) {
+                    self.release_from(id, had);
+                    continue;
+                }
+                budget -= k;
+                asked.push((id, k));
             }
-            // Preemption may have dropped it from the plan since (and re-admission may have
-            // planned it again, as a prefill): draft only for the decode planned above.
-            if plan.preempted.contains(&id) {
-                continue;
+            if !asked.is_empty() {
+                let asks: Vec<ModelAsk> = asked
+                    .iter()
+                    .map(|&(id, len)| {
+                        let r = &self.requests[&id];
+                        ModelAsk {
+                            id,
+                            tokens: &r.tokens,
+                            prompt_len: r.spec.prompt.len(),
+                            block_table: &r.blocks,
+                            len,
+                        }
+                    })
+                    .collect();
+                let mut drafts = model.draft(&asks);
+                drafts.resize(asked.len(), Vec::new());
+                for ((id, k), mut d) in asked.into_iter().zip(drafts) {
+                    d.truncate(k);
+                    reserved.insert(id, (k, d));
+                }
             }
-            let Some(i) = plan.seqs.iter().position(|p| p.id == id) else {
-                continue;
-            };
-            let draft = self.draft_for(id, budget);
-            if draft.is_empty() {
+        }
+        for (id, i) in decodes {
+            let model_draft = reserved.remove(&id);
+            let allowance = model_draft.as_ref().map_or(budget, |(k, _)| *k);
+            if allowance == 0 {
                 continue;
             }
             let computed = self.requests[&id].computed;
             let had = self.requests[&id].blocks.len();
-            if !self.ensure_blocks(id, computed + 1 + draft.len(), &mut plan, false) {
-                // Give back what the failed attempt took.
-                let r = self.requests.get_mut(&id).expect("known");
-                for b in r.blocks.drain(had..) {
-                    self.pool.release(b);
+            let draft = self.draft_for(id, allowance, model_draft.as_ref().map(|(_, d)| d.clone()));
+            if let Some((k, _)) = model_draft {
+                budget += k; // what was reserved for it comes back; its draft takes its share below
+                if draft.is_empty() {
+                    // Blocks taken for the draft that did not come: back to the pool.
+                    let bs = self.cfg.block_size as usize;
+                    self.release_from(id, (computed + 1).div_ceil(bs));
+                    continue;
                 }
+            } else if draft.is_empty() {
+                continue;
+            }
+            if !self.ensure_blocks(id, computed + 1 + draft.len(), &mut plan, false) {
+                self.release_from(id, had);
                 continue;
             }
             budget -= draft.len();
@@ -573,20 +625,56 @@ impl Scheduler {
         plan
     }
 
-    /// Draft tokens for a decoding request, within its remaining token and context allowance.
-    fn draft_for(&mut self, id: RequestId, budget: usize) -> Vec<TokenId> {
-        let Some(cfg) = self.cfg.draft.as_ref() else {
-            return Vec::new();
-        };
+    /// Gives back a request's blocks from index `from` on.
+    fn release_from(&mut self, id: RequestId, from: usize) {
+        let r = self.requests.get_mut(&id).expect("known");
+        if from < r.blocks.len() {
+            for b in r.blocks.drain(from..) {
+                self.pool.release(b);
+            }
+        }
+    }
+
+    /// Draft tokens a decoding request may carry: within its remaining tokens, its context and
+    /// `budget`.
+    fn draft_room(&self, id: RequestId, budget: usize) -> usize {
         let cap = self
             .cfg
             .context_limit
             .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
-        let r = self.requests.get_mut(&id).expect("known");
+        let r = &self.requests[&id];
         let left = r.spec.max_tokens.saturating_sub(r.generated() + 1);
-        let room = left.min(cap.saturating_sub(r.tokens.len() + 1)).min(budget);
+        left.min(cap.saturating_sub(r.tokens.len() + 1)).min(budget)
+    }
+
+    /// How many draft tokens to ask the draft model for, for a decoding request (0: none).
+    fn model_len_for(&mut self, id: RequestId, budget: usize) -> usize {
+        let room = self.draft_room(id, budget);
+        let Some(cfg) = self.cfg.draft.as_ref() else {
+            return 0;
+        };
+        let r = self.requests.get_mut(&id).expect("known");
+        match r.drafter.as_mut() {
+            Some(d) if room > 0 => d.model_len(cfg, room, Some(&self.shared)),
+            _ => 0,
+        }
+    }
+
+    /// Draft tokens for a decoding request, within its remaining token and context allowance
+    /// and `budget`: the draft model's, where it was asked, else the free sources' best.
+    fn draft_for(
+        &mut self,
+        id: RequestId,
+        budget: usize,
+        model: Option<Vec<TokenId>>,
+    ) -> Vec<TokenId> {
+        let room = self.draft_room(id, budget);
+        let Some(cfg) = self.cfg.draft.as_ref() else {
+            return Vec::new();
+        };
+        let r = self.requests.get_mut(&id).expect("known");
         let mut draft = match r.drafter.as_mut() {
-            Some(d) if room > 0 => d.propose(cfg, room, Some(&self.shared)),
+            Some(d) if room > 0 => d.propose(cfg, room, Some(&self.shared), model),
             _ => Vec::new(),
         };
         // A draft token the constraint forbids ends the draft.

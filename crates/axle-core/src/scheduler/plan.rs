@@ -190,7 +190,32 @@ pub struct RequestStats {
     /// Acceptance by draft position.
     pub positions: PositionStats,
     /// Draft counts by source (indexed by `DraftSource as usize`).
-    pub by_source: [SourceCounts; 2],
+    pub by_source: BySource,
     /// Time spent on the output constraint's masks.
     pub constraint: ConstraintTiming,
+}
+
+/// A decoding request the draft model is asked to draft for.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelAsk<'a> {
+    /// The request.
+    pub id: RequestId,
+    /// Every token it knows (prompt and generated); the last one is not computed by the target
+    /// yet, and the first draft token follows it.
+    pub tokens: &'a [TokenId],
+    /// Its prompt's length.
+    pub prompt_len: usize,
+    /// Its blocks: they cover every position up to the last draft token's.
+    pub block_table: &'a [BlockId],
+    /// Draft tokens wanted.
+    pub len: usize,
+}
+
+/// The draft model, as the scheduler sees it: the engine runs it when the scheduler asks, all
+/// asks of a step at once, and its KV lives in the same blocks as the target's (its own cache,
+/// indexed by the same block tables).
+pub trait ModelDrafter {
+    /// Draft tokens for each ask, in order: up to its `len` (fewer or none where the model
+    /// cannot; its errors never fail a request, which then decodes without its draft).
+    fn draft(&mut self, asks: &[ModelAsk<'_>]) -> Vec<Vec<TokenId>>;
 }
