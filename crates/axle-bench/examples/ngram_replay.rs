@@ -1,4 +1,5 @@
-//! Replays plain greedy outputs (from the `ngram_traces` example) through the n-gram drafter and
+//! Replays plain greedy outputs (from the `ngram_traces` example) through the drafter (n-gram and
+//! suffix sources over the sequence itself) and
 //! its gate with a given verify-cost curve, and prints the decode speed-up each workload would get
 //! if steps cost exactly that: a model-free, deterministic way to compare drafting policies before
 //! benchmarking them. Beside it, the speed-up of a hindsight choice: at every step the draft length
@@ -18,13 +19,13 @@ struct Trace {
 
 /// Simulated (tokens, cost in decode steps, drafted, accepted) of one trace.
 fn replay(t: &Trace, cfg: &DraftConfig) -> (usize, f64, usize, usize) {
-    let mut d = Drafter::new(&t.prompt);
+    let mut d = Drafter::new(&t.prompt, cfg.sources);
     let out = &t.output;
     let (mut i, mut cost) = (0usize, 0.0f64);
     while i < out.len() {
         let room = out.len() - i - 1;
         let draft = if room > 0 {
-            d.propose(cfg, room)
+            d.propose(cfg, room, None, None)
         } else {
             Vec::new()
         };
@@ -49,12 +50,12 @@ fn replay(t: &Trace, cfg: &DraftConfig) -> (usize, f64, usize, usize) {
 
 /// Simulated (tokens, cost) when every step picks its draft length knowing the outcome.
 fn hindsight(t: &Trace, cfg: &DraftConfig) -> (usize, f64) {
-    let mut d = Drafter::new(&t.prompt);
+    let mut d = Drafter::new(&t.prompt, cfg.sources);
     let out = &t.output;
     let (mut i, mut cost) = (0usize, 0.0f64);
     while i < out.len() {
         let room = out.len() - i - 1;
-        let cand = d.candidate(cfg.max_len.min(room));
+        let cand = d.candidate(cfg.max_len.min(room), None);
         // (tokens per unit cost, cost, accepted) of the best length; 0 drafts is a plain step.
         let mut best = (1.0, 1.0, 0usize);
         for k in 1..=cand.len() {

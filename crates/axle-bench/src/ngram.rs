@@ -64,6 +64,8 @@ pub struct NgramOptions {
     pub drafters: Vec<DraftSources>,
     /// Sampling temperature (0: greedy); sampled runs use the repetition's seed in both modes.
     pub temperature: f32,
+    /// A draft model for the drafter sets that include `model`.
+    pub draft_model: Option<Arc<Model>>,
     /// Repetitions per prompt.
     pub reps: usize,
     /// A `llama-server` binary to compare with (its n-gram speculative modes).
@@ -137,6 +139,8 @@ pub struct NgramReport {
     pub threads: usize,
     /// Verify cost measured at start-up (k draft tokens -> cost vs one decode step).
     pub verify_cost: Vec<f64>,
+    /// The draft model's step cost against the model's decode step, measured at start-up.
+    pub draft_model_cost: Option<f64>,
     /// Where those steps spent their time, per k: microseconds per step preparing, building,
     /// writing inputs, computing and reading back.
     pub verify_split_us: Vec<[f64; 5]>,
@@ -330,6 +334,10 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
                 max_draft: opts.max_draft,
                 drafters: d,
                 verify_cost,
+                draft_model: opts.draft_model.clone(),
+                draft_cost: fast
+                    .iter()
+                    .find_map(|e| e.draft_config().and_then(|c| c.model_cost)),
                 ..base.clone()
             },
         )?);
@@ -338,6 +346,9 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         .draft_config()
         .map(|d| d.verify_cost.clone())
         .unwrap_or_default();
+    let draft_model_cost = fast
+        .iter()
+        .find_map(|e| e.draft_config().and_then(|c| c.model_cost));
     let verify_split_us = fast[0]
         .verify_profiles()
         .iter()
@@ -444,6 +455,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         model: opts.model.display().to_string(),
         threads: opts.threads,
         verify_cost,
+        draft_model_cost,
         verify_split_us,
         plain_split_us,
         stacked_shapes,

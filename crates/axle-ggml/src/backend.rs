@@ -419,7 +419,7 @@ impl Drop for ThreadPool {
 pub struct Backend {
     raw: sys::ggml_backend_t,
     /// The CPU backend's threads; dropped after the backend that uses them.
-    _threadpool: Option<ThreadPool>,
+    threadpool: Option<ThreadPool>,
     device: Device,
 }
 
@@ -453,7 +453,7 @@ impl Backend {
             }
             Ok(Backend {
                 raw,
-                _threadpool: threadpool,
+                threadpool,
                 device: Device(sys::ggml_backend_get_device(raw)),
             })
         }
@@ -471,9 +471,20 @@ impl Backend {
         }
         Ok(Backend {
             raw,
-            _threadpool: None,
+            threadpool: None,
             device,
         })
+    }
+
+    /// Puts the CPU backend's threads to sleep until its next graph (which wakes them): after
+    /// a graph, ggml's workers poll for new work for a while, taking cores that another runner
+    /// (a draft model's) needs. No-op for other backends.
+    pub fn pause_threads(&self) {
+        if let Some(tp) = &self.threadpool {
+            // SAFETY: a live pool (owned by this backend); ggml takes the pool's mutex, and a
+            // paused pool resumes itself at its next graph.
+            unsafe { sys::ggml_threadpool_pause(tp.raw()) }
+        }
     }
 
     /// The backend's device.
@@ -555,6 +566,14 @@ impl Drop for GraphScheduler {
 }
 
 impl GraphScheduler {
+    /// Puts every CPU backend's threads to sleep until their next graph
+    /// ([`Backend::pause_threads`]).
+    pub fn pause_threads(&self) {
+        for b in &self._backends {
+            b.pause_threads();
+        }
+    }
+
     /// A scheduler over `backends` (highest priority first, CPU last) with one slot for graphs of
     /// up to `max_nodes`.
     pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<GraphScheduler> {

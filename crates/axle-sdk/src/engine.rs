@@ -1,6 +1,7 @@
 //! The synchronous engine: one model, one runner, one scheduler. Each `step` is
 //! plan (core) -> execute (runner, one graph for the whole batch) -> apply (core), followed by
 //! detokenization and stop-string matching per request.
+use crate::draft_model::{Asking, DraftModel};
 use crate::events::{Finish, Speculation, Usage};
 pub use crate::request::RequestOptions;
 use crate::request::{defaults, Field, Rejection};
@@ -48,6 +49,12 @@ pub struct EngineConfig {
     pub max_draft: usize,
     /// The drafters requests consult.
     pub drafters: DraftSources,
+    /// A draft model: a smaller model with the same vocabulary, asked for drafts where no free
+    /// source matched a copy (None: none).
+    pub draft_model: Option<Arc<Model>>,
+    /// The draft model's step cost relative to the target's decode step (None measures it at
+    /// start-up).
+    pub draft_cost: Option<f64>,
     /// Verify step costs relative to a decode step (index k: k draft tokens); None measures them
     /// at start-up on this machine and model.
     pub verify_cost: Option<Vec<f64>>,
@@ -294,6 +301,8 @@ pub struct EngineCore {
     /// Where the verify-cost measurement's steps spent their time, per draft length (empty
     /// when it did not run).
     verify_profiles: Vec<StepProfile>,
+    /// The draft model, if one was given.
+    draft_model: Option<DraftModel>,
 }
 
 /// Where each running sequence's recurrent state is: the group of state rows the scheduler gave
@@ -370,6 +379,8 @@ impl StateGroups {
 pub struct VerifyCost {
     /// Time relative to a one-token decode step (index 0 is 1.0).
     pub ratios: Vec<f64>,
+    /// The one-token decode step's time, seconds (median).
+    pub decode_s: f64,
     /// Where the timed steps of each k spent their time.
     pub profiles: Vec<StepProfile>,
 }
@@ -387,6 +398,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
         // No room to measure: assume verifying costs as much as decoding each token (never drafts).
         return Ok(VerifyCost {
             ratios: (0..=max_len).map(|k| (k + 1) as f64).collect(),
+            decode_s: 0.0,
             profiles: Vec::new(),
         });
     }
@@ -442,6 +454,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
     // while (another process, clock changes) weighs on all widths of that repetition alike; the
     // cost of k is the median over repetitions of time(k) / time(0) of the same repetition.
     let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(REPS); max_len + 1];
+    let mut decode: Vec<f64> = Vec::with_capacity(REPS);
     let mut profiles = vec![StepProfile::default(); max_len + 1];
     runner.take_profile();
     for _ in 0..REPS {
@@ -456,6 +469,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
         for (k, t) in times.iter().enumerate() {
             ratios[k].push(t / times[0]);
         }
+        decode.push(times[0]);
     }
     let ratios = ratios
         .into_iter()
@@ -464,7 +478,33 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
             r[r.len() / 2]
         })
         .collect();
-    Ok(VerifyCost { ratios, profiles })
+    decode.sort_by(f64::total_cmp);
+    Ok(VerifyCost {
+        ratios,
+        decode_s: decode[decode.len() / 2],
+        profiles,
+    })
+}
+
+/// Refuses a draft model whose vocabulary differs from the target's (a draft token must mean
+/// the same text to both).
+fn same_vocabulary(target: &Model, draft: &Model) -> Result<(), SdkError> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    if t.len() != d.len() {
+        return Err(SdkError::Config(format!(
+            "the draft model's vocabulary has {} tokens, the model's {}: a draft model needs the same vocabulary",
+            d.len(),
+            t.len()
+        )));
+    }
+    if let Some(i) = (0..t.len() as TokenId).find(|&i| t.token_text(i) != d.token_text(i)) {
+        return Err(SdkError::Config(format!(
+            "the draft model's token {i} is {:?}, the model's {:?}: a draft model needs the same vocabulary",
+            d.token_text(i).unwrap_or_default(),
+            t.token_text(i).unwrap_or_default()
+        )));
+    }
+    Ok(())
 }
 
 /// A stable identity of the model file for prefix-cache keys.
@@ -523,19 +563,53 @@ impl EngineCore {
             },
         )?;
         let mut verify_profiles = Vec::new();
+        let mut draft_model = match (&cfg.draft_model, cfg.max_draft > 0 && cfg.drafters.model) {
+            (Some(m), true) => {
+                same_vocabulary(&model, m)?;
+                Some(DraftModel::new(
+                    m.clone(),
+                    kv_slots,
+                    cfg.block_size,
+                    cfg.max_batch_tokens,
+                    cfg.max_seqs,
+                )?)
+            }
+            _ => None,
+        };
         let draft = if cfg.max_draft > 0 {
             let max_len = cfg.max_draft.min(MAX_DRAFT);
+            let mut decode_s = None;
+            let verify_cost = match &cfg.verify_cost {
+                Some(c) => c.clone(),
+                None => {
+                    let m = measure_verify_cost(&mut runner, max_len)?;
+                    verify_profiles = m.profiles;
+                    decode_s = Some(m.decode_s);
+                    m.ratios
+                }
+            };
+            // The draft model's step against the target's decode step, timed alike.
+            let model_cost = match (&mut draft_model, cfg.draft_cost) {
+                (None, _) => None,
+                (Some(_), Some(c)) => Some(c),
+                (Some(d), None) => {
+                    let target_s = match decode_s {
+                        Some(t) => t,
+                        None => measure_verify_cost(&mut runner, 0)?.decode_s,
+                    };
+                    let draft_s = measure_verify_cost(d.runner(), 0)?.decode_s;
+                    d.runner().pause_threads();
+                    Some(draft_s / target_s.max(1e-9))
+                }
+            };
             Some(DraftConfig {
                 max_len,
-                verify_cost: match &cfg.verify_cost {
-                    Some(c) => c.clone(),
-                    None => {
-                        let m = measure_verify_cost(&mut runner, max_len)?;
-                        verify_profiles = m.profiles;
-                        m.ratios
-                    }
+                verify_cost,
+                sources: DraftSources {
+                    model: draft_model.is_some(),
+                    ..cfg.drafters
                 },
-                sources: cfg.drafters,
+                model_cost,
                 ..Default::default()
             })
         } else {
@@ -561,6 +635,7 @@ impl EngineCore {
             sched,
             text: HashMap::new(),
             states: recurrent.then(|| StateGroups::new(saved_states)),
+            draft_model,
             verify_profiles,
         })
     }
@@ -636,6 +711,9 @@ impl EngineCore {
         }
         let was = self.sched.finish(id, FinishReason::Cancelled);
         self.sched.forget(id);
+        if let Some(d) = &mut self.draft_model {
+            d.forget(id);
+        }
         was
     }
 
@@ -692,13 +770,13 @@ impl EngineCore {
                     cached_tokens: s.cached_tokens,
                     reasoning_tokens,
                 }),
-                speculation: Speculation {
+                speculation: Box::new(Speculation {
                     drafted: s.drafted,
                     accepted: s.accepted,
                     verifies: s.verifies,
                     positions: s.positions,
                     by_source: s.by_source,
-                },
+                }),
                 upstream_reason: None,
                 tool_calls,
                 constraint: s.constraint,
@@ -709,6 +787,11 @@ impl EngineCore {
     /// The scheduler's speculation settings (measured verify costs), if on.
     pub fn draft_config(&self) -> Option<&DraftConfig> {
         self.sched.config().draft.as_ref()
+    }
+
+    /// The first error the draft model met (it then stops drafting; outputs are unaffected).
+    pub fn draft_model_error(&self) -> Option<&str> {
+        self.draft_model.as_ref().and_then(DraftModel::error)
     }
 
     /// Forgets the outputs kept for suffix drafts across requests (for benchmarks that time each
@@ -811,7 +894,13 @@ impl EngineCore {
     /// Runs one step: plan, execute, apply. Requests hit by a runner failure finish with an error;
     /// the engine itself keeps going.
     pub fn step(&mut self) -> Vec<Output> {
-        let plan = self.sched.schedule();
+        let plan = match &mut self.draft_model {
+            Some(draft) => self.sched.schedule_with(Some(&mut Asking {
+                target: &self.runner,
+                draft,
+            })),
+            None => self.sched.schedule(),
+        };
         if let Some(st) = &mut self.states {
             for &id in &plan.preempted {
                 st.release(id);
@@ -869,6 +958,9 @@ impl EngineCore {
         };
         let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find_row(i, j));
         self.runner.recycle(out.logits);
+        if let Some(d) = &mut self.draft_model {
+            d.settle(&plan, &events);
+        }
         if let Some(st) = &mut self.states {
             // Where each sequence's next step starts: after a verify step of d drafts with a
             // accepted, the state d - a tokens back from the step's end.
@@ -937,6 +1029,9 @@ impl EngineCore {
                 if hit {
                     stopped = true;
                     self.sched.finish(ev.id, FinishReason::StopString);
+                    if let Some(d) = &mut self.draft_model {
+                        d.forget(ev.id);
+                    }
                     let out = self.finished(ev.id, FinishReason::StopString, text, reasoning);
                     outputs.push(out);
                     break;

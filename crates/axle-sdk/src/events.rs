@@ -1,7 +1,7 @@
 //! What a request produces, the same for every route: a stream of [`StreamEvent`]s ending in one
 //! [`Finish`], or, run to the end, one [`Completion`].
 use crate::SdkError;
-use axle_core::{ConstraintTiming, FinishReason, PositionStats, SourceCounts, TokenLogprob};
+use axle_core::{BySource, ConstraintTiming, FinishReason, PositionStats, TokenLogprob};
 use axle_models::TokenId;
 use axle_structured::tools::ToolCall;
 
@@ -31,7 +31,7 @@ pub struct Speculation {
     /// Acceptance by draft position.
     pub positions: PositionStats,
     /// Counts by drafter (indexed by `DraftSource as usize`).
-    pub by_source: [SourceCounts; 2],
+    pub by_source: BySource,
 }
 
 /// How a request ended.
@@ -43,7 +43,7 @@ pub struct Finish {
     /// reports them.
     pub usage: Option<Usage>,
     /// Speculation counts (native routes).
-    pub speculation: Speculation,
+    pub speculation: Box<Speculation>,
     /// The finish reason as a delegated upstream gave it (`tool_calls`, `content_filter`, ...),
     /// passed on as it is.
     pub upstream_reason: Option<String>,
@@ -174,7 +174,7 @@ impl Completion {
             finish: Finish {
                 reason: FinishReason::Stop,
                 usage: None,
-                speculation: Speculation::default(),
+                speculation: Box::default(),
                 upstream_reason: None,
                 tool_calls: Vec::new(),
                 constraint: ConstraintTiming::default(),

@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod delegate;
+mod draft_model;
 mod engine;
 mod events;
 mod generator;
@@ -50,8 +51,8 @@ pub use delegate::{DelegateError, Upstream};
 pub use route::{RoutePolicy, RouteSpec, RuntimeKind, RuntimeReport, SupportTier};
 
 pub use axle_core::{
-    DraftSource, DraftSources, FinishReason, PositionStats, RequestId, SamplingField,
-    SamplingParams, SourceCounts, TokenLogprob, MAX_DRAFT,
+    BySource, DraftSource, DraftSources, FinishReason, PositionStats, RequestId, SamplingField,
+    SamplingParams, SourceCounts, TokenLogprob, DRAFT_SOURCES, MAX_DRAFT,
 };
 pub use axle_models::{
     fetched, ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer,

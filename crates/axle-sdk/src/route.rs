@@ -635,9 +635,13 @@ pub async fn open(
                 .on_device(&model);
             let cfg = configure(&model);
             report.speculation = (cfg.max_draft > 0).then(|| {
+                let sources = crate::DraftSources {
+                    model: cfg.drafters.model && cfg.draft_model.is_some(),
+                    ..cfg.drafters
+                };
                 format!(
                     "{} up to {} tokens",
-                    cfg.drafters.names(),
+                    sources.names(),
                     cfg.max_draft.min(crate::MAX_DRAFT)
                 )
             });

@@ -1,7 +1,7 @@
 //! Server metrics in Prometheus text format. Hand-written rather than the `prometheus` crate: a
 //! dozen counters and two fixed-bucket histograms do not need a registry, and this keeps the
 //! server's dependency tree small.
-use axle_sdk::{DraftSource, EngineStats, SourceCounts};
+use axle_sdk::{BySource, DraftSource, EngineStats, DRAFT_SOURCES};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -47,8 +47,8 @@ pub struct Metrics {
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     /// Draft tokens proposed and accepted, by drafter (`DraftSource as usize`).
-    drafted: [AtomicU64; 2],
-    accepted: [AtomicU64; 2],
+    drafted: [AtomicU64; DRAFT_SOURCES],
+    accepted: [AtomicU64; DRAFT_SOURCES],
     max_running: AtomicU64,
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
@@ -66,7 +66,7 @@ impl Metrics {
     }
 
     /// A request finished with these token counts and these drafts by drafter.
-    pub fn finished(&self, prompt: usize, completion: usize, drafts: &[SourceCounts; 2]) {
+    pub fn finished(&self, prompt: usize, completion: usize, drafts: &BySource) {
         self.prompt_tokens
             .fetch_add(prompt as u64, Ordering::Relaxed);
         self.completion_tokens

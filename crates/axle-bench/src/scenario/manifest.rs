@@ -277,6 +277,10 @@ pub struct NgramSpec {
     /// Sampling temperature (0: greedy).
     #[serde(default)]
     pub temperature: f32,
+    /// A draft model for the drafter sets that include `model` (a path as the model's: on the
+    /// same device).
+    #[serde(default)]
+    pub draft_model: Option<String>,
     /// llama-server `--spec-type` modes to compare with, when a binary is given
     /// (`--llama-server` or `AXLE_LLAMA_SERVER`).
     #[serde(default = "default_llama_server_modes")]

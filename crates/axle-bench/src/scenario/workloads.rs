@@ -157,6 +157,17 @@ pub fn run(
             .with("identical_to_cold", if identical { 1.0 } else { 0.0 })]
         }
         Workload::Ngram(n) => {
+            let draft_model = match &n.draft_model {
+                Some(p) => Some(Arc::new(Model::load(
+                    super::manifest::resolve(p, dir),
+                    &axle_models::ModelOptions {
+                        threads,
+                        device: m.model.device.parse().unwrap_or_default(),
+                        ..Default::default()
+                    },
+                )?)),
+                None => None,
+            };
             let r = ngram::run(
                 model,
                 &ngram::NgramOptions {
@@ -172,6 +183,7 @@ pub fn run(
                         .collect::<Result<_, _>>()
                         .map_err(BenchError::Invalid)?,
                     temperature: n.temperature,
+                    draft_model,
                     reps,
                     llama_server: opts.llama_server.clone(),
                     llama_server_modes: n.llama_server_modes.clone(),
@@ -212,6 +224,9 @@ pub fn run(
                 })
                 .collect();
             if let Some(first) = rows.first_mut() {
+                if let Some(c) = r.draft_model_cost {
+                    first.extra.insert("draft_model_cost".into(), c);
+                }
                 for (k, c) in r.verify_cost.iter().enumerate() {
                     first.extra.insert(format!("verify_cost_k{k}"), *c);
                 }

@@ -485,9 +485,10 @@ impl Drafter {
     }
 
     /// How many tokens to ask the draft model for now (0: none): none where a free source
-    /// matched a copy (a long match) or the model is off; else the gate's length at the model's
-    /// acceptance estimate with its step cost added per token, and a one-token probe every
-    /// `2 * cooldown` tokens while that length is 0 (so that the estimate can recover).
+    /// matched a copy (a long match), the model is off, or its step costs so much that no
+    /// acceptance would pay for it; else the gate's length at the model's acceptance estimate
+    /// with its step cost added per token, and a one-token probe every `2 * cooldown` tokens
+    /// while that length is 0 (so that the estimate can recover).
     pub fn model_len(
         &mut self,
         cfg: &DraftConfig,
@@ -500,6 +501,9 @@ impl Drafter {
         let free = self.candidates(cfg.max_len, shared).into_iter().next();
         if free.is_some_and(|c| MatchClass::of(c.match_len) == MatchClass::Long) {
             return 0;
+        }
+        if cfg.best_len_with(1.0, room, cost) == 0 {
+            return 0; // too dear to pay even if every draft token were accepted
         }
         let p = self.by_class[MatchClass::Model as usize];
         let k = cfg.best_len_with(p, room, cost);

@@ -662,6 +662,12 @@ impl Runner {
         v
     }
 
+    /// Puts the runner's CPU threads to sleep until its next step (which wakes them), so that
+    /// another runner in the process (a draft model's) gets the cores meanwhile.
+    pub fn pause_threads(&self) {
+        self.sched.pause_threads();
+    }
+
     /// Hands a step's logits buffer back for the next step to read into, so that a decode step's
     /// read-back (1 MB for a 262k vocabulary) is not a fresh allocation each time.
     pub fn recycle(&mut self, logits: Vec<f32>) {

@@ -3,7 +3,7 @@
 //! to what that kind of server reads and its failures turned into errors of ours.
 //!
 //! There is no token-id route here: a delegated model's vocabulary is the upstream's business.
-use crate::events::{Completion, Finish, Speculation, StreamEvent, Usage};
+use crate::events::{Completion, Finish, StreamEvent, Usage};
 use crate::request::{Field, GenerateRequest, Prompt, Rejection};
 use crate::route::{normalize_url, RuntimeKind};
 use axle_core::FinishReason;
@@ -378,7 +378,7 @@ impl Upstream {
                     v["usage"]["prompt_tokens"].as_u64(),
                     v["usage"]["completion_tokens"].as_u64(),
                 ),
-                speculation: Speculation::default(),
+                speculation: Box::default(),
                 upstream_reason: choice["finish_reason"].as_str().map(str::to_string),
                 tool_calls,
                 constraint: Default::default(),
@@ -627,7 +627,7 @@ impl DelegatedStream {
                         finish: Finish {
                             reason: finish_reason(self.finish.as_deref()),
                             usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
-                            speculation: Speculation::default(),
+                            speculation: Box::default(),
                             upstream_reason: self.finish.clone(),
                             tool_calls: std::mem::take(&mut self.calls)
                                 .into_values()

@@ -347,6 +347,9 @@ pub struct NgramArgs {
     /// Sampling temperature (0: greedy); sampled runs give both modes the same seed.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// A draft model (same vocabulary, same device) for the drafter sets that include `model`.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
     /// A llama.cpp `llama-server` binary: also run its n-gram speculative modes on the same
     /// prompts (`--spec-type` each of --llama-server-modes) and print them beside ours.
     #[arg(long, env = "AXLE_LLAMA_SERVER")]
@@ -472,6 +475,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                     draft_len: a.runs.draft_len,
                     drafters: a.drafters,
                     temperature: a.temperature,
+                    draft_model: a
+                        .draft_model
+                        .map(|p| std::fs::canonicalize(&p).unwrap_or(p).display().to_string()),
                     llama_server_modes: a.llama_server_modes,
                 }),
                 QuickExtras {

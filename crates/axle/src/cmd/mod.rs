@@ -13,7 +13,7 @@ use anyhow::Context;
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{default_threads, DeviceChoice, HostKernels, Model, ModelOptions};
 use axle_sdk::{defaults, DraftSources, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Where a native model runs (threads, device, layers on the GPU): shared by every command that
@@ -127,6 +127,11 @@ pub struct EngineArgs {
     /// requests), or `all`. Each step the proposal with the longest match goes to the gate.
     #[arg(long, default_value = "all", value_parser = DraftSources::parse)]
     pub drafters: DraftSources,
+    /// A draft model: a smaller model with the same vocabulary (GGUF path or Hub id), loaded on
+    /// the same device, asked for drafts where n-gram and suffix lookups found no copy. It never
+    /// changes the output.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
     /// Kernel choice: `exact` (a request's output does not depend on what shares its steps, and
     /// n-gram speculation reproduces plain decoding) or `fast` (ggml's kernels for each step's
     /// shape, as llama.cpp runs: more tokens/s for many concurrent sequences on a GPU, where
@@ -231,6 +236,17 @@ pub enum KernelChoice {
 impl EngineArgs {
     /// The engine's configuration for `model`, with `max_seqs` sequences running together and
     /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
+    /// Loads the draft model that `--draft-model` names (pulled first when it is a Hub id).
+    pub fn load_draft_model(&self) -> anyhow::Result<Option<std::sync::Arc<Model>>> {
+        let Some(p) = &self.draft_model else {
+            return Ok(None);
+        };
+        let local = hub::local(p)?;
+        let m = load_model(&local.path, self)
+            .with_context(|| format!("cannot load the draft model {}", p.display()))?;
+        Ok(Some(std::sync::Arc::new(m)))
+    }
+
     pub fn engine_config(&self, model: &Model, max_seqs: usize, kv_seqs: usize) -> EngineConfig {
         let sizing = self.sizing(max_seqs, kv_seqs);
         EngineConfig {
@@ -287,6 +303,9 @@ impl EngineArgs {
         }
         if self.host_kernels.is_some() {
             anyhow::bail!("--host-kernels applies to the native backend only");
+        }
+        if self.draft_model.is_some() {
+            anyhow::bail!("--draft-model applies to the native backend only");
         }
         Ok(())
     }

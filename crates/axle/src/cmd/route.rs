@@ -3,7 +3,7 @@
 //! runtime report that names the route.
 use super::EngineArgs;
 use axle_sdk::route::{self, RouteSpec};
-use axle_sdk::{Generator, RoutePolicy, RuntimeReport, SdkError};
+use axle_sdk::{EngineConfig, Generator, RoutePolicy, RuntimeReport, SdkError};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,7 +82,16 @@ impl RouteArgs {
         let load = |path: &std::path::Path| {
             super::load_model(path, engine).map_err(|e| SdkError::Config(format!("{e:#}")))
         };
-        let configure = |model: &axle_models::Model| engine.engine_config(model, max_seqs, kv_seqs);
+        let draft_model = match self.backend {
+            BackendArg::Auto | BackendArg::Native if local.is_some() => {
+                engine.load_draft_model()?
+            }
+            _ => None,
+        };
+        let configure = |model: &axle_models::Model| EngineConfig {
+            draft_model: draft_model.clone(),
+            ..engine.engine_config(model, max_seqs, kv_seqs)
+        };
         let (generator, mut report) = route::open(&spec, load, configure).await?;
         if matches!(generator, Generator::Native(_)) {
             report.model_source = local.map(|l| l.source);

@@ -1,0 +1,242 @@
+//! The draft model: a smaller model with the target's vocabulary that proposes draft tokens
+//! greedily, one step per draft position for every sequence the scheduler asked for, batched.
+//! Its KV lives in its own cache indexed by the target's block tables: a block the scheduler
+//! gives a sequence holds that sequence's KV in both caches, so the draft model needs no pool
+//! of its own and no bookkeeping beyond how far each sequence's draft KV is valid.
+//!
+//! Validity: before a draft, the draft model catches up on the sequence's tokens since its last
+//! draft (the whole prompt the first time, a few tokens after). After verification, its KV stays
+//! valid for the real tokens and for the accepted draft tokens that it computed (all but the
+//! last draft token, which it never fed back); the rest is overwritten by the next catch-up. A
+//! preempted sequence starts over. What the draft model computes never reaches the output: the
+//! target verifies every token, so outputs are the same with it or without.
+use axle_core::sampler::argmax;
+use axle_core::{Event, ModelAsk, ModelDrafter, RequestId, RowLogits, StepPlan};
+use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, TokenId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How far a sequence's draft KV is valid, and the draft in flight.
+#[derive(Debug, Clone, Copy, Default)]
+struct DraftSeq {
+    /// Positions `0..computed` hold the KV of the sequence's real tokens.
+    computed: usize,
+    /// The draft in flight: the sequence's known tokens when it was drafted, and its length.
+    pending: Option<(usize, usize)>,
+}
+
+/// A draft model with its runner.
+#[derive(Debug)]
+pub struct DraftModel {
+    runner: Runner,
+    seqs: HashMap<RequestId, DraftSeq>,
+    /// Most tokens per draft step (its catch-up is cut to fit).
+    max_tokens: usize,
+    /// The first error it met (drafting stops being offered after one; outputs are unaffected).
+    error: Option<String>,
+}
+
+impl DraftModel {
+    /// A draft model over `model`, its KV shaped like the target's (`kv_slots` slots in blocks of
+    /// `block_size`), steps of at most `max_tokens` tokens for up to `max_seqs` sequences.
+    pub fn new(
+        model: Arc<Model>,
+        kv_slots: u32,
+        block_size: u32,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<DraftModel, crate::SdkError> {
+        if !model.family().state_dims().is_empty() {
+            return Err(crate::SdkError::Config(
+                "a draft model with recurrent layers is not supported: use an attention-only one"
+                    .into(),
+            ));
+        }
+        let runner = Runner::new(
+            model,
+            RunnerOptions {
+                kv_slots,
+                block_size,
+                max_batch_tokens: max_tokens,
+                max_seqs,
+                ..Default::default()
+            },
+        )?;
+        Ok(DraftModel {
+            runner,
+            seqs: HashMap::new(),
+            max_tokens,
+            error: None,
+        })
+    }
+
+    /// The runner (for timing its steps).
+    pub fn runner(&mut self) -> &mut Runner {
+        &mut self.runner
+    }
+
+    /// The first error the draft model met, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// After a step: what each verified draft left valid, preempted and finished sequences
+    /// forgotten.
+    pub fn settle(&mut self, plan: &StepPlan, events: &[Event]) {
+        for id in &plan.preempted {
+            self.seqs.remove(id);
+        }
+        for ev in events {
+            if ev.finished.is_some() {
+                self.seqs.remove(&ev.id);
+                continue;
+            }
+            if let Some(s) = self.seqs.get_mut(&ev.id) {
+                if let Some((n, k)) = s.pending.take() {
+                    s.computed = n + ev.accepted.min(k.saturating_sub(1));
+                }
+            }
+        }
+        // A draft the step dropped (no event for it: cancelled, or its request ended otherwise)
+        // leaves only the real tokens valid.
+        for s in self.seqs.values_mut() {
+            if let Some((n, _)) = s.pending.take() {
+                s.computed = s.computed.min(n);
+            }
+        }
+    }
+
+    /// Forgets a request (cancelled or finished outside a step).
+    pub fn forget(&mut self, id: RequestId) {
+        self.seqs.remove(&id);
+    }
+
+    fn run(&mut self, asks: &[ModelAsk<'_>]) -> Result<Vec<Vec<TokenId>>, crate::SdkError> {
+        let mut out: Vec<Vec<TokenId>> = vec![Vec::new(); asks.len()];
+        // Catch-up, in steps of at most `max_tokens` tokens in all; the step that reaches a
+        // sequence's last token gives its first draft token.
+        let mut next: Vec<usize> = asks
+            .iter()
+            .map(|a| {
+                let valid = self.seqs.get(&a.id).map_or(0, |s| s.computed);
+                valid.min(a.tokens.len() - 1)
+            })
+            .collect();
+        loop {
+            let mut inputs = Vec::new();
+            let mut rows = Vec::new();
+            let mut room = self.max_tokens;
+            for (i, a) in asks.iter().enumerate() {
+                let left = a.tokens.len() - next[i];
+                if left == 0 || room == 0 {
+                    continue;
+                }
+                let m = left.min(room);
+                room -= m;
+                let ends = next[i] + m == a.tokens.len();
+                inputs.push(self.input(a, &a.tokens[next[i]..next[i] + m], next[i], ends));
+                rows.push((i, m, ends));
+            }
+            if inputs.is_empty() {
+                break;
+            }
+            let step = self.runner.step(&inputs)?;
+            for (j, &(i, m, ends)) in rows.iter().enumerate() {
+                next[i] += m;
+                if ends {
+                    out[i].push(pick(step.find_row(j, m - 1))?);
+                }
+            }
+            self.runner.recycle(step.logits);
+        }
+        // The other draft tokens, one step each for the sequences still drafting.
+        let longest = asks.iter().map(|a| a.len).max().unwrap_or(0);
+        for j in 1..longest {
+            let mut inputs = Vec::new();
+            let mut rows = Vec::new();
+            for (i, a) in asks.iter().enumerate() {
+                if a.len > j && out[i].len() == j {
+                    let pos = a.tokens.len() - 1 + j;
+                    inputs.push(self.input(a, &out[i][j - 1..j], pos, true));
+                    rows.push(i);
+                }
+            }
+            if inputs.is_empty() {
+                break;
+            }
+            let step = self.runner.step(&inputs)?;
+            for (r, &i) in rows.iter().enumerate() {
+                out[i].push(pick(step.find_row(r, 0))?);
+            }
+            self.runner.recycle(step.logits);
+        }
+        self.runner.pause_threads();
+        for (a, d) in asks.iter().zip(&out) {
+            let s = self.seqs.entry(a.id).or_default();
+            s.computed = a.tokens.len();
+            s.pending = Some((a.tokens.len(), d.len()));
+        }
+        Ok(out)
+    }
+
+    fn input(&self, a: &ModelAsk<'_>, tokens: &[TokenId], start: usize, last: bool) -> SeqInput {
+        SeqInput {
+            tokens: tokens.to_vec(),
+            start_pos: start as u32,
+            prompt_len: a.prompt_len as u32,
+            block_table: a.block_table.to_vec(),
+            logits: if last {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            },
+            pick: true,
+            state: StateSlots::default(),
+        }
+    }
+}
+
+/// The greedy token of a row.
+fn pick(row: Option<RowLogits<'_>>) -> Result<TokenId, crate::SdkError> {
+    match row {
+        Some(RowLogits::Picked(t)) => Ok(t),
+        Some(RowLogits::Full(l)) => Ok(argmax(l)),
+        None => Err(crate::SdkError::Config(
+            "the draft model's step returned no logits".into(),
+        )),
+    }
+}
+
+/// The draft model as the scheduler asks it during a step of the engine: the target's threads
+/// are put to sleep first, so that on the CPU the two thread pools do not spin against each other.
+pub struct Asking<'a> {
+    /// The target's runner.
+    pub target: &'a Runner,
+    /// The draft model.
+    pub draft: &'a mut DraftModel,
+}
+
+impl ModelDrafter for Asking<'_> {
+    fn draft(&mut self, asks: &[ModelAsk<'_>]) -> Vec<Vec<TokenId>> {
+        self.target.pause_threads();
+        self.draft.draft(asks)
+    }
+}
+
+impl ModelDrafter for DraftModel {
+    fn draft(&mut self, asks: &[ModelAsk<'_>]) -> Vec<Vec<TokenId>> {
+        if self.error.is_some() {
+            return vec![Vec::new(); asks.len()];
+        }
+        match self.run(asks) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error = Some(e.to_string());
+                for a in asks {
+                    self.seqs.remove(&a.id);
+                }
+                vec![Vec::new(); asks.len()]
+            }
+        }
+    }
+}
