@@ -486,6 +486,10 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
     })
 }
 
+// A verify step (a token and its drafts) must stay "small" on accelerators, where its rows get a
+// decode row's arithmetic: longer ones are computed as prefill chunks.
+const _: () = assert!(MAX_DRAFT < axle_models::device_step::SMALL_TOKENS);
+
 /// Refuses a draft model whose vocabulary differs from the target's (a draft token must mean
 /// the same text to both).
 fn same_vocabulary(target: &Model, draft: &Model) -> Result<(), SdkError> {
