@@ -214,6 +214,22 @@ def test_every_error_class(engine, tmp_path):
         a = tiled.generate("Hello", max_tokens=8, temperature=0).text
         b = tiled.generate("Hello", max_tokens=8, temperature=0).text
         assert a == b and a
+    # Drafters: known names; a draft model of another vocabulary is refused by name.
+    with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
+        axle.Engine(str(MODEL), threads=2, drafters="medusa")
+    with pytest.raises(axle.AxleError, match="draft model needs the same vocabulary"):
+        axle.Engine(str(MODEL), threads=2, context=256, draft_model=str(GEMMA))
+
+
+def test_drafters_and_a_draft_model_change_no_output(engine):
+    """Suffix drafts, and a draft model (here the model itself), give the default engine's
+    greedy text."""
+    prompt = PROMPTS[0]
+    want = engine.generate(prompt, max_tokens=32, temperature=0).text
+    with axle.Engine(str(MODEL), threads=2, context=1024, drafters="suffix") as e:
+        assert e.generate(prompt, max_tokens=32, temperature=0).text == want
+    with axle.Engine(str(MODEL), threads=2, context=1024, draft_model=str(MODEL)) as e:
+        assert e.generate(prompt, max_tokens=32, temperature=0).text == want
 
 
 def test_the_delegated_route(engine):

@@ -203,6 +203,8 @@ fn generate(
         }
     }
     let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    // The next run may be another engine's: its threads must not compete with these polling.
+    e.pause_threads();
     let decode_tok_s = if tokens.len() > 1 && secs > 0.0 {
         (tokens.len() - 1) as f64 / secs
     } else {

@@ -279,7 +279,7 @@ impl Engine {
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
         split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false,
-        drafters="all".to_string()
+        drafters="all".to_string(), draft_model=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -310,6 +310,7 @@ impl Engine {
         host_kernels: Option<String>,
         offline: bool,
         drafters: String,
+        draft_model: Option<PathBuf>,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -384,6 +385,21 @@ impl Engine {
             .build()
             .map_err(|e| EngineError::new_err(e.to_string()))?;
         let load = |p: &std::path::Path| Model::load(p, &options).map_err(SdkError::from);
+        // The draft model: same device options, pulled first when it is a Hub id.
+        let draft_model = match draft_model {
+            Some(p) => {
+                let located = py
+                    .allow_threads(|| {
+                        axle_hub::locate(&p.to_string_lossy(), offline, &mut axle_hub::Quiet)
+                    })
+                    .map_err(|e| ModelError::new_err(e.to_string()))?;
+                let m = py
+                    .allow_threads(|| Model::load(&located.path, &options))
+                    .map_err(|e| ModelError::new_err(format!("draft model: {e}")))?;
+                Some(std::sync::Arc::new(m))
+            }
+            None => None,
+        };
         let sizing = EngineSizing {
             context,
             kv_slots,
@@ -399,6 +415,7 @@ impl Engine {
             device_products,
             host_kernels,
             drafters,
+            draft_model: draft_model.clone(),
             ..EngineConfig::sized(m, &sizing)
         };
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));

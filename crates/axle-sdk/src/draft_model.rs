@@ -75,6 +75,11 @@ impl DraftModel {
         &mut self.runner
     }
 
+    /// Puts its runner's CPU threads to sleep until its next step.
+    pub fn pause_threads(&self) {
+        self.runner.pause_threads();
+    }
+
     /// The first error the draft model met, if any.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()

@@ -793,6 +793,16 @@ impl EngineCore {
         self.sched.config().draft.as_ref()
     }
 
+    /// Puts the engine's CPU threads (and its draft model's) to sleep until its next step: for
+    /// processes that run several engines in turn (benchmarks), whose idle pools would otherwise
+    /// poll for work while another engine computes.
+    pub fn pause_threads(&self) {
+        self.runner.pause_threads();
+        if let Some(d) = &self.draft_model {
+            d.pause_threads();
+        }
+    }
+
     /// The first error the draft model met (it then stops drafting; outputs are unaffected).
     pub fn draft_model_error(&self) -> Option<&str> {
         self.draft_model.as_ref().and_then(DraftModel::error)

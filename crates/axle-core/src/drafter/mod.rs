@@ -294,10 +294,11 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// Order between sources' proposals: the longer match (up to the suffix trie's pattern, past
-    /// which both are copies), then the longer draft.
+    /// Order between sources' proposals: the longer match (more context behind the same
+    /// continuation: the n-gram lookup measures up to 32 tokens, the suffix trie up to
+    /// [`suffix::MAX_PATTERN`]), then the longer draft; among equals the earlier source.
     fn rank(&self) -> (usize, usize) {
-        (self.match_len.min(suffix::MAX_PATTERN), self.tokens.len())
+        (self.match_len, self.tokens.len())
     }
 }
 
