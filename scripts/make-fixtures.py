@@ -575,7 +575,7 @@ def write_glm4moe(path, vocab, seed):
 
 
 # Files written (the split llama fixture counts its two parts).
-FIXTURES = 18
+FIXTURES = 19
 
 
 def main():
@@ -594,6 +594,10 @@ def main():
     base = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_layer=2)
     write(os.path.join(a.out, "qwen2-tiny.gguf"), "qwen2", base, vocab, 1, qkv_bias=True)
     write(os.path.join(a.out, "qwen3-tiny.gguf"), "qwen3", dict(base, head_dim=32, rope_base=1e6), vocab, 2, qk_norm=True)
+    # An embedding model's file: Qwen3-Embedding's shape, with the last-token pooling its GGUFs
+    # name.
+    write(os.path.join(a.out, "qwen3-embedding-tiny.gguf"), "qwen3", dict(base, head_dim=32, rope_base=1e6),
+          vocab, 17, qk_norm=True, extra={"qwen3.pooling_type": 3})
     write(os.path.join(a.out, "llama-tiny.gguf"), "llama", base, vocab, 3)
     # The same weights split into two files (llama-split-tiny-0000{1,2}-of-00002.gguf).
     write(os.path.join(a.out, "llama-split-tiny.gguf"), "llama", base, vocab, 3, split_max_tensors=12)

@@ -114,6 +114,7 @@ impl LocalServer {
             max_queue: 1024,
             max_tokens_limit: None,
             responses: Default::default(),
+            embeddings: None,
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

@@ -66,6 +66,9 @@ pub struct OracleOptions {
     /// attention spans the cells of all of them.
     #[default(true)]
     pub kv_unified: bool,
+    /// A context computing pooled embeddings instead of logits ([`LlamaOracle::embed`]), with
+    /// libllama's pooling type (1 mean, 2 cls, 3 last); `None`: logits.
+    pub pooling: Option<i32>,
 }
 
 /// libllama's ways of using several GPUs (`llama_split_mode`).
@@ -153,6 +156,10 @@ impl LlamaOracle {
             };
             cp.kv_unified = opts.kv_unified;
             cp.no_perf = true;
+            if let Some(p) = opts.pooling {
+                cp.embeddings = true;
+                cp.pooling_type = p;
+            }
             let ctx = sys::llama_init_from_model(model, cp);
             if ctx.is_null() {
                 sys::llama_model_free(model);
@@ -315,6 +322,30 @@ impl LlamaOracle {
             sys::llama_batch_free(batch);
             out.ok_or_else(|| Error::Oracle(format!("llama_decode returned {rc}")))
         }
+    }
+
+    /// The pooled embedding of `tokens` as sequence 0 of a context loaded with
+    /// [`OracleOptions::pooling`], after clearing the cache; every token in one batch (libllama
+    /// pools a sequence within one batch).
+    pub fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>> {
+        self.clear();
+        let entries: Vec<_> = (0..tokens.len())
+            .map(|i| (tokens[i], i as i32, 0, true))
+            .collect();
+        self.decode_then(&entries, |ctx, _| {
+            // SAFETY: live model and context; after a successful decode of sequence 0 with
+            // pooling on, libllama holds n_embd floats for it (null when pooling is off).
+            unsafe {
+                let n_embd = sys::llama_model_n_embd(sys::llama_get_model(ctx)) as usize;
+                let p = sys::llama_get_embeddings_seq(ctx, 0);
+                if p.is_null() {
+                    return Err(Error::Oracle(
+                        "no pooled embeddings: load with a pooling".into(),
+                    ));
+                }
+                Ok(std::slice::from_raw_parts(p, n_embd).to_vec())
+            }
+        })?
     }
 
     /// Processes a prompt for sequence 0 from position `start` in batches, returning the last logits.

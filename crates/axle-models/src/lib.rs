@@ -18,6 +18,7 @@ pub mod model;
 pub mod moe;
 mod pieces;
 pub mod placement;
+pub mod pooling;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;
@@ -28,11 +29,12 @@ pub mod tokenizer;
 mod weights;
 
 pub use chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars, TEMPLATE_INPUTS};
-pub use layers::{HostKernels, Kernels};
+pub use layers::{HostKernels, Kernels, RowValues};
 pub use model::{
     default_threads, FusedProjections, HostMemory, Model, ModelOptions, MAX_THREADS_PER_CORE,
 };
 pub use placement::{DeviceChoice, LayerRange, Placement, PlacementRequest, SplitMode};
+pub use pooling::{Pooled, Pooling};
 pub use recurrent::StateSlots;
 pub use runner::{LogitRows, Runner, RunnerOptions, SeqInput, StepOutput, StepProfile};
 pub use sequence::Sequence;

@@ -4,6 +4,7 @@
 use crate::arch::{self, Family};
 use crate::chat::{ChatError, ChatMessage, ChatTemplate, TemplateVars};
 use crate::placement::{DeviceChoice, Placement, PlacementRequest, SplitMode};
+use crate::pooling::Pooling;
 use crate::tokenizer::Tokenizer;
 use crate::ModelError;
 use axle_ggml::{Backend, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
@@ -132,6 +133,7 @@ pub struct Model {
     /// The tokenizer.
     pub tokenizer: Tokenizer,
     chat_source: Option<String>,
+    pooling: Option<Pooling>,
     _weights: TensorStore,
     file_size: u64,
     threads: usize,
@@ -242,7 +244,9 @@ impl Model {
             )));
         }
         let chat_source = file.str_opt("tokenizer.chat_template")?.map(str::to_string);
+        let pooling = Pooling::from_file(&file, &arch_name)?;
         Ok(Model {
+            pooling,
             path: path.to_path_buf(),
             family,
             tokenizer,
@@ -304,6 +308,12 @@ impl Model {
     /// GGUF architecture name.
     pub fn arch(&self) -> &str {
         &self.family.hparams().arch
+    }
+
+    /// The pooling the file asks its embeddings to take (embedding models); `None` for a
+    /// generative model.
+    pub fn pooling(&self) -> Option<Pooling> {
+        self.pooling
     }
 
     /// Training context length.

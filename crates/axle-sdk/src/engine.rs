@@ -13,7 +13,7 @@ use axle_core::{
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{
-    HostKernels, Kernels, LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots,
+    HostKernels, Kernels, LogitRows, Model, RowValues, Runner, RunnerOptions, SeqInput, StateSlots,
     StepProfile, StreamDecoder, TokenId,
 };
 use axle_structured::reasoning::ReasoningSplitter;
@@ -564,6 +564,7 @@ impl EngineCore {
                 state_saved: saved_states,
                 stacked_rows: true,
                 host_kernels: cfg.host_kernels.unwrap_or_default(),
+                values: RowValues::Logits,
             },
         )?;
         let mut verify_profiles = Vec::new();

@@ -25,6 +25,7 @@
 
 pub mod delegate;
 mod draft_model;
+mod embedder;
 mod engine;
 mod events;
 mod generator;
@@ -34,8 +35,10 @@ mod session;
 mod stop;
 mod structured;
 
+pub use axle_models::pooling::normalize;
 pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
 pub use axle_structured::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
+pub use embedder::{Embedder, EmbedderConfig, Embeddings};
 pub use engine::{
     Drained, EngineConfig, EngineCore, EngineSizing, Output, RequestOptions, SizeError, MAX_CONTEXT,
 };
@@ -55,7 +58,7 @@ pub use axle_core::{
     SamplingParams, SourceCounts, TokenLogprob, DRAFT_SOURCES, MAX_DRAFT,
 };
 pub use axle_models::{
-    fetched, ChatMessage, DeviceChoice, Model, ModelOptions, TokenId, Tokenizer,
+    fetched, ChatMessage, DeviceChoice, Model, ModelOptions, Pooling, TokenId, Tokenizer,
 };
 
 /// The README's Rust blocks run as doctests of this crate.

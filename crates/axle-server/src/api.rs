@@ -309,7 +309,7 @@ struct View {
     logprobs: bool,
 }
 
-fn json(v: impl Serialize) -> Response {
+pub(crate) fn json(v: impl Serialize) -> Response {
     Json(v).into_response()
 }
 

@@ -1,7 +1,7 @@
 //! Axle's OpenAI-compatible HTTP server. [`app`] builds the router over a [`Generator`] (a native
 //! session or a delegated upstream, the same to every handler), so tests call it without a socket; [`serve`] binds it
 //! with graceful shutdown. Routes: `POST /v1/chat/completions`, `POST /v1/completions` (blocking
-//! and SSE), `GET /v1/models`, `GET /v1/runtime` (the runtime report), `POST /v1/generate` (token
+//! and SSE), `POST /v1/embeddings` (with an embedding model), `GET /v1/models`, `GET /v1/runtime` (the runtime report), `POST /v1/generate` (token
 //! ids in and out, native only), `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET
 //! /metrics` (Prometheus text). Errors use OpenAI's JSON error shape. A client that goes away
 //! mid-stream cancels its request, which frees its KV blocks (or closes the upstream stream).
@@ -11,6 +11,7 @@
 pub mod anthropic;
 mod api;
 mod body_deadline;
+pub mod embeddings;
 mod error;
 mod json_body;
 mod listen;
@@ -53,6 +54,9 @@ pub struct AppState {
     pub max_tokens_limit: Option<usize>,
     /// Responses kept for `previous_response_id` (`/v1/responses`).
     pub responses: Arc<responses::ResponseStore>,
+    /// The embedding model behind `/v1/embeddings` (`None`: the route answers that there is
+    /// none).
+    pub embeddings: Option<Arc<axle_sdk::Embeddings>>,
 }
 
 /// Largest request body accepted (bytes).
@@ -72,6 +76,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/responses", post(responses_routes::responses))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(api::models))
         .route("/v1/runtime", get(api::runtime))
         .route(

@@ -24,6 +24,7 @@ fn state(generator: Generator, runtime: RuntimeReport) -> AppState {
         max_queue: 8,
         max_tokens_limit: None,
         responses: Default::default(),
+        embeddings: None,
     }
 }
 
@@ -331,6 +332,7 @@ async fn max_tokens_over_the_server_limit_is_refused() {
     let state = AppState {
         max_tokens_limit: Some(64),
         responses: Default::default(),
+        embeddings: None,
         ..native()
     };
     for (route, base) in [

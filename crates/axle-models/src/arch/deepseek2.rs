@@ -301,6 +301,6 @@ impl Family for DeepSeek2 {
             x = g.add(f, ffn_inp).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.head.output_norm, eps);
-        s.matmul(&self.head.output, x).named("result_output")
+        s.output(&self.head.output, x, 0.0)
     }
 }

@@ -138,7 +138,6 @@ impl Family for Gemma3 {
                 .named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
-        let logits = s.matmul(&self.head.output, x);
-        s.softcap(logits, self.final_softcap)
+        s.output(&self.head.output, x, self.final_softcap)
     }
 }

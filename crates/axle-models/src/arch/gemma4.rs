@@ -469,7 +469,6 @@ impl Family for Gemma4 {
         }
         // libllama runs the last layer on every row and picks the output rows after the norm.
         let x = g.get_rows(s.rms_norm(x, &self.head.output_norm, eps), s.out_ids);
-        let logits = s.matmul(&self.head.output, x);
-        s.softcap(logits, self.final_softcap)
+        s.output(&self.head.output, x, self.final_softcap)
     }
 }

@@ -373,6 +373,6 @@ impl Family for Llama {
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
         let x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
-        s.matmul(&self.head.output, x).named("result_output")
+        s.output(&self.head.output, x, 0.0)
     }
 }

@@ -534,6 +534,6 @@ impl Family for Qwen35 {
         }
         // libllama runs the last layer on every row and picks the output rows after the norm.
         let x = g.get_rows(s.rms_norm(x, &self.head.output_norm, eps), s.out_ids);
-        s.matmul(&self.head.output, x)
+        s.output(&self.head.output, x, 0.0)
     }
 }

@@ -71,6 +71,19 @@ pub struct Step<'a> {
     pub stacking: Option<&'a StackTable>,
     /// With [`DeviceStep::paged`]: the paged attention inputs of the step.
     pub paged: Option<PagedInputs<'a>>,
+    /// What the output rows hold: logits, or the final-normed hidden state ([`Step::output`]).
+    pub values: RowValues,
+}
+
+/// What a step's output rows hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowValues {
+    /// Logits through the model's head (generation).
+    #[default]
+    Logits,
+    /// The hidden state after the final norm, before the head (embeddings: what libllama
+    /// pools).
+    Hidden,
 }
 
 /// The inputs of a step's paged attention ([`crate::device_step::PagedStep`]).
@@ -473,6 +486,19 @@ impl<'a> Step<'a> {
             }
         }
         FusedProduct::Parts(pieces.into_iter().map(|p| concat_all(g, p, 1)).collect())
+    }
+
+    /// The step's output from the output rows' final-normed hidden state `x`: logits through
+    /// `head`, soft-capped at `softcap` (0: none), or `x` itself where the step returns hidden
+    /// states ([`RowValues::Hidden`]; the head is then not computed).
+    pub fn output(&self, head: &'a StoredTensor, x: Tensor<'a>, softcap: f32) -> Tensor<'a> {
+        match self.values {
+            RowValues::Hidden => x,
+            RowValues::Logits => {
+                let logits = self.matmul(head, x).named("result_output");
+                self.softcap(logits, softcap)
+            }
+        }
     }
 
     /// `cap * tanh(x / cap)`: logit softcapping (Gemma); `x` itself when `cap` is 0.

@@ -189,6 +189,7 @@ impl Runner {
                         window: self.model.family().sliding_window().unwrap_or(0),
                         refused: &self.paged_refused,
                     }),
+                values: self.opts.values,
             };
             let logits = self
                 .model
@@ -199,7 +200,7 @@ impl Runner {
             step.graph.expand(logits);
             // With the head on an accelerator, each row's largest logit is picked there too (a
             // greedy step then reads back one index a row instead of the vocabulary).
-            if self.pinned.is_some() {
+            if self.pinned.is_some() && self.opts.values == RowValues::Logits {
                 let picks = ctx.argmax(logits).named(PICKS).as_output();
                 step.graph.expand(picks);
             }

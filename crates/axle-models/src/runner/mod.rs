@@ -5,7 +5,7 @@
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
 use crate::device_step::{self, DeviceAttention, DeviceProducts, DeviceStep, SeqSlots};
 use crate::kv::KvCache;
-use crate::layers::{AttnGroup, HostKernels, Kernels, PagedInputs, RowArithmetic, Step};
+use crate::layers::{AttnGroup, HostKernels, Kernels, PagedInputs, RowArithmetic, RowValues, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
 use crate::small_products;
@@ -77,6 +77,9 @@ pub struct RunnerOptions {
     /// With batch-invariant kernels and KV in host memory: which of ggml's kernels rows share
     /// ([`HostKernels`]).
     pub host_kernels: HostKernels,
+    /// What returned rows hold: logits (generation), or final-normed hidden states (an
+    /// embedding runner: the head is never computed).
+    pub values: RowValues,
 }
 
 impl RunnerOptions {
@@ -583,8 +586,12 @@ impl Runner {
         let t_inputs = std::time::Instant::now();
         self.sched.compute(slot, &mut graph)?;
         let t_computed = std::time::Instant::now();
+        let hp = self.model.family().hparams();
         let mut out = StepOutput {
-            n_vocab: self.model.family().hparams().n_vocab as usize,
+            width: match self.opts.values {
+                RowValues::Logits => hp.n_vocab as usize,
+                RowValues::Hidden => hp.n_embd as usize,
+            },
             rows: h.rows.clone(),
             logits: std::mem::take(&mut self.spare_logits),
             picked: Vec::new(),

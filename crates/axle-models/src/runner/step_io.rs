@@ -66,13 +66,14 @@ pub struct SeqInput {
     pub state: StateSlots,
 }
 
-/// Logits returned by a step, one row per requested position, in input order.
+/// Logits (or, from an embedding runner, hidden states) returned by a step, one row per
+/// requested position, in input order.
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
-    /// Row-major logits, `rows.len() * n_vocab`.
+    /// Row-major logits, `rows.len() * width`.
     pub logits: Vec<f32>,
-    /// Vocabulary size (row length).
-    pub n_vocab: usize,
+    /// Row length: the vocabulary size, or the hidden width ([`RowValues::Hidden`]).
+    pub width: usize,
     /// For each row: (sequence index in the step, token index within that sequence's input).
     pub rows: Vec<(usize, usize)>,
     /// For each row, when its sequence asked for picks and the head runs on an accelerator: the
@@ -84,13 +85,13 @@ pub struct StepOutput {
 impl StepOutput {
     /// Logits of row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
-        &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]
+        &self.logits[i * self.width..(i + 1) * self.width]
     }
 
     /// Row `i`'s logits, owned: the step's buffer itself when it holds only that row (a decode
     /// step's 512 KB for a 128k vocabulary is not copied again).
     pub fn into_row(self, i: usize) -> Vec<f32> {
-        if i == 0 && self.logits.len() == self.n_vocab {
+        if i == 0 && self.logits.len() == self.width {
             return self.logits;
         }
         self.row(i).to_vec()

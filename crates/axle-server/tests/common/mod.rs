@@ -30,6 +30,7 @@ pub fn native(api_key: Option<&str>) -> AppState {
         max_queue: 8,
         max_tokens_limit: None,
         responses: Default::default(),
+        embeddings: None,
     }
 }
 

@@ -234,8 +234,6 @@ pub enum KernelChoice {
 }
 
 impl EngineArgs {
-    /// The engine's configuration for `model`, with `max_seqs` sequences running together and
-    /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
     /// Loads the draft model that `--draft-model` names (pulled first when it is a Hub id).
     pub fn load_draft_model(&self) -> anyhow::Result<Option<std::sync::Arc<Model>>> {
         let Some(p) = &self.draft_model else {
@@ -247,6 +245,8 @@ impl EngineArgs {
         Ok(Some(std::sync::Arc::new(m)))
     }
 
+    /// The engine's configuration for `model`, with `max_seqs` sequences running together and
+    /// KV for `kv_seqs` full contexts unless `--kv-slots` says otherwise.
     pub fn engine_config(&self, model: &Model, max_seqs: usize, kv_seqs: usize) -> EngineConfig {
         let sizing = self.sizing(max_seqs, kv_seqs);
         EngineConfig {

@@ -41,6 +41,15 @@ pub struct Args {
     /// every connection slot is taken, bodies slower than 16 KiB/s for over a second are cut.
     #[arg(long, default_value_t = ServeOptions::default().body_timeout.as_secs_f64())]
     body_timeout: f64,
+    /// Serve `/v1/embeddings` with the model too (on without this flag for a model whose file
+    /// names a pooling type, such as Qwen3-Embedding's; a generative model needs `--pooling`).
+    /// The embeddings get KV for one context of their own beside the engine's.
+    #[arg(long)]
+    embeddings: bool,
+    /// How `/v1/embeddings` pools a sequence's final hidden states: `mean`, `cls` or `last`
+    /// (default: as the model file says).
+    #[arg(long)]
+    pooling: Option<axle_sdk::Pooling>,
     /// Seconds running requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = ServeOptions::default().shutdown_grace.as_secs_f64())]
     shutdown_grace: f64,
@@ -75,6 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .route
         .display_name(a.model_alias.as_deref(), &generator);
     eprintln!("route: {}", report.summary());
+    let embeddings = start_embeddings(&a, &generator)?;
     let state = AppState {
         generator,
         runtime: Arc::new(report),
@@ -84,6 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_queue: a.max_queue,
         max_tokens_limit: a.max_tokens_limit,
         responses: Default::default(),
+        embeddings,
     };
     let addr = SocketAddr::new(a.host, a.port);
     eprintln!("serving {name} on http://{addr} (OpenAI-compatible: /v1/chat/completions, /v1/completions)");
@@ -93,4 +104,43 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     eprintln!("shut down");
     Ok(())
+}
+
+/// The embedding service, where the model names a pooling or the flags ask for one.
+fn start_embeddings(
+    a: &Args,
+    generator: &axle_sdk::Generator,
+) -> anyhow::Result<Option<Arc<axle_sdk::Embeddings>>> {
+    let asked = a.embeddings || a.pooling.is_some();
+    let axle_sdk::Generator::Native(session) = generator else {
+        if asked {
+            anyhow::bail!("--embeddings needs a model Axle runs natively, not a delegated route");
+        }
+        return Ok(None);
+    };
+    let model = session.model();
+    if !asked && model.pooling().is_none() {
+        return Ok(None);
+    }
+    let engine = a.run.engine.engine_config(model, a.max_batch_size, 1);
+    let service = axle_sdk::Embeddings::start(
+        model.clone(),
+        &axle_sdk::EmbedderConfig {
+            pooling: a.pooling,
+            kv_slots: engine.context_len as u32,
+            block_size: engine.block_size,
+            max_batch_tokens: engine.max_batch_tokens,
+            max_seqs: a.max_batch_size,
+            kernels: engine.kernels,
+            host_kernels: engine.host_kernels,
+        },
+    )
+    .context("cannot serve embeddings")?;
+    eprintln!(
+        "embeddings: {} pooling, {} dimensions, inputs of up to {} tokens",
+        service.pooling(),
+        service.width(),
+        service.max_tokens()
+    );
+    Ok(Some(Arc::new(service)))
 }
