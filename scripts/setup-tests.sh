@@ -15,6 +15,16 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
 fi
 
+# The chat page's test runs a real headless browser: Chromium and its driver from the system's
+# packages.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "installing: chromium chromium-driver" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+
 # The server tests use the official openai client, pinned, in a virtualenv of their own.
 venv="${AXLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/axle/venv}"
 if [ ! -x "$venv/bin/python" ]; then

@@ -1,16 +1,19 @@
 //! Axle's OpenAI-compatible HTTP server. [`app`] builds the router over a [`Generator`] (a native
-//! session or a delegated upstream, the same to every handler), so tests call it without a socket; [`serve`] binds it
-//! with graceful shutdown. Routes: `POST /v1/chat/completions`, `POST /v1/completions` (blocking
-//! and SSE), `POST /v1/embeddings` (with an embedding model), `GET /v1/models`, `GET /v1/runtime` (the runtime report), `POST /v1/generate` (token
-//! ids in and out, native only), `POST /tokenize`, `POST /detokenize`, `GET /health`, `GET
-//! /metrics` (Prometheus text). Errors use OpenAI's JSON error shape. A client that goes away
-//! mid-stream cancels its request, which frees its KV blocks (or closes the upstream stream).
+//! session or a delegated upstream, the same to every handler), so tests call it without a
+//! socket; [`serve`] binds it with graceful shutdown. Routes: `POST /v1/chat/completions`,
+//! `POST /v1/completions` (blocking and SSE), `POST /v1/responses`, `POST /v1/messages`,
+//! `POST /v1/embeddings` (with an embedding model), `GET /v1/models`, `GET /v1/runtime` (the
+//! runtime report), `POST /v1/generate` (token ids in and out, native only), `POST /tokenize`,
+//! `POST /detokenize`, `GET /health`, `GET /metrics` (Prometheus text), `GET /` (a chat page).
+//! Errors use OpenAI's JSON error shape. A client that goes away mid-stream cancels its request,
+//! which frees its KV blocks (or closes the upstream stream).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod anthropic;
 mod api;
 mod body_deadline;
+mod chat_page;
 pub mod embeddings;
 mod error;
 mod json_body;
@@ -85,6 +88,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
+        .route("/", get(chat_page::chat_page))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
