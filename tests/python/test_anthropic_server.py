@@ -84,6 +84,22 @@ def test_forced_tool_call_and_result_round_trip(client):
     assert answer.content[0].type == "text"
 
 
+def test_the_matched_stop_sequence_is_named(client):
+    """Of several stop sequences, the one that ended the answer is named, blocking and streamed."""
+    free = ask(client, max_tokens=24).content[0].text
+    words = free.split()
+    assert len(words) >= 3, free
+    stops = ["@@never@@", words[2], "%%never%%"]
+    m = ask(client, max_tokens=24, stop_sequences=stops)
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == words[2], m
+    assert words[2] not in m.content[0].text
+    with client.messages.stream(model="smollm2", system="You are terse.", max_tokens=24, extra_body=GREEDY,
+                                stop_sequences=stops,
+                                messages=[{"role": "user", "content": "Name a colour."}]) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == words[2]
+
+
 def test_errors_have_the_sdk_classes(server, client):
     wrong = anthropic.Anthropic(base_url=server, api_key="nope", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):

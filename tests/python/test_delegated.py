@@ -376,3 +376,34 @@ def test_a_cut_upstream_stream_ends_with_an_error_event(fake):
     finally:
         fake.mode = "ok"
         stop(proc)
+
+
+def test_thinking_from_the_upstream_stays_thinking(tmp_path_factory):
+    """An upstream that separates thinking (`reasoning_content`: here an `axle serve` whose
+    template opens the thinking, test_reasoning.py's) keeps it separate through the delegated
+    route: in chat completions, blocking and streamed, and as thinking blocks in Messages."""
+    from test_reasoning import SWITCH, retemplated
+    up_proc, up_base = start_axle("--model", retemplated(tmp_path_factory, SWITCH), "--threads", 2,
+                                  "--context-len", 512, "--model-alias", "thinker")
+    proc, base = start_axle("--backend", "openai", "--upstream", up_base, "--model-alias", "delegated")
+    try:
+        ask = dict(messages=[{"role": "user", "content": "Why is the sky blue?"}], temperature=0, max_tokens=12)
+        direct = client(up_base).chat.completions.create(model="thinker", **ask).choices[0].message
+        thought = direct.model_extra["reasoning_content"]
+        assert thought, "the upstream wrote no thinking"
+        via = client(base).chat.completions.create(model="delegated", **ask).choices[0].message
+        assert via.model_extra["reasoning_content"] == thought and via.content == direct.content
+        pieces = [ev.choices[0].delta for ev in client(base).chat.completions.create(model="delegated", stream=True, **ask)
+                  if ev.choices]
+        assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in pieces) == thought
+        assert "".join(d.content or "" for d in pieces) == (direct.content or "")
+        req = urllib.request.Request(base + "/v1/messages", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": "delegated", "max_tokens": 12, "temperature": 0,
+                                                      "thinking": {"type": "enabled", "budget_tokens": 1024},
+                                                      "messages": ask["messages"]}).encode())
+        with urllib.request.urlopen(req, timeout=120) as r:
+            blocks = json.load(r)["content"]
+        assert blocks[0]["type"] == "thinking" and blocks[0]["thinking"] == thought, blocks
+    finally:
+        stop(proc)
+        stop(up_proc)

@@ -12,6 +12,7 @@ pub mod constraint;
 pub mod drafter;
 pub mod sampler;
 pub mod scheduler;
+pub mod states;
 
 pub use blocks::{BlockId, BlockOrigin, BlockPool};
 pub use constraint::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenMask};
@@ -24,6 +25,7 @@ pub use scheduler::{
     AdmitError, Event, FinishReason, ModelAsk, ModelDrafter, Phase, PlannedSeq, RequestId,
     RequestSpec, Scheduler, SchedulerConfig, StepPlan,
 };
+pub use states::{RecurrentStates, Save, StateRows};
 
 /// A token id.
 pub type TokenId = u32;

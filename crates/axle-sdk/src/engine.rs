@@ -8,8 +8,8 @@ use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, DraftSources, Event, FinishReason, RequestId, RequestSpec, Scheduler,
-    SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
+    DraftConfig, DraftSources, Event, FinishReason, RecurrentStates, RequestId, RequestSpec, Save,
+    Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 use axle_models::{
@@ -297,81 +297,13 @@ pub struct EngineCore {
     sched: Scheduler,
     text: HashMap<RequestId, TextState>,
     /// Recurrent models: the state group of each sequence holding state.
-    states: Option<StateGroups>,
+    /// Recurrent models: each sequence's state group and the saved states of prefixes.
+    states: Option<RecurrentStates>,
     /// Where the verify-cost measurement's steps spent their time, per draft length (empty
     /// when it did not run).
     verify_profiles: Vec<StepProfile>,
     /// The draft model, if one was given.
     draft_model: Option<DraftModel>,
-}
-
-/// Where each running sequence's recurrent state is: the group of state rows the scheduler gave
-/// it (`PlannedSeq::state_slot`) and the row its next step starts from (see
-/// `axle_models::recurrent`). The scheduler owns the slots (admission waits for a free one;
-/// finishing or preemption frees it, and a preempted sequence recomputes its state with its KV);
-/// this only follows them.
-#[derive(Debug)]
-struct StateGroups {
-    held: HashMap<RequestId, (u32, u32)>,
-    /// Saved states by the hash of the prefix they end (prefix reuse), least recently used
-    /// first in `lru`.
-    saved: HashMap<u64, u32>,
-    lru: std::collections::VecDeque<u64>,
-    free_saved: Vec<u32>,
-}
-
-impl StateGroups {
-    fn new(saved: u32) -> StateGroups {
-        StateGroups {
-            held: HashMap::new(),
-            saved: HashMap::new(),
-            lru: std::collections::VecDeque::new(),
-            free_saved: (0..saved).rev().collect(),
-        }
-    }
-
-    /// Marks saved state `hash` as just used.
-    fn touch(&mut self, hash: u64) {
-        self.lru.retain(|&h| h != hash);
-        self.lru.push_back(hash);
-    }
-
-    fn release(&mut self, id: RequestId) {
-        self.held.remove(&id);
-    }
-
-    /// The rows of a planned sequence in its group `group`: the row to start from. A sequence
-    /// starts over when it starts at position 0, or past a reused prefix, whose saved state is
-    /// then copied in (`restore`: the saved slot, to copy before the step; `prefix` gives the hash
-    /// of the reused prefix, asked only then).
-    fn slots(
-        &mut self,
-        id: RequestId,
-        group: Option<u32>,
-        start_pos: u32,
-        keep: u32,
-        prefix: impl FnOnce() -> Option<u64>,
-    ) -> Result<(StateSlots, Option<u32>), String> {
-        let group =
-            group.ok_or("the scheduler planned a recurrent sequence without a state slot")?;
-        let mut restore = None;
-        if start_pos == 0 || self.held.get(&id).map(|h| h.0) != Some(group) {
-            self.release(id);
-            if start_pos > 0 {
-                let prefix = prefix();
-                let slot = prefix
-                    .and_then(|h| self.saved.get(&h).copied())
-                    .ok_or("a reused prefix without a saved recurrent state")?;
-                if let Some(h) = prefix {
-                    self.touch(h);
-                }
-                restore = Some(slot);
-            }
-            self.held.insert(id, (group, 0));
-        }
-        let &(group, from) = self.held.get(&id).ok_or("no recurrent state group")?;
-        Ok((StateSlots { group, from, keep }, restore))
-    }
 }
 
 /// What a step verifying k draft tokens costs, for k = 0..=max_len ([`measure_verify_cost`]).
@@ -639,7 +571,7 @@ impl EngineCore {
             runner,
             sched,
             text: HashMap::new(),
-            states: recurrent.then(|| StateGroups::new(saved_states)),
+            states: recurrent.then(|| RecurrentStates::new(saved_states)),
             draft_model,
             verify_profiles,
         })
@@ -739,8 +671,10 @@ impl EngineCore {
         }
         let mut tool_calls = Vec::new();
         let mut reasoning_tokens = 0;
+        let mut stop_string = None;
         if let Some(mut t) = self.text.remove(&id) {
             reasoning_tokens = t.reasoning_tokens;
+            stop_string = t.stop.matched().map(str::to_string);
             if !matches!(reason, FinishReason::StopString) {
                 let rest = t.decoder.finish();
                 let mut tail = t.stop.push(&rest).0;
@@ -784,6 +718,7 @@ impl EngineCore {
                 }),
                 upstream_reason: None,
                 tool_calls,
+                stop_string,
                 constraint: s.constraint,
             },
         }
@@ -932,20 +867,27 @@ impl EngineCore {
                     let sched = &self.sched;
                     let prefix = || sched.prefix_hash(s.id, s.start_pos as usize);
                     let restored = st
-                        .slots(
+                        .rows(
                             s.id,
                             s.state_slot,
                             s.start_pos,
                             s.n_draft as u32 + 1,
                             prefix,
                         )
-                        .and_then(|(slots, restore)| match restore {
-                            Some(slot) => self
-                                .runner
-                                .restore_state(slot, slots.group)
-                                .map(|()| slots)
-                                .map_err(|e| e.to_string()),
-                            None => Ok(slots),
+                        .and_then(|(rows, restore)| {
+                            let slots = StateSlots {
+                                group: rows.group,
+                                from: rows.from,
+                                keep: rows.keep,
+                            };
+                            match restore {
+                                Some(slot) => self
+                                    .runner
+                                    .restore_state(slot, slots.group)
+                                    .map(|()| slots)
+                                    .map_err(|e| e.to_string()),
+                                None => Ok(slots),
+                            }
                         });
                     match restored {
                         Ok(slots) => slots,
@@ -984,9 +926,7 @@ impl EngineCore {
                     .iter()
                     .find(|e| e.id == s.id)
                     .map_or(0, |e| e.accepted);
-                if let Some(h) = st.held.get_mut(&s.id) {
-                    h.1 = (s.n_draft - accepted.min(s.n_draft)) as u32;
-                }
+                st.verified(s.id, s.n_draft, accepted);
             }
             // Prefix reuse: save the state at the end of each prefill chunk that ends at a block
             // boundary inside the prompt, and let the scheduler reuse prefixes up to there.
@@ -996,34 +936,19 @@ impl EngineCore {
                 .filter(|s| s.n_draft == 0 && !s.wants_logits)
             {
                 let end = s.start_pos as usize + s.tokens.len();
-                let (Some(hash), Some(&(group, _))) =
-                    (self.sched.prefix_hash(s.id, end), st.held.get(&s.id))
+                let (Some(hash), Some(group)) = (self.sched.prefix_hash(s.id, end), st.group(s.id))
                 else {
                     continue;
                 };
-                if st.saved.contains_key(&hash) {
-                    st.touch(hash);
-                    continue;
-                }
-                let slot = match st.free_saved.pop() {
-                    Some(slot) => slot,
-                    None => match st.lru.pop_front() {
-                        Some(old) => {
-                            self.sched.set_reusable(old, false);
-                            match st.saved.remove(&old) {
-                                Some(slot) => slot,
-                                None => continue,
-                            }
-                        }
-                        None => continue,
-                    },
-                };
-                if self.runner.save_state(group, slot).is_ok() {
-                    st.saved.insert(hash, slot);
-                    st.touch(hash);
-                    self.sched.set_reusable(hash, true);
-                } else {
-                    st.free_saved.push(slot);
+                if let Save::Into { slot, evicted } = st.save(hash) {
+                    if let Some(old) = evicted {
+                        self.sched.set_reusable(old, false);
+                    }
+                    let worked = self.runner.save_state(group, slot).is_ok();
+                    st.saved(hash, slot, worked);
+                    if worked {
+                        self.sched.set_reusable(hash, true);
+                    }
                 }
             }
         }

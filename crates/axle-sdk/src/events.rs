@@ -49,6 +49,8 @@ pub struct Finish {
     pub upstream_reason: Option<String>,
     /// Tool calls found in the output (their text is not part of the content).
     pub tool_calls: Vec<ToolCall>,
+    /// The stop string that ended it (native routes; with [`FinishReason::StopString`]).
+    pub stop_string: Option<String>,
     /// Time spent on the output constraint's masks (native routes).
     pub constraint: ConstraintTiming,
 }
@@ -177,6 +179,7 @@ impl Completion {
                 speculation: Box::default(),
                 upstream_reason: None,
                 tool_calls: Vec::new(),
+                stop_string: None,
                 constraint: ConstraintTiming::default(),
             },
         }

@@ -6,6 +6,7 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -14,20 +15,27 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that matched (the earliest in the text where several did), if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds text; returns (text safe to emit, whether a stop string matched). After a match the
     /// returned text is everything before the stop string.
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        if let Some(pos) = self
+        if let Some((pos, stop)) = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
+            .filter_map(|s| self.held.find(s.as_str()).map(|p| (p, s)))
+            .min_by_key(|&(p, _)| p)
         {
             let out = self.held[..pos].to_string();
+            self.matched = Some(stop.clone());
             self.held.clear();
             return (out, true);
         }
@@ -62,7 +70,9 @@ mod tests {
         assert_eq!(m.push("hello </e"), ("hello ".into(), false));
         assert_eq!(m.push("nx"), ("</enx".into(), false));
         assert_eq!(m.push(" ST"), (" ".into(), false));
+        assert_eq!(m.matched(), None);
         assert_eq!(m.push("OP and more"), ("".into(), true));
+        assert_eq!(m.matched(), Some("STOP"));
         let mut m = StopMatcher::new(vec!["ab".into()]);
         assert_eq!(m.push("xa"), ("x".into(), false));
         assert_eq!(m.finish(), "a");

@@ -1,9 +1,9 @@
 //! Same request, same tokens: a prompt's greedy continuation does not depend on how its prefill
 //! was split into steps. On both real models, 20 prompts of 50 to 1,500 tokens are run cold and
 //! alone in 496-token chunks (the reference), then
-//! - all together, after the prefix cache was filled with 1, 16 and 64 blocks of each prompt, and
-//!   with every block the scheduler can reuse (all but the last, partial one: 1 to 16 tokens left
-//!   to prefill), in prefill chunks of 16, 64, 256 and 496 tokens respectively;
+//! - all together, after the prefix cache was filled with 1, 16 and 64 blocks of each prompt, in
+//!   prefill chunks of 16, 64 and 256 tokens respectively, then once more with every block the
+//!   scheduler can reuse (all but the last, partial one: 1 to 16 tokens left to prefill);
 //! - alone, cold, in 64-token chunks;
 //! - together under a KV budget small enough to force preemption (a preempted sequence
 //!   recomputes its prompt and generated tokens as prefill chunks).
@@ -17,10 +17,11 @@
 //! rows one-pass, so a recomputed sequence mixes both in a chunk), `compatible` (all one-pass)
 //! and `tiled`.
 //!
-//! The warm-up requests that fill the cache are each prompt's prefix padded to the prompt's length
-//! with a token the prompt does not continue with: with `origin` a block is reused only by a
-//! request whose prompt is of the same class (length range) as the one that computed it (see
-//! `axle_core::SchedulerConfig::prompt_classes`).
+//! The warm-up requests that fill the cache are each prompt's prefix and one token the prompt does
+//! not continue with, padded with that token to the shortest length of the prompt's class: with
+//! `origin` a block is reused only by a request whose prompt is of the same class (length range)
+//! as the one that computed it (see `axle_core::SchedulerConfig::prompt_classes`), and a block is
+//! reused from a shorter request of that class than the one reusing it.
 use axle_models::HostKernels;
 use axle_sdk::{EngineConfig, EngineCore, Model, ModelOptions, RequestOptions};
 use std::sync::Arc;
@@ -81,8 +82,8 @@ struct Ran {
     preemptions: u32,
 }
 
-/// Runs `prompts` through one engine, after running each of `warm` (one greedy token) to fill the
-/// prefix cache: all at once when `together`, else one after another.
+/// Runs `prompts` through a fresh engine, after running each of `warm` (one greedy token) to fill
+/// the prefix cache: all at once when `together`, else one after another.
 fn run(
     m: &Arc<Model>,
     cfg: &EngineConfig,
@@ -91,6 +92,11 @@ fn run(
     together: bool,
 ) -> Ran {
     let mut e = EngineCore::new(m.clone(), cfg).expect("engine");
+    run_in(&mut e, warm, prompts, together)
+}
+
+/// [`run`] on an engine that may hold a prefix cache already.
+fn run_in(e: &mut EngineCore, warm: &[Vec<u32>], prompts: &[Vec<u32>], together: bool) -> Ran {
     let warm_opts = RequestOptions {
         max_tokens: 1,
         ..opts()
@@ -126,13 +132,13 @@ fn run(
             .iter()
             .map(|p| e.add(p.clone(), opts()).expect("add"))
             .collect();
-        step_all(&mut e, &ids)
+        step_all(e, &ids)
     } else {
         prompts
             .iter()
             .flat_map(|p| {
                 let id = e.add(p.clone(), opts()).expect("add");
-                step_all(&mut e, &[id])
+                step_all(e, &[id])
             })
             .collect()
     };
@@ -189,6 +195,7 @@ fn check_host_kernels(m: &Arc<Model>, prompts: &[Vec<u32>], name: &str, host_ker
     let config =
         |chunk, seqs, kv_slots, caching| config(host_kernels, chunk, seqs, kv_slots, caching);
     let roomy = 32 * 1024;
+    let t0 = std::time::Instant::now();
     // The reference: each prompt alone in a fresh engine, cold, in the default's 496-token chunks.
     let reference: Vec<Vec<u32>> = prompts
         .iter()
@@ -205,6 +212,7 @@ fn check_host_kernels(m: &Arc<Model>, prompts: &[Vec<u32>], name: &str, host_ker
         })
         .collect();
     assert!(reference.iter().all(|t| t.len() == NEW_TOKENS));
+    eprintln!("{name}: reference in {:.1} s", t0.elapsed().as_secs_f64());
     let same = |case: &str, ran: &Ran| {
         for (i, (r, t)) in reference.iter().zip(&ran.tokens).enumerate() {
             assert_eq!(
@@ -214,40 +222,60 @@ fn check_host_kernels(m: &Arc<Model>, prompts: &[Vec<u32>], name: &str, host_ker
                 prompts[i].len()
             );
         }
-        eprintln!("{name}: {case}: 20/20 identical");
+        eprintln!(
+            "{name}: {case}: 20/20 identical ({:.1} s)",
+            t0.elapsed().as_secs_f64()
+        );
     };
 
     // The prefix cache holding 1, 16 or 64 blocks of each prompt (as many as it can reuse where
-    // the prompt is shorter), or all it can reuse; each case with another prefill chunk size, so
-    // that chunks start after cached prefixes of every kind. All 20 prompts run together.
-    let cases = [(1, 16), (16, 64), (64, 256), (usize::MAX, 496)];
-    for (blocks, chunk) in cases {
-        let want: Vec<usize> = prompts
+    // the prompt is shorter), each case with another prefill chunk size, so that chunks start
+    // after cached prefixes of every kind. All 20 prompts run together.
+    let cases = [(1, 16), (16, 64), (64, 256)];
+    // The shortest prompt length of each prompt's class (0 where the kernels have no classes).
+    let classes = host_kernels.prompt_classes();
+    let class_start = |len: usize| classes.iter().copied().filter(|&c| c <= len).max();
+    let cached_blocks = |blocks: usize| -> Vec<usize> {
+        prompts
             .iter()
             .map(|p| blocks.min((p.len() - 1) / BLOCK) * BLOCK)
-            .collect();
+            .collect()
+    };
+    let mut last = None;
+    for (blocks, chunk) in cases {
+        let want = cached_blocks(blocks);
         let warm: Vec<Vec<u32>> = prompts
             .iter()
             .zip(&want)
             .map(|(p, &n)| {
                 let other = if p[n] == 13 { 14 } else { 13 };
                 let mut w = p[..n].to_vec();
-                w.resize(p.len(), other);
+                w.resize((n + 1).max(class_start(p.len()).unwrap_or(0)), other);
                 w
             })
             .collect();
-        let label = if blocks == usize::MAX {
-            "all reusable".to_string()
-        } else {
-            blocks.to_string()
-        };
-        let ran = run(m, &config(chunk, 4, roomy, true), &warm, prompts, true);
-        assert_eq!(ran.cached, want, "{name}: cached prefixes ({label} blocks)");
+        let mut e = EngineCore::new(m.clone(), &config(chunk, 4, roomy, true)).expect("engine");
+        let ran = run_in(&mut e, &warm, prompts, true);
+        assert_eq!(
+            ran.cached, want,
+            "{name}: cached prefixes ({blocks} blocks)"
+        );
         same(
-            &format!("with {label} cached blocks, {chunk}-token chunks, together"),
+            &format!("with {blocks} cached blocks, {chunk}-token chunks, together"),
             &ran,
         );
+        last = Some(e);
     }
+    // Every block it can reuse (all but the last, partial one: 1 to 16 tokens left to prefill):
+    // the prompts again, in the engine that just ran them.
+    let mut e = last.expect("an engine ran");
+    let ran = run_in(&mut e, &[], prompts, true);
+    assert_eq!(
+        ran.cached,
+        cached_blocks(usize::MAX),
+        "{name}: cached prefixes (all reusable)"
+    );
+    same("with all reusable blocks cached, together", &ran);
     // Alone, in 64-token chunks after a cold start: every chunk boundary differs from the
     // reference's.
     same(

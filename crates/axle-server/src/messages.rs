@@ -159,9 +159,15 @@ impl View {
             (None, FinishReason::StopString) => "stop_sequence",
             (None, _) => "end_turn",
         };
-        // The engine reports that a stop string matched, not which: named when there is one.
-        let seq =
-            (reason == "stop_sequence" && self.stops.len() == 1).then(|| self.stops[0].clone());
+        // The engine names the stop string that matched; delegated routes do not, so there it is
+        // named only when the request gave one.
+        let seq = (reason == "stop_sequence")
+            .then(|| {
+                f.stop_string
+                    .clone()
+                    .or_else(|| (self.stops.len() == 1).then(|| self.stops[0].clone()))
+            })
+            .flatten();
         (reason.into(), seq)
     }
 

@@ -125,6 +125,9 @@ pub enum Workload {
     Batched(BatchedSpec),
     /// Time to first token with a cached shared prefix against the uncached first request.
     Prefix(PrefixSpec),
+    /// A multi-turn agent session through `/v1/messages`: each turn's time to first token
+    /// against the first turn's.
+    Agent(AgentSpec),
     /// N-gram speculation against plain decode on prompt sets.
     Ngram(NgramSpec),
     /// One stream through the HTTP server against the SDK directly.
@@ -141,6 +144,7 @@ impl Workload {
             Workload::Compare(_) => "compare",
             Workload::Batched(_) => "batched",
             Workload::Prefix(_) => "prefix",
+            Workload::Agent(_) => "agent",
             Workload::Ngram(_) => "ngram",
             Workload::Server(_) => "server",
             Workload::Structured(_) => "structured",
@@ -243,6 +247,16 @@ pub struct BatchedSpec {
 pub struct PrefixSpec {
     /// Shared prefix length.
     pub prefix_tokens: usize,
+}
+
+/// `agent`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// Turns of the session.
+    pub turns: usize,
+    /// The system prompt's length (about; tools come on top).
+    pub system_tokens: usize,
 }
 
 /// `structured`.

@@ -4,7 +4,7 @@
 use super::manifest::{GenerateSpec, Manifest, Workload};
 use super::{CheckResult, Row};
 use crate::stats::{median, synthetic_tokens};
-use crate::{batched, compare, ngram, prefix, server, structured, BenchError};
+use crate::{agent, batched, compare, ngram, prefix, server, structured, BenchError};
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::device_step::DeviceProducts;
 use axle_models::Model;
@@ -155,6 +155,24 @@ pub fn run(
             )
             .with("cached_tokens", from_cache as f64)
             .with("identical_to_cold", if identical { 1.0 } else { 0.0 })]
+        }
+        Workload::Agent(a) => {
+            let runs = (0..reps)
+                .map(|_| agent::run(model, a.turns, a.system_tokens))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ms = |turn: usize| -> Vec<f64> {
+                runs.iter().map(|r| r.turns[turn].ttft_s * 1e3).collect()
+            };
+            (0..a.turns)
+                .map(|t| {
+                    let last = &runs[runs.len() - 1].turns[t];
+                    let first_turn = (t > 0).then(|| ("first turn", ms(0)));
+                    Row::new(format!("turn={}", t + 1), "ttft_ms", ms(t), first_turn)
+                        .with("uncached_tokens", last.uncached_tokens as f64)
+                        .with("cached_tokens", last.cached_tokens as f64)
+                        .with("called_tool", if last.called_tool { 1.0 } else { 0.0 })
+                })
+                .collect()
         }
         Workload::Ngram(n) => {
             let draft_model = match &n.draft_model {

@@ -66,6 +66,8 @@ pub enum DelegateError {
 enum Chunk {
     /// Generated text.
     Text(String),
+    /// Generated thinking (`reasoning_content`, or `reasoning`).
+    Reasoning(String),
     /// The choice finished.
     Finish(String),
     /// A piece of a streamed tool call.
@@ -78,12 +80,7 @@ enum Chunk {
         arguments: String,
     },
     /// Token counts (when the upstream sends them).
-    Usage {
-        /// Prompt tokens.
-        prompt_tokens: u64,
-        /// Generated tokens.
-        completion_tokens: u64,
-    },
+    Usage(Usage),
 }
 
 /// OpenAI's finish reason as ours.
@@ -94,15 +91,24 @@ fn finish_reason(r: Option<&str>) -> FinishReason {
     }
 }
 
-/// The upstream's token counts as our usage (prompt tokens served from a cache are not
-/// reported by upstreams).
-fn usage(prompt_tokens: Option<u64>, completion_tokens: Option<u64>) -> Option<Usage> {
+/// The upstream's token counts as our usage: prompt and generated tokens, and where it says so,
+/// the prompt tokens its cache served and the generated ones inside the thinking.
+fn usage(u: &Value) -> Option<Usage> {
+    let count = |v: &Value| v.as_u64().unwrap_or(0) as usize;
     Some(Usage {
-        prompt_tokens: prompt_tokens? as usize,
-        completion_tokens: completion_tokens? as usize,
-        cached_tokens: 0,
-        reasoning_tokens: 0,
+        prompt_tokens: u["prompt_tokens"].as_u64()? as usize,
+        completion_tokens: u["completion_tokens"].as_u64()? as usize,
+        cached_tokens: count(&u["prompt_tokens_details"]["cached_tokens"]),
+        reasoning_tokens: count(&u["completion_tokens_details"]["reasoning_tokens"]),
     })
+}
+
+/// The thinking an upstream returns beside the answer: `reasoning_content` (llama.cpp's server,
+/// vLLM, DeepSeek's API), or `reasoning` (vLLM's newer name, OpenRouter).
+fn reasoning_of(message: &Value) -> Option<&str> {
+    message["reasoning_content"]
+        .as_str()
+        .or_else(|| message["reasoning"].as_str())
 }
 
 /// A connection to one upstream server and one of its models.
@@ -372,15 +378,16 @@ impl Upstream {
         .ok_or_else(|| self.protocol("the response has no choices[0] text"))?;
         Ok(Completion {
             text: text.to_string(),
+            reasoning: reasoning_of(&choice["message"])
+                .unwrap_or_default()
+                .to_string(),
             finish: Finish {
                 reason: finish_reason(choice["finish_reason"].as_str()),
-                usage: usage(
-                    v["usage"]["prompt_tokens"].as_u64(),
-                    v["usage"]["completion_tokens"].as_u64(),
-                ),
+                usage: usage(&v["usage"]),
                 speculation: Box::default(),
                 upstream_reason: choice["finish_reason"].as_str().map(str::to_string),
                 tool_calls,
+                stop_string: None,
                 constraint: Default::default(),
             },
             ..Completion::empty()
@@ -576,7 +583,7 @@ pub struct DelegatedStream {
     parser: SseParser,
     /// The finish reason, held until the stream ends (usage may follow it).
     finish: Option<String>,
-    usage: Option<(u64, u64)>,
+    usage: Option<Usage>,
     /// Streamed tool calls by index: name and arguments so far.
     calls: std::collections::BTreeMap<u64, (String, String)>,
     over: bool,
@@ -598,6 +605,14 @@ impl DelegatedStream {
                         logprob: None,
                     })
                 }
+                Some(Ok(Chunk::Reasoning(reasoning))) => {
+                    return Some(StreamEvent::Token {
+                        token: None,
+                        text: String::new(),
+                        reasoning,
+                        logprob: None,
+                    })
+                }
                 Some(Ok(Chunk::Finish(r))) => self.finish = Some(r),
                 Some(Ok(Chunk::ToolCall {
                     index,
@@ -611,10 +626,7 @@ impl DelegatedStream {
                     }
                     call.1.push_str(&arguments);
                 }
-                Some(Ok(Chunk::Usage {
-                    prompt_tokens,
-                    completion_tokens,
-                })) => self.usage = Some((prompt_tokens, completion_tokens)),
+                Some(Ok(Chunk::Usage(u))) => self.usage = Some(u),
                 Some(Err(e)) => {
                     self.over = true;
                     return Some(StreamEvent::Error(e.into()));
@@ -626,13 +638,14 @@ impl DelegatedStream {
                         reasoning: String::new(),
                         finish: Finish {
                             reason: finish_reason(self.finish.as_deref()),
-                            usage: self.usage.and_then(|(p, c)| usage(Some(p), Some(c))),
+                            usage: self.usage.take(),
                             speculation: Box::default(),
                             upstream_reason: self.finish.clone(),
                             tool_calls: std::mem::take(&mut self.calls)
                                 .into_values()
                                 .map(|(name, arguments)| ToolCall { name, arguments })
                                 .collect(),
+                            stop_string: None,
                             constraint: Default::default(),
                         },
                     });
@@ -752,6 +765,14 @@ impl SseParser {
             } else {
                 choice["text"].as_str()
             };
+            let thinking = if self.chat {
+                reasoning_of(&choice["delta"])
+            } else {
+                None
+            };
+            if let Some(t) = thinking.filter(|t| !t.is_empty()) {
+                self.pending.push_back(Ok(Chunk::Reasoning(t.to_string())));
+            }
             if let Some(t) = text.filter(|t| !t.is_empty()) {
                 self.pending.push_back(Ok(Chunk::Text(t.to_string())));
             }
@@ -775,14 +796,8 @@ impl SseParser {
                 self.pending.push_back(Ok(Chunk::Finish(r.to_string())));
             }
         }
-        if let (Some(p), Some(c)) = (
-            v["usage"]["prompt_tokens"].as_u64(),
-            v["usage"]["completion_tokens"].as_u64(),
-        ) {
-            self.pending.push_back(Ok(Chunk::Usage {
-                prompt_tokens: p,
-                completion_tokens: c,
-            }));
+        if let Some(u) = usage(&v["usage"]) {
+            self.pending.push_back(Ok(Chunk::Usage(u)));
         }
     }
 }

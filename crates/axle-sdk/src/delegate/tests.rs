@@ -124,13 +124,49 @@ fn sse_in_arbitrary_pieces() {
                 Ok(Chunk::Text("Hel".into())),
                 Ok(Chunk::Text("lo".into())),
                 Ok(Chunk::Finish("stop".into())),
-                Ok(Chunk::Usage {
+                Ok(Chunk::Usage(Usage {
                     prompt_tokens: 3,
-                    completion_tokens: 2
-                }),
+                    completion_tokens: 2,
+                    ..Default::default()
+                })),
             ]
         );
     }
+}
+
+#[test]
+fn thinking_and_its_token_counts_are_read_from_both_names() {
+    let body = concat!(
+        "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"Let me \"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"reasoning\":\"think.\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Four.\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":5,",
+        "\"prompt_tokens_details\":{\"cached_tokens\":8},",
+        "\"completion_tokens_details\":{\"reasoning_tokens\":4}}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let mut p = SseParser::new(true);
+    p.buf.extend_from_slice(body.as_bytes());
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            Ok(Chunk::Reasoning("Let me ".into())),
+            Ok(Chunk::Reasoning("think.".into())),
+            Ok(Chunk::Text("Four.".into())),
+            Ok(Chunk::Finish("stop".into())),
+            Ok(Chunk::Usage(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 5,
+                cached_tokens: 8,
+                reasoning_tokens: 4,
+            })),
+        ]
+    );
+    // Text completions have no thinking: a `reasoning` field there is not read.
+    let mut p = SseParser::new(false);
+    p.buf
+        .extend_from_slice(b"data: {\"choices\":[{\"text\":\"a\",\"reasoning\":\"b\"}]}\n\n");
+    assert_eq!(drain(&mut p), vec![Ok(Chunk::Text("a".into()))]);
 }
 
 #[test]

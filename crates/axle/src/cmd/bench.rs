@@ -2,8 +2,8 @@
 //! flags of the quick commands), printed as a table and written as an artifact.
 use anyhow::Context;
 use axle_bench::scenario::manifest::{
-    BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec, StructuredSpec,
-    Workload,
+    AgentSpec, BatchedSpec, CompareSpec, ModelSpec, NgramSpec, PrefixSpec, ServerSpec,
+    StructuredSpec, Workload,
 };
 use axle_bench::scenario::{self, report, Artifact, Manifest, RunOptions};
 use std::path::{Path, PathBuf};
@@ -16,6 +16,9 @@ pub enum BenchCommand {
     Batched(BatchedArgs),
     /// Time to first token with a cached 1,000-token prefix vs without.
     Prefix(PrefixArgs),
+    /// A multi-turn agent session through /v1/messages (a long system prompt with tools): each
+    /// turn's time to first token against the first turn's.
+    Agent(AgentArgs),
     /// Decode tok/s with n-gram speculation vs plain, on the checked-in workloads.
     Ngram(NgramArgs),
     /// Decode tok/s of JSON-schema answers (masked, forced tokens, with speculation) vs free
@@ -409,6 +412,22 @@ pub struct PrefixArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Model, artifact folder and device.
+    #[command(flatten)]
+    target: QuickTarget,
+    /// Turns of the session.
+    #[arg(long, default_value_t = 5)]
+    turns: usize,
+    /// The system prompt's length in tokens (about; the tools come on top).
+    #[arg(long, default_value_t = 2048)]
+    system_tokens: usize,
+    /// Repetitions (medians reported).
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct CompareArgs {
     /// Model, artifact folder and device.
     #[command(flatten)]
@@ -514,6 +533,16 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             a.reps,
             Workload::Prefix(PrefixSpec {
                 prefix_tokens: a.prefix,
+            }),
+            QuickExtras::default(),
+        ),
+        BenchCommand::Agent(a) => quick(
+            "agent",
+            a.target,
+            a.reps,
+            Workload::Agent(AgentSpec {
+                turns: a.turns,
+                system_tokens: a.system_tokens,
             }),
             QuickExtras::default(),
         ),
