@@ -3,12 +3,11 @@
 //! that each carry the whole conversation so far, as coding agents send them. Each turn's time to
 //! first token is set against the first turn's: the prefix cache should serve everything but the
 //! newest messages.
-use crate::server::LocalServer;
+use crate::server::{post_lines, LocalServer};
 use crate::BenchError;
 use axle_models::Model;
 use axle_sdk::{EngineConfig, Session};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -96,25 +95,15 @@ struct Reply {
 
 /// Sends one streamed Messages request and reads its events.
 fn ask(port: u16, body: &Value) -> Result<Reply, BenchError> {
-    let io = |e: std::io::Error| BenchError::Invalid(format!("http: {e}"));
-    let body = body.to_string();
     let started = Instant::now();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
-    write!(
-        s,
-        "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-        body.len(),
-        body
-    )
-    .map_err(io)?;
+    let lines = post_lines(port, "/v1/messages", body)?;
     let mut first = None;
     let (mut uncached_tokens, mut cached_tokens) = (0, 0);
     let mut content: Vec<Value> = Vec::new();
     let mut json_args: Vec<String> = Vec::new();
     let mut status_ok = None;
-    for line in BufReader::new(s).lines() {
-        let line = line.map_err(io)?;
+    for line in lines {
+        let line = line?;
         if status_ok.is_none() {
             status_ok = Some(line.contains(" 200 "));
             if status_ok == Some(false) {

@@ -42,15 +42,37 @@ fn sdk_run(session: &Session, tokens: usize) -> Result<f64, BenchError> {
     Ok(decode_tok_s(first, n))
 }
 
-fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
-    let io = |e: std::io::Error| BenchError::Invalid(format!("http: {e}"));
-    let body = serde_json::json!({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": true, "ngram": false, "stream": true}).to_string();
+/// A bench's HTTP failure.
+fn io(e: std::io::Error) -> BenchError {
+    BenchError::Invalid(format!("http: {e}"))
+}
+
+/// Posts `body` as JSON to `path` of the server on loopback `port` (the connection closes after
+/// the answer) and returns the answer's lines, status line and headers first.
+pub(crate) fn post_lines(
+    port: u16,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<impl Iterator<Item = Result<String, BenchError>>, BenchError> {
+    let body = body.to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
-    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body).map_err(io)?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+        body.len(),
+        body
+    )
+    .map_err(io)?;
+    Ok(BufReader::new(s).lines().map(|l| l.map_err(io)))
+}
+
+fn http_run(port: u16, tokens: usize) -> Result<f64, BenchError> {
+    let body = serde_json::json!({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": true, "ngram": false, "stream": true});
     let mut first = None;
     let mut n = 0usize;
-    for line in BufReader::new(s).lines() {
-        let line = line.map_err(io)?;
+    for line in post_lines(port, "/v1/completions", &body)? {
+        let line = line?;
         if line.starts_with("data: {") && line.contains("\"finish_reason\":null") {
             first.get_or_insert_with(Instant::now);
             n += 1;

@@ -25,7 +25,7 @@ pub use scheduler::{
     AdmitError, Event, FinishReason, ModelAsk, ModelDrafter, Phase, PlannedSeq, RequestId,
     RequestSpec, Scheduler, SchedulerConfig, StepPlan,
 };
-pub use states::{RecurrentStates, Save, StateRows};
+pub use states::{RecurrentStates, Save, StateSlots};
 
 /// A token id.
 pub type TokenId = u32;

@@ -8,17 +8,20 @@
 //! when to restore a saved state, [`RecurrentStates::save`] where to save one and which saved
 //! prefix stops being reusable.
 use crate::RequestId;
+use smart_default::SmartDefault;
 use std::collections::{HashMap, VecDeque};
 
-/// Where a planned sequence's recurrent state lives this step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StateRows {
-    /// Its state group.
+/// Which state rows a sequence uses in a step (recurrent models only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, SmartDefault)]
+pub struct StateSlots {
+    /// The sequence's group of rows (one group per running sequence).
     pub group: u32,
-    /// The row of the group its step starts from (0: the newest state; after a verify step, how
-    /// many tokens back its accepted state lies).
+    /// Row of the group to start from: the state `from` tokens back from the end of the previous
+    /// step (0 after a plain step; drafts rejected in a verify step move it back). Ignored at
+    /// position 0, which starts from the zero state.
     pub from: u32,
-    /// Rows the step keeps (1 + its drafts).
+    /// States to keep from this step: the last `keep` (clamped to the step's tokens).
+    #[default(1)]
     pub keep: u32,
 }
 
@@ -84,7 +87,7 @@ impl RecurrentStates {
         start_pos: u32,
         keep: u32,
         prefix: impl FnOnce() -> Option<u64>,
-    ) -> Result<(StateRows, Option<u32>), String> {
+    ) -> Result<(StateSlots, Option<u32>), String> {
         let group =
             group.ok_or("the scheduler planned a recurrent sequence without a state slot")?;
         let mut restore = None;
@@ -103,7 +106,7 @@ impl RecurrentStates {
             self.held.insert(id, (group, 0));
         }
         let &(group, from) = self.held.get(&id).ok_or("no recurrent state group")?;
-        Ok((StateRows { group, from, keep }, restore))
+        Ok((StateSlots { group, from, keep }, restore))
     }
 
     /// After a verify step of `drafts` drafts of which `accepted` were accepted: sequence `id`'s

@@ -329,8 +329,10 @@ impl LlamaOracle {
     /// pools a sequence within one batch).
     pub fn embed(&mut self, tokens: &[Token]) -> Result<Vec<f32>> {
         self.clear();
-        let entries: Vec<_> = (0..tokens.len())
-            .map(|i| (tokens[i], i as i32, 0, true))
+        let entries: Vec<_> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, i as i32, 0, true))
             .collect();
         self.decode_then(&entries, |ctx, _| {
             // SAFETY: live model and context; after a successful decode of sequence 0 with

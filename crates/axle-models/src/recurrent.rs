@@ -9,21 +9,8 @@
 //! copy, no recompute, whatever the context length. A step at position 0 starts from the zero
 //! state (row 0 of every pool, never written).
 use axle_ggml::{BufferType, DType, StoredTensor, Tensor, TensorStore};
-use smart_default::SmartDefault;
 
-/// Which state rows a sequence uses in a step (recurrent models only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, SmartDefault)]
-pub struct StateSlots {
-    /// The sequence's group of rows (one group per running sequence).
-    pub group: u32,
-    /// Row of the group to start from: the state `from` tokens back from the end of the previous
-    /// step (0 after a plain step; drafts rejected in a verify step move it back). Ignored at
-    /// position 0, which starts from the zero state.
-    pub from: u32,
-    /// States to keep from this step: the last `keep` (clamped to the step's tokens).
-    #[default(1)]
-    pub keep: u32,
-}
+pub use axle_core::StateSlots;
 
 /// The state pools: per recurrent layer, the convolution windows and the delta-rule states of
 /// every group, F32, one row per (group, snapshot) plus the zero row.

@@ -162,6 +162,15 @@ impl Embedder {
         normalize: bool,
     ) -> Result<Vec<Vec<f32>>, SdkError> {
         self.check(inputs)?;
+        let mut vectors = self.run(inputs)?;
+        if normalize {
+            vectors.iter_mut().for_each(|v| pooling::normalize(v));
+        }
+        Ok(vectors)
+    }
+
+    /// Each input's pooled embedding, unnormalized; the inputs passed [`Embedder::check`].
+    fn run(&mut self, inputs: &[Vec<TokenId>]) -> Result<Vec<Vec<f32>>, SdkError> {
         let bs = self.block_size as usize;
         let mut free: VecDeque<u32> = (0..self.n_blocks).collect();
         let mut waiting: VecDeque<usize> = (0..inputs.len()).collect();
@@ -226,11 +235,7 @@ impl Embedder {
             running = left;
             for r in finished {
                 free.extend(&r.blocks);
-                let mut v = r.pooled.finish();
-                if normalize {
-                    pooling::normalize(&mut v);
-                }
-                out[r.index] = Some(v);
+                out[r.index] = Some(r.pooled.finish());
             }
             // Lowest blocks first: an input's blocks then tend to lie in ascending order.
             free.make_contiguous().sort_unstable();
@@ -328,25 +333,27 @@ fn serve(mut embedder: Embedder, rx: Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter());
+        // Each accepted job's inputs move into one batch; the job keeps their count.
         let mut accepted = Vec::new();
-        for job in jobs {
+        let mut all: Vec<Vec<TokenId>> = Vec::new();
+        for mut job in jobs {
             match embedder.check(&job.inputs) {
-                Ok(()) => accepted.push(job),
+                Ok(()) => {
+                    let n = job.inputs.len();
+                    all.append(&mut job.inputs);
+                    accepted.push((job, n));
+                }
                 Err(r) => {
                     let _ = job.reply.send(Err(r.into()));
                 }
             }
         }
         // Normalizing is per job; the pooled vectors are computed unnormalized once.
-        let all: Vec<Vec<TokenId>> = accepted
-            .iter()
-            .flat_map(|j| j.inputs.iter().cloned())
-            .collect();
-        match embedder.embed(&all, false) {
+        match embedder.run(&all) {
             Ok(vectors) => {
                 let mut vectors = vectors.into_iter();
-                for job in accepted {
-                    let mut mine: Vec<Vec<f32>> = vectors.by_ref().take(job.inputs.len()).collect();
+                for (job, n) in accepted {
+                    let mut mine: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
                     if job.normalize {
                         mine.iter_mut().for_each(|v| pooling::normalize(v));
                     }
@@ -355,7 +362,7 @@ fn serve(mut embedder: Embedder, rx: Receiver<Job>) {
             }
             Err(e) => {
                 let msg = e.to_string();
-                for job in accepted {
+                for (job, _) in accepted {
                     let _ = job.reply.send(Err(SdkError::Generation(msg.clone())));
                 }
             }

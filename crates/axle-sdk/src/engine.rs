@@ -296,7 +296,6 @@ pub struct EngineCore {
     runner: Runner,
     sched: Scheduler,
     text: HashMap<RequestId, TextState>,
-    /// Recurrent models: the state group of each sequence holding state.
     /// Recurrent models: each sequence's state group and the saved states of prefixes.
     states: Option<RecurrentStates>,
     /// Where the verify-cost measurement's steps spent their time, per draft length (empty
@@ -874,20 +873,13 @@ impl EngineCore {
                             s.n_draft as u32 + 1,
                             prefix,
                         )
-                        .and_then(|(rows, restore)| {
-                            let slots = StateSlots {
-                                group: rows.group,
-                                from: rows.from,
-                                keep: rows.keep,
-                            };
-                            match restore {
-                                Some(slot) => self
-                                    .runner
-                                    .restore_state(slot, slots.group)
-                                    .map(|()| slots)
-                                    .map_err(|e| e.to_string()),
-                                None => Ok(slots),
-                            }
+                        .and_then(|(slots, restore)| match restore {
+                            Some(slot) => self
+                                .runner
+                                .restore_state(slot, slots.group)
+                                .map(|()| slots)
+                                .map_err(|e| e.to_string()),
+                            None => Ok(slots),
                         });
                     match restored {
                         Ok(slots) => slots,
