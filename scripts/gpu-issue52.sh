@@ -9,6 +9,10 @@
 #   scripts/gpu-issue52.sh OUT batched P [MODES]  llama-batched-bench and Axle at P-token prompts,
 #                                          1/16/64/128 sequences (P: 512, 2048 or 8192), with each
 #                                          --device-attention mode of MODES (default paged; e.g. rows,paged)
+#   scripts/gpu-issue52.sh OUT serve C P [T] [MODEL]  axle bench serve: C streaming clients with
+#                                          P-token prompts and T new tokens (default 128) against
+#                                          `axle serve` and llama.cpp's `llama-server` (MODEL:
+#                                          q4_0 or q4_k_m, default q4_0)
 #
 # Then: scripts/gpu-reference-table.py OUT/<part> --doc docs/gpu.md --section NAME.
 set -uo pipefail
@@ -31,6 +35,18 @@ case "$part" in
       AXLE_ARGS="--device-attention $mode" \
         "$root/scripts/gpu-reference.sh" "$out/batched-p$p-$mode" batched "$p" "$seqs" q4_0
     done
+    ;;
+  serve)
+    c="${3:?clients}" p="${4:?prompt length}" t="${5:-128}" q="${6:-q4_0}"
+    w="${AXLE_GPU_WORK:-/root/axle-gpu}"
+    mkdir -p "$out"
+    [ -s "$root/.device/commit" ] && export AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
+    AXLE_BACKENDS_DIR="$w/bin/backends" "$w/bin/axle" bench serve \
+      --model "$w/models/llama3-8b-$q.gguf" --clients "$c" --prompt "$p" --tokens "$t" \
+      --llama-server "$w/bin/llama-tools/llama-server" \
+      --llama-arg=-ngl --llama-arg=999 --llama-arg=-fa --llama-arg=on \
+      --axle-arg=--threads --axle-arg=8 \
+      --output "$out/serve-$q-c$c-p$p-t$t.json"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac

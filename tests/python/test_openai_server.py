@@ -5,6 +5,7 @@ Starts the server on a free loopback port with SmolLM2-135M and checks chat and 
 dropped streams give their KV blocks back.
 """
 import concurrent.futures as cf
+import json
 import re
 import subprocess
 import time
@@ -87,6 +88,21 @@ def test_completions_blocking_stream_stop_and_n(client):
     assert "Paris" not in cut.choices[0].text and cut.choices[0].finish_reason == "stop"
     many = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=3, n=3)
     assert len(many.choices) == 3
+
+
+def test_completions_take_token_ids(server, client):
+    req = urllib.request.Request(server + "/tokenize", data=b'{"text": "The capital of France is"}',
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        ids = json.loads(r.read())["tokens"]
+    text = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6, temperature=0)
+    by_ids = client.completions.create(model="smollm2", prompt=ids, max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(ids)
+    two = client.completions.create(model="smollm2", prompt=[ids, ids[:3]], max_tokens=4, temperature=0)
+    assert len(two.choices) == 2 and two.choices[0].text == text.choices[0].text[:len(two.choices[0].text)]
+    with pytest.raises(openai.BadRequestError, match="prompt"):
+        client.completions.create(model="smollm2", prompt=[1, 10**7], max_tokens=4)
 
 
 def test_logprobs(client):

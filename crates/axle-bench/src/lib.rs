@@ -12,6 +12,7 @@ pub mod llama_server;
 pub mod ngram;
 pub mod prefix;
 pub mod scenario;
+pub mod serve;
 pub mod server;
 pub mod soak;
 pub mod stats;

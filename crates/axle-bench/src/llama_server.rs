@@ -2,7 +2,8 @@
 //! `llama-server` binary on the same model, once without speculation and once per n-gram
 //! speculative mode (`--spec-type ngram-simple`, `ngram-map-k`, `ngram-mod`), sends it the same
 //! prompt token ids greedily, and reads its own timings (`predicted_per_second`, `draft_n`,
-//! `draft_n_accepted`).
+//! `draft_n_accepted`). [`ChildServer`] runs any HTTP server in a child process (`axle bench serve`
+//! starts `axle serve` and `llama-server` with it).
 use crate::BenchError;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -15,10 +16,18 @@ pub const DEFAULT_MODES: &[&str] = &["ngram-simple", "ngram-map-k", "ngram-mod"]
 /// A running `llama-server`, stopped on drop.
 #[derive(Debug)]
 pub struct LlamaServer {
-    child: Child,
+    server: ChildServer,
     http: reqwest::blocking::Client,
+}
+
+/// An HTTP server in a child process on a loopback port (`axle serve`, `llama-server`), its
+/// output in a log file; killed on drop.
+#[derive(Debug)]
+pub struct ChildServer {
+    child: Child,
     port: u16,
     log: PathBuf,
+    name: String,
 }
 
 /// One completion as llama-server reports it.
@@ -38,7 +47,8 @@ fn invalid(msg: impl Into<String>) -> BenchError {
     BenchError::Invalid(msg.into())
 }
 
-fn free_port() -> Result<u16, BenchError> {
+/// A loopback port nobody listens on now.
+pub fn free_port() -> Result<u16, BenchError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| invalid(format!("no free port: {e}")))?;
     l.local_addr()
@@ -54,6 +64,87 @@ fn client() -> Result<reqwest::blocking::Client, BenchError> {
         .map_err(|e| invalid(format!("http client: {e}")))
 }
 
+impl ChildServer {
+    /// Starts `cmd` (named `name` in errors), which must listen on loopback `port`, its output
+    /// going to a log file; waits up to `wait` until `GET /health` answers with success.
+    pub fn start(
+        name: &str,
+        mut cmd: Command,
+        port: u16,
+        wait: Duration,
+    ) -> Result<ChildServer, BenchError> {
+        let log = std::env::temp_dir().join(format!("axle-{name}-{port}.log"));
+        let out =
+            std::fs::File::create(&log).map_err(|e| invalid(format!("{}: {e}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| invalid(format!("{}: {e}", log.display())))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| {
+                invalid(format!(
+                    "cannot start {name} ({:?}): {e}",
+                    cmd.get_program()
+                ))
+            })?;
+        let mut server = ChildServer {
+            child,
+            port,
+            log,
+            name: name.to_string(),
+        };
+        let http = client()?;
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(invalid(format!(
+                    "{name} exited ({status}) at start-up; its log:\n{}",
+                    server.log_tail()
+                )));
+            }
+            let health = http.get(format!("http://127.0.0.1:{port}/health")).send();
+            if health.is_ok_and(|r| r.status().is_success()) {
+                return Ok(server);
+            }
+            if Instant::now() > deadline {
+                return Err(invalid(format!(
+                    "{name} did not become healthy in {} s; its log:\n{}",
+                    wait.as_secs(),
+                    server.log_tail()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The last 20 lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "[{}]\n{}",
+            self.name,
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        )
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 impl LlamaServer {
     /// Starts `bin` on `model` with `threads` threads, one slot and `ctx` tokens of context; with
     /// `spec` (a `--spec-type` value) speculation is on. Waits until `/health` answers.
@@ -65,62 +156,19 @@ impl LlamaServer {
         spec: Option<&str>,
     ) -> Result<LlamaServer, BenchError> {
         let port = free_port()?;
-        let log = std::env::temp_dir().join(format!("axle-llama-server-{port}.log"));
-        let out =
-            std::fs::File::create(&log).map_err(|e| invalid(format!("{}: {e}", log.display())))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| invalid(format!("{}: {e}", log.display())))?;
         let mut cmd = Command::new(bin);
         cmd.arg("-m")
             .arg(model)
             .args(["-t", &threads.to_string(), "-tb", &threads.to_string()])
             .args(["-c", &ctx.to_string(), "-np", "1", "-ngl", "0"])
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()]);
         if let Some(s) = spec {
             cmd.args(["--spec-type", s]);
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| invalid(format!("cannot start {}: {e}", bin.display())))?;
-        let mut server = LlamaServer {
-            child,
+        Ok(LlamaServer {
+            server: ChildServer::start("llama-server", cmd, port, Duration::from_secs(180))?,
             http: client()?,
-            port,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(invalid(format!(
-                    "llama-server exited ({status}) at start-up; its log:\n{}",
-                    server.log_tail()
-                )));
-            }
-            let health = server
-                .http
-                .get(format!("http://127.0.0.1:{port}/health"))
-                .send();
-            if health.is_ok_and(|r| r.status().is_success()) {
-                return Ok(server);
-            }
-            if Instant::now() > deadline {
-                return Err(invalid(format!(
-                    "llama-server did not become healthy in 180 s; its log:\n{}",
-                    server.log_tail()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        })
     }
 
     /// Greedy completion of `prompt` (token ids, BOS included as the model wants it) for exactly
@@ -136,7 +184,7 @@ impl LlamaServer {
         });
         let r = self
             .http
-            .post(format!("http://127.0.0.1:{}/completion", self.port))
+            .post(format!("http://127.0.0.1:{}/completion", self.server.port))
             .json(&body)
             .send()
             .map_err(|e| invalid(format!("llama-server: {e}")))?;
@@ -156,14 +204,6 @@ impl LlamaServer {
             drafted: t["draft_n"].as_u64().unwrap_or(0),
             accepted: t["draft_n_accepted"].as_u64().unwrap_or(0),
         })
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
     }
 }
 

@@ -396,7 +396,8 @@ impl ChatCompletionRequest {
     }
 }
 
-/// `prompt`: one string or a list.
+/// `prompt`: one string or a list of them, or token ids (one list or a list of lists), as
+/// OpenAI's completions take it. Token ids are used as they are (no BOS added).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum PromptInput {
@@ -404,6 +405,10 @@ pub enum PromptInput {
     One(String),
     /// Several (one set of choices each).
     Many(Vec<String>),
+    /// One prompt of token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts of token ids.
+    ManyTokens(Vec<Vec<u32>>),
 }
 
 /// Most prompts times choices in one text completion request.
@@ -422,15 +427,29 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     /// One SDK request per prompt.
     pub fn to_requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
-        let prompts = match &self.prompt {
-            PromptInput::One(p) => vec![p.clone()],
-            PromptInput::Many(v) => v.clone(),
+        let prompts: Vec<Prompt> = match &self.prompt {
+            PromptInput::One(p) => vec![Prompt::Text(p.clone())],
+            PromptInput::Many(v) => v.iter().cloned().map(Prompt::Text).collect(),
+            PromptInput::Tokens(t) => vec![Prompt::Tokens(t.clone())],
+            PromptInput::ManyTokens(v) => v.iter().cloned().map(Prompt::Tokens).collect(),
         };
         let n = self.fields.n.unwrap_or(1).max(1);
         if prompts.is_empty() || prompts.len() * n > MAX_TEXT_CHOICES {
             return Err(invalid(
                 Field::Prompt,
-                format!("must be a string or a list of 1 to {MAX_TEXT_CHOICES} strings (times n)"),
+                format!(
+                    "must be a string, token ids, or a list of 1 to {MAX_TEXT_CHOICES} of either \
+                     (times n)"
+                ),
+            ));
+        }
+        if prompts
+            .iter()
+            .any(|p| matches!(p, Prompt::Tokens(t) if t.is_empty()))
+        {
+            return Err(invalid(
+                Field::Prompt,
+                "a list of token ids must not be empty",
             ));
         }
         if self.fields.streams() && prompts.len() > 1 {
@@ -438,7 +457,7 @@ impl CompletionRequest {
         }
         prompts
             .into_iter()
-            .map(|p| self.fields.request(Prompt::Text(p)))
+            .map(|p| self.fields.request(p))
             .collect()
     }
 }

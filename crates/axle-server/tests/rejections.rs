@@ -212,6 +212,10 @@ async fn native_rejections_name_their_field() {
         (json!({"prompt": []}), "prompt"),
         (json!({"prompt": vec!["a"; 17]}), "prompt"),
         (json!({"prompt": ["a", "b"], "stream": true}), "prompt"),
+        (json!({"prompt": [1, 49152]}), "prompt"),
+        (json!({"prompt": [[1, 2], []]}), "prompt"),
+        (json!({"prompt": [[1], [2]], "stream": true}), "prompt"),
+        (json!({"prompt": [1, "a"]}), "prompt"),
         (json!({"logprobs": 21}), "logprobs"),
         (json!({"tools": []}), "tools"),
     ]);

@@ -29,6 +29,10 @@ pub enum BenchCommand {
     Soak(SoakArgs),
     /// Decode tok/s of one stream through the HTTP server vs the SDK directly.
     Server(ServerArgs),
+    /// N concurrent streaming clients over HTTP against `axle serve`, and against llama.cpp's
+    /// `llama-server` on the same file and context budget: output tok/s, time to first token
+    /// and inter-token latency p50/p99.
+    Serve(ServeArgs),
     /// Runs a manifest: its workload, its checks, one artifact. Exit 1 when a check fails.
     Scenario(ScenarioArgs),
     /// Renders artifacts: Markdown tables and SVG charts, a comparison, the README sections.
@@ -170,6 +174,122 @@ pub struct ServerArgs {
     /// Repetitions (medians reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// GGUF model file (both servers load it).
+    #[arg(long)]
+    model: PathBuf,
+    /// Clients streaming at once (also `axle serve --max-batch-size` and `llama-server -np`).
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Tokens in each prompt (random token ids, a different prompt per request).
+    #[arg(long, default_value_t = 2048)]
+    prompt: usize,
+    /// Tokens each request generates (end-of-generation ignored).
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Requests each client sends, one after the other.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// llama.cpp's `llama-server` to compare with (same file, same context per sequence and in
+    /// all, one slot per client).
+    #[arg(long)]
+    llama_server: Option<PathBuf>,
+    /// An extra argument for `axle serve` (repeat: `--axle-arg=--device --axle-arg=cuda0`).
+    #[arg(long = "axle-arg", allow_hyphen_values = true)]
+    axle_args: Vec<String>,
+    /// An extra argument for `llama-server` (repeat: `--llama-arg=-ngl --llama-arg=999`).
+    #[arg(long = "llama-arg", allow_hyphen_values = true)]
+    llama_args: Vec<String>,
+    /// Seconds a server may take to load the model.
+    #[arg(long, default_value_t = 600)]
+    startup: u64,
+    /// Write the artifact (JSON) here.
+    #[arg(long, default_value = "bench-artifacts/serve.json")]
+    output: PathBuf,
+}
+
+/// The accelerators `nvidia-smi` lists (name, memory, driver), or `cpu`.
+fn device_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,memory.total,driver_version",
+            "--format=csv,noheader",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .replace('\n', "; ")
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "cpu".into())
+}
+
+/// What `BIN --version` prints (llama.cpp's tools print their build and commit).
+fn version_of(bin: &std::path::Path) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            let text = [o.stdout, o.stderr].concat();
+            String::from_utf8_lossy(&text)
+                .lines()
+                .filter(|l| l.contains("version") || l.contains("built with"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default()
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let path = super::hub::local(&a.model)?.path;
+    let bench = axle_bench::serve::ServeBench {
+        model: path.clone(),
+        axle: std::env::current_exe().context("cannot find the axle binary")?,
+        axle_args: a.axle_args,
+        llama_server: a.llama_server.clone(),
+        llama_args: a.llama_args,
+        load: axle_bench::serve::Load {
+            clients: a.clients,
+            prompt_tokens: a.prompt,
+            max_tokens: a.tokens,
+            rounds: a.rounds,
+        },
+        startup: std::time::Duration::from_secs(a.startup.max(1)),
+    };
+    let report = axle_bench::serve::run(&bench)?;
+    let sha = axle_sdk::route::file_sha256(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let artifact = serde_json::json!({
+        "scenario": "serve",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "device": device_name(),
+        "reference": a.llama_server.as_deref().map(version_of),
+        "environment": scenario::environment(0, &path, &sha),
+        "report": report,
+    });
+    if let Some(dir) = a.output.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(&a.output, serde_json::to_string_pretty(&artifact)?)
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    let l = report.load;
+    println!(
+        "{} clients x {} rounds, {}-token prompts, {} tokens each; {}\n\n{}",
+        l.clients,
+        l.rounds,
+        l.prompt_tokens,
+        l.max_tokens,
+        artifact["device"].as_str().unwrap_or_default(),
+        report.table()
+    );
+    eprintln!("artifact: {}", a.output.display());
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -605,6 +725,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Doctor => super::doctor::bench_readiness(),
         BenchCommand::Soak(a) => soak(a),
+        BenchCommand::Serve(a) => serve(a),
         BenchCommand::DeviceCheck(a) => device_check(a),
     }
 }
