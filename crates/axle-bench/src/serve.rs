@@ -61,6 +61,10 @@ pub struct ServerStats {
     pub server: String,
     /// Requests that completed.
     pub requests: usize,
+    /// Those whose stream carried text to time (a stream whose tokens never complete a
+    /// character, as random weights can give, counts its tokens but has no first-token time or
+    /// gaps).
+    pub timed_requests: usize,
     /// Tokens generated over all requests (the servers' own counts where they send them).
     pub output_tokens: usize,
     /// From the clients' common start to the last request's end.
@@ -99,6 +103,7 @@ impl ServeReport {
                 format!("{:.0}", s.ttft_p99_ms),
                 format!("{:.1}", s.itl_p50_ms),
                 format!("{:.1}", s.itl_p99_ms),
+                format!("{}/{}", s.timed_requests, s.requests),
             ]
         };
         let mut rows = vec![line(&self.axle)];
@@ -112,6 +117,7 @@ impl ServeReport {
                 format!("{:.3}", a.ttft_p99_ms / l.ttft_p99_ms),
                 format!("{:.3}", a.itl_p50_ms / l.itl_p50_ms),
                 format!("{:.3}", a.itl_p99_ms / l.itl_p99_ms),
+                String::new(),
             ]);
         }
         crate::stats::markdown_table(
@@ -122,6 +128,7 @@ impl ServeReport {
                 "TTFT p99 ms",
                 "ITL p50 ms",
                 "ITL p99 ms",
+                "streams timed",
             ],
             &rows,
         )
@@ -238,7 +245,7 @@ fn stream(
         }
     }
     trace.end = Instant::now();
-    if trace.tokens_at.is_empty() {
+    if trace.tokens() == 0 {
         return Err(BenchError::Invalid("a stream ended without tokens".into()));
     }
     Ok(trace)
@@ -324,6 +331,7 @@ fn summarize(name: &str, start: Instant, traces: &[Trace]) -> ServerStats {
     ServerStats {
         server: name.to_string(),
         requests: traces.len(),
+        timed_requests: ttft.len(),
         output_tokens,
         wall_s,
         output_tok_s: output_tokens as f64 / wall_s,
@@ -434,11 +442,18 @@ mod tests {
                 end: at(400),
                 counted: Some(5),
             },
+            // Tokens without text: counted, not timed.
+            Trace {
+                sent: at(0),
+                tokens_at: vec![],
+                end: at(200),
+                counted: Some(4),
+            },
         ];
         let s = summarize("x", t0, &traces);
-        assert_eq!((s.requests, s.output_tokens), (2, 8));
+        assert_eq!((s.requests, s.timed_requests, s.output_tokens), (3, 2, 12));
         assert!((s.wall_s - 0.4).abs() < 1e-9);
-        assert!((s.output_tok_s - 20.0).abs() < 1e-6);
+        assert!((s.output_tok_s - 30.0).abs() < 1e-6);
         assert!((s.ttft_p50_ms - 100.0).abs() < 1e-6, "{}", s.ttft_p50_ms);
         assert!((s.ttft_p99_ms - 300.0).abs() < 1e-6);
         assert!((s.itl_p50_ms - 10.0).abs() < 1e-6, "{}", s.itl_p50_ms);

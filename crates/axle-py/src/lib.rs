@@ -274,7 +274,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         model_path=None, *, device="auto".to_string(), gpu_layers=None, context=None,
-        threads=None, max_batch_size=16, max_batch_tokens=512, kv_slots=None, ngram=true,
+        threads=None, max_batch_size=16, max_batch_tokens=None, kv_slots=None, ngram=true,
         draft_len=defaults::DRAFT_LEN, kernels="exact".to_string(), repack=false,
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
@@ -290,7 +290,7 @@ impl Engine {
         context: Option<usize>,
         threads: Option<usize>,
         max_batch_size: usize,
-        max_batch_tokens: usize,
+        max_batch_tokens: Option<usize>,
         kv_slots: Option<u32>,
         ngram: bool,
         draft_len: usize,

@@ -33,7 +33,7 @@ pub struct EngineConfig {
     #[default(16)]
     pub block_size: u32,
     /// Most tokens per step (prefill chunks and decodes together).
-    #[default(512)]
+    #[default(defaults::STEP_TOKENS)]
     pub max_batch_tokens: usize,
     /// Most sequences per step.
     #[default(16)]
@@ -114,8 +114,10 @@ pub struct EngineSizing {
     pub kv_contexts: usize,
     /// Most sequences per step.
     pub max_seqs: usize,
-    /// Most tokens per step; raised to fit one token per sequence and a full draft.
-    pub max_batch_tokens: usize,
+    /// Most tokens per step; raised to fit one token per sequence and a full draft (default:
+    /// [`defaults::STEP_TOKENS`], or [`defaults::STEP_TOKENS_ACCELERATED`] where the whole
+    /// model is on accelerators).
+    pub max_batch_tokens: Option<usize>,
     /// Hybrid models: recurrent state slots (default: one per `max_seqs`).
     pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
@@ -156,8 +158,16 @@ impl EngineSizing {
             u32::MAX as usize,
         )?;
         within("max_batch_size", Some(self.max_seqs), MAX_CONTEXT)?;
-        within("max_batch_tokens", Some(self.max_batch_tokens), MAX_CONTEXT)?;
+        within("max_batch_tokens", self.max_batch_tokens, MAX_CONTEXT)?;
         within("state_slots", self.state_slots, MAX_CONTEXT)
+    }
+}
+
+/// The default step budget for `model` as placed (see [`EngineSizing::max_batch_tokens`]).
+pub fn step_tokens(model: &Model) -> usize {
+    match model.placement().head_device() {
+        Some(_) => defaults::STEP_TOKENS_ACCELERATED,
+        None => defaults::STEP_TOKENS,
     }
 }
 
@@ -185,6 +195,7 @@ impl EngineConfig {
             max_seqs,
             max_batch_tokens: sizing
                 .max_batch_tokens
+                .unwrap_or_else(|| step_tokens(model))
                 .max(sizing.max_draft + 1)
                 .max(max_seqs),
             max_draft: sizing.max_draft,

@@ -48,6 +48,12 @@ pub mod defaults {
     pub const DRAFT_LEN: usize = 4;
     /// Context length per sequence (tokens), capped by the model's training context.
     pub const CONTEXT: usize = 4096;
+    /// Most tokens one step computes (prefill chunks and decodes together) on the CPU.
+    pub const STEP_TOKENS: usize = 512;
+    /// The same where the whole model is on accelerators: longer prefill chunks per step there
+    /// cut time to first token under load without slowing the decodes that share the step
+    /// (docs/gpu.md, `axle bench serve`).
+    pub const STEP_TOKENS_ACCELERATED: usize = 4096;
     /// Most choices (`n`) per request.
     pub const MAX_CHOICES: usize = 8;
     /// Most stop strings per request.

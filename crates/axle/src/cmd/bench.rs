@@ -230,9 +230,15 @@ fn device_name() -> String {
         .unwrap_or_else(|| "cpu".into())
 }
 
-/// What `BIN --version` prints (llama.cpp's tools print their build and commit).
+/// What `BIN --version` prints (llama.cpp's tools print their build and commit), and the
+/// `COMMIT` file beside it where `scripts/build-llama-tools.sh` wrote one (the source it built).
 fn version_of(bin: &std::path::Path) -> String {
-    std::process::Command::new(bin)
+    let source = bin
+        .parent()
+        .and_then(|d| std::fs::read_to_string(d.join("COMMIT")).ok())
+        .map(|s| format!("; source: {}", s.trim()))
+        .unwrap_or_default();
+    let version = std::process::Command::new(bin)
         .arg("--version")
         .output()
         .map(|o| {
@@ -243,7 +249,8 @@ fn version_of(bin: &std::path::Path) -> String {
                 .collect::<Vec<_>>()
                 .join("; ")
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    version + &source
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {

@@ -106,9 +106,10 @@ pub struct EngineArgs {
     #[arg(long)]
     pub kv_slots: Option<u32>,
     /// Most tokens computed in one step (prefill chunks and decodes together); raised to fit
-    /// one token per sequence and a full draft.
-    #[arg(long, default_value_t = EngineConfig::default().max_batch_tokens)]
-    pub max_batch_tokens: usize,
+    /// one token per sequence and a full draft (default: 512, or 4096 when the whole model is
+    /// on accelerators).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Hybrid (linear-attention) models: sequences that may hold a recurrent state at once
     /// (default: one per running sequence). Each is a fixed block of memory; fewer slots cap
     /// concurrency (the others wait) instead of memory.
