@@ -398,8 +398,7 @@ impl ChatCompletionRequest {
 
 /// `prompt`: one string or a list of them, or token ids (one list or a list of lists), as
 /// OpenAI's completions take it. Token ids are used as they are (no BOS added).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
     /// One prompt.
     One(String),
@@ -411,14 +410,50 @@ pub enum PromptInput {
     ManyTokens(Vec<Vec<u32>>),
 }
 
+impl PromptInput {
+    /// Reads `prompt`'s value; the error names what it may be.
+    pub fn from_value(v: &Value) -> Result<PromptInput, WireError> {
+        let bad = || {
+            invalid(
+                Field::Prompt,
+                "must be a string, a list of strings, a list of token ids or a list of such lists",
+            )
+        };
+        let ids = |xs: &[Value]| -> Option<Vec<u32>> {
+            xs.iter()
+                .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect()
+        };
+        match v {
+            Value::String(s) => Ok(PromptInput::One(s.clone())),
+            Value::Array(xs) if xs.iter().all(Value::is_string) => Ok(PromptInput::Many(
+                xs.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect(),
+            )),
+            Value::Array(xs) if xs.iter().all(Value::is_number) => {
+                ids(xs).map(PromptInput::Tokens).ok_or_else(bad)
+            }
+            Value::Array(xs) if xs.iter().all(Value::is_array) => xs
+                .iter()
+                .map(|x| x.as_array().and_then(|a| ids(a)))
+                .collect::<Option<Vec<_>>>()
+                .map(PromptInput::ManyTokens)
+                .ok_or_else(bad),
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// Most prompts times choices in one text completion request.
 pub const MAX_TEXT_CHOICES: usize = 16;
 
 /// `POST /v1/completions`.
 #[derive(Debug, Deserialize, Serialize)]
 pub struct CompletionRequest {
-    /// The prompt(s).
-    pub prompt: PromptInput,
+    /// The prompt(s): see [`PromptInput`] (read when the request is mapped, so that a wrong one
+    /// is refused naming the field).
+    pub prompt: Value,
     /// Shared fields.
     #[serde(flatten)]
     pub fields: GenerationFields,
@@ -427,11 +462,11 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     /// One SDK request per prompt.
     pub fn to_requests(&self) -> Result<Vec<GenerateRequest>, WireError> {
-        let prompts: Vec<Prompt> = match &self.prompt {
-            PromptInput::One(p) => vec![Prompt::Text(p.clone())],
-            PromptInput::Many(v) => v.iter().cloned().map(Prompt::Text).collect(),
-            PromptInput::Tokens(t) => vec![Prompt::Tokens(t.clone())],
-            PromptInput::ManyTokens(v) => v.iter().cloned().map(Prompt::Tokens).collect(),
+        let prompts: Vec<Prompt> = match PromptInput::from_value(&self.prompt)? {
+            PromptInput::One(p) => vec![Prompt::Text(p)],
+            PromptInput::Many(v) => v.into_iter().map(Prompt::Text).collect(),
+            PromptInput::Tokens(t) => vec![Prompt::Tokens(t)],
+            PromptInput::ManyTokens(v) => v.into_iter().map(Prompt::Tokens).collect(),
         };
         let n = self.fields.n.unwrap_or(1).max(1);
         if prompts.is_empty() || prompts.len() * n > MAX_TEXT_CHOICES {
