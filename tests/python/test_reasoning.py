@@ -8,9 +8,11 @@ constraints cover the answer after it). Chat completions give
 give a `thinking` block before the text (blocking and streamed), and with thinking off the answer
 alone.
 """
+import json
 import re
 import subprocess
 import sys
+import urllib.request
 
 import anthropic
 import axle
@@ -182,3 +184,44 @@ def test_the_python_package_passes_template_variables(tmp_path_factory):
         with pytest.raises(axle.RequestError) as err:
             e.chat(msgs, max_tokens=4, chat_template_kwargs={"add_generation_prompt": False})
         assert err.value.field == "chat_template_kwargs"
+        free = e.chat(msgs, temperature=0, max_tokens=30)
+        bounded = e.chat(msgs, temperature=0, max_tokens=30, thinking_budget=6)
+        assert bounded.reasoning.strip() and free.reasoning.startswith(bounded.reasoning)
+        assert len(bounded.reasoning) < len(free.reasoning)
+        with pytest.raises(axle.RequestError) as err:
+            e.chat(msgs, max_tokens=4, thinking_budget=0)
+        assert err.value.field == "thinking"
+
+
+def test_a_thinking_budget_closes_the_thinking(switch):
+    """`budget_tokens` bounds the thinking: without a bound SmolLM2 never closes it (all 40 tokens
+    are thinking); with a bound of 8 the closing marker is forced after 8 tokens of thinking and the
+    answer follows. The bounded thinking is the free one's beginning, streamed or not, and a bound
+    the thinking never reaches changes nothing."""
+    msgs = anthropic.Anthropic(base_url=switch, api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="thinker", max_tokens=40, messages=[{"role": "user", "content": QUESTION}],
+              extra_body={"temperature": 0})
+    free = msgs.messages.create(thinking={"type": "enabled"}, **kw)
+    assert [b.type for b in free.content] == ["thinking", "text"] and free.stop_reason == "max_tokens", free
+    assert free.content[1].text == "", free
+    far = msgs.messages.create(thinking={"type": "enabled", "budget_tokens": 1000}, **kw)
+    assert far.content == free.content
+    bounded = msgs.messages.create(thinking={"type": "enabled", "budget_tokens": 8}, **kw)
+    assert [b.type for b in bounded.content] == ["thinking", "text"], bounded
+    assert bounded.content[1].text.strip(), bounded
+    thought = bounded.content[0].thinking
+    assert thought.strip() and free.content[0].thinking.startswith(thought), (thought, free.content[0].thinking)
+    assert len(free.content[0].thinking) > len(thought)
+    req = urllib.request.Request(switch + "/tokenize", data=json.dumps({"text": thought, "add_special": False}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert len(json.loads(r.read())["tokens"]) <= 8
+    with msgs.messages.stream(thinking={"type": "enabled", "budget_tokens": 8}, **kw) as s:
+        streamed = s.get_final_message()
+    def blocks(m):
+        return [(b.type, getattr(b, "thinking", None), getattr(b, "text", None)) for b in m.content]
+
+    assert blocks(streamed) == blocks(bounded)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        msgs.messages.create(thinking={"type": "enabled", "budget_tokens": 0}, **kw)
+    assert "budget_tokens" in str(e.value), e.value

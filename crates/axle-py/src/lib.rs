@@ -435,7 +435,8 @@ impl Engine {
         prompt, *, max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
         stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true, response_format=None,
-        tools=None, tool_choice=None, parallel_tool_calls=true, chat_template_kwargs=None
+        tools=None, tool_choice=None, parallel_tool_calls=true, chat_template_kwargs=None,
+        thinking_budget=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn _start(
@@ -461,6 +462,7 @@ impl Engine {
         tool_choice: Option<String>,
         parallel_tool_calls: bool,
         chat_template_kwargs: Option<String>,
+        thinking_budget: Option<usize>,
     ) -> PyResult<Vec<TextStream>> {
         let bad = |field: Field, e: serde_json::Error| {
             py_err(
@@ -512,6 +514,7 @@ impl Engine {
             ignore_eos,
             speculate: ngram,
             template_args,
+            thinking_budget,
             ..GenerateRequest::new(prompt_of(prompt)?)
         };
         let streams = self.start(py, &req)?;

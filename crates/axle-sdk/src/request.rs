@@ -168,6 +168,10 @@ pub struct GenerateRequest {
     /// `reasoning_effort`, a client's `chat_template_kwargs`); chat prompts only. The names the
     /// template's own inputs use ([`TEMPLATE_INPUTS`]) are refused.
     pub template_args: TemplateVars,
+    /// Most tokens of thinking (models whose template marks it; chat prompts): at this many the
+    /// closing marker is forced and the answer follows. Thinking that closes in time is left as
+    /// it would be without the bound. None: no bound.
+    pub thinking_budget: Option<usize>,
 }
 
 /// Seeds of requests that set none: distinct per request, the same sequence on every run.
@@ -193,6 +197,7 @@ impl GenerateRequest {
             ignore_eos: false,
             speculate: true,
             template_args: TemplateVars::new(),
+            thinking_budget: None,
         }
     }
 
@@ -259,6 +264,12 @@ impl GenerateRequest {
         let invalid = |field: Field, reason: String| Err(Rejection::Invalid { field, reason });
         if self.max_tokens == Some(0) {
             return invalid(Field::MaxTokens, "must be at least 1".into());
+        }
+        if self.thinking_budget == Some(0) {
+            return invalid(
+                Field::ThinkingBudget,
+                "budget_tokens must be at least 1".into(),
+            );
         }
         if !(1..=defaults::MAX_CHOICES).contains(&self.n) {
             return invalid(
@@ -422,6 +433,8 @@ pub enum Field {
     ToolChoice,
     /// The chat template's variables (`chat_template_kwargs`).
     TemplateArgs,
+    /// The thinking's bound (Anthropic's `thinking.budget_tokens`).
+    ThinkingBudget,
 }
 
 impl Field {
@@ -442,6 +455,7 @@ impl Field {
             Field::ResponseFormat => "response_format",
             Field::ToolChoice => "tool_choice",
             Field::TemplateArgs => "chat_template_kwargs",
+            Field::ThinkingBudget => "thinking",
         }
     }
 }

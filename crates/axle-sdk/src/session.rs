@@ -249,13 +249,17 @@ impl Session {
             options.tool_format = plan.tool_format.clone();
             options.thinking = thinking.clone();
             // Forced tokens have no log-probabilities: a request that wants them samples all.
-            let constraint = match &grammar {
+            let mut constraint = match &grammar {
                 Some(g) => Some(
                     g.constraint(req.fast_forward && req.logprobs.is_none(), self.overlap)
                         .map_err(|e| SdkError::Config(e.to_string()))?,
                 ),
                 None => None,
             };
+            if let (Some(budget), Some((markers, opened))) = (req.thinking_budget, &thinking) {
+                let engine = self.grammar.get(&self.model)?;
+                constraint = Some(engine.bound_thinking(constraint, markers, *opened, budget));
+            }
             self.tx
                 .send(Command::Submit {
                     ticket,

@@ -50,7 +50,8 @@ pub struct MessagesRequest {
     /// `{type: auto|any|tool|none, name, disable_parallel_tool_use}`.
     pub tool_choice: Option<Value>,
     /// Extended thinking: `{"type": "enabled"|"adaptive"|"disabled"}`, passed to the template as
-    /// `enable_thinking` (a budget is not enforced).
+    /// `enable_thinking`; `enabled` takes `budget_tokens`, the most tokens of thinking (the
+    /// closing marker is forced there).
     pub thinking: Option<Value>,
     /// `{"format": {"type": "json_schema", "schema": {...}}}`: the answer follows the schema
     /// (Axle also takes `{"type": "regex", "regex"}` and `{"type": "grammar", "grammar"}`).
@@ -286,6 +287,23 @@ impl MessagesRequest {
                 ))
             }
         }
+        let budget = match self.thinking.as_ref() {
+            Some(t) if t.get("type") == Some(&Value::String("enabled".into())) => {
+                match t.get("budget_tokens") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => match v.as_u64() {
+                        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                        _ => {
+                            return Err(invalid(
+                                Field::ThinkingBudget,
+                                format!("budget_tokens must be a positive integer, got {v}"),
+                            ))
+                        }
+                    },
+                }
+            }
+            _ => None,
+        };
         if self.temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
             return Err(invalid(
                 Field::Sampling(axle_sdk::SamplingField::Temperature),
@@ -294,6 +312,7 @@ impl MessagesRequest {
         }
         let mut req = GenerateRequest::new(Prompt::Chat(self.chat_messages()?));
         req.max_tokens = self.max_tokens;
+        req.thinking_budget = budget;
         req.sampling = SamplingOptions {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -547,6 +566,15 @@ mod tests {
             field(with("thinking", json!({"type": "sometimes"}))),
             "thinking"
         );
+        for bad in [json!(0), json!(-3), json!(2.5), json!("many")] {
+            let t = json!({"type": "enabled", "budget_tokens": bad});
+            assert_eq!(field(with("thinking", t)), "thinking");
+        }
+        let mut ok = base.clone();
+        ok["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        assert_eq!(req(ok.clone()).expect("taken").thinking_budget, Some(1024));
+        ok["thinking"] = json!({"type": "disabled", "budget_tokens": 0});
+        assert_eq!(req(ok).expect("taken").thinking_budget, None);
         assert_eq!(field(with("temperature", json!(1.5))), "temperature");
         assert_eq!(
             field(with("tool_choice", json!({"type": "tool"}))),

@@ -5,6 +5,7 @@
 //! which computes it while the engine runs the model's forward pass. The engine thread only waits
 //! when it needs the mask before the thread has it, and never for a thread to wake up just to
 //! answer: a mask the thread has not started is computed in place.
+use crate::budget::ThinkingBudget;
 use crate::format::OutputConstraint;
 use crate::reasoning::ThinkingMarkers;
 use crate::vocabulary::{TokenEnv, Vocabulary};
@@ -36,7 +37,7 @@ struct DigitRuns {
     /// Tokens that start with a digit, with their leading digits.
     leading: Vec<(TokenId, u8)>,
     /// Each token's bytes as text.
-    bytes: Vec<Vec<u8>>,
+    bytes: Arc<Vec<Vec<u8>>>,
 }
 
 impl DigitRuns {
@@ -51,7 +52,7 @@ impl DigitRuns {
             .collect();
         DigitRuns {
             leading,
-            bytes: tokens.to_vec(),
+            bytes: Arc::new(tokens.to_vec()),
         }
     }
 }
@@ -189,6 +190,33 @@ impl GrammarEngine {
             matcher: compiled,
             digits: digit_limit.map(|l| (self.digits.clone(), l)),
         })
+    }
+
+    /// Bounds a request's thinking between `markers` to `budget` tokens, around its own
+    /// constraint `inner` (see [`ThinkingBudget`]); `opened`: the prompt ended inside the
+    /// thinking.
+    pub fn bound_thinking(
+        &self,
+        inner: Option<Box<dyn TokenConstraint>>,
+        markers: &ThinkingMarkers,
+        opened: bool,
+        budget: usize,
+    ) -> Box<dyn TokenConstraint> {
+        let env = self.factory.tok_env();
+        let close_token = env.tok_trie().get_special_token(&markers.close);
+        let close_tokens = match close_token {
+            Some(id) => vec![id],
+            None => env.tokenize(&markers.close),
+        };
+        Box::new(ThinkingBudget::new(
+            inner,
+            self.digits.bytes.clone(),
+            markers.clone(),
+            close_token,
+            close_tokens,
+            budget,
+            opened,
+        ))
     }
 
     /// `answer` behind free thinking text: opened by the prompt (`opened`) or optionally by the
@@ -966,6 +994,37 @@ mod tests {
         let mut k = g.constraint(false, false).unwrap();
         k.start().unwrap();
         assert_eq!(k.valid_prefix(&bytes("Hm")), 0, "text outside the thinking");
+    }
+
+    #[test]
+    fn a_thinking_budget_closes_the_thinking_before_a_constrained_answer() {
+        let e = engine();
+        let markers = crate::reasoning::ThinkingMarkers::of_template(Some("<think></think>"))
+            .expect("markers");
+        let c = OutputConstraint::JsonObject;
+        let start = AnswerStart::AfterThinking {
+            markers: markers.clone(),
+            opened: true,
+        };
+        let g = e.compile_answer(&c, None, &start).unwrap();
+        let mut k = e.bound_thinking(Some(g.constraint(true, false).unwrap()), &markers, true, 3);
+        assert!(k.start().unwrap().forced.is_empty());
+        let mut out = Vec::new();
+        for &t in &bytes("abc") {
+            assert!(k.allowed().unwrap().mask.allows(t));
+            out.push(t);
+            out.extend(k.advance(t).unwrap().forced);
+        }
+        let text: Vec<u8> = out.iter().map(|&t| t as u8).collect();
+        assert!(
+            text.starts_with(b"abc</think>"),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+        // The answer's constraint took the marker: only JSON may follow.
+        let allowed = k.allowed().unwrap();
+        assert!(!allowed.mask.allows(b'x' as TokenId));
+        assert!(allowed.mask.allows(b'{' as TokenId) || text.ends_with(b"{"));
     }
 
     /// With overlap, the mask thread computes the next mask once the engine asks for it

@@ -116,7 +116,8 @@ class Engine:
         ``(name, arguments_json)`` and ``finish_reason == "tool_calls"``. Chat prompts:
         ``chat_template_kwargs`` (a dict) gives the template more variables, e.g.
         ``{"enable_thinking": False}``; a template's thinking comes back in
-        ``completion.reasoning``.
+        ``completion.reasoning``, and ``thinking_budget=N`` forces its closing marker after N
+        tokens of thinking.
         """
         n = sampling.get("n", 1)
         out = []

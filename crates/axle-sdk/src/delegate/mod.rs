@@ -233,6 +233,13 @@ impl Upstream {
                 "delegated backends have no token-id routes: they take text or messages",
             );
         }
+        if req.thinking_budget.is_some() {
+            return unsupported(
+                Field::ThinkingBudget,
+                "budget_tokens is enforced on native routes only (an OpenAI-compatible upstream \
+                 has no such bound)",
+            );
+        }
         if matches!(
             req.format,
             Some(OutputConstraint::Regex { .. } | OutputConstraint::Grammar { .. })
