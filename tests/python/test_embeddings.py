@@ -117,3 +117,26 @@ def test_an_embedding_models_file_turns_the_route_on_and_a_generative_one_does_n
         assert status == 400 and "--embeddings" in body["error"]["message"], body
     finally:
         stop(proc)
+
+
+def test_the_python_package_gives_the_served_embeddings(client):
+    """`axle.Engine.embed` (same model, pooling and sizes as the server's) gives the served vectors
+    bit for bit: texts, one text, token ids; unnormalized on request; a model file that names no
+    pooling needs one."""
+    import axle
+
+    served = [d.embedding for d in client.embeddings.create(model="smollm2", input=TEXTS, encoding_format="float").data]
+    with axle.Engine(str(MODEL), threads=2, context=1024) as e:
+        assert e.embed(TEXTS, pooling="last") == served
+        assert e.embed(TEXTS[1], pooling="last") == [served[1]]
+        assert e.embed(e.tokenize(TEXTS[2]), pooling="last") == [served[2]]
+        raw = e.embed(TEXTS[0], pooling="last", normalize=False)[0]
+        assert abs(norm(raw) - 1) > 1e-3
+        assert max(abs(a / norm(raw) - b) for a, b in zip(raw, served[0])) < 1e-6
+        mean = e.embed(TEXTS[0], pooling="mean")[0]
+        assert len(mean) == WIDTH and mean != served[0]
+        with pytest.raises(ValueError, match="pooling"):
+            e.embed(TEXTS[0], pooling="max")
+    with axle.Engine(str(MODEL), threads=2, context=256) as e:
+        with pytest.raises(axle.AxleError, match="pooling"):
+            e.embed(TEXTS[0])

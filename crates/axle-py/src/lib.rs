@@ -13,16 +13,17 @@ use axle_models::device_step::DeviceProducts;
 use axle_models::ChatMessage;
 use axle_sdk::route::{self, RouteSpec};
 use axle_sdk::{
-    defaults, DraftSources, EngineConfig, EngineSizing, EventStream, Field, GenerateRequest,
-    Generator, Model, ModelOptions, Prompt, Rejection, ResponseFormat, RoutePolicy, RuntimeReport,
-    SamplingOptions, SdkError, StreamEvent, TokenLogprob, ToolChoice, MAX_DRAFT,
+    defaults, DraftSources, Embedder, EmbedderConfig, EngineConfig, EngineSizing, EventStream,
+    Field, GenerateRequest, Generator, Model, ModelOptions, Prompt, Rejection, ResponseFormat,
+    RoutePolicy, RuntimeReport, SamplingOptions, SdkError, StreamEvent, TokenLogprob, ToolChoice,
+    MAX_DRAFT,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 create_exception!(
@@ -178,6 +179,9 @@ struct Engine {
     generator: Option<Generator>,
     report: RuntimeReport,
     rt: Arc<tokio::runtime::Runtime>,
+    /// Native routes: how an embedder would be sized, and the one made at the first `embed`
+    /// (KV for one context of its own beside the engine's, as `axle serve --embeddings`).
+    embedding: Option<(EmbedderConfig, Mutex<Option<Embedder>>)>,
 }
 
 impl Engine {
@@ -420,13 +424,26 @@ impl Engine {
         };
         let opened = py.allow_threads(|| rt.block_on(route::open(&spec, load, configure)));
         let (generator, mut report) = opened.map_err(|e| py_err(py, e))?;
-        if matches!(generator, Generator::Native(_)) {
+        let mut embedding = None;
+        if let Generator::Native(session) = &generator {
             report.model_source = local.map(|l| l.source);
+            let cfg = configure(session.model());
+            let embedder = EmbedderConfig {
+                pooling: None,
+                kv_slots: cfg.context_len as u32,
+                block_size: cfg.block_size,
+                max_batch_tokens: cfg.max_batch_tokens,
+                max_seqs: cfg.max_seqs,
+                kernels: cfg.kernels,
+                host_kernels: cfg.host_kernels,
+            };
+            embedding = Some((embedder, Mutex::new(None)));
         }
         Ok(Engine {
             generator: Some(generator),
             report,
             rt: Arc::new(rt),
+            embedding,
         })
     }
 
@@ -568,6 +585,63 @@ impl Engine {
             .map_err(|r| py_err(py, r.into()))
     }
 
+    /// Embeddings of `inputs` (texts, or lists of token ids), in order: the final hidden
+    /// states pooled as the model file says or as `pooling` (`mean`, `cls`, `last`) asks, and
+    /// L2-normalized unless `normalize` is false. Native routes only.
+    #[pyo3(signature = (inputs, *, normalize=true, pooling=None))]
+    fn _embed(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<Bound<'_, PyAny>>,
+        normalize: bool,
+        pooling: Option<String>,
+    ) -> PyResult<Vec<Vec<f32>>> {
+        let Some((cfg, slot)) = &self.embedding else {
+            return Err(EngineError::new_err(
+                "embeddings need a model Axle runs natively, not a delegated route",
+            ));
+        };
+        let Generator::Native(session) = self.generator()? else {
+            return Err(EngineError::new_err("the engine is closed"));
+        };
+        let model = session.model().clone();
+        let pooling = match pooling.as_deref() {
+            None => None,
+            Some(p) => Some(
+                p.parse::<axle_sdk::Pooling>()
+                    .map_err(|e| PyValueError::new_err(format!("pooling: {e}")))?,
+            ),
+        };
+        let mut tokens = Vec::with_capacity(inputs.len());
+        for x in &inputs {
+            tokens.push(match x.extract::<String>() {
+                Ok(text) => model.tokenizer.encode(&text, true, false),
+                Err(_) => x.extract::<Vec<u32>>().map_err(|_| {
+                    PyValueError::new_err("each input is a text or a list of token ids")
+                })?,
+            });
+        }
+        py.allow_threads(|| {
+            let mut slot = slot.lock().map_err(|_| SdkError::EngineStopped)?;
+            let stale = slot
+                .as_ref()
+                .is_some_and(|e| pooling.is_some_and(|p| p != e.pooling()));
+            if slot.is_none() || stale {
+                *slot = None;
+                let cfg = EmbedderConfig {
+                    pooling,
+                    ..cfg.clone()
+                };
+                *slot = Some(Embedder::new(model.clone(), &cfg)?);
+            }
+            match slot.as_mut() {
+                Some(e) => e.embed(&tokens, normalize),
+                None => Err(SdkError::EngineStopped),
+            }
+        })
+        .map_err(|e| py_err(py, e))
+    }
+
     /// The text of token ids.
     fn detokenize(&self, py: Python<'_>, tokens: Vec<u32>) -> PyResult<String> {
         self.generator()?
@@ -591,7 +665,8 @@ impl Engine {
     /// Stops the engine and frees the model (requests still running end with an error).
     fn close(&mut self, py: Python<'_>) {
         let g = self.generator.take();
-        py.allow_threads(|| drop(g));
+        let e = self.embedding.take();
+        py.allow_threads(|| drop((g, e)));
     }
 }
 

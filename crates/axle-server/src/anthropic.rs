@@ -332,7 +332,26 @@ impl MessagesRequest {
                 Value::Bool(kind.as_str() != Some("disabled")),
             );
         }
+        // The effort reaches templates that read `reasoning_effort` (gpt-oss's).
+        if let Some(effort) = self.effort()? {
+            req.template_args
+                .insert("reasoning_effort".into(), Value::String(effort.into()));
+        }
         Ok(req)
+    }
+
+    /// `output_config.effort`: `low`, `medium` or `high`.
+    fn effort(&self) -> Result<Option<&str>, WireError> {
+        match self.output_config.as_ref().and_then(|c| c.get("effort")) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(e)) if matches!(e.as_str(), "low" | "medium" | "high") => {
+                Ok(Some(e.as_str()))
+            }
+            Some(e) => Err(unsupported(
+                "output_config",
+                format!("effort {e}: one of low, medium, high"),
+            )),
+        }
     }
 
     /// `output_config.format`: a JSON schema the answer follows.
@@ -343,10 +362,13 @@ impl MessagesRequest {
         let Some(obj) = cfg.as_object() else {
             return Err(invalid(Field::ResponseFormat, "must be an object"));
         };
-        if let Some(k) = obj.keys().find(|k| *k != "format") {
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !matches!(k.as_str(), "format" | "effort"))
+        {
             return Err(unsupported(
                 "output_config",
-                format!("`{k}` is not supported (only `format`)"),
+                format!("`{k}` is not supported (only `format` and `effort`)"),
             ));
         }
         match obj.get("format") {
@@ -574,7 +596,12 @@ mod tests {
         ok["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
         assert_eq!(req(ok.clone()).expect("taken").thinking_budget, Some(1024));
         ok["thinking"] = json!({"type": "disabled", "budget_tokens": 0});
-        assert_eq!(req(ok).expect("taken").thinking_budget, None);
+        assert_eq!(req(ok.clone()).expect("taken").thinking_budget, None);
+        ok["output_config"] = json!({"effort": "low"});
+        let r = req(ok.clone()).expect("taken");
+        assert_eq!(r.template_args.get("reasoning_effort"), Some(&json!("low")));
+        ok["output_config"] = json!({"effort": "extreme"});
+        assert_eq!(field(req(ok).expect_err("refused")), "output_config");
         assert_eq!(field(with("temperature", json!(1.5))), "temperature");
         assert_eq!(
             field(with("tool_choice", json!({"type": "tool"}))),

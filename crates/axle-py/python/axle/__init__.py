@@ -170,6 +170,17 @@ class Engine:
         """Token ids of ``text`` (native routes)."""
         return self._engine.tokenize(text, add_special=add_special)
 
+    def embed(self, inputs: Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]],
+              normalize: bool = True, pooling: Optional[str] = None) -> List[List[float]]:
+        """Embeddings of ``inputs`` (a text, a list of token ids, or a list of either), one per
+        input in order: the final hidden states pooled as the model file says or as ``pooling``
+        (``"mean"``, ``"cls"``, ``"last"``) asks, L2-normalized unless ``normalize`` is false, the
+        same alone or batched (native routes; the first call sets up KV for one context of its
+        own)."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        return self._engine._embed(list(inputs), normalize=normalize, pooling=pooling)
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of token ids (native routes)."""
         return self._engine.detokenize(list(tokens))
