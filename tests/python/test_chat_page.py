@@ -151,3 +151,22 @@ def test_thinking_shows_apart_from_the_answer(browser, tmp_path_factory):
         assert "16 tokens" in turn.find_element(By.CSS_SELECTOR, ".stats").text
     finally:
         stop(proc)
+
+
+def test_answers_render_markdown_as_elements_never_as_html(server, browser):
+    """The page's Markdown (fenced code, headings, lists, inline code, bold, italics, links) builds
+    elements; text that looks like HTML stays text."""
+    b = browser
+    b.get(server + "/")
+    text = ("# Title\n\nSome **bold**, *it*, `x = 1` and [a link](https://example.com).\n\n"
+            "```python\nprint('<b>hi</b>')\n```\n- one\n- two\n\n1. first\n\n"
+            "<img src=x onerror=\"window.pwned=1\"> and [bad](javascript:alert(1))")
+    html = b.execute_script(
+        "const d = document.createElement('div'); markdown(d, arguments[0]); return d.innerHTML;", text)
+    assert "<h3>Title</h3>" in html, html
+    assert "<strong>bold</strong>" in html and "<em>it</em>" in html and "<code>x = 1</code>" in html, html
+    assert '<a href="https://example.com" rel="noopener noreferrer" target="_blank">a link</a>' in html, html
+    assert "<pre><code data-lang=\"python\">print('&lt;b&gt;hi&lt;/b&gt;')</code></pre>" in html, html
+    assert "<ul><li>one</li><li>two</li></ul>" in html and "<ol><li>first</li></ol>" in html, html
+    assert "<img" not in html and "&lt;img" in html and "href=\"javascript" not in html, html
+    assert not b.execute_script("return window.pwned")
