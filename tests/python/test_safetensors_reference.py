@@ -122,13 +122,15 @@ def test_greedy_continuations_against_mlx_lm(folder):
 
 
 # MLX-quantized folders, written by mlx_lm.convert from the fixture folders: (source, name, bits,
-# per-module override). 4-bit groups of bf16 models become Q4_1 blocks exactly; 8-bit ones, and
-# 4-bit ones of an f32 model (whose scales f16 cannot hold), are dequantized at load.
+# per-module override). 4-bit groups of bf16 models become Q4_1 blocks exactly; 2, 3, 5, 6 and
+# 8-bit ones, and 4-bit ones of an f32 model (whose scales f16 cannot hold), are dequantized at load.
 QUANTIZED = [
     ("llama-bf16", "llama-bf16-q4", 4, None),
     ("llama-bf16", "llama-bf16-q8", 8, None),
     ("qwen3-bf16", "qwen3-bf16-mixed", 4, ("down_proj", 8)),
     ("llama-f32", "llama-f32-q4", 4, None),
+    ("llama-bf16", "llama-bf16-q3-q6", 3, ("down_proj", 6)),
+    ("qwen3-bf16", "qwen3-bf16-q2-q5", 2, ("down_proj", 5)),
 ]
 
 

@@ -1,7 +1,8 @@
 //! MLX's affine quantization (`quantization` in config.json, as `mlx_lm.convert` writes it):
-//! a quantized weight is `<module>.weight` (u32 words packing `bits`-bit values, the first in the
-//! lowest bits), `<module>.scales` and `<module>.biases` (one per group of `group_size` values of a
-//! row), and means `w = scale * q + bias`.
+//! a quantized weight is `<module>.weight` (u32 words holding each row's `bits`-bit values as one
+//! little-endian bit stream, the first value in the lowest bits; for 2, 4 and 8 bits no value
+//! crosses a word), `<module>.scales` and `<module>.biases` (one per group of `group_size` values
+//! of a row), and means `w = scale * q + bias`.
 //!
 //! How each reads here: 4-bit weights become ggml's Q4_1 blocks (32 values, an f16 scale and an
 //! f16 minimum, `w = d * q + m`: the same formula), each block taking its group's scale and bias,
@@ -9,8 +10,8 @@
 //! whose scales are of that type; 0.56 bytes a weight for groups of 64, as MLX's 0.56). No ggml
 //! weight type holds 8-bit affine values, nor 4-bit ones whose scales f16 cannot hold (f32
 //! models): those are dequantized at load, to f16 where the scales are 16-bit (2 bytes a weight
-//! against MLX's 1.06 for 8 bits) and to f32 where they are f32 (4 bytes). Other widths (2, 3,
-//! 5, 6 bits) and modes are refused by name.
+//! against MLX's 1.06 for 8 bits) and to f32 where they are f32 (4 bytes); so are 2, 3, 5 and
+//! 6-bit weights. Other widths and modes are refused by name.
 use crate::ModelError;
 use axle_ggml::DType;
 use half::f16;
@@ -43,9 +44,9 @@ fn affine(v: &Value, at: &str) -> Result<Affine, ModelError> {
             return Err(refuse(format!("{at}: mode {mode} (Axle reads affine)")));
         }
     }
-    if !matches!(bits, 4 | 8) {
+    if !matches!(bits, 2..=6 | 8) {
         return Err(refuse(format!(
-            "{at}: {bits}-bit weights (Axle reads 4 and 8)"
+            "{at}: {bits}-bit weights (Axle reads 2, 3, 4, 5, 6 and 8)"
         )));
     }
     if !matches!(group, 32 | 64 | 128) {
@@ -111,19 +112,15 @@ pub(super) fn convert(
     cols: usize,
     a: Affine,
 ) -> Result<(DType, Vec<u8>), String> {
-    let per_word = (32 / a.bits) as usize;
+    let bits = a.bits as usize;
     let groups = cols / a.group;
-    if cols == 0
-        || !cols.is_multiple_of(a.group)
-        || !cols.is_multiple_of(per_word)
-        || !cols.is_multiple_of(32)
-    {
+    if cols == 0 || !cols.is_multiple_of(a.group) || !cols.is_multiple_of(32) {
         return Err(format!(
             "{cols} columns do not split into groups of {}",
             a.group
         ));
     }
-    if words.len() != rows * cols / per_word * 4
+    if words.len() != rows * cols * bits / 8
         || scales.len() != rows * groups
         || biases.len() != rows * groups
     {
@@ -134,16 +131,13 @@ pub(super) fn convert(
             a.bits
         ));
     }
+    // Value (r, c) at bit (r * cols + c) * bits of the stream (rows are whole words long, as
+    // columns come in multiples of 32); a value spans at most two bytes.
     let q = |r: usize, c: usize| -> u32 {
-        let i = r * cols + c;
-        let w = i / per_word;
-        let word = u32::from_le_bytes([
-            words[4 * w],
-            words[4 * w + 1],
-            words[4 * w + 2],
-            words[4 * w + 3],
-        ]);
-        (word >> (a.bits as usize * (i % per_word))) & ((1 << a.bits) - 1)
+        let at = (r * cols + c) * bits;
+        let lo = words[at / 8] as u32;
+        let hi = words.get(at / 8 + 1).copied().unwrap_or(0) as u32;
+        ((lo | (hi << 8)) >> (at % 8)) & ((1 << bits) - 1)
     };
     let f16_exact = |x: f32| f16::from_f32(x).to_f32() == x;
     let exact = scales.iter().chain(biases).all(|&x| f16_exact(x));
@@ -192,17 +186,16 @@ pub(super) fn convert(
 mod tests {
     use super::*;
 
+    /// MLX's packing: the values as one little-endian bit stream.
     fn pack(values: &[u32], bits: u32) -> Vec<u8> {
-        let per = (32 / bits) as usize;
-        values
-            .chunks(per)
-            .map(|c| {
-                c.iter()
-                    .enumerate()
-                    .fold(0u32, |w, (i, v)| w | (v << (bits as usize * i)))
-            })
-            .flat_map(u32::to_le_bytes)
-            .collect()
+        let mut out = vec![0u8; values.len() * bits as usize / 8];
+        for (i, &v) in values.iter().enumerate() {
+            for k in 0..bits as usize {
+                let at = i * bits as usize + k;
+                out[at / 8] |= (((v >> k) & 1) as u8) << (at % 8);
+            }
+        }
+        out
     }
 
     #[test]
@@ -247,6 +240,32 @@ mod tests {
     }
 
     #[test]
+    fn widths_whose_values_cross_bytes_are_dequantized() {
+        for bits in [2u32, 3, 5, 6] {
+            // Two rows of 64 values, groups of 32: q cycles through every value the width has.
+            let values: Vec<u32> = (0..128).map(|i| (i * 7 + 3) % (1 << bits)).collect();
+            let (scales, biases) = ([0.5f32, 0.25, 2.0, 1.0], [-1.0f32, 0.0, 0.5, -2.0]);
+            let a = Affine { bits, group: 32 };
+            let (t, bytes) = convert(
+                &pack(&values, bits),
+                &scales,
+                &biases,
+                DType::BF16,
+                2,
+                64,
+                a,
+            )
+            .unwrap();
+            assert_eq!(t, DType::F16, "{bits} bits");
+            for (i, &v) in values.iter().enumerate() {
+                let got = f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32();
+                let want = scales[i / 32] * v as f32 + biases[i / 32];
+                assert_eq!(got, f16::from_f32(want).to_f32(), "{bits} bits, value {i}");
+            }
+        }
+    }
+
+    #[test]
     fn per_module_choices_and_refusals() {
         let c: Value = serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
             "model.layers.0.mlp.down_proj": {"bits": 8, "group_size": 64}, "lm_head": false}});
@@ -261,7 +280,8 @@ mod tests {
         );
         assert_eq!(q.of("lm_head"), None);
         for bad in [
-            serde_json::json!({"quantization": {"group_size": 64, "bits": 3}}),
+            serde_json::json!({"quantization": {"group_size": 64, "bits": 7}}),
+            serde_json::json!({"quantization": {"group_size": 64, "bits": 1}}),
             serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}}),
             serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}),
         ] {
