@@ -23,6 +23,8 @@ impl DType {
     pub const Q4_1: DType = DType(sys::GGML_TYPE_Q4_1);
     /// 5-bit blocks of 32 with a scale.
     pub const Q5_0: DType = DType(sys::GGML_TYPE_Q5_0);
+    /// 5-bit blocks of 32 with a scale and a minimum.
+    pub const Q5_1: DType = DType(sys::GGML_TYPE_Q5_1);
     /// 8-bit blocks of 32 with a scale.
     pub const Q8_0: DType = DType(sys::GGML_TYPE_Q8_0);
 

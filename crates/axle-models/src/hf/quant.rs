@@ -4,14 +4,14 @@
 //! crosses a word), `<module>.scales` and `<module>.biases` (one per group of `group_size` values
 //! of a row), and means `w = scale * q + bias`.
 //!
-//! How each reads here: 4-bit weights become ggml's Q4_1 blocks (32 values, an f16 scale and an
-//! f16 minimum, `w = d * q + m`: the same formula), each block taking its group's scale and bias,
-//! which is exact where every scale and bias is an f16 value (always for bf16 and f16 models,
-//! whose scales are of that type; 0.56 bytes a weight for groups of 64, as MLX's 0.56). No ggml
-//! weight type holds 8-bit affine values, nor 4-bit ones whose scales f16 cannot hold (f32
-//! models): those are dequantized at load, to f16 where the scales are 16-bit (2 bytes a weight
-//! against MLX's 1.06 for 8 bits) and to f32 where they are f32 (4 bytes); so are 2, 3, 5 and
-//! 6-bit weights. Other widths and modes are refused by name.
+//! How each reads here: 4-bit and 5-bit weights become ggml's Q4_1 and Q5_1 blocks (32 values,
+//! an f16 scale and an f16 minimum, `w = d * q + m`: the same formula), each block taking its
+//! group's scale and bias, which is exact where every scale and bias is an f16 value (always for
+//! bf16 and f16 models, whose scales are of that type; 0.56 and 0.69 bytes a weight for groups of
+//! 64, as MLX's 0.56 and 0.69). No ggml weight type holds 2, 3, 6 or 8-bit affine values, nor 4 or
+//! 5-bit ones whose scales f16 cannot hold (f32 models): those are dequantized at load, to f16
+//! where the scales are 16-bit (2 bytes a weight against MLX's 1.06 for 8 bits) and to f32 where
+//! they are f32 (4 bytes). Other widths and modes are refused by name.
 use crate::ModelError;
 use axle_ggml::DType;
 use half::f16;
@@ -141,23 +141,33 @@ pub(super) fn convert(
     };
     let f16_exact = |x: f32| f16::from_f32(x).to_f32() == x;
     let exact = scales.iter().chain(biases).all(|&x| f16_exact(x));
-    if a.bits == 4 && exact {
-        // Q4_1: per block of 32, d (f16), m (f16), then 16 bytes holding value j in the low
-        // nibble of byte j and value j + 16 in the high nibble.
-        let mut out = Vec::with_capacity(rows * cols / 32 * 20);
+    if matches!(a.bits, 4 | 5) && exact {
+        // Q4_1 and Q5_1: per block of 32, d (f16) and m (f16); Q5_1 then a u32 whose bit j is
+        // value j's fifth bit; then 16 bytes holding value j's low four bits in the low nibble of
+        // byte j and value j + 16's in the high nibble.
+        let (dtype, block) = if a.bits == 4 {
+            (DType::Q4_1, 20)
+        } else {
+            (DType::Q5_1, 24)
+        };
+        let mut out = Vec::with_capacity(rows * cols / 32 * block);
         for r in 0..rows {
             for b in 0..cols / 32 {
                 let g = r * groups + b * 32 / a.group;
                 out.extend_from_slice(&f16::from_f32(scales[g]).to_le_bytes());
                 out.extend_from_slice(&f16::from_f32(biases[g]).to_le_bytes());
+                if a.bits == 5 {
+                    let high = (0..32).fold(0u32, |h, j| h | ((q(r, b * 32 + j) >> 4) << j));
+                    out.extend_from_slice(&high.to_le_bytes());
+                }
                 for j in 0..16 {
-                    let lo = q(r, b * 32 + j);
-                    let hi = q(r, b * 32 + j + 16);
+                    let lo = q(r, b * 32 + j) & 15;
+                    let hi = q(r, b * 32 + j + 16) & 15;
                     out.push((lo | (hi << 4)) as u8);
                 }
             }
         }
-        return Ok((DType::Q4_1, out));
+        return Ok((dtype, out));
     }
     let value = |r: usize, c: usize| {
         let g = r * groups + c / a.group;
@@ -240,11 +250,45 @@ mod tests {
     }
 
     #[test]
+    fn five_bit_groups_become_q5_1_blocks_with_the_same_values() {
+        // One row of 64 values, groups of 32: q = (i * 11) % 32 reaches every fifth bit.
+        let values: Vec<u32> = (0..64).map(|i| (i * 11) % 32).collect();
+        let a = Affine { bits: 5, group: 32 };
+        let (t, bytes) = convert(
+            &pack(&values, 5),
+            &[0.5, 2.0],
+            &[-1.0, 0.25],
+            DType::BF16,
+            1,
+            64,
+            a,
+        )
+        .unwrap();
+        assert_eq!(t, DType::Q5_1);
+        assert_eq!(bytes.len(), 2 * 24);
+        for (b, block) in bytes.chunks(24).enumerate() {
+            let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+            let qh = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+            // ggml's dequantize_row_q5_1.
+            for j in 0..16 {
+                let x0 = (block[8 + j] & 15) as u32 | (((qh >> j) << 4) & 0x10);
+                let x1 = (block[8 + j] >> 4) as u32 | ((qh >> (j + 12)) & 0x10);
+                for (k, x) in [(j, x0), (j + 16, x1)] {
+                    let want = [0.5, 2.0][b] * values[b * 32 + k] as f32 + [-1.0, 0.25][b];
+                    assert_eq!(d * x as f32 + m, want, "block {b} value {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn widths_whose_values_cross_bytes_are_dequantized() {
         for bits in [2u32, 3, 5, 6] {
             // Two rows of 64 values, groups of 32: q cycles through every value the width has.
             let values: Vec<u32> = (0..128).map(|i| (i * 7 + 3) % (1 << bits)).collect();
-            let (scales, biases) = ([0.5f32, 0.25, 2.0, 1.0], [-1.0f32, 0.0, 0.5, -2.0]);
+            // 0.1 is no f16 value: 5 bits too are dequantized then.
+            let (scales, biases) = ([0.5f32, 0.25, 2.0, 1.0], [-1.0f32, 0.0, 0.5, 0.1]);
             let a = Affine { bits, group: 32 };
             let (t, bytes) = convert(
                 &pack(&values, bits),
