@@ -1,6 +1,7 @@
 """Fills the README's `<!-- bench:results -->` section from checked-in artifacts: Axle on the CPU
 against libllama (the compare scenarios of benchmarks/manifests), and one GPU stream against
-llama.cpp's own `llama-bench` and batched decode against `llama-batched-bench` (scripts/gpu-reference.sh). Only ratios measured in one session
+llama.cpp's own `llama-bench` and batched decode against `llama-batched-bench` (scripts/gpu-reference.sh),
+and serving over HTTP against `llama-server` (axle bench serve). Only ratios measured in one session
 against one reference appear; the full tables are in docs/performance.md and docs/gpu.md.
 
     python3 scripts/readme-results.py [--readme README.md]
@@ -20,6 +21,9 @@ CPU = [("SmolLM2-135M Q4_1", "compare-smollm2.json"), ("Gemma 3 270M Q4_K_M", "c
 GPU = [("Llama-3-8B-shaped Q4_0", "h200-references")]
 # Batched decode rows shown: (prompt tokens, sequences).
 BATCHED = [(2048, 16), (2048, 64), (8192, 16)]
+# Serving over HTTP (axle bench serve) shown: the artifact of the configuration `axle serve` now
+# defaults to on the GPU (4096 tokens a step).
+SERVE = [("Llama-3-8B-shaped Q4_0", "serve/serve-q4_0-c64-p2048-t256-ngram-off-mbt4096.json")]
 
 
 def cpu_rows():
@@ -63,10 +67,21 @@ def gpu_rows():
                        a["axle_median"] / tool[seqs], "llama.cpp's llama-batched-bench", at)
 
 
+def serve_rows():
+    for model, name in SERVE:
+        a = json.loads((art / "gpu" / name).read_text())
+        r, load = a["report"], a["report"]["load"]
+        yield (a["device"].split(",")[0].strip(), model,
+               f"HTTP, {load['clients']} streaming clients x {load['prompt_tokens']}-token prompts, output tok/s"
+               + (" (n-gram off)" if "--ngram --axle-arg=off" in a["command"] else ""),
+               r["axle"]["output_tok_s"] / r["llama_server"]["output_tok_s"], "llama.cpp's llama-server",
+               a["environment"]["git_commit"][:7])
+
+
 def table():
     out = ["| device | model | workload | Axle / reference | reference | Axle commit |",
            "|---|---|---|--:|---|---|"]
-    for where, model, w, ratio, ref, commit in list(cpu_rows()) + list(gpu_rows()):
+    for where, model, w, ratio, ref, commit in list(cpu_rows()) + list(gpu_rows()) + list(serve_rows()):
         out.append(f"| {where} | {model} | {w} | {ratio:.2f}x | {ref} | {commit} |")
     return "\n".join(out) + "\n"
 
