@@ -185,15 +185,15 @@ def test_the_python_package_passes_template_variables(tmp_path_factory):
             e.chat(msgs, max_tokens=4, chat_template_kwargs={"add_generation_prompt": False})
         assert err.value.field == "chat_template_kwargs"
         free = e.chat(msgs, temperature=0, max_tokens=30)
-        bounded = e.chat(msgs, temperature=0, max_tokens=30, thinking_budget=6)
+        bounded = e.chat(msgs, temperature=0, max_tokens=30, reasoning_budget=6)
         assert bounded.reasoning.strip() and free.reasoning.startswith(bounded.reasoning)
         assert len(bounded.reasoning) < len(free.reasoning)
         with pytest.raises(axle.RequestError) as err:
-            e.chat(msgs, max_tokens=4, thinking_budget=0)
+            e.chat(msgs, max_tokens=4, reasoning_budget=0)
         assert err.value.field == "thinking"
 
 
-def test_a_thinking_budget_closes_the_thinking(switch):
+def test_a_reasoning_budget_closes_the_thinking(switch):
     """`budget_tokens` bounds the thinking: without a bound SmolLM2 never closes it (all 40 tokens
     are thinking); with a bound of 8 the closing marker is forced after 8 tokens of thinking and the
     answer follows. The bounded thinking is the free one's beginning, streamed or not, and a bound

@@ -453,7 +453,7 @@ impl Engine {
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None, seed=None,
         stop=None, logprobs=None, n=1, ignore_eos=false, ngram=true, response_format=None,
         tools=None, tool_choice=None, parallel_tool_calls=true, chat_template_kwargs=None,
-        thinking_budget=None
+        reasoning_budget=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn _start(
@@ -479,7 +479,7 @@ impl Engine {
         tool_choice: Option<String>,
         parallel_tool_calls: bool,
         chat_template_kwargs: Option<String>,
-        thinking_budget: Option<usize>,
+        reasoning_budget: Option<usize>,
     ) -> PyResult<Vec<TextStream>> {
         let bad = |field: Field, e: serde_json::Error| {
             py_err(
@@ -531,7 +531,7 @@ impl Engine {
             ignore_eos,
             speculate: ngram,
             template_args,
-            thinking_budget,
+            reasoning_budget,
             ..GenerateRequest::new(prompt_of(prompt)?)
         };
         let streams = self.start(py, &req)?;

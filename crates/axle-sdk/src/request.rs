@@ -171,7 +171,7 @@ pub struct GenerateRequest {
     /// Most tokens of thinking (models whose template marks it; chat prompts): at this many the
     /// closing marker is forced and the answer follows. Thinking that closes in time is left as
     /// it would be without the bound. None: no bound.
-    pub thinking_budget: Option<usize>,
+    pub reasoning_budget: Option<usize>,
 }
 
 /// Seeds of requests that set none: distinct per request, the same sequence on every run.
@@ -197,7 +197,7 @@ impl GenerateRequest {
             ignore_eos: false,
             speculate: true,
             template_args: TemplateVars::new(),
-            thinking_budget: None,
+            reasoning_budget: None,
         }
     }
 
@@ -265,9 +265,9 @@ impl GenerateRequest {
         if self.max_tokens == Some(0) {
             return invalid(Field::MaxTokens, "must be at least 1".into());
         }
-        if self.thinking_budget == Some(0) {
+        if self.reasoning_budget == Some(0) {
             return invalid(
-                Field::ThinkingBudget,
+                Field::ReasoningBudget,
                 "budget_tokens must be at least 1".into(),
             );
         }
@@ -434,7 +434,7 @@ pub enum Field {
     /// The chat template's variables (`chat_template_kwargs`).
     TemplateArgs,
     /// The thinking's bound (Anthropic's `thinking.budget_tokens`).
-    ThinkingBudget,
+    ReasoningBudget,
 }
 
 impl Field {
@@ -455,7 +455,7 @@ impl Field {
             Field::ResponseFormat => "response_format",
             Field::ToolChoice => "tool_choice",
             Field::TemplateArgs => "chat_template_kwargs",
-            Field::ThinkingBudget => "thinking",
+            Field::ReasoningBudget => "thinking",
         }
     }
 }

@@ -256,7 +256,7 @@ impl Session {
                 ),
                 None => None,
             };
-            if let (Some(budget), Some((markers, opened))) = (req.thinking_budget, &thinking) {
+            if let (Some(budget), Some((markers, opened))) = (req.reasoning_budget, &thinking) {
                 let engine = self.grammar.get(&self.model)?;
                 constraint = Some(engine.bound_thinking(constraint, markers, *opened, budget));
             }

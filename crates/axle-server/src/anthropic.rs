@@ -295,7 +295,7 @@ impl MessagesRequest {
                         Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
                         _ => {
                             return Err(invalid(
-                                Field::ThinkingBudget,
+                                Field::ReasoningBudget,
                                 format!("budget_tokens must be a positive integer, got {v}"),
                             ))
                         }
@@ -312,7 +312,7 @@ impl MessagesRequest {
         }
         let mut req = GenerateRequest::new(Prompt::Chat(self.chat_messages()?));
         req.max_tokens = self.max_tokens;
-        req.thinking_budget = budget;
+        req.reasoning_budget = budget;
         req.sampling = SamplingOptions {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -594,9 +594,9 @@ mod tests {
         }
         let mut ok = base.clone();
         ok["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-        assert_eq!(req(ok.clone()).expect("taken").thinking_budget, Some(1024));
+        assert_eq!(req(ok.clone()).expect("taken").reasoning_budget, Some(1024));
         ok["thinking"] = json!({"type": "disabled", "budget_tokens": 0});
-        assert_eq!(req(ok.clone()).expect("taken").thinking_budget, None);
+        assert_eq!(req(ok.clone()).expect("taken").reasoning_budget, None);
         ok["output_config"] = json!({"effort": "low"});
         let r = req(ok.clone()).expect("taken");
         assert_eq!(r.template_args.get("reasoning_effort"), Some(&json!("low")));

@@ -24,7 +24,7 @@ enum Phase {
 }
 
 /// The bound (see the module's documentation).
-pub struct ThinkingBudget {
+pub struct ReasoningBudget {
     inner: Option<Box<dyn TokenConstraint>>,
     /// Each token's bytes as text (empty for control tokens).
     pieces: Arc<Vec<Vec<u8>>>,
@@ -40,16 +40,16 @@ pub struct ThinkingBudget {
     every: TokenMask,
 }
 
-impl std::fmt::Debug for ThinkingBudget {
+impl std::fmt::Debug for ReasoningBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThinkingBudget")
+        f.debug_struct("ReasoningBudget")
             .field("budget", &self.budget)
             .field("phase", &self.phase)
             .finish()
     }
 }
 
-impl ThinkingBudget {
+impl ReasoningBudget {
     /// Bounds the thinking between `markers` to `budget` tokens (at least 1): `opened` when the
     /// prompt ended inside the thinking; `close_tokens` are forced at the bound (one control
     /// token, `close_token`, where the vocabulary has the marker as one). `inner`: the
@@ -62,9 +62,9 @@ impl ThinkingBudget {
         close_tokens: Vec<TokenId>,
         budget: usize,
         opened: bool,
-    ) -> ThinkingBudget {
+    ) -> ReasoningBudget {
         let every = TokenMask::from_words(vec![u32::MAX; pieces.len().div_ceil(32)]);
-        ThinkingBudget {
+        ReasoningBudget {
             inner,
             pieces,
             markers,
@@ -158,7 +158,7 @@ impl ThinkingBudget {
     }
 }
 
-impl TokenConstraint for ThinkingBudget {
+impl TokenConstraint for ReasoningBudget {
     fn start(&mut self) -> Result<Advanced, String> {
         let a = match self.inner.as_mut() {
             Some(c) => c.start()?,
@@ -219,7 +219,7 @@ mod tests {
     }
 
     /// Bytes as single-byte tokens, and one more token: `</think>` as a control token (256).
-    fn budget(n: usize, opened: bool, control: bool) -> ThinkingBudget {
+    fn budget(n: usize, opened: bool, control: bool) -> ReasoningBudget {
         let mut pieces: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         pieces.push(Vec::new());
         let (close_token, close_tokens) = if control {
@@ -227,7 +227,7 @@ mod tests {
         } else {
             (None, b"</think>".iter().map(|&b| b as TokenId).collect())
         };
-        ThinkingBudget::new(
+        ReasoningBudget::new(
             None,
             Arc::new(pieces),
             markers(),
@@ -238,7 +238,7 @@ mod tests {
         )
     }
 
-    fn run(b: &mut ThinkingBudget, text: &str) -> Vec<Vec<TokenId>> {
+    fn run(b: &mut ReasoningBudget, text: &str) -> Vec<Vec<TokenId>> {
         assert!(b.start().unwrap().forced.is_empty());
         text.bytes()
             .map(|t| {
@@ -276,7 +276,7 @@ mod tests {
         assert!(run_more(&mut b, "long answer").iter().all(Vec::is_empty));
     }
 
-    fn run_more(b: &mut ThinkingBudget, text: &str) -> Vec<Vec<TokenId>> {
+    fn run_more(b: &mut ReasoningBudget, text: &str) -> Vec<Vec<TokenId>> {
         text.bytes()
             .map(|t| b.advance(t as TokenId).unwrap().forced)
             .collect()

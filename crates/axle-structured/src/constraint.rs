@@ -5,7 +5,7 @@
 //! which computes it while the engine runs the model's forward pass. The engine thread only waits
 //! when it needs the mask before the thread has it, and never for a thread to wake up just to
 //! answer: a mask the thread has not started is computed in place.
-use crate::budget::ThinkingBudget;
+use crate::budget::ReasoningBudget;
 use crate::format::OutputConstraint;
 use crate::reasoning::ThinkingMarkers;
 use crate::vocabulary::{TokenEnv, Vocabulary};
@@ -193,7 +193,7 @@ impl GrammarEngine {
     }
 
     /// Bounds a request's thinking between `markers` to `budget` tokens, around its own
-    /// constraint `inner` (see [`ThinkingBudget`]); `opened`: the prompt ended inside the
+    /// constraint `inner` (see [`ReasoningBudget`]); `opened`: the prompt ended inside the
     /// thinking.
     pub fn bound_thinking(
         &self,
@@ -208,7 +208,7 @@ impl GrammarEngine {
             Some(id) => vec![id],
             None => env.tokenize(&markers.close),
         };
-        Box::new(ThinkingBudget::new(
+        Box::new(ReasoningBudget::new(
             inner,
             self.digits.bytes.clone(),
             markers.clone(),
@@ -997,7 +997,7 @@ mod tests {
     }
 
     #[test]
-    fn a_thinking_budget_closes_the_thinking_before_a_constrained_answer() {
+    fn a_reasoning_budget_closes_the_thinking_before_a_constrained_answer() {
         let e = engine();
         let markers = crate::reasoning::ThinkingMarkers::of_template(Some("<think></think>"))
             .expect("markers");

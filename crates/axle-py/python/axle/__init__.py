@@ -116,7 +116,7 @@ class Engine:
         ``(name, arguments_json)`` and ``finish_reason == "tool_calls"``. Chat prompts:
         ``chat_template_kwargs`` (a dict) gives the template more variables, e.g.
         ``{"enable_thinking": False}``; a template's thinking comes back in
-        ``completion.reasoning``, and ``thinking_budget=N`` forces its closing marker after N
+        ``completion.reasoning``, and ``reasoning_budget=N`` forces its closing marker after N
         tokens of thinking.
         """
         n = sampling.get("n", 1)

@@ -233,9 +233,9 @@ impl Upstream {
                 "delegated backends have no token-id routes: they take text or messages",
             );
         }
-        if req.thinking_budget.is_some() {
+        if req.reasoning_budget.is_some() {
             return unsupported(
-                Field::ThinkingBudget,
+                Field::ReasoningBudget,
                 "budget_tokens is enforced on native routes only (an OpenAI-compatible upstream \
                  has no such bound)",
             );
