@@ -181,7 +181,7 @@ pub fn run(
     let session = Arc::new(Session::new(
         model.clone(),
         EngineConfig {
-            context_len: context,
+            context,
             kv_slots: (2 * context) as u32,
             max_draft: 0,
             ..Default::default()

@@ -125,7 +125,7 @@ fn axle_run(
     let per_seq = (longest + max_new + 8).max(KV_ALIGN as usize);
     let cfg = EngineConfig {
         // Long enough for the longest prompt and its tokens (8k-token prompts included).
-        context_len: per_seq.max(axle_sdk::defaults::CONTEXT),
+        context: per_seq.max(axle_sdk::defaults::CONTEXT),
         kv_slots: ((b * per_seq) as u32).div_ceil(256) * 256 + 256,
         max_seqs: b.max(1),
         max_batch_tokens: budget,

@@ -465,7 +465,7 @@ fn engine(model: &Arc<Model>, kv_slots: u32) -> Result<Arc<Session>, BenchError>
         model.clone(),
         EngineConfig {
             kv_slots,
-            context_len: 1024,
+            context: 1024,
             ..Default::default()
         },
     )?))

@@ -46,7 +46,7 @@ fn run(draft: Option<DraftConfig>, prompt: &[u32]) -> (Vec<Vec<u32>>, usize, usi
         max_seqs: 64,
         n_blocks: 4096,
         block_size: 16,
-        context_limit: 64,
+        context: 64,
         prefix_caching: true,
         reuse_marked_only: false,
         model_id: 1,

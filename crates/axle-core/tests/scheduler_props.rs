@@ -403,7 +403,7 @@ fn cfg(n_blocks: u32, caching: bool, max_batch_tokens: usize, max_seqs: usize) -
         max_seqs,
         n_blocks,
         block_size: BS,
-        context_limit: 28,
+        context: 28,
         prefix_caching: caching,
         reuse_marked_only: false,
         model_id: 9,
@@ -716,7 +716,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
             max_seqs: 4,
             n_blocks: 64,
             block_size: BS,
-            context_limit: 256,
+            context: 256,
             prefix_caching: false,
             reuse_marked_only: false,
             model_id: 1,
@@ -949,7 +949,7 @@ fn draft_model_drafts_are_verified_and_counted() {
     let c = || {
         let mut c = with_drafts(
             SchedulerConfig {
-                context_limit: 256,
+                context: 256,
                 ..cfg(64, false, 64, 4)
             },
             4,

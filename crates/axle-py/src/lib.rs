@@ -430,7 +430,7 @@ impl Engine {
             let cfg = configure(session.model());
             let embedder = EmbedderConfig {
                 pooling: None,
-                kv_slots: cfg.context_len as u32,
+                kv_slots: cfg.context as u32,
                 block_size: cfg.block_size,
                 max_batch_tokens: cfg.max_batch_tokens,
                 max_seqs: cfg.max_seqs,

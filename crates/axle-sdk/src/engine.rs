@@ -43,7 +43,7 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Most tokens one sequence may hold.
     #[default(defaults::CONTEXT)]
-    pub context_len: usize,
+    pub context: usize,
     /// Longest draft (0 turns speculation off for every request).
     #[default(defaults::DRAFT_LEN)]
     pub max_draft: usize,
@@ -191,7 +191,7 @@ impl EngineConfig {
         });
         EngineConfig {
             kv_slots,
-            context_len: ctx,
+            context: ctx,
             max_seqs,
             max_batch_tokens: sizing
                 .max_batch_tokens
@@ -567,7 +567,7 @@ impl EngineCore {
             max_seqs: cfg.max_seqs,
             n_blocks: kv_slots / cfg.block_size,
             block_size: cfg.block_size,
-            context_limit: cfg.context_len,
+            context: cfg.context,
             prefix_caching: cfg.prefix_caching && (!recurrent || saved_states > 0),
             reuse_marked_only: recurrent,
             model_id: model_id(&model),

@@ -34,7 +34,7 @@ fn native() -> AppState {
     let model = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
     let cfg = EngineConfig {
         kv_slots: 256,
-        context_len: 128,
+        context: 128,
         max_draft: 0,
         ..Default::default()
     };

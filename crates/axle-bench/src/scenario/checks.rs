@@ -35,7 +35,7 @@ fn session(model: &Arc<Model>, m: &Manifest) -> Result<Session, BenchError> {
         model.clone(),
         EngineConfig {
             kv_slots: 4096,
-            context_len: 2048,
+            context: 2048,
             max_draft: draft,
             host_kernels: Some(host_kernels),
             ..Default::default()

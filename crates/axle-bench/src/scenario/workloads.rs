@@ -420,7 +420,7 @@ fn generate(
     let ctx = (longest + g.max_tokens + 16).div_ceil(256) * 256;
     let cfg = EngineConfig {
         kv_slots: (ctx * g.concurrency) as u32,
-        context_len: ctx,
+        context: ctx,
         max_seqs: g.concurrency,
         max_draft: if g.ngram { g.draft_len } else { 0 },
         ..Default::default()

@@ -165,7 +165,7 @@ impl Scheduler {
         }
         let cap = self
             .cfg
-            .context_limit
+            .context
             .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
         if spec.prompt.len() >= cap {
             return Err(AdmitError::PromptTooLong {
@@ -640,7 +640,7 @@ impl Scheduler {
     fn draft_room(&self, id: RequestId, budget: usize) -> usize {
         let cap = self
             .cfg
-            .context_limit
+            .context
             .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
         let r = &self.requests[&id];
         let left = r.spec.max_tokens.saturating_sub(r.generated() + 1);
@@ -717,7 +717,7 @@ impl Scheduler {
         let bs = self.cfg.block_size as usize;
         let cap = self
             .cfg
-            .context_limit
+            .context
             .min((self.cfg.n_blocks * self.cfg.block_size) as usize);
         let mut events = Vec::new();
         for (i, s) in plan.seqs.iter().enumerate() {

@@ -79,7 +79,7 @@ pub struct SchedulerConfig {
     /// Slots per block.
     pub block_size: u32,
     /// Most tokens one sequence may hold (prompt + generated).
-    pub context_limit: usize,
+    pub context: usize,
     /// Reuse cached blocks of identical prefixes.
     pub prefix_caching: bool,
     /// Reuse a cached prefix only up to a block the caller marked reusable

@@ -15,7 +15,7 @@ pub fn native(api_key: Option<&str>) -> AppState {
     let model = Arc::new(Model::load(&p, &ModelOptions::cpu(2)).expect("load"));
     let cfg = EngineConfig {
         kv_slots: 1024,
-        context_len: 512,
+        context: 512,
         max_draft: 0,
         ..Default::default()
     };

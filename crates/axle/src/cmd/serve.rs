@@ -127,7 +127,7 @@ fn start_embeddings(
         model.clone(),
         &axle_sdk::EmbedderConfig {
             pooling: a.pooling,
-            kv_slots: engine.context_len as u32,
+            kv_slots: engine.context as u32,
             block_size: engine.block_size,
             max_batch_tokens: engine.max_batch_tokens,
             max_seqs: a.max_batch_size,
