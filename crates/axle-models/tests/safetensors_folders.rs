@@ -91,11 +91,11 @@ fn unreadable_folders_are_refused_by_name() {
     edit(&f, "config.json", &|c| c["model_type"] = "mixtral".into());
     let e = refused(&f);
     assert!(e.contains("mixtral") && e.contains("qwen3"), "{e}");
-    let f = copy("mlx3");
+    let f = copy("mlx7");
     edit(&f, "config.json", &|c| {
-        c["quantization"] = serde_json::json!({"bits": 3, "group_size": 64})
+        c["quantization"] = serde_json::json!({"bits": 7, "group_size": 64})
     });
-    assert!(refused(&f).contains("3-bit"));
+    assert!(refused(&f).contains("7-bit"));
     let f = copy("heads");
     edit(&f, "config.json", &|c| {
         c["num_attention_heads"] = (-3).into()
