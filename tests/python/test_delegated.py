@@ -397,13 +397,18 @@ def test_thinking_from_the_upstream_stays_thinking(tmp_path_factory):
                   if ev.choices]
         assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in pieces) == thought
         assert "".join(d.content or "" for d in pieces) == (direct.content or "")
-        req = urllib.request.Request(base + "/v1/messages", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"model": "delegated", "max_tokens": 12, "temperature": 0,
-                                                      "thinking": {"type": "enabled", "budget_tokens": 1024},
-                                                      "messages": ask["messages"]}).encode())
-        with urllib.request.urlopen(req, timeout=120) as r:
+        def messages(thinking):
+            return urllib.request.Request(base + "/v1/messages", headers={"Content-Type": "application/json"},
+                                          data=json.dumps({"model": "delegated", "max_tokens": 12, "temperature": 0,
+                                                           "thinking": thinking, "messages": ask["messages"]}).encode())
+        with urllib.request.urlopen(messages({"type": "enabled"}), timeout=120) as r:
             blocks = json.load(r)["content"]
         assert blocks[0]["type"] == "thinking" and blocks[0]["thinking"] == thought, blocks
+        # A bound on the thinking is enforced on native routes only: refused here, by name.
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(messages({"type": "enabled", "budget_tokens": 1024}), timeout=120)
+        body = json.load(e.value)
+        assert e.value.code == 400 and "budget_tokens" in body["error"]["message"], body
     finally:
         stop(proc)
         stop(up_proc)
