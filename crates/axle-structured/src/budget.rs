@@ -8,35 +8,26 @@
 //! without its marker (`suffix=` lexemes), and a bounded free-text thought followed by the
 //! marker as its own lexeme swallows the marker's first bytes (the lexer is greedy), so neither
 //! forces the marker at the bound where the marker is text rather than one special token.
-use crate::reasoning::ThinkingMarkers;
+use crate::reasoning::{ReasoningSplitter, ThinkingMarkers};
 use axle_core::{Advanced, Allowed, ConstraintTiming, TokenConstraint, TokenId, TokenMask};
 use std::sync::Arc;
-
-/// Where the output stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Nothing but whitespace, or a prefix of the opening marker, yet.
-    Start,
-    /// Inside the thinking, this many tokens in.
-    Thinking(usize),
-    /// The thinking closed, was cut, or never opened: nothing more to bound.
-    Done,
-}
 
 /// The bound (see the module's documentation).
 pub struct ReasoningBudget {
     inner: Option<Box<dyn TokenConstraint>>,
     /// Each token's bytes as text (empty for control tokens).
     pieces: Arc<Vec<Vec<u8>>>,
-    markers: ThinkingMarkers,
+    /// Where the output stands, as the engine splits it into thinking and answer.
+    split: ReasoningSplitter,
+    /// The closing marker's text (what a control-token marker stands for).
+    close: String,
     /// The closing marker as one control token, where the vocabulary has it so.
     close_token: Option<TokenId>,
     /// What is forced at the bound.
     close_tokens: Vec<TokenId>,
     budget: usize,
-    phase: Phase,
-    /// The output's bytes since the start or the opening marker (the tail a marker may span).
-    text: Vec<u8>,
+    /// Tokens of thinking so far.
+    spent: usize,
     every: TokenMask,
 }
 
@@ -44,7 +35,7 @@ impl std::fmt::Debug for ReasoningBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReasoningBudget")
             .field("budget", &self.budget)
-            .field("phase", &self.phase)
+            .field("spent", &self.spent)
             .finish()
     }
 }
@@ -67,70 +58,35 @@ impl ReasoningBudget {
         ReasoningBudget {
             inner,
             pieces,
-            markers,
+            close: markers.close.clone(),
+            split: ReasoningSplitter::new(markers, opened),
             close_token,
             close_tokens,
             budget: budget.max(1),
-            phase: if opened {
-                Phase::Thinking(0)
-            } else {
-                Phase::Start
-            },
-            text: Vec::new(),
+            spent: 0,
             every,
         }
     }
 
-    /// Takes an emitted token; true when the bound is reached with the thinking still open.
+    /// Takes an emitted token; true when the bound is reached with the thinking still open. A
+    /// token counts when the thinking was open before it (the one that opens it does not).
     fn observe(&mut self, token: TokenId) -> bool {
-        let piece = self
-            .pieces
-            .get(token as usize)
-            .map_or(&[][..], |p| p.as_slice());
-        match self.phase {
-            Phase::Done => false,
-            Phase::Start => {
-                self.text.extend_from_slice(piece);
-                let open = self.markers.open.as_bytes();
-                let start = self.text.iter().position(|b| !b.is_ascii_whitespace());
-                let rest = start.map_or(&[][..], |s| &self.text[s..]);
-                if rest.starts_with(open) {
-                    let after = rest[open.len()..].to_vec();
-                    self.phase = Phase::Thinking(0);
-                    self.text = after;
-                    self.closed_in_text();
-                } else if !open.starts_with(rest) {
-                    self.phase = Phase::Done;
-                }
-                false
-            }
-            Phase::Thinking(n) => {
-                if Some(token) == self.close_token {
-                    self.phase = Phase::Done;
-                    return false;
-                }
-                self.text.extend_from_slice(piece);
-                self.phase = Phase::Thinking(n + 1);
-                if self.closed_in_text() {
-                    return false;
-                }
-                let keep = self.markers.close.len();
-                if self.text.len() > keep {
-                    self.text.drain(..self.text.len() - keep);
-                }
-                n + 1 >= self.budget
-            }
+        let was = self.split.thinking();
+        if Some(token) == self.close_token {
+            self.split.push(&self.close);
+        } else {
+            let piece = self
+                .pieces
+                .get(token as usize)
+                .map_or(&[][..], Vec::as_slice);
+            // The markers are ASCII: a character cut between tokens cannot hide one.
+            self.split.push(&String::from_utf8_lossy(piece));
         }
-    }
-
-    /// Whether the text seen holds the closing marker (then the thinking is done).
-    fn closed_in_text(&mut self) -> bool {
-        let close = self.markers.close.as_bytes();
-        let closed = self.text.windows(close.len()).any(|w| w == close);
-        if closed {
-            self.phase = Phase::Done;
+        if !(was && self.split.thinking()) {
+            return false;
         }
-        closed
+        self.spent += 1;
+        self.spent >= self.budget
     }
 
     /// Follows `a` (what the inner constraint forced after a token) and adds the closing marker
@@ -141,8 +97,8 @@ impl ReasoningBudget {
             due |= self.observe(f);
         }
         if due && !a.finished {
-            self.phase = Phase::Done;
-            for &c in &self.close_tokens.clone() {
+            self.split.push(&self.close);
+            for &c in &self.close_tokens {
                 a.forced.push(c);
                 if let Some(inner) = self.inner.as_mut() {
                     let after = inner.advance(c)?;
@@ -191,9 +147,10 @@ impl TokenConstraint for ReasoningBudget {
             None => tokens.len(),
         };
         // Drafts never run past the bound (what the bound forces there is not drafted).
-        match self.phase {
-            Phase::Thinking(n) => inner.min(self.budget.saturating_sub(n + 1)),
-            _ => inner,
+        if self.split.thinking() {
+            inner.min(self.budget.saturating_sub(self.spent + 1))
+        } else {
+            inner
         }
     }
 
