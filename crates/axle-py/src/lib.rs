@@ -427,16 +427,7 @@ impl Engine {
         let mut embedding = None;
         if let Generator::Native(session) = &generator {
             report.model_source = local.map(|l| l.source);
-            let cfg = configure(session.model());
-            let embedder = EmbedderConfig {
-                pooling: None,
-                kv_slots: cfg.context as u32,
-                block_size: cfg.block_size,
-                max_batch_tokens: cfg.max_batch_tokens,
-                max_seqs: cfg.max_seqs,
-                kernels: cfg.kernels,
-                host_kernels: cfg.host_kernels,
-            };
+            let embedder = EmbedderConfig::beside(&configure(session.model()), None);
             embedding = Some((embedder, Mutex::new(None)));
         }
         Ok(Engine {

@@ -44,6 +44,22 @@ pub struct EmbedderConfig {
     pub host_kernels: Option<HostKernels>,
 }
 
+impl EmbedderConfig {
+    /// An embedder beside an engine of `engine`'s configuration: KV for one context of its own,
+    /// the engine's step limits and kernels; `pooling` as asked (None: as the model file says).
+    pub fn beside(engine: &crate::EngineConfig, pooling: Option<Pooling>) -> EmbedderConfig {
+        EmbedderConfig {
+            pooling,
+            kv_slots: engine.context as u32,
+            block_size: engine.block_size,
+            max_batch_tokens: engine.max_batch_tokens,
+            max_seqs: engine.max_seqs,
+            kernels: engine.kernels,
+            host_kernels: engine.host_kernels,
+        }
+    }
+}
+
 /// A model computing embeddings.
 #[derive(Debug)]
 pub struct Embedder {

@@ -125,15 +125,7 @@ fn start_embeddings(
     let engine = a.run.engine.engine_config(model, a.max_batch_size, 1);
     let service = axle_sdk::Embeddings::start(
         model.clone(),
-        &axle_sdk::EmbedderConfig {
-            pooling: a.pooling,
-            kv_slots: engine.context as u32,
-            block_size: engine.block_size,
-            max_batch_tokens: engine.max_batch_tokens,
-            max_seqs: a.max_batch_size,
-            kernels: engine.kernels,
-            host_kernels: engine.host_kernels,
-        },
+        &axle_sdk::EmbedderConfig::beside(&engine, a.pooling),
     )
     .context("cannot serve embeddings")?;
     eprintln!(
