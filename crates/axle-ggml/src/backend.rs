@@ -74,7 +74,7 @@ pub fn backend_search_dirs() -> Vec<std::path::PathBuf> {
 pub type LoadedBackend = (std::path::PathBuf, std::result::Result<String, String>);
 
 /// Loads the device backends built as shared libraries (`libggml-cuda.so` from
-/// `scripts/build-cuda-backend.sh`, or Vulkan, ROCm, ...) from [`backend_search_dirs`], once per
+/// `scripts/build-backend.sh cuda`, or Vulkan, ROCm, ...) from [`backend_search_dirs`], once per
 /// process, and returns what was loaded (file, and the error for files ggml refused). The CPU
 /// backend is linked in and always registered; without such files the program stays CPU-only.
 pub fn load_dynamic_backends() -> &'static [LoadedBackend] {

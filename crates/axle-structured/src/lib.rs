@@ -13,13 +13,16 @@
 
 pub mod budget;
 mod constraint;
+mod digits;
 mod format;
+mod grammar_constraint;
 mod limits;
 pub mod reasoning;
 pub mod tools;
 mod vocabulary;
 
-pub use constraint::{digit_limit, AnswerStart, Grammar, GrammarEngine, JSON_DIGIT_LIMIT};
+pub use constraint::{AnswerStart, Grammar, GrammarEngine};
+pub use digits::{digit_limit, JSON_DIGIT_LIMIT};
 pub use format::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use limits::{check_tool_schema, MAX_GRAMMAR_BYTES, MAX_GRAMMAR_DEPTH};
 pub use vocabulary::Vocabulary;

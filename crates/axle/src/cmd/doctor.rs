@@ -87,7 +87,7 @@ fn print_backends() {
         .collect();
     println!("backend libraries searched in: {}", dirs.join(", "));
     if loaded.is_empty() {
-        println!("  none found: CPU only (scripts/build-cuda-backend.sh builds libggml-cuda.so)");
+        println!("  none found: CPU only (scripts/build-backend.sh cuda builds libggml-cuda.so)");
     }
     for (path, result) in loaded {
         match result {
