@@ -31,6 +31,7 @@ FOLDERS = [
     ("llama-tiny.gguf", "llama-bf16", "llama", "BF16", "smollm"),
     ("qwen3-tiny.gguf", "qwen3-bf16", "qwen3", "BF16", "qwen2"),
     ("qwen2-tiny.gguf", "qwen2-f32", "qwen2", "F32", "llama3"),
+    ("qwen3moe-tiny.gguf", "qwen3moe-bf16", "qwen3_moe", "BF16", "qwen2"),
 ]
 
 QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -45,7 +46,18 @@ LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_at
          "attn_v.bias": "self_attn.v_proj.bias", "attn_output.weight": "self_attn.o_proj.weight",
          "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
          "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
-         "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+         "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+         "ffn_gate_inp.weight": "mlp.gate.weight"}
+
+
+def hf_names(name, w):
+    """(Transformers name, array) pairs of one GGUF tensor: experts' weights (`*_exps`, stacked
+    in a GGUF) one by one, as Transformers writes them."""
+    if name.endswith("_exps.weight"):
+        _, layer, rest = name.split(".", 2)
+        proj = rest.split("_")[1]
+        return [(f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight", w[e]) for e in range(w.shape[0])]
+    return [(hf_name(name), w)]
 
 
 def hf_name(name):
@@ -163,20 +175,19 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
             rows = w.shape[0]
             hf = w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
         if dtype == "BF16":
-            bits = bf16_bits(hf)
-            data, st_dtype = bits.tobytes(), "BF16"
+            st_dtype = "BF16"
             # The twin holds the same values: bf16 matrices, f32 vectors.
-            rounded = (bits.astype(np.uint32) << 16).view(np.float32).reshape(hf.shape)
             gg = bf16_bits(w)
             if w.ndim > 1:
                 twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
             else:
                 twin.add_tensor(t.name, (gg.astype(np.uint32) << 16).view(np.float32))
-            del rounded
         else:
-            data, st_dtype = hf.astype(np.float32).tobytes(), "F32"
+            st_dtype = "F32"
             twin.add_tensor(t.name, w.astype(np.float32))
-        shards[i % 2][hf_name(t.name)] = (st_dtype, hf.shape, data)
+        for hf_n, part in hf_names(t.name, hf):
+            raw = bf16_bits(part) if dtype == "BF16" else part.astype(np.float32)
+            shards[i % 2][hf_n] = (st_dtype, part.shape, raw.tobytes())
     twin.write_header_to_file()
     twin.write_kv_data_to_file()
     twin.write_tensors_to_file()
@@ -191,7 +202,7 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
         json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
     config = {
         "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}[model_type]],
+                           "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[model_type]],
         "model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": key("block_count"),
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "head_dim": head_dim,
@@ -203,6 +214,10 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
         "bos_token_id": field(r, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": field(r, "tokenizer.ggml.eos_token_id"),
     }
+    if model_type == "qwen3_moe":
+        config.update({"num_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+                       "moe_intermediate_size": key("expert_feed_forward_length"), "norm_topk_prob": True,
+                       "decoder_sparse_step": 1, "mlp_only_layers": []})
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:

@@ -2,7 +2,8 @@
 //! (`scripts/make-hf-fixtures.py` writes both from one fixture's numbers): the same tokens for the
 //! same text, the same logits bit for bit through prompt, decode and verify steps, in f32 and
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
-//! qwen2 (biases) and qwen3 (Q/K norms). Folders Axle cannot read are refused by name.
+//! qwen2 (biases), qwen3 (Q/K norms) and qwen3_moe (experts written one by one, stacked at load).
+//! Folders Axle cannot read are refused by name.
 mod common;
 
 use axle_models::{Model, ModelOptions};
@@ -63,17 +64,23 @@ fn qwen2_f32_folder_is_its_twin() {
 }
 
 #[test]
+fn qwen3moe_bf16_folder_is_its_twin() {
+    check("qwen3moe-bf16");
+}
+
+#[test]
 fn unreadable_folders_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let copy = |name: &str| {
+    let copy_of = |source: &str, name: &str| {
         let to = dir.path().join(name);
         std::fs::create_dir_all(&to).unwrap();
-        for e in std::fs::read_dir(hf("llama-f32")).unwrap() {
+        for e in std::fs::read_dir(hf(source)).unwrap() {
             let e = e.unwrap();
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
         to
     };
+    let copy = |name: &str| copy_of("llama-f32", name);
     let edit = |folder: &PathBuf, file: &str, f: &dyn Fn(&mut serde_json::Value)| {
         let p = folder.join(file);
         let mut v: serde_json::Value =
@@ -114,4 +121,16 @@ fn unreadable_folders_are_refused_by_name() {
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
     assert!(refused(&f).contains("not a safetensors file"));
+    let f = copy_of("qwen3moe-bf16", "dense-layers");
+    edit(&f, "config.json", &|c| {
+        c["mlp_only_layers"] = serde_json::json!([0])
+    });
+    assert!(refused(&f).contains("mlp_only_layers"));
+    let f = copy_of("qwen3moe-bf16", "fewer-experts");
+    edit(&f, "config.json", &|c| c["num_experts"] = 4.into());
+    let e = refused(&f);
+    assert!(
+        e.contains("_exps.weight") && e.contains("expert 4 exists"),
+        "{e}"
+    );
 }

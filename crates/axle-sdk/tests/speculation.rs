@@ -234,6 +234,12 @@ fn greedy_speculation_is_exact_f32_folder() {
     greedy_exactness("hf/qwen2-f32", Drafts::AsTheyCome);
 }
 
+/// Experts stacked at load from a Transformers folder, in bf16.
+#[test]
+fn greedy_speculation_is_exact_moe_folder() {
+    greedy_exactness("hf/qwen3moe-bf16", Drafts::AsTheyCome);
+}
+
 /// Mixture of experts with K-quant experts (not repacked: the expert products run in slices so
 /// that no expert sees the 8 rows from which ggml's tiled kernel takes over).
 #[test]

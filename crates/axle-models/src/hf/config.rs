@@ -12,6 +12,8 @@ pub(super) struct Family {
     pub arch: &'static str,
     /// Q and K rows need llama.cpp's permutation (rotate-half order to interleaved pairs).
     pub permute_qk: bool,
+    /// Every layer's FFN is a mixture of experts, configured as Qwen's MoE configs write it.
+    pub moe: bool,
 }
 
 /// The `model_type`s read natively.
@@ -21,6 +23,7 @@ const FAMILIES: &[(&str, Family)] = &[
         Family {
             arch: "llama",
             permute_qk: true,
+            moe: false,
         },
     ),
     (
@@ -28,6 +31,7 @@ const FAMILIES: &[(&str, Family)] = &[
         Family {
             arch: "llama",
             permute_qk: true,
+            moe: false,
         },
     ),
     (
@@ -35,6 +39,7 @@ const FAMILIES: &[(&str, Family)] = &[
         Family {
             arch: "qwen2",
             permute_qk: false,
+            moe: false,
         },
     ),
     (
@@ -42,6 +47,15 @@ const FAMILIES: &[(&str, Family)] = &[
         Family {
             arch: "qwen3",
             permute_qk: false,
+            moe: false,
+        },
+    ),
+    (
+        "qwen3_moe",
+        Family {
+            arch: "qwen3moe",
+            permute_qk: false,
+            moe: true,
         },
     ),
 ];
@@ -136,10 +150,54 @@ pub(super) fn read(
     if let Some(t) = positive(c, "rope_theta")? {
         m.insert(key("rope.freq_base"), MetaValue::Float(t));
     }
+    if family.moe {
+        experts(c, &mut m, arch)?;
+    }
     let eps = positive(c, "rms_norm_eps")?.unwrap_or(1e-6);
     m.insert(
         key("attention.layer_norm_rms_epsilon"),
         MetaValue::Float(eps),
     );
     Ok((family, m))
+}
+
+/// A mixture of experts in every layer: `num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size` and `norm_topk_prob` (Transformers' default: off). Configs with dense
+/// layers among the experts (`mlp_only_layers`, `decoder_sparse_step` above 1) are refused by name.
+fn experts(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    if count(c, "decoder_sparse_step")?.is_some_and(|s| s != 1) {
+        return Err(ModelError::Unsupported(
+            "decoder_sparse_step above 1 (dense layers among the experts) in a safetensors folder"
+                .into(),
+        ));
+    }
+    if c.get("mlp_only_layers")
+        .and_then(Value::as_array)
+        .is_some_and(|l| !l.is_empty())
+    {
+        return Err(ModelError::Unsupported(
+            "mlp_only_layers (dense layers among the experts) in a safetensors folder".into(),
+        ));
+    }
+    m.insert(
+        key("expert_count"),
+        MetaValue::UInt(required(c, "num_experts")?),
+    );
+    m.insert(
+        key("expert_used_count"),
+        MetaValue::UInt(required(c, "num_experts_per_tok")?),
+    );
+    m.insert(
+        key("expert_feed_forward_length"),
+        MetaValue::UInt(required(c, "moe_intermediate_size")?),
+    );
+    let norm = match c.get("norm_topk_prob") {
+        None | Some(Value::Null) => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| invalid(format!("`norm_topk_prob` is {v}, not a boolean")))?,
+    };
+    m.insert(key("expert_weights_norm"), MetaValue::Bool(norm));
+    Ok(())
 }

@@ -4,8 +4,9 @@
 //! ([`tokenizer`]), each weight its GGUF name. Weights of 2 or more dimensions stay in the
 //! shards' mappings in their own type (bf16, f16, f32), used in place; those that need changing
 //! are converted once at load into memory of their own: 1-D weights (norms, biases) to f32, as
-//! GGUF stores them, MLX-quantized weights as [`quant`] says, and, for the llama family, Q and K
-//! rows from rotate-half order to the interleaved pairs the family rotates (llama.cpp's
+//! GGUF stores them, MLX-quantized weights as [`quant`] says, experts written one by one
+//! (Transformers) stacked into one tensor per layer and projection, and, for the llama family, Q
+//! and K rows from rotate-half order to the interleaved pairs the family rotates (llama.cpp's
 //! permutation).
 mod config;
 mod quant;
@@ -91,6 +92,10 @@ fn gguf_name(hf: &str) -> Result<Option<String>, String> {
         ("mlp.gate_proj.weight", "ffn_gate.weight"),
         ("mlp.up_proj.weight", "ffn_up.weight"),
         ("mlp.down_proj.weight", "ffn_down.weight"),
+        ("mlp.gate.weight", "ffn_gate_inp.weight"),
+        ("mlp.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight"),
+        ("mlp.switch_mlp.up_proj.weight", "ffn_up_exps.weight"),
+        ("mlp.switch_mlp.down_proj.weight", "ffn_down_exps.weight"),
     ];
     if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == hf) {
         return Ok(Some(g.to_string()));
@@ -108,6 +113,60 @@ fn gguf_name(hf: &str) -> Result<Option<String>, String> {
         .find(|(h, _)| *h == field)
         .ok_or_else(|| hf.to_string())?;
     Ok(Some(format!("blk.{layer}.{g}")))
+}
+
+/// Layer, expert and projection (`gate`, `up`, `down`) of one expert's weight as Transformers
+/// names it (`model.layers.L.mlp.experts.E.gate_proj.weight`); mlx-lm's folders hold them
+/// stacked already (`mlp.switch_mlp.*`).
+fn expert_part(hf: &str) -> Option<(u32, usize, &str)> {
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once(".mlp.experts.")?;
+    let (expert, field) = rest.split_once('.')?;
+    let proj = field.strip_suffix("_proj.weight")?;
+    matches!(proj, "gate" | "up" | "down").then_some(())?;
+    Some((layer.parse().ok()?, expert.parse().ok()?, proj))
+}
+
+/// One layer's experts' weights for one projection, stacked in expert order into the one
+/// tensor a GGUF holds (`[columns, rows, experts]`), in memory of its own.
+fn stack_experts(
+    views: &BTreeMap<String, View>,
+    parts: &[Arc<Mmap>],
+    layer: u32,
+    proj: &str,
+    experts: usize,
+) -> Result<(DType, Vec<i64>, Vec<u8>), String> {
+    let name = |e: usize| format!("model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight");
+    if experts == 0 {
+        return Err("weights of experts, but config.json names no `num_experts`".into());
+    }
+    if views.contains_key(&name(experts)) {
+        return Err(format!(
+            "expert {experts} exists, but config.json names {experts} experts"
+        ));
+    }
+    let first = views.get(&name(0)).ok_or("expert 0 is missing")?;
+    let dtype = first
+        .dtype
+        .ok_or("experts quantized one by one (mlx-lm stacks them)")?;
+    if first.shape.len() != 2 {
+        return Err(format!("expert 0 has shape {:?}", first.shape));
+    }
+    let mut bytes = Vec::with_capacity(first.nbytes * experts);
+    for e in 0..experts {
+        let v = views
+            .get(&name(e))
+            .ok_or_else(|| format!("expert {e} is missing"))?;
+        if v.dtype != first.dtype || v.shape != first.shape {
+            return Err(format!(
+                "expert {e} is {:?} {:?}, expert 0 {:?} {:?}",
+                v.dtype, v.shape, first.dtype, first.shape
+            ));
+        }
+        bytes.extend_from_slice(&parts[v.part][v.offset..v.offset + v.nbytes]);
+    }
+    let shape = vec![first.shape[1] as i64, first.shape[0] as i64, experts as i64];
+    Ok((dtype, shape, bytes))
 }
 
 /// One tensor of a shard, by its Hugging Face name.
@@ -199,6 +258,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
             .unwrap_or(0) as usize
     };
     let (heads, kv_heads) = (int("attention.head_count"), int("attention.head_count_kv"));
+    let experts = int("expert_count");
 
     let quantization = quant::Quantization::read(&config)?;
 
@@ -223,7 +283,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                     )))
                 }
             };
-            if view.shape().is_empty() || view.shape().len() > 2 {
+            if view.shape().is_empty() || view.shape().len() > 3 {
                 return Err(invalid(
                     &shard,
                     format!("{hf} has shape {:?}", view.shape()),
@@ -260,15 +320,40 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
         }) {
             continue;
         }
-        let Some(name) = gguf_name(hf)
-            .map_err(|n| invalid(&view.shard, format!("tensor {n} is not one Axle reads")))?
-        else {
+        let expert = expert_part(hf);
+        if expert.is_some_and(|(_, e, _)| e != 0) {
             continue;
+        }
+        let name = match expert {
+            Some((layer, _, proj)) => format!("blk.{layer}.ffn_{proj}_exps.weight"),
+            None => match gguf_name(hf)
+                .map_err(|n| invalid(&view.shard, format!("tensor {n} is not one Axle reads")))?
+            {
+                Some(name) => name,
+                None => continue,
+            },
         };
-        // GGUF order: the contiguous dimension first.
-        let rows = view.shape[0];
-        let (dtype, shape, mut out): (DType, Vec<i64>, Option<Vec<u8>>) = match view.dtype {
-            None => {
+        // GGUF order: the contiguous dimension first. Weights of 3 dimensions (experts) have
+        // their leading two as rows.
+        let rows: usize = view.shape[..view.shape.len().max(2) - 1].iter().product();
+        let reversed = |cols: usize| {
+            std::iter::once(cols as i64)
+                .chain(
+                    view.shape[..view.shape.len() - 1]
+                        .iter()
+                        .rev()
+                        .map(|&d| d as i64),
+                )
+                .collect::<Vec<i64>>()
+        };
+        let (dtype, shape, mut out): (DType, Vec<i64>, Option<Vec<u8>>) = match (expert, view.dtype)
+        {
+            (Some((layer, _, proj)), _) => {
+                let (t, shape, b) = stack_experts(&views, &parts, layer, proj, experts)
+                    .map_err(|e| invalid(&view.shard, format!("{name}: {e}")))?;
+                (t, shape, Some(b))
+            }
+            (None, None) => {
                 let module = hf.strip_suffix(".weight").unwrap_or(hf);
                 let a = quantization.of(module).ok_or_else(|| {
                     invalid(
@@ -283,7 +368,10 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 };
                 let (sv, bv) = (part("scales")?, part("biases")?);
                 let scale_type = sv.dtype.unwrap_or(DType::F32);
-                let cols = view.shape.get(1).copied().unwrap_or(0) * 32 / a.bits as usize;
+                let cols = match view.shape.len() {
+                    1 => 0,
+                    n => view.shape[n - 1] * 32 / a.bits as usize,
+                };
                 let (t, b) = quant::convert(
                     data(view),
                     &floats(data(sv), scale_type),
@@ -294,9 +382,9 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                     a,
                 )
                 .map_err(|e| invalid(&view.shard, format!("{hf}: {e}")))?;
-                (t, vec![cols as i64, rows as i64], Some(b))
+                (t, reversed(cols), Some(b))
             }
-            Some(t) if view.shape.len() == 1 => {
+            (None, Some(t)) if view.shape.len() == 1 => {
                 let f32s = floats(data(view), t);
                 (
                     DType::F32,
@@ -304,7 +392,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                     Some(f32s.iter().flat_map(|x| x.to_le_bytes()).collect()),
                 )
             }
-            Some(t) => (t, vec![view.shape[1] as i64, rows as i64], None),
+            (None, Some(t)) => (t, reversed(view.shape[view.shape.len() - 1]), None),
         };
         let heads_of = match name.rsplit('.').nth(1) {
             Some("attn_q") if family.permute_qk => Some(heads),
