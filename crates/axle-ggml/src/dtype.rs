@@ -27,6 +27,12 @@ impl DType {
     pub const Q5_1: DType = DType(sys::GGML_TYPE_Q5_1);
     /// 8-bit blocks of 32 with a scale.
     pub const Q8_0: DType = DType(sys::GGML_TYPE_Q8_0);
+    /// 4-bit super-blocks of 256 (k-quant).
+    pub const Q4_K: DType = DType(sys::GGML_TYPE_Q4_K);
+    /// 5-bit super-blocks of 256 (k-quant).
+    pub const Q5_K: DType = DType(sys::GGML_TYPE_Q5_K);
+    /// 6-bit super-blocks of 256 (k-quant).
+    pub const Q6_K: DType = DType(sys::GGML_TYPE_Q6_K);
 
     /// The type with ggml's raw id, if ggml knows it.
     pub fn from_raw(id: u32) -> Option<DType> {

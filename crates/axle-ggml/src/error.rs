@@ -93,6 +93,9 @@ pub enum Error {
     /// No backend device matched the request.
     #[error("no ggml backend device: {0}")]
     NoDevice(String),
+    /// Values that cannot be quantized to the type asked for.
+    #[error("{0}")]
+    Quantize(String),
     /// The libllama oracle failed.
     #[error("libllama oracle: {0}")]
     Oracle(String),

@@ -286,6 +286,37 @@ impl GgufFile {
         })
     }
 
+    /// This model with some tensors' data replaced: for each, its name, a new type and bytes for
+    /// the same shape. The new bytes lie in one mapping of their own, after the model's.
+    pub fn with_tensors_replaced(self, new: Vec<(String, DType, Vec<u8>)>) -> Result<GgufFile> {
+        if new.is_empty() {
+            return Ok(self);
+        }
+        let GgufFile {
+            path,
+            metadata,
+            mut tensors,
+            mut parts,
+        } = self;
+        let part = parts.len();
+        let mut bytes = Vec::new();
+        for (name, dtype, data) in new {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or_else(|| Error::MissingTensor(name.clone()))?;
+            // GGUF aligns tensor data to 32 bytes; so do we.
+            bytes.resize(bytes.len().next_multiple_of(32), 0);
+            t.dtype = dtype;
+            t.part = part;
+            t.file_offset = bytes.len() as u64;
+            t.nbytes = data.len() as u64;
+            bytes.extend_from_slice(&data);
+        }
+        parts.push(map_bytes(&bytes)?);
+        GgufFile::assembled(path, metadata, tensors, parts)
+    }
+
     /// Opens one file, its tensors marked as part `part`.
     fn open_part(path: &Path, part: usize) -> Result<Part> {
         crate::quiet_logs();

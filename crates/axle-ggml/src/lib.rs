@@ -19,6 +19,7 @@ mod log;
 pub mod meta;
 pub mod oracle;
 pub mod paged_attention;
+mod quantize;
 pub mod row_attention;
 pub mod rpc;
 mod store;
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use gguf::{map_bytes, map_file, GgufFile, MetaValue, TensorInfo};
 pub use log::quiet_logs;
 pub use memmap2::Mmap;
+pub use quantize::quantize_rows;
 pub use store::{FusedWeight, StoredTensor, TensorStore, WeightFusion, WeightPlacement};
 pub use sysinfo::{cpu_features, host_available_memory, system_info, CpuFeature};
 /// A small deterministic generator for the kernels' self-checks (xorshift64).

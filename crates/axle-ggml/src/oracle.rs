@@ -369,3 +369,32 @@ impl LlamaOracle {
         Ok(last)
     }
 }
+
+/// llama.cpp's quantize tool in process (`llama_model_quantize`): the float GGUF at `input`
+/// written to `output` as `ftype` (`LLAMA_FTYPE_MOSTLY_*`, e.g. 7 for Q8_0, 15 for Q4_K_M),
+/// without an importance matrix, on `threads` threads.
+pub fn quantize_file(input: &Path, output: &Path, ftype: u32, threads: usize) -> Result<()> {
+    crate::quiet_logs();
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().to_string_lossy().as_bytes())
+            .map_err(|e| Error::Oracle(e.to_string()))
+    };
+    let (inp, out) = (c(input)?, c(output)?);
+    // SAFETY: default-initialised params with the file type and threads set; both paths are
+    // NUL-terminated and outlive the call.
+    let status = unsafe {
+        sys::llama_backend_init();
+        let mut params = sys::llama_model_quantize_default_params();
+        params.ftype = ftype;
+        params.nthread = threads as i32;
+        sys::llama_model_quantize(inp.as_ptr(), out.as_ptr(), &params)
+    };
+    if status != 0 {
+        return Err(Error::Oracle(format!(
+            "llama_model_quantize {} -> {} failed ({status})",
+            input.display(),
+            output.display()
+        )));
+    }
+    Ok(())
+}

@@ -19,6 +19,7 @@ pub mod moe;
 mod pieces;
 pub mod placement;
 pub mod pooling;
+pub mod quantize;
 pub mod recurrent;
 pub mod runner;
 pub mod sequence;

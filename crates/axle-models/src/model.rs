@@ -39,6 +39,8 @@ pub struct ModelOptions {
     pub fused_projections: FusedProjections,
     /// What memory the CPU's weights are read from.
     pub host_memory: HostMemory,
+    /// Quantize the float weights at load by this recipe (None: as the file holds them).
+    pub quantize: Option<crate::quantize::Quantize>,
 }
 
 /// What memory a model on the CPU reads its weights from. Either way the bytes and the kernels
@@ -138,6 +140,7 @@ pub struct Model {
     file_size: u64,
     threads: usize,
     placement: Placement,
+    quantized: Option<crate::quantize::Quantize>,
 }
 
 /// Architectures that ggml's CUDA backend computed with a race on an H200 while kernels started
@@ -169,7 +172,10 @@ impl Model {
                 opts.threads
             )));
         }
-        let file = crate::hf::open_model(path)?;
+        let mut file = crate::hf::open_model(path)?;
+        if let Some(recipe) = opts.quantize {
+            file = crate::quantize::quantize(file, recipe, opts.threads)?;
+        }
         let arch_name = file.str("general.architecture")?.to_string();
         let loader = arch::loader_for(&arch_name)?;
         // Layers counted from the tensors themselves (`blk.N.*`), before any family reads them.
@@ -246,6 +252,7 @@ impl Model {
         let chat_source = file.str_opt("tokenizer.chat_template")?.map(str::to_string);
         let pooling = Pooling::from_file(&file, &arch_name)?;
         Ok(Model {
+            quantized: opts.quantize,
             pooling,
             path: path.to_path_buf(),
             family,
@@ -261,6 +268,11 @@ impl Model {
     /// Names of the weights stored fused ([`FusedProjections`]).
     pub fn fused_weights(&self) -> &[String] {
         self._weights.fused()
+    }
+
+    /// The recipe the float weights were quantized by at load, if any.
+    pub fn quantized_at_load(&self) -> Option<crate::quantize::Quantize> {
+        self.quantized
     }
 
     /// Whether the host's weights were copied to huge pages ([`HostMemory::HugePages`] where

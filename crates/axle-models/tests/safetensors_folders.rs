@@ -68,6 +68,56 @@ fn qwen3moe_bf16_folder_is_its_twin() {
     check("qwen3moe-bf16");
 }
 
+/// A folder quantized at load (`--quantize`) holds, tensor by tensor, the types and bytes that
+/// llama.cpp's quantize tool writes for its GGUF twin, and computes the same logits.
+#[test]
+fn folders_quantized_at_load_are_llama_quantize_of_their_twin() {
+    use axle_models::quantize::{quantize, Quantize};
+    let dir = tempfile::tempdir().expect("temp dir");
+    // llama.cpp's LLAMA_FTYPE_MOSTLY_* of each recipe.
+    for (name, recipe, ftype) in [
+        ("llama-f32", Quantize::Q8_0, 7),
+        ("qwen3-bf16", Quantize::Q4KM, 15),
+        ("qwen2-f32", Quantize::Q5KM, 17),
+        ("qwen3moe-bf16", Quantize::Q4KM, 15),
+        ("llama-bf16", Quantize::Q4_0, 2),
+    ] {
+        let what = format!("{name} {}", recipe.name());
+        let reference = dir.path().join(format!("{name}-{}.gguf", recipe.name()));
+        axle_ggml::oracle::quantize_file(&hf(&format!("{name}.gguf")), &reference, ftype, 2)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let ours = quantize(axle_models::hf::open(&hf(name)).unwrap(), recipe, 2).unwrap();
+        let theirs = axle_ggml::GgufFile::open(&reference).unwrap();
+        assert_eq!(ours.tensors().len(), theirs.tensors().len(), "{what}");
+        let mut types = std::collections::BTreeSet::new();
+        for t in theirs.tensors() {
+            let o = ours
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{what}: {}", t.name));
+            assert_eq!(o.dtype, t.dtype, "{what}: {}", t.name);
+            assert!(
+                ours.tensor_data(o) == theirs.tensor_data(t),
+                "{what}: {} differs",
+                t.name
+            );
+            if o.dtype.is_quantized() {
+                types.insert(o.dtype.name());
+            }
+        }
+        // Rows of these small models mostly fall back from the K types to 32-value blocks; the
+        // MoE fixture's 256-wide ones keep the mixture's Q4_K, Q5_K and Q6_K.
+        eprintln!("{what}: {types:?}");
+        assert!(!types.is_empty(), "{what}");
+        let opts = ModelOptions {
+            quantize: Some(recipe),
+            ..ModelOptions::cpu(2)
+        };
+        let folder = Arc::new(Model::load(hf(name), &opts).unwrap());
+        let twin = Arc::new(Model::load(&reference, &ModelOptions::cpu(2)).unwrap());
+        common::assert_same_step_logits(folder, twin, &hf(name));
+    }
+}
+
 #[test]
 fn unreadable_folders_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -283,7 +283,7 @@ impl Engine {
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
         split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false,
-        drafters="all".to_string(), draft_model=None
+        drafters="all".to_string(), draft_model=None, quantize=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -315,6 +315,7 @@ impl Engine {
         offline: bool,
         drafters: String,
         draft_model: Option<PathBuf>,
+        quantize: Option<String>,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
         let policy = match backend.as_str() {
@@ -361,6 +362,10 @@ impl Engine {
             split,
             rpc: rpc.unwrap_or_default(),
             split_mode: split_mode.parse().map_err(invalid)?,
+            quantize: quantize
+                .map(|q| q.parse::<axle_models::quantize::Quantize>())
+                .transpose()
+                .map_err(|e| invalid(format!("quantize: {e}")))?,
             ..Default::default()
         };
         // A Hub id (`org/repo[:QUANT]`) is pulled into the Hub cache first (or, offline, found

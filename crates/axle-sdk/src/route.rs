@@ -251,6 +251,10 @@ pub struct RuntimeReport {
     /// on delegated routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory: Option<String>,
+    /// The recipe a native model's float weights were quantized by at load (`q4_k_m`); absent
+    /// where they run as the file holds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized_at_load: Option<String>,
     /// A native engine's speculation: its drafters and longest draft (`ngram,suffix up to 4
     /// tokens`); absent where speculation is off and on delegated routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,6 +303,7 @@ impl RuntimeReport {
             device: None,
             device_products: None,
             host_memory: None,
+            quantized_at_load: None,
             speculation: None,
         }
     }
@@ -324,6 +329,7 @@ impl RuntimeReport {
     /// The report with the device a native model runs on.
     pub fn on_device(mut self, model: &axle_models::Model) -> RuntimeReport {
         self.device = Some(model.device_summary());
+        self.quantized_at_load = model.quantized_at_load().map(|q| q.name().to_string());
         self.host_memory = Some(
             if model.weights_in_huge_pages() {
                 "huge pages"

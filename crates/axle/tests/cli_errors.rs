@@ -367,3 +367,20 @@ fn special_files_are_refused_without_blocking() {
     assert!(err.contains("not a regular file"), "{err}");
     let _ = std::fs::remove_file(&fifo);
 }
+
+/// A quantization recipe Axle does not have is refused by the argument parser, naming the ones
+/// it has.
+#[test]
+fn unknown_quantization_recipes_are_refused_by_flag() {
+    let m = smollm2();
+    let e = bad_flag(&[
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--quantize",
+        "q3_k",
+        "--prompt",
+        "x",
+    ]);
+    assert!(e.contains("--quantize") && e.contains("q4_k_m"), "{e}");
+}

@@ -182,7 +182,7 @@ struct View {
 }
 
 /// Little-endian elements of a float type (f32, f16, bf16) as f32.
-fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
+pub(crate) fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
     match dtype {
         DType::F32 => bytes
             .chunks_exact(4)

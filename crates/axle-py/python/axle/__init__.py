@@ -56,7 +56,9 @@ class Engine:
     ``kv_slots``, ``draft_len``, ``drafters`` (``"ngram"``, ``"suffix"``, ``"model"`` or
     ``"all"``), ``draft_model`` (a path or Hub id of a smaller model with the same vocabulary),
     ``kernels``, ``repack``, ``gpu_layers``, ``upstream_model``,
-    ``upstream_api_key``, ``upstream_timeout``, ``state_slots``). Several devices:
+    ``upstream_api_key``, ``upstream_timeout``, ``state_slots``, ``quantize`` (``"q4_k_m"``,
+    ``"q5_k_m"``, ``"q6_k"``, ``"q8_0"``, ``"q4_0"``: float weights quantized at load as
+    llama.cpp's quantize tool would)). Several devices:
     ``device="cuda0,cuda1"`` (or ``"all"``), ``split=[3, 1]`` for shares other than by free
     memory, ``rpc=["host:port", ...]`` to attach devices that ``axle rpc-server`` serves,
     ``split_mode="tensor"`` (with ``kernels="fast"``) to run every layer on every device instead

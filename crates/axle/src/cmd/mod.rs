@@ -61,6 +61,11 @@ pub struct DeviceArgs {
     /// or `mapped` (the file's pages, used in place).
     #[arg(long, default_value_t)]
     pub host_memory: axle_models::HostMemory,
+    /// Quantize the model's float weights at load, into the types llama.cpp's quantize tool
+    /// would write: `q8_0`, `q6_k`, `q5_k_m`, `q4_k_m` or `q4_0` (weights already quantized
+    /// keep their type).
+    #[arg(long)]
+    pub quantize: Option<axle_models::quantize::Quantize>,
 }
 
 /// Which model, who runs it and how: shared by generate, chat and serve.
@@ -330,6 +335,7 @@ pub fn load_model_on(path: &Path, repack: bool, device: &DeviceArgs) -> anyhow::
         split_mode: device.split_mode,
         fused_projections: device.fused_projections,
         host_memory: device.host_memory,
+        quantize: device.quantize,
     };
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message(format!("loading {}", path.display()));
