@@ -214,6 +214,12 @@ def test_every_error_class(engine, tmp_path):
         a = tiled.generate("Hello", max_tokens=8, temperature=0).text
         b = tiled.generate("Hello", max_tokens=8, temperature=0).text
         assert a == b and a
+    # Quantizing at load: a known recipe, named in the runtime report.
+    with pytest.raises(ValueError, match="quantize: unknown quantization"):
+        axle.Engine(str(MODEL), threads=2, quantize="q3")
+    with axle.Engine(str(MODEL), threads=2, context=256, quantize="q8_0") as q:
+        assert q.runtime["quantized_at_load"] == "q8_0"
+        assert q.generate("Hello", max_tokens=4, temperature=0).text
     # Drafters: known names; a draft model of another vocabulary is refused by name.
     with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
         axle.Engine(str(MODEL), threads=2, drafters="medusa")
