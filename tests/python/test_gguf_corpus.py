@@ -35,7 +35,7 @@ def run(path):
     """(return code, stdout, stderr) of generating TOKENS tokens from `path`."""
     try:
         r = subprocess.run([str(BIN), "generate", "--model", str(path), "--prompt", "Hello world",
-                            "--max-tokens", str(TOKENS), "--threads", "1", "--ngram", "off"],
+                            "--max-tokens", str(TOKENS), "--threads", "1", "--speculation", "off"],
                            capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return None, "", "timed out"

@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut e = EngineCore::new(
         model.clone(),
         &EngineConfig {
-            max_draft: 0,
+            draft_len: 0,
             kv_slots: 4096,
             ..Default::default()
         },

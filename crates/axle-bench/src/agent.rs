@@ -183,7 +183,7 @@ pub fn run(
         EngineConfig {
             context,
             kv_slots: (2 * context) as u32,
-            max_draft: 0,
+            draft_len: 0,
             ..Default::default()
         },
     )?);

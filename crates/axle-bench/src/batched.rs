@@ -132,7 +132,7 @@ fn axle_run(
         prefix_caching: false,
         // Batching against batching: libllama decodes one token per sequence per step, so
         // n-gram speculation (measured on its own by the ngram workloads) stays off here.
-        max_draft: 0,
+        draft_len: 0,
         kernels,
         device_products,
         device_attention,

@@ -231,12 +231,12 @@ pub fn run(
     drop((fa_on, fa_off, runner));
 
     // Speculation: the engine's own kernels, greedy, 48 tokens, as the CPU test does.
-    let cfg = |max_draft| EngineConfig {
+    let cfg = |draft_len| EngineConfig {
         kv_slots: (toks.len() * (longest + 64)).div_ceil(16) as u32 * 16,
         max_batch_tokens: 32,
         max_seqs: toks.len().max(1),
         prefix_caching: false,
-        max_draft,
+        draft_len,
         verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
         ..Default::default()
     };

@@ -59,7 +59,7 @@ pub struct NgramOptions {
     /// Tokens to generate per prompt.
     pub max_tokens: usize,
     /// Longest draft.
-    pub max_draft: usize,
+    pub draft_len: usize,
     /// The drafter sets compared, one speculative engine each.
     pub drafters: Vec<DraftSources>,
     /// Sampling temperature (0: greedy); sampled runs use the repetition's seed in both modes.
@@ -313,7 +313,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
     let mut plain = EngineCore::new(
         model.clone(),
         &EngineConfig {
-            max_draft: 0,
+            draft_len: 0,
             ..base.clone()
         },
     )?;
@@ -333,7 +333,7 @@ pub fn run(model: &Arc<Model>, opts: &NgramOptions) -> Result<NgramReport, Bench
         fast.push(EngineCore::new(
             model.clone(),
             &EngineConfig {
-                max_draft: opts.max_draft,
+                draft_len: opts.draft_len,
                 drafters: d,
                 verify_cost,
                 draft_model: opts.draft_model.clone(),

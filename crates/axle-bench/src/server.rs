@@ -30,7 +30,7 @@ const PROMPT: &str = "Once upon a time, in a quiet village by the sea,";
 fn sdk_run(session: &Session, tokens: usize) -> Result<f64, BenchError> {
     let mut req = GenerateRequest::new(PROMPT).greedy().max_tokens(tokens);
     req.ignore_eos = true;
-    req.speculate = false;
+    req.speculation = false;
     let mut first = None;
     let mut n = 0usize;
     for ev in session.start_blocking(&req)?.into_iter().flatten() {
@@ -89,7 +89,7 @@ pub fn run(m: &Arc<Model>, tokens: usize, reps: usize) -> Result<ServerReport, B
     let session = Arc::new(Session::new(
         m.clone(),
         EngineConfig {
-            max_draft: 0,
+            draft_len: 0,
             kv_slots: 4096,
             ..Default::default()
         },

@@ -96,7 +96,7 @@ fn request(prompt: &str, schema: &Value, mode: &str, max_tokens: usize) -> Gener
         });
     }
     r.fast_forward = mode != "masked";
-    r.speculate = mode == "forced+ngram";
+    r.speculation = mode == "forced+ngram";
     r
 }
 
@@ -127,7 +127,7 @@ pub fn run(
     model: Arc<Model>,
     schemas: &[(String, Value)],
     max_tokens: usize,
-    max_draft: usize,
+    draft_len: usize,
     reps: usize,
     progress: bool,
 ) -> Result<StructuredResult, BenchError> {
@@ -136,7 +136,7 @@ pub fn run(
     let session = Session::new(
         model,
         EngineConfig {
-            max_draft,
+            draft_len,
             ..EngineConfig::default()
         },
     )

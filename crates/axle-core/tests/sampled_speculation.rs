@@ -68,7 +68,7 @@ fn run(draft: Option<DraftConfig>, prompt: &[u32]) -> (Vec<Vec<u32>>, usize, usi
                 },
                 max_tokens: TOKENS,
                 stop_tokens: Vec::new(),
-                speculate: true,
+                speculation: true,
             })
             .expect("fits"),
         );

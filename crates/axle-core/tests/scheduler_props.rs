@@ -261,7 +261,7 @@ fn spec(a: &Arrival) -> RequestSpec {
         },
         max_tokens: a.max_tokens,
         stop_tokens: vec![VOCAB as u32 - 1],
-        speculate: true,
+        speculation: true,
     }
 }
 
@@ -692,7 +692,7 @@ fn speculation_verifies_drafts_and_rolls_back() {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 40,
                 stop_tokens: vec![],
-                speculate: true,
+                speculation: true,
             })
             .unwrap();
         let mut steps = 0;
@@ -754,7 +754,7 @@ fn run_one(
             sampling: SamplingParams::greedy(),
             max_tokens: 2,
             stop_tokens: vec![],
-            speculate: false,
+            speculation: false,
         })
         .unwrap();
     let first = s.schedule();
@@ -883,7 +883,7 @@ fn lanes_keep_each_sequence_consecutive_and_steps_in_block_order() {
             sampling: SamplingParams::greedy(),
             max_tokens,
             stop_tokens: vec![],
-            speculate: false,
+            speculation: false,
         })
         .unwrap()
     };
@@ -970,7 +970,7 @@ fn draft_model_drafts_are_verified_and_counted() {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 60,
                 stop_tokens: vec![],
-                speculate: drafter.is_some(),
+                speculation: drafter.is_some(),
             })
             .unwrap();
         let mut drafter = drafter;

@@ -416,7 +416,7 @@ impl Engine {
             max_seqs: max_batch_size,
             max_batch_tokens,
             state_slots,
-            max_draft: if ngram { draft_len } else { 0 },
+            draft_len: if ngram { draft_len } else { 0 },
         };
         sizing.check().map_err(|e| invalid(e.to_string()))?;
         let configure = |m: &Model| EngineConfig {
@@ -525,7 +525,7 @@ impl Engine {
             logprobs,
             n,
             ignore_eos,
-            speculate: ngram,
+            speculation: ngram,
             template_args,
             reasoning_budget,
             ..GenerateRequest::new(prompt_of(prompt)?)
@@ -548,7 +548,7 @@ impl Engine {
     ) -> PyResult<(usize, f64)> {
         let mut req = GenerateRequest::new(prompt).greedy().max_tokens(max_tokens);
         req.ignore_eos = true;
-        req.speculate = false;
+        req.speculation = false;
         let mut streams = self.start(py, &req)?;
         let mut s = streams
             .pop()

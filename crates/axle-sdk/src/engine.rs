@@ -46,7 +46,7 @@ pub struct EngineConfig {
     pub context: usize,
     /// Longest draft (0 turns speculation off for every request).
     #[default(defaults::DRAFT_LEN)]
-    pub max_draft: usize,
+    pub draft_len: usize,
     /// The drafters requests consult.
     pub drafters: DraftSources,
     /// A draft model: a smaller model with the same vocabulary, asked for drafts where no free
@@ -121,7 +121,7 @@ pub struct EngineSizing {
     /// Hybrid models: recurrent state slots (default: one per `max_seqs`).
     pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
-    pub max_draft: usize,
+    pub draft_len: usize,
 }
 
 /// The longest context per sequence an engine takes (tokens): far past any model's, and small
@@ -196,9 +196,9 @@ impl EngineConfig {
             max_batch_tokens: sizing
                 .max_batch_tokens
                 .unwrap_or_else(|| step_tokens(model))
-                .max(sizing.max_draft + 1)
+                .max(sizing.draft_len + 1)
                 .max(max_seqs),
-            max_draft: sizing.max_draft,
+            draft_len: sizing.draft_len,
             state_slots: sizing.state_slots,
             ..Default::default()
         }
@@ -481,7 +481,7 @@ impl EngineCore {
         // as a verify step has tokens. A cached prefix would restore KV blocks but not the
         // recurrent state at that point, so prefix caching is off for them.
         let recurrent = !model.family().state_dims().is_empty();
-        let max_draft = cfg.max_draft.min(MAX_DRAFT);
+        let draft_len = cfg.draft_len.min(MAX_DRAFT);
         // Recurrent state slots: the scheduler admits a sequence only with one free.
         let state_slots = cfg.state_slots.unwrap_or(cfg.max_seqs).max(1) as u32;
         let saved_states = if recurrent && cfg.prefix_caching {
@@ -502,7 +502,7 @@ impl EngineCore {
                 max_seqs: cfg.max_seqs,
                 graph_slots: None,
                 state_groups: state_slots,
-                state_snapshots: max_draft as u32 + 1,
+                state_snapshots: draft_len as u32 + 1,
                 state_saved: saved_states,
                 stacked_rows: true,
                 host_kernels: cfg.host_kernels.unwrap_or_default(),
@@ -510,7 +510,7 @@ impl EngineCore {
             },
         )?;
         let mut verify_profiles = Vec::new();
-        let mut draft_model = match (&cfg.draft_model, cfg.max_draft > 0 && cfg.drafters.model) {
+        let mut draft_model = match (&cfg.draft_model, cfg.draft_len > 0 && cfg.drafters.model) {
             (Some(m), true) => {
                 same_vocabulary(&model, m)?;
                 Some(DraftModel::new(
@@ -523,8 +523,8 @@ impl EngineCore {
             }
             _ => None,
         };
-        let draft = if cfg.max_draft > 0 {
-            let max_len = cfg.max_draft.min(MAX_DRAFT);
+        let draft = if cfg.draft_len > 0 {
+            let max_len = cfg.draft_len.min(MAX_DRAFT);
             let mut decode_s = None;
             let verify_cost = match &cfg.verify_cost {
                 Some(c) => c.clone(),
@@ -628,7 +628,7 @@ impl EngineCore {
                     sampling: opts.sampling,
                     max_tokens: opts.max_tokens,
                     stop_tokens,
-                    speculate: opts.speculate,
+                    speculation: opts.speculation,
                 },
                 constraint,
             )

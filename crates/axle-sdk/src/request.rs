@@ -31,7 +31,7 @@ pub struct RequestOptions {
     pub ignore_eos: bool,
     /// Use speculation when the engine has it on (the gate still decides per step).
     #[default(true)]
-    pub speculate: bool,
+    pub speculation: bool,
     /// Look for tool calls of this format, of these functions, in the output.
     pub tool_format: Option<(ToolFormat, Vec<String>)>,
     /// Split thinking between these markers from the answer (and whether the prompt opened it).
@@ -163,7 +163,7 @@ pub struct GenerateRequest {
     /// Allow n-gram speculation where the engine has it on (it never changes the output; the
     /// engine's gate decides per step whether it pays). A permission, so routes without
     /// speculation simply do not use it.
-    pub speculate: bool,
+    pub speculation: bool,
     /// Variables given to the chat template beside the messages (`enable_thinking`,
     /// `reasoning_effort`, a client's `chat_template_kwargs`); chat prompts only. The names the
     /// template's own inputs use ([`TEMPLATE_INPUTS`]) are refused.
@@ -195,7 +195,7 @@ impl GenerateRequest {
             logit_bias: Vec::new(),
             n: 1,
             ignore_eos: false,
-            speculate: true,
+            speculation: true,
             template_args: TemplateVars::new(),
             reasoning_budget: None,
         }
@@ -397,7 +397,7 @@ impl GenerateRequest {
             stop_strings: self.stop.clone(),
             stop_tokens: self.stop_tokens.clone(),
             ignore_eos: self.ignore_eos,
-            speculate: self.speculate,
+            speculation: self.speculation,
             tool_format: None,
             thinking: None,
         }
@@ -625,7 +625,7 @@ mod tests {
         assert_eq!(o.max_tokens, defaults::MAX_TOKENS);
         assert_eq!(o.sampling.temperature, defaults::TEMPERATURE);
         assert_eq!(o.sampling.seed, 9);
-        assert!(o.speculate);
+        assert!(o.speculation);
         let mut r = GenerateRequest::new("hi");
         r.logit_bias = vec![(3, -100.0), (4, 2.0)];
         let o = r.options(0, 0);

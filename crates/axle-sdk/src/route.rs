@@ -640,7 +640,7 @@ pub async fn open(
             let mut report = RuntimeReport::new(&input, &resolution, Some(path), Some(&sha), None)
                 .on_device(&model);
             let cfg = configure(&model);
-            report.speculation = (cfg.max_draft > 0).then(|| {
+            report.speculation = (cfg.draft_len > 0).then(|| {
                 let sources = crate::DraftSources {
                     model: cfg.drafters.model && cfg.draft_model.is_some(),
                     ..cfg.drafters
@@ -648,7 +648,7 @@ pub async fn open(
                 format!(
                     "{} up to {} tokens",
                     sources.names(),
-                    cfg.max_draft.min(crate::MAX_DRAFT)
+                    cfg.draft_len.min(crate::MAX_DRAFT)
                 )
             });
             let session = Session::new(Arc::new(model), cfg)?;

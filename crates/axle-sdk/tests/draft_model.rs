@@ -43,7 +43,7 @@ fn cfg(draft: Option<&Arc<Model>>) -> EngineConfig {
         max_batch_tokens: 64,
         max_seqs: 32,
         prefix_caching: false,
-        max_draft: if draft.is_some() { 4 } else { 0 },
+        draft_len: if draft.is_some() { 4 } else { 0 },
         verify_cost: Some((0..=4).map(|k| 1.0 + 0.05 * k as f64).collect()),
         drafters: DraftSources::parse("model").unwrap(),
         draft_model: draft.cloned(),

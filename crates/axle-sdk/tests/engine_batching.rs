@@ -66,12 +66,12 @@ fn encoded(m: &Model) -> Vec<Vec<u32>> {
 }
 
 /// Steps of at most 32 tokens (prompts prefill in chunks and share steps with decodes).
-fn small_steps(kv_slots: u32, prefix_caching: bool, max_draft: usize) -> EngineConfig {
+fn small_steps(kv_slots: u32, prefix_caching: bool, draft_len: usize) -> EngineConfig {
     EngineConfig {
         kv_slots,
         prefix_caching,
         max_batch_tokens: 32,
-        max_draft,
+        draft_len,
         ..Default::default()
     }
 }
@@ -141,10 +141,10 @@ fn exhausted_kv_preempts_and_completes_correctly_with_recurrent_state() {
 fn hybrid_state_slots_cap_running_sequences() {
     let m = fixture_model("qwen35-tied-tiny.gguf");
     let prompts = encoded(&m);
-    for max_draft in [0, 4] {
+    for draft_len in [0, 4] {
         let base = EngineConfig {
             verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
-            ..small_steps(1024, false, max_draft)
+            ..small_steps(1024, false, draft_len)
         };
         let alone = alone_outputs(&m, &base, &prompts, 24);
         let capped = EngineConfig {
@@ -158,7 +158,7 @@ fn hybrid_state_slots_cap_running_sequences() {
         );
         assert_eq!(
             alone, together,
-            "state slots changed outputs (drafts {max_draft})"
+            "state slots changed outputs (drafts {draft_len})"
         );
     }
 }
@@ -229,7 +229,7 @@ fn hybrid_prefix_reuse_restores_the_recurrent_state() {
         prefix_caching: true,
         max_batch_tokens: 36,
         max_seqs: 4,
-        max_draft: 0,
+        draft_len: 0,
         ..Default::default()
     };
     let shared = "The history of computing is a story of abstraction layered upon abstraction: \

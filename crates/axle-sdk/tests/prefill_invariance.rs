@@ -166,7 +166,7 @@ fn config(
         max_batch_tokens: chunk + seqs,
         max_seqs: seqs,
         prefix_caching: caching,
-        max_draft: 0,
+        draft_len: 0,
         ..Default::default()
     }
 }

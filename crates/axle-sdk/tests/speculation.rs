@@ -49,13 +49,13 @@ fn prompts() -> Vec<String> {
     out
 }
 
-fn cfg(max_draft: usize) -> EngineConfig {
+fn cfg(draft_len: usize) -> EngineConfig {
     EngineConfig {
         kv_slots: 8192,
         max_batch_tokens: 32,
         max_seqs: 32,
         prefix_caching: false,
-        max_draft,
+        draft_len,
         verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
         ..Default::default()
     }

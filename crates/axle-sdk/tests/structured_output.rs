@@ -45,12 +45,12 @@ fn schemas() -> Vec<(String, String, Value)> {
         .collect()
 }
 
-fn session(m: &Arc<Model>, max_draft: usize) -> Session {
+fn session(m: &Arc<Model>, draft_len: usize) -> Session {
     let cfg = EngineConfig {
         max_seqs: 20,
-        max_draft,
+        draft_len,
         // Pinned low so drafting really happens (the gate is tested in axle-core).
-        verify_cost: (max_draft > 0).then(|| (0..=8).map(|k| 1.0 + 0.02 * k as f64).collect()),
+        verify_cost: (draft_len > 0).then(|| (0..=8).map(|k| 1.0 + 0.02 * k as f64).collect()),
         ..EngineConfig::default()
     };
     Session::new(m.clone(), cfg).expect("session")

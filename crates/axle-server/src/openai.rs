@@ -232,7 +232,7 @@ impl GenerationFields {
             logit_bias,
             n: self.n.unwrap_or(1),
             ignore_eos: self.ignore_eos.unwrap_or(false),
-            speculate: self.ngram.unwrap_or(true),
+            speculation: self.ngram.unwrap_or(true),
             ..GenerateRequest::new(prompt)
         })
     }
@@ -849,7 +849,7 @@ mod tests {
         assert_eq!(r.stop, vec!["x".to_string()]);
         assert_eq!(r.logprobs, Some(3));
         assert_eq!(r.logit_bias, vec![(3, 1.5), (12, -100.0)]);
-        assert_eq!((r.n, r.sampling.seed, r.speculate), (2, Some(9), false));
+        assert_eq!((r.n, r.sampling.seed, r.speculation), (2, Some(9), false));
     }
 
     /// A chat token's entry is OpenAI's flat object: the token's own fields beside its

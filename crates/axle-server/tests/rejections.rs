@@ -35,7 +35,7 @@ fn native() -> AppState {
     let cfg = EngineConfig {
         kv_slots: 256,
         context: 128,
-        max_draft: 0,
+        draft_len: 0,
         ..Default::default()
     };
     let report = RuntimeReport::native(&model, None);

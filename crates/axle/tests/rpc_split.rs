@@ -77,7 +77,7 @@ fn check_split(name: &str, split: &Arc<Model>, ps: &[Vec<u32>], reference: &[Vec
         for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
             assert_eq!(r, g, "{name} split run ({what}) differs on prompt {i}");
         }
-        if c.max_draft > 0 {
+        if c.draft_len > 0 {
             assert!(
                 accepted > 0,
                 "{name}: no draft was accepted ({what}): speculation not exercised"

@@ -36,7 +36,7 @@ fn session(model: &Arc<Model>, m: &Manifest) -> Result<Session, BenchError> {
         EngineConfig {
             kv_slots: 4096,
             context: 2048,
-            max_draft: draft,
+            draft_len: draft,
             host_kernels: Some(host_kernels),
             ..Default::default()
         },

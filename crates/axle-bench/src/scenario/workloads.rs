@@ -193,7 +193,7 @@ pub fn run(
                     threads,
                     workloads: super::manifest::resolve(&n.workloads, dir),
                     max_tokens: n.max_tokens,
-                    max_draft: n.draft_len,
+                    draft_len: n.draft_len,
                     drafters: n
                         .drafters
                         .iter()
@@ -422,7 +422,7 @@ fn generate(
         kv_slots: (ctx * g.concurrency) as u32,
         context: ctx,
         max_seqs: g.concurrency,
-        max_draft: if g.ngram { g.draft_len } else { 0 },
+        draft_len: if g.ngram { g.draft_len } else { 0 },
         ..Default::default()
     };
     let mut oracle = if g.reference {
@@ -549,7 +549,7 @@ fn timed_request(
         })
         .max_tokens(g.max_tokens);
     req.ignore_eos = true;
-    req.speculate = g.ngram;
+    req.speculation = g.ngram;
     let stream = session.start_blocking(&req)?.into_iter().flatten();
     let (mut first, mut last) = (None, t0);
     let mut t = Timing {

@@ -200,7 +200,7 @@ impl Scheduler {
             .cfg
             .draft
             .as_ref()
-            .filter(|_| spec.speculate)
+            .filter(|_| spec.speculation)
             .map(|cfg| {
                 let mut d = Drafter::new(&spec.prompt, cfg.sources);
                 for &t in &unreported {

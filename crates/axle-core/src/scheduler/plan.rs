@@ -14,7 +14,7 @@ pub struct RequestSpec {
     /// Tokens that end generation (EOS, end-of-turn, user stop ids); not emitted.
     pub stop_tokens: Vec<TokenId>,
     /// Allow n-gram speculation for this request (when the scheduler has it enabled).
-    pub speculate: bool,
+    pub speculation: bool,
 }
 
 /// Why a request ended.

@@ -16,7 +16,7 @@ pub fn native(api_key: Option<&str>) -> AppState {
     let cfg = EngineConfig {
         kv_slots: 1024,
         context: 512,
-        max_draft: 0,
+        draft_len: 0,
         ..Default::default()
     };
     let report = RuntimeReport::native(&model, None);

@@ -120,10 +120,10 @@ pub struct EngineArgs {
     /// concurrency (the others wait) instead of memory.
     #[arg(long)]
     pub state_slots: Option<usize>,
-    /// N-gram self-speculation (the gate still turns it off where it would not pay; it never
-    /// changes the output).
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    pub ngram: Switch,
+    /// Speculation: drafts from the drafters below, verified in one step (the gate still turns
+    /// it off where it would not pay; it never changes the output). `--ngram` is its old name.
+    #[arg(long, alias = "ngram", value_enum, default_value_t = Switch::On)]
+    pub speculation: Switch,
     /// Longest draft.
     #[arg(long, default_value_t = defaults::DRAFT_LEN,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFT as u64))]
@@ -292,7 +292,7 @@ impl EngineArgs {
             max_seqs,
             max_batch_tokens: self.max_batch_tokens,
             state_slots: self.state_slots,
-            max_draft: match self.ngram {
+            draft_len: match self.speculation {
                 Switch::On => self.draft_len,
                 Switch::Off => 0,
             },

@@ -89,12 +89,12 @@ pub fn prompts(m: &Model) -> Vec<Vec<u32>> {
     .collect()
 }
 
-pub fn cfg(max_draft: usize) -> EngineConfig {
+pub fn cfg(draft_len: usize) -> EngineConfig {
     EngineConfig {
         kv_slots: 2048,
         max_batch_tokens: 64,
         max_seqs: 8,
-        max_draft,
+        draft_len,
         verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
         ..Default::default()
     }
