@@ -2,7 +2,8 @@
 //! (`scripts/make-hf-fixtures.py` writes both from one fixture's numbers): the same tokens for the
 //! same text, the same logits bit for bit through prompt, decode and verify steps, in f32 and
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
-//! qwen2 (biases), qwen3 (Q/K norms) and qwen3_moe (experts written one by one, stacked at load).
+//! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load)
+//! and gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
 //! Folders Axle cannot read are refused by name.
 mod common;
 
@@ -66,6 +67,13 @@ fn qwen2_f32_folder_is_its_twin() {
 #[test]
 fn qwen3moe_bf16_folder_is_its_twin() {
     check("qwen3moe-bf16");
+}
+
+/// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
+/// BPE tokenizer.json, Gemma's norms (1 + w) and local and global layers from config.json.
+#[test]
+fn gemma3_bf16_folder_is_its_twin() {
+    check("gemma3-bf16");
 }
 
 /// A folder quantized at load (`--quantize`) holds, tensor by tensor, the types and bytes that
@@ -163,6 +171,21 @@ fn unreadable_folders_are_refused_by_name() {
         t["model"]["type"] = "Unigram".into()
     });
     assert!(refused(&f).contains("Unigram"));
+    let f = copy("spm-normalizer");
+    edit(&f, "tokenizer.json", &|t| {
+        t["model"]["byte_fallback"] = true.into()
+    });
+    assert!(refused(&f).contains("byte-fallback BPE with pre-tokenizer"));
+    edit(&f, "tokenizer.json", &|t| {
+        t["pre_tokenizer"] = serde_json::Value::Null
+    });
+    assert!(refused(&f).contains("byte-fallback BPE with normalizer"));
+    let f = copy("gemma-27b-scale");
+    edit(&f, "config.json", &|c| {
+        c["model_type"] = "gemma3_text".into();
+        c["query_pre_attn_scalar"] = 168.into();
+    });
+    assert!(refused(&f).contains("query_pre_attn_scalar"));
     let f = copy("shard");
     std::fs::remove_file(f.join("model-00002-of-00002.safetensors")).unwrap();
     assert!(refused(&f).contains("model-00002-of-00002.safetensors"));

@@ -14,6 +14,9 @@ pub(super) struct Family {
     pub permute_qk: bool,
     /// Every layer's FFN is a mixture of experts, configured as Qwen's MoE configs write it.
     pub moe: bool,
+    /// Gemma's norms: RMS norms that scale by `1 + w` (GGUF stores `1 + w`), four per layer,
+    /// local (sliding-window) and global layers.
+    pub gemma: bool,
 }
 
 /// The `model_type`s read natively.
@@ -24,6 +27,7 @@ const FAMILIES: &[(&str, Family)] = &[
             arch: "llama",
             permute_qk: true,
             moe: false,
+            gemma: false,
         },
     ),
     (
@@ -32,6 +36,7 @@ const FAMILIES: &[(&str, Family)] = &[
             arch: "llama",
             permute_qk: true,
             moe: false,
+            gemma: false,
         },
     ),
     (
@@ -40,6 +45,7 @@ const FAMILIES: &[(&str, Family)] = &[
             arch: "qwen2",
             permute_qk: false,
             moe: false,
+            gemma: false,
         },
     ),
     (
@@ -48,6 +54,7 @@ const FAMILIES: &[(&str, Family)] = &[
             arch: "qwen3",
             permute_qk: false,
             moe: false,
+            gemma: false,
         },
     ),
     (
@@ -56,6 +63,16 @@ const FAMILIES: &[(&str, Family)] = &[
             arch: "qwen3moe",
             permute_qk: false,
             moe: true,
+            gemma: false,
+        },
+    ),
+    (
+        "gemma3_text",
+        Family {
+            arch: "gemma3",
+            permute_qk: false,
+            moe: false,
+            gemma: true,
         },
     ),
 ];
@@ -111,7 +128,9 @@ pub(super) fn read(
             arch: format!("{model_type} (safetensors)"),
             supported: supported().join(", "),
         })?;
-    if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
+    let linear = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"linear".into());
+    let rope_scaling = c.get("rope_scaling").filter(|r| !r.is_null());
+    if let Some(r) = rope_scaling.filter(|r| !(family.gemma && linear(r))) {
         return Err(ModelError::Unsupported(format!(
             "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"
         )));
@@ -152,6 +171,9 @@ pub(super) fn read(
     }
     if family.moe {
         experts(c, &mut m, arch)?;
+    }
+    if family.gemma {
+        gemma(c, &mut m, arch)?;
     }
     let eps = positive(c, "rms_norm_eps")?.unwrap_or(1e-6);
     m.insert(
@@ -199,5 +221,65 @@ fn experts(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result
             .ok_or_else(|| invalid(format!("`norm_topk_prob` is {v}, not a boolean")))?,
     };
     m.insert(key("expert_weights_norm"), MetaValue::Bool(norm));
+    Ok(())
+}
+
+/// Gemma 3's local and global layers: the window, which layers are local (`layer_types`, else
+/// one global layer in `sliding_window_pattern`), the local layers' RoPE base, linear RoPE scaling
+/// of the global ones, and the final logit softcap. A query scale other than one over the root of
+/// the head size (`query_pre_attn_scalar`) is refused by name.
+fn gemma(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let head_dim = required(c, "head_dim")?;
+    if let Some(s) = positive(c, "query_pre_attn_scalar")? {
+        if s != head_dim as f64 {
+            return Err(ModelError::Unsupported(format!(
+                "query_pre_attn_scalar {s} other than head_dim {head_dim} in a safetensors folder"
+            )));
+        }
+    }
+    if let Some(w) = count(c, "sliding_window")? {
+        m.insert(key("attention.sliding_window"), MetaValue::UInt(w));
+    }
+    match c.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            let local = types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(MetaValue::Bool(true)),
+                    Some("full_attention") => Ok(MetaValue::Bool(false)),
+                    _ => Err(invalid(format!("`layer_types` holds {t}"))),
+                })
+                .collect::<Result<_, _>>()?;
+            m.insert(
+                key("attention.sliding_window_pattern"),
+                MetaValue::Array(local),
+            );
+        }
+        None => {
+            if let Some(p) = count(c, "sliding_window_pattern")? {
+                m.insert(key("attention.sliding_window_pattern"), MetaValue::UInt(p));
+            }
+        }
+    }
+    if let Some(b) = positive(c, "rope_local_base_freq")? {
+        m.insert(key("rope.freq_base_swa"), MetaValue::Float(b));
+    }
+    if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
+        let factor = positive(r, "factor")?
+            .ok_or_else(|| invalid(format!("rope_scaling {r} has no factor")))?;
+        m.insert(key("rope.scaling.type"), MetaValue::Str("linear".into()));
+        m.insert(key("rope.scaling.factor"), MetaValue::Float(factor));
+    }
+    if let Some(s) = positive(c, "final_logit_softcapping")? {
+        m.insert(key("final_logit_softcapping"), MetaValue::Float(s));
+    }
+    for k in ["attn_logit_softcapping"] {
+        if c.get(k).is_some_and(|v| !v.is_null()) {
+            return Err(ModelError::Unsupported(format!(
+                "{k} in a safetensors folder"
+            )));
+        }
+    }
     Ok(())
 }

@@ -70,8 +70,18 @@ fn shards(folder: &Path) -> Result<Vec<PathBuf>, ModelError> {
     Ok(names.into_iter().map(|n| folder.join(n)).collect())
 }
 
+/// Gemma's layer norms, whose names mean other norms than in the Llama-shaped families.
+const GEMMA_LAYER: &[(&str, &str)] = &[
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+];
+
 /// The GGUF name of a Hugging Face tensor name; `None` for tensors a GGUF leaves out.
-fn gguf_name(hf: &str) -> Result<Option<String>, String> {
+fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String> {
     const TOP: &[(&str, &str)] = &[
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
@@ -108,8 +118,10 @@ fn gguf_name(hf: &str) -> Result<Option<String>, String> {
         .ok_or_else(|| hf.to_string())?;
     let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
-    let (_, g) = LAYER
+    let gemma = if family.gemma { GEMMA_LAYER } else { &[] };
+    let (_, g) = gemma
         .iter()
+        .chain(LAYER)
         .find(|(h, _)| *h == field)
         .ok_or_else(|| hf.to_string())?;
     Ok(Some(format!("blk.{layer}.{g}")))
@@ -326,7 +338,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
         }
         let name = match expert {
             Some((layer, _, proj)) => format!("blk.{layer}.ffn_{proj}_exps.weight"),
-            None => match gguf_name(hf)
+            None => match gguf_name(hf, family)
                 .map_err(|n| invalid(&view.shard, format!("tensor {n} is not one Axle reads")))?
             {
                 Some(name) => name,
@@ -385,7 +397,11 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 (t, reversed(cols), Some(b))
             }
             (None, Some(t)) if view.shape.len() == 1 => {
-                let f32s = floats(data(view), t);
+                let mut f32s = floats(data(view), t);
+                // Gemma's norms scale by 1 + w; GGUF stores 1 + w.
+                if family.gemma && hf.ends_with("norm.weight") {
+                    f32s.iter_mut().for_each(|x| *x += 1.0);
+                }
                 (
                     DType::F32,
                     vec![rows as i64],
@@ -454,22 +470,43 @@ mod tests {
 
     #[test]
     fn names_map_and_unknown_ones_are_named() {
+        let family = |t: &str| {
+            config::read(&serde_json::json!({"model_type": t, "num_attention_heads": 4, "hidden_size": 256, "num_hidden_layers": 1, "intermediate_size": 512, "head_dim": 64})).unwrap().0
+        };
+        let (llama, gemma) = (family("llama"), family("gemma3_text"));
+        for (hf, l, g) in [
+            (
+                "post_attention_layernorm",
+                "ffn_norm",
+                "post_attention_norm",
+            ),
+            ("pre_feedforward_layernorm", "", "ffn_norm"),
+            ("post_feedforward_layernorm", "", "post_ffw_norm"),
+        ] {
+            let name = format!("model.layers.2.{hf}.weight");
+            let ours = |f| gguf_name(&name, f).ok().flatten();
+            assert_eq!(
+                ours(llama),
+                (!l.is_empty()).then(|| format!("blk.2.{l}.weight"))
+            );
+            assert_eq!(ours(gemma), Some(format!("blk.2.{g}.weight")));
+        }
         assert_eq!(
-            gguf_name("model.layers.11.self_attn.k_norm.weight")
+            gguf_name("model.layers.11.self_attn.k_norm.weight", llama)
                 .unwrap()
                 .as_deref(),
             Some("blk.11.attn_k_norm.weight")
         );
         assert_eq!(
-            gguf_name("lm_head.weight").unwrap().as_deref(),
+            gguf_name("lm_head.weight", llama).unwrap().as_deref(),
             Some("output.weight")
         );
         assert_eq!(
-            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq").unwrap(),
+            gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq", llama).unwrap(),
             None
         );
-        assert!(gguf_name("model.layers.0.mlp.experts.0.w1.weight").is_err());
-        assert!(gguf_name("model.vision_tower.x").is_err());
+        assert!(gguf_name("model.layers.0.mlp.experts.0.w1.weight", llama).is_err());
+        assert!(gguf_name("model.vision_tower.x", llama).is_err());
     }
 
     #[test]

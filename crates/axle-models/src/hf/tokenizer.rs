@@ -1,7 +1,9 @@
 //! `tokenizer.json` (and `tokenizer_config.json`) → the tokenizer metadata GGUF files carry:
 //! vocabulary with token kinds, merges, the pre-tokenizer as its regexes, the special tokens and
 //! whether a BOS is added, and the chat template. Byte-level BPE (GPT-2, Llama 3, Qwen and
-//! SmolLM vocabularies); anything else is refused by name.
+//! SmolLM vocabularies), and SentencePiece-style BPE with byte fallback (Gemma, Llama 2), which
+//! reads as GGUF's SentencePiece tokenizer: each merge's result scored by the merge's rank, so
+//! the highest-scored bigram is the first-ranked merge; anything else is refused by name.
 use super::read_json;
 use crate::ModelError;
 use axle_ggml::MetaValue;
@@ -16,6 +18,32 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 const NORMAL: i64 = 1;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
+const UNKNOWN: i64 = 2;
+const BYTE: i64 = 6;
+
+/// SentencePiece's word-boundary mark, which SentencePiece-style tokenizers put for spaces.
+const SPACE_MARK: &str = "\u{2581}";
+
+/// How a SentencePiece-style tokenizer's normalizer marks spaces: whether it puts a mark before
+/// the text as well (Llama 2) or only replaces spaces (Gemma).
+fn spm_space_prefix(normalizer: &Value) -> Result<bool, ModelError> {
+    let replaces = |n: &Value| {
+        n["type"] == "Replace" && n["pattern"]["String"] == " " && n["content"] == SPACE_MARK
+    };
+    let prepends = |n: &Value| n["type"] == "Prepend" && n["prepend"] == SPACE_MARK;
+    if replaces(normalizer) {
+        return Ok(false);
+    }
+    if let Some([a, b]) = normalizer["normalizers"].as_array().map(Vec::as_slice) {
+        if normalizer["type"] == "Sequence" && prepends(a) && replaces(b) {
+            return Ok(true);
+        }
+    }
+    Err(refuse(format!(
+        "byte-fallback BPE with normalizer {normalizer} (Axle reads spaces replaced by U+2581, \
+         optionally one prepended)"
+    )))
+}
 
 fn refuse(what: String) -> ModelError {
     ModelError::Unsupported(format!("tokenizer.json: {what}"))
@@ -84,6 +112,49 @@ fn pre_regexes(pre: &Value, out: &mut Vec<String>) -> Result<(), ModelError> {
     Ok(())
 }
 
+/// A byte-fallback token: `<0xXX>`.
+fn is_byte_token(text: &str) -> bool {
+    text.len() == 6
+        && text.starts_with("<0x")
+        && text.ends_with('>')
+        && text[3..5].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Scores for GGUF's SentencePiece tokenizer, which merges the highest-scored bigram first: the
+/// result of the merge ranked `r` scores `-r`, so the first-ranked merge goes first, as BPE has
+/// it. Tokens no merge makes score below every merge (BPE never makes them); single characters
+/// and special tokens, which are never merged into, score 0.
+fn merge_scores(tokens: &[Option<String>], merges: &Value) -> Vec<f64> {
+    let pieces: Vec<(String, String)> = merges
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m {
+            Value::String(s) => s.split_once(' ').map(|(a, b)| (a.into(), b.into())),
+            Value::Array(p) if p.len() == 2 => {
+                Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut rank: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (r, (a, b)) in pieces.iter().enumerate() {
+        rank.entry(format!("{a}{b}")).or_insert(r);
+    }
+    let never = -(pieces.len() as f64) - 1.0;
+    tokens
+        .iter()
+        .map(|t| match t {
+            Some(t) => match rank.get(t) {
+                Some(&r) => -(r as f64),
+                None if t.chars().count() > 1 => never,
+                None => 0.0,
+            },
+            None => never,
+        })
+        .collect()
+}
+
 /// A token given as a string or as `{"content": ...}`.
 fn token_text(v: &Value) -> Option<&str> {
     v.as_str().or_else(|| v.get("content")?.as_str())
@@ -102,15 +173,27 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
     if model.get("type").and_then(Value::as_str) != Some("BPE") {
         return Err(refuse(format!("model type {}", model["type"])));
     }
-    if model.get("byte_fallback").and_then(Value::as_bool) == Some(true) {
-        return Err(refuse(
-            "BPE with byte_fallback (SentencePiece style)".into(),
-        ));
-    }
-    match tj["normalizer"].get("type").and_then(Value::as_str) {
-        None | Some("NFC") => {}
-        Some(other) => return Err(refuse(format!("normalizer {other}"))),
-    }
+    // SentencePiece style: bytes missing from the vocabulary fall back to `<0xXX>` tokens.
+    let spm = model.get("byte_fallback").and_then(Value::as_bool) == Some(true);
+    let space_prefix = if spm {
+        // A split at spaces (as Transformers writes Gemma's) finds none once the normalizer
+        // has marked them all.
+        let pre = &tj["pre_tokenizer"];
+        let at_spaces = pre["type"] == "Split" && pre["pattern"]["String"] == " ";
+        if !pre.is_null() && !at_spaces {
+            return Err(refuse(format!(
+                "byte-fallback BPE with pre-tokenizer {}",
+                tj["pre_tokenizer"]
+            )));
+        }
+        Some(spm_space_prefix(&tj["normalizer"])?)
+    } else {
+        match tj["normalizer"].get("type").and_then(Value::as_str) {
+            None | Some("NFC") => {}
+            Some(other) => return Err(refuse(format!("normalizer {other}"))),
+        }
+        None
+    };
     let vocab = model
         .get("vocab")
         .and_then(Value::as_object)
@@ -130,11 +213,19 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
         kinds[id] = kind;
         Ok(())
     };
+    let unknown = model.get("unk_token").and_then(Value::as_str);
     for (text, id) in vocab {
         let id = id
             .as_u64()
             .ok_or_else(|| refuse(format!("id of {text:?}")))?;
-        place(id, text, NORMAL)?;
+        let kind = if spm && is_byte_token(text) {
+            BYTE
+        } else if unknown == Some(text.as_str()) {
+            UNKNOWN
+        } else {
+            NORMAL
+        };
+        place(id, text, kind)?;
     }
     for added in tj["added_tokens"].as_array().into_iter().flatten() {
         let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else {
@@ -143,6 +234,7 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
         let special = added["special"].as_bool().unwrap_or(false);
         place(id, text, if special { CONTROL } else { USER_DEFINED })?;
     }
+    let scores = spm.then(|| merge_scores(&tokens, &model["merges"]));
     let tokens: Vec<MetaValue> = tokens
         .into_iter()
         .enumerate()
@@ -163,7 +255,9 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
         })
         .collect::<Result<_, _>>()?;
     let mut regexes = Vec::new();
-    pre_regexes(&tj["pre_tokenizer"], &mut regexes)?;
+    if !spm {
+        pre_regexes(&tj["pre_tokenizer"], &mut regexes)?;
+    }
     let id_of = |text: &str| -> Option<u64> {
         if let Some(id) = vocab.get(text).and_then(Value::as_u64) {
             return Some(id);
@@ -175,21 +269,42 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
             .as_u64()
     };
     let mut m = BTreeMap::new();
-    m.insert("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into()));
     m.insert("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens));
     m.insert(
         "tokenizer.ggml.token_type".into(),
         MetaValue::Array(kinds.into_iter().map(MetaValue::Int).collect()),
     );
-    m.insert("tokenizer.ggml.merges".into(), MetaValue::Array(merges));
-    m.insert(
-        "tokenizer.axle.pre_regexes".into(),
-        MetaValue::Array(regexes.into_iter().map(MetaValue::Str).collect()),
-    );
-    m.insert(
-        "tokenizer.axle.ignore_merges".into(),
-        MetaValue::Bool(model["ignore_merges"].as_bool().unwrap_or(false)),
-    );
+    match (scores, space_prefix) {
+        (Some(scores), Some(prefix)) => {
+            m.insert(
+                "tokenizer.ggml.model".into(),
+                MetaValue::Str("llama".into()),
+            );
+            m.insert(
+                "tokenizer.ggml.scores".into(),
+                MetaValue::Array(scores.into_iter().map(MetaValue::Float).collect()),
+            );
+            m.insert(
+                "tokenizer.ggml.add_space_prefix".into(),
+                MetaValue::Bool(prefix),
+            );
+            if let Some(u) = unknown.and_then(id_of) {
+                m.insert("tokenizer.ggml.unknown_token_id".into(), MetaValue::UInt(u));
+            }
+        }
+        _ => {
+            m.insert("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into()));
+            m.insert("tokenizer.ggml.merges".into(), MetaValue::Array(merges));
+            m.insert(
+                "tokenizer.axle.pre_regexes".into(),
+                MetaValue::Array(regexes.into_iter().map(MetaValue::Str).collect()),
+            );
+            m.insert(
+                "tokenizer.axle.ignore_merges".into(),
+                MetaValue::Bool(model["ignore_merges"].as_bool().unwrap_or(false)),
+            );
+        }
+    }
     // BOS: the token the post-processor puts first, else the config's, added as it says.
     let template_bos = tj["post_processor"]
         .get("single")
