@@ -12,7 +12,8 @@
 #   scripts/gpu-issue52.sh OUT serve C P [T] [MODEL]  axle bench serve: C streaming clients with
 #                                          P-token prompts and T new tokens (default 128) against
 #                                          `axle serve` and llama.cpp's `llama-server` (MODEL:
-#                                          q4_0 or q4_k_m, default q4_0)
+#                                          q4_0 or q4_k_m, default q4_0; llama-server caps each slot
+#                                          at the file's trained context, 8192: P + T at most that)
 #
 # Then: scripts/gpu-reference-table.py OUT/<part> --doc docs/gpu.md --section NAME.
 set -uo pipefail
