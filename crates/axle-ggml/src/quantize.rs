@@ -41,7 +41,10 @@ pub fn quantize_rows(
             s.spawn(move || {
                 let n = src.len() / n_per_row;
                 // SAFETY: `src` holds `n` rows of `n_per_row` f32 values and `dst` exactly `n`
-                // rows of the type's row size; no importance matrix (the type needs none).
+                // rows of the type's row size; no importance matrix (the type needs none). ggml
+                // writes its blocks' f16 fields through `dst`: the buffer comes from malloc (16-byte
+                // aligned on the platforms Axle builds for) and every row size of these types is
+                // even, so each chunk starts 2-byte aligned.
                 unsafe {
                     sys::ggml_quantize_chunk(
                         dtype.0,

@@ -135,8 +135,8 @@ struct Shape {
     /// V projections in the model (`AttentionV` tensors).
     v_projections: usize,
     tied: bool,
-    /// A Llama 2/3 70B (80 layers, grouped KV heads).
-    llama_70b: bool,
+    /// A model of llama.cpp's 70B size class (Llama 2/3 70B, Qwen2 72B, ...).
+    seventy_b: bool,
 }
 
 /// Counters the rules keep as they walk the tensors in llama.cpp's order.
@@ -165,7 +165,7 @@ impl Quantize {
                 if k_mix && more_bits(w.v_seen, s.v_projections) {
                     ty = DType::Q6_K;
                 }
-                if s.llama_70b && ty == DType::Q4_K {
+                if s.seventy_b && ty == DType::Q4_K {
                     ty = DType::Q5_K;
                 }
                 if s.experts == 8 {
@@ -211,22 +211,35 @@ pub fn quantize(file: GgufFile, recipe: Quantize, threads: usize) -> Result<Gguf
         Ok(file.int_opt(&format!("{arch}.{k}"))?.unwrap_or(0).max(0) as usize)
     };
     let layers = int("block_count")?;
-    let heads = int("attention.head_count")?;
+    let experts = int("expert_count")?;
     let mut order: Vec<&TensorInfo> = file.tensors().iter().collect();
     // llama.cpp walks the tensors by layer (those of no layer first), then by name.
     order.sort_by(|a, b| {
         let layer = |t: &TensorInfo| t.layer().map_or(-1, |l| l as i64);
         (layer(a), &a.name).cmp(&(layer(b), &b.name))
     });
+    // What llama.cpp's loader calls a 70B model (its size class), for the families that have one.
+    let seventy_b = match arch.as_str() {
+        "llama" if layers == 80 && experts != 8 => {
+            let heads = int("attention.head_count")?;
+            let kv = file
+                .int_opt(&format!("{arch}.attention.head_count_kv"))?
+                .map_or(heads, |k| k.max(0) as usize);
+            heads != kv
+        }
+        "qwen2" | "olmo" | "deci" => layers == 80,
+        "jais2" => layers == 68,
+        _ => false,
+    };
     let shape = Shape {
-        experts: int("expert_count")?,
+        experts,
         layers,
         v_projections: order
             .iter()
             .filter(|t| role(&t.name) == Role::AttentionV)
             .count(),
         tied: file.tensor("output.weight").is_none(),
-        llama_70b: arch == "llama" && layers == 80 && heads != int("attention.head_count_kv")?,
+        seventy_b,
     };
     let mut walk = Walk::default();
     let mut replaced = Vec::new();

@@ -458,6 +458,7 @@ fn model_id(model: &Model) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     model.path().hash(&mut h);
     model.file_size().hash(&mut h);
+    model.quantized_at_load().map(|q| q.name()).hash(&mut h);
     h.finish()
 }
 

@@ -152,9 +152,20 @@ fn stack_experts(
     if experts == 0 {
         return Err("weights of experts, but config.json names no `num_experts`".into());
     }
-    if views.contains_key(&name(experts)) {
+    let prefix = format!("model.layers.{layer}.mlp.experts.");
+    let suffix = format!(".{proj}_proj.weight");
+    if let Some(e) = views
+        .keys()
+        .filter_map(|k| {
+            k.strip_prefix(&prefix)?
+                .strip_suffix(&suffix)?
+                .parse::<usize>()
+                .ok()
+        })
+        .find(|&e| e >= experts)
+    {
         return Err(format!(
-            "expert {experts} exists, but config.json names {experts} experts"
+            "expert {e} exists, but config.json names {experts} experts"
         ));
     }
     let first = views.get(&name(0)).ok_or("expert 0 is missing")?;

@@ -122,8 +122,9 @@ fn is_byte_token(text: &str) -> bool {
 
 /// Scores for GGUF's SentencePiece tokenizer, which merges the highest-scored bigram first: the
 /// result of the merge ranked `r` scores `-r`, so the first-ranked merge goes first, as BPE has
-/// it. Tokens no merge makes score below every merge (BPE never makes them); single characters
-/// and special tokens, which are never merged into, score 0.
+/// it. Tokens of several characters that no merge makes (special and added tokens among them)
+/// score below every merge, so they are merged into last; single characters, never merged
+/// into, score 0.
 fn merge_scores(tokens: &[Option<String>], merges: &Value) -> Vec<f64> {
     let pieces: Vec<(String, String)> = merges
         .as_array()
