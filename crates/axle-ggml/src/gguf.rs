@@ -287,7 +287,10 @@ impl GgufFile {
     }
 
     /// This model with some tensors' data replaced: for each, its name, a new type and bytes for
-    /// the same shape. The new bytes lie in one mapping of their own, after the model's.
+    /// the same shape. The new bytes lie in one mapping of their own, after the model's. A
+    /// mapping left holding less than a quarter of its bytes in use (the float weights a
+    /// quantization replaced) gives the tensors still in it to the new mapping and is dropped,
+    /// so that its memory goes.
     pub fn with_tensors_replaced(self, new: Vec<(String, DType, Vec<u8>)>) -> Result<GgufFile> {
         if new.is_empty() {
             return Ok(self);
@@ -296,25 +299,61 @@ impl GgufFile {
             path,
             metadata,
             mut tensors,
-            mut parts,
+            parts,
         } = self;
-        let part = parts.len();
         let mut bytes = Vec::new();
+        // GGUF aligns tensor data to 32 bytes; so do we.
+        let mut place = |data: &[u8], t: &mut TensorInfo| {
+            bytes.resize(bytes.len().next_multiple_of(32), 0);
+            t.part = usize::MAX;
+            t.file_offset = bytes.len() as u64;
+            t.nbytes = data.len() as u64;
+            bytes.extend_from_slice(data);
+        };
         for (name, dtype, data) in new {
             let t = tensors
                 .iter_mut()
                 .find(|t| t.name == name)
                 .ok_or_else(|| Error::MissingTensor(name.clone()))?;
-            // GGUF aligns tensor data to 32 bytes; so do we.
-            bytes.resize(bytes.len().next_multiple_of(32), 0);
             t.dtype = dtype;
-            t.part = part;
-            t.file_offset = bytes.len() as u64;
-            t.nbytes = data.len() as u64;
-            bytes.extend_from_slice(&data);
+            place(&data, t);
         }
-        parts.push(map_bytes(&bytes)?);
-        GgufFile::assembled(path, metadata, tensors, parts)
+        let mut used = vec![0u64; parts.len()];
+        for t in tensors.iter().filter(|t| t.part < parts.len()) {
+            used[t.part] += t.nbytes;
+        }
+        let keep: Vec<bool> = parts
+            .iter()
+            .zip(&used)
+            .map(|(p, &u)| u > 0 && u * 4 >= p.len() as u64)
+            .collect();
+        for t in tensors.iter_mut() {
+            if t.part < parts.len() && !keep[t.part] {
+                let from = &parts[t.part];
+                let data =
+                    from[t.file_offset as usize..(t.file_offset + t.nbytes) as usize].to_vec();
+                place(&data, t);
+            }
+        }
+        // The kept mappings, renumbered in order, then the new one.
+        let mut index = vec![usize::MAX; parts.len()];
+        let mut kept = Vec::new();
+        for (i, p) in parts.into_iter().enumerate() {
+            if keep[i] {
+                index[i] = kept.len();
+                kept.push(p);
+            }
+        }
+        let last = kept.len();
+        for t in tensors.iter_mut() {
+            t.part = if t.part == usize::MAX {
+                last
+            } else {
+                index[t.part]
+            };
+        }
+        kept.push(map_bytes(&bytes)?);
+        GgufFile::assembled(path, metadata, tensors, kept)
     }
 
     /// Opens one file, its tensors marked as part `part`.
