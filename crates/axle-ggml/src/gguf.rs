@@ -330,9 +330,10 @@ impl GgufFile {
         for t in tensors.iter_mut() {
             if t.part < parts.len() && !keep[t.part] {
                 let from = &parts[t.part];
-                let data =
-                    from[t.file_offset as usize..(t.file_offset + t.nbytes) as usize].to_vec();
-                place(&data, t);
+                place(
+                    &from[t.file_offset as usize..(t.file_offset + t.nbytes) as usize],
+                    t,
+                );
             }
         }
         // The kept mappings, renumbered in order, then the new one.

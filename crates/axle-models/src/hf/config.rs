@@ -274,12 +274,12 @@ fn gemma(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(
     if let Some(s) = positive(c, "final_logit_softcapping")? {
         m.insert(key("final_logit_softcapping"), MetaValue::Float(s));
     }
-    for k in ["attn_logit_softcapping"] {
-        if c.get(k).is_some_and(|v| !v.is_null()) {
-            return Err(ModelError::Unsupported(format!(
-                "{k} in a safetensors folder"
-            )));
-        }
+    if c.get("attn_logit_softcapping")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ModelError::Unsupported(
+            "attn_logit_softcapping in a safetensors folder".into(),
+        ));
     }
     Ok(())
 }

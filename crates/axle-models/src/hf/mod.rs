@@ -154,8 +154,11 @@ fn stack_experts(
     }
     let prefix = format!("model.layers.{layer}.mlp.experts.");
     let suffix = format!(".{proj}_proj.weight");
+    // A layer's experts' names lie together in the map, in order of their text.
     if let Some(e) = views
-        .keys()
+        .range(prefix.clone()..)
+        .map(|(k, _)| k)
+        .take_while(|k| k.starts_with(&prefix))
         .filter_map(|k| {
             k.strip_prefix(&prefix)?
                 .strip_suffix(&suffix)?

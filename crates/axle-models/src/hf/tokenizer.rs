@@ -125,24 +125,14 @@ fn is_byte_token(text: &str) -> bool {
 /// it. Tokens of several characters that no merge makes (special and added tokens among them)
 /// score below every merge, so they are merged into last; single characters, never merged
 /// into, score 0.
-fn merge_scores(tokens: &[Option<String>], merges: &Value) -> Vec<f64> {
-    let pieces: Vec<(String, String)> = merges
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| match m {
-            Value::String(s) => s.split_once(' ').map(|(a, b)| (a.into(), b.into())),
-            Value::Array(p) if p.len() == 2 => {
-                Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string()))
-            }
-            _ => None,
-        })
-        .collect();
+fn merge_scores(tokens: &[Option<String>], merges: &[String]) -> Vec<f64> {
     let mut rank: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (r, (a, b)) in pieces.iter().enumerate() {
-        rank.entry(format!("{a}{b}")).or_insert(r);
+    for (r, m) in merges.iter().enumerate() {
+        if let Some((a, b)) = m.split_once(' ') {
+            rank.entry(format!("{a}{b}")).or_insert(r);
+        }
     }
-    let never = -(pieces.len() as f64) - 1.0;
+    let never = -(merges.len() as f64) - 1.0;
     tokens
         .iter()
         .map(|t| match t {
@@ -235,26 +225,27 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
         let special = added["special"].as_bool().unwrap_or(false);
         place(id, text, if special { CONTROL } else { USER_DEFINED })?;
     }
-    let scores = spm.then(|| merge_scores(&tokens, &model["merges"]));
+    let merges: Vec<String> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m {
+            Value::String(s) => Ok(s.clone()),
+            Value::Array(pair) if pair.len() == 2 => Ok(format!(
+                "{} {}",
+                pair[0].as_str().unwrap_or_default(),
+                pair[1].as_str().unwrap_or_default()
+            )),
+            other => Err(refuse(format!("merge {other}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    // SentencePiece style: the space mark's placement and each token's merge score.
+    let spm_scores = space_prefix.map(|prefix| (prefix, merge_scores(&tokens, &merges)));
     let tokens: Vec<MetaValue> = tokens
         .into_iter()
         .enumerate()
         .map(|(i, t)| MetaValue::Str(t.unwrap_or_else(|| format!("[PAD{i}]"))))
         .collect();
-    let merges: Vec<MetaValue> = model["merges"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| match m {
-            Value::String(s) => Ok(MetaValue::Str(s.clone())),
-            Value::Array(pair) if pair.len() == 2 => Ok(MetaValue::Str(format!(
-                "{} {}",
-                pair[0].as_str().unwrap_or_default(),
-                pair[1].as_str().unwrap_or_default()
-            ))),
-            other => Err(refuse(format!("merge {other}"))),
-        })
-        .collect::<Result<_, _>>()?;
     let mut regexes = Vec::new();
     if !spm {
         pre_regexes(&tj["pre_tokenizer"], &mut regexes)?;
@@ -275,8 +266,8 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
         "tokenizer.ggml.token_type".into(),
         MetaValue::Array(kinds.into_iter().map(MetaValue::Int).collect()),
     );
-    match (scores, space_prefix) {
-        (Some(scores), Some(prefix)) => {
+    match spm_scores {
+        Some((prefix, scores)) => {
             m.insert(
                 "tokenizer.ggml.model".into(),
                 MetaValue::Str("llama".into()),
@@ -293,9 +284,12 @@ pub(super) fn read(folder: &Path) -> Result<BTreeMap<String, MetaValue>, ModelEr
                 m.insert("tokenizer.ggml.unknown_token_id".into(), MetaValue::UInt(u));
             }
         }
-        _ => {
+        None => {
             m.insert("tokenizer.ggml.model".into(), MetaValue::Str("gpt2".into()));
-            m.insert("tokenizer.ggml.merges".into(), MetaValue::Array(merges));
+            m.insert(
+                "tokenizer.ggml.merges".into(),
+                MetaValue::Array(merges.into_iter().map(MetaValue::Str).collect()),
+            );
             m.insert(
                 "tokenizer.axle.pre_regexes".into(),
                 MetaValue::Array(regexes.into_iter().map(MetaValue::Str).collect()),
