@@ -32,6 +32,15 @@ FOLDERS = [
     ("qwen3-tiny.gguf", "qwen3-bf16", "qwen3", "BF16", "qwen2"),
     ("qwen2-tiny.gguf", "qwen2-f32", "qwen2", "F32", "llama3"),
     ("qwen3moe-tiny.gguf", "qwen3moe-bf16", "qwen3_moe", "BF16", "qwen2"),
+    # Qwen 3.5 as its checkpoints are: the dense one a vision-language folder (text_config,
+    # model.language_model.*, a vision tower and MTP weights beside), the MoE one text only with
+    # Transformers' fused experts.
+    ("qwen35-tiny.gguf", "qwen35-bf16", "qwen3_5", "BF16", "qwen2"),
+    ("qwen35moe-tiny.gguf", "qwen35moe-bf16", "qwen3_5_moe", "BF16", "qwen2"),
+    ("qwen35moe-tiny.gguf", "qwen35moe-f32", "qwen3_5_moe", "F32", "qwen2"),
+    # Qwen3-Next: queries, keys, values and gates fused per key head, experts one by one.
+    ("qwen3next-tiny.gguf", "qwen3next-bf16", "qwen3_next", "BF16", "qwen2"),
+    ("qwen3next-tiny.gguf", "qwen3next-f32", "qwen3_next", "F32", "qwen2"),
     # The real Gemma 3 270M (from the models cache, not the fixtures), with its SentencePiece
     # vocabulary as a byte-fallback BPE tokenizer.json, as Gemma's folders hold it.
     ("models:gemma-3-270m-q4_k_m.gguf", "gemma3-bf16", "gemma3_text", "BF16", "spm"),
@@ -51,6 +60,19 @@ LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_at
          "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
          "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
          "ffn_gate_inp.weight": "mlp.gate.weight"}
+# Qwen 3.5's own: the gated delta net layers' weights and the shared expert.
+QWEN35_LAYER = {"attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.weight": "linear_attn.in_proj_z.weight",
+                "ssm_beta.weight": "linear_attn.in_proj_b.weight", "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+                "ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias",
+                "ssm_conv1d.weight": "linear_attn.conv1d.weight", "ssm_norm.weight": "linear_attn.norm.weight",
+                "ssm_out.weight": "linear_attn.out_proj.weight",
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+                "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+                "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+                "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+                "ssm_ba.weight": "linear_attn.in_proj_ba.weight"}
+QWEN35 = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 def hf_names(name, w, gemma=False):
@@ -68,11 +90,50 @@ GEMMA_LAYER = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 
 
-def hf_name(name, gemma=False):
+def hf_name(name, gemma=False, extra=None):
     if name in TOP:
         return TOP[name]
     _, layer, rest = name.split(".", 2)
-    return f"model.layers.{layer}.{(GEMMA_LAYER.get(rest) if gemma else None) or LAYER[rest]}"
+    return f"model.layers.{layer}.{(GEMMA_LAYER.get(rest) if gemma else None) or (extra or {}).get(rest) or LAYER[rest]}"
+
+
+def grouped(x, axis, k_heads, head):
+    """Qwen 3.5's value heads from GGUF's tiled order (value head r of every key head, then r + 1)
+    back to Transformers' grouped one (a key head's value heads together)."""
+    x = np.moveaxis(x, axis, 0)
+    n = x.shape[0]
+    out = x.reshape(n // (k_heads * head), k_heads, head, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+    return np.moveaxis(out, 0, axis)
+
+
+def qwen35_part(name, w, key, tiled=True):
+    """One Qwen 3.5 (or, not `tiled`, Qwen3-Next) GGUF tensor as Transformers holds it: (folder
+    array, twin array). Value heads grouped by key head (Qwen3-Next's GGUF has them so already),
+    the decay as A_log (f32 in the folder; the twin the f32 of -exp of it in f64, as a reader
+    computes it), the convolution [channels, 1, taps], the shared expert's gate [1, n_embd]."""
+    nk, hk = key("ssm.group_count"), key("ssm.state_size")
+    nv = key("ssm.time_step_rank")
+    hv = key("ssm.inner_size") // nv
+    if not tiled:
+        nk = nv
+    qk = 2 * nk * hk
+    kind = name.split(".", 2)[-1]
+    if kind in ("attn_qkv.weight", "ssm_conv1d.weight"):
+        hf = np.concatenate([w[:qk], grouped(w[qk:], 0, nk, hv)])
+        return (hf[:, None, :] if kind == "ssm_conv1d.weight" else hf), w
+    if kind == "attn_gate.weight":
+        return grouped(w, 0, nk, hv), w
+    if kind in ("ssm_beta.weight", "ssm_alpha.weight", "ssm_dt.bias"):
+        return grouped(w, 0, nk, 1), w
+    if kind == "ssm_a":
+        a_log = np.log(-grouped(w, 0, nk, 1).astype(np.float64)).astype(np.float32)
+        back = (-np.exp(a_log.astype(np.float64))).astype(np.float32)
+        return a_log, back[np.argsort(grouped(np.arange(nv), 0, nk, 1))]
+    if kind == "ssm_out.weight":
+        return grouped(w, 1, nk, hv), w
+    if kind == "ffn_gate_inp_shexp.weight":
+        return w.reshape(1, -1), w
+    return w, w
 
 
 def field(r, key):
@@ -213,6 +274,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
 
     shards = [{}, {}]
     tied = True
+    qwen35 = model_type in QWEN35
+    experts = {}
     for i, t in enumerate(r.tensors):
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
@@ -223,30 +286,88 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
             heads = n_head if t.name.split(".")[-2] == "attn_q" else n_kv
             rows = w.shape[0]
             hf = w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-        norm_plus_one = gemma and t.name.endswith("norm.weight")
+        if qwen35:
+            hf, w = qwen35_part(t.name, w, key, tiled=model_type != "qwen3_next")
+        # Gemma's norms scale by 1 + w, and so do Qwen 3.5's (but its gated delta net's): the
+        # folder holds w, GGUF 1 + w. The twin holds the number a reader of the folder computes:
+        # the bf16 w plus one, in f32.
+        norm_plus_one = (gemma or qwen35) and t.name.endswith("norm.weight") and "ssm_norm" not in t.name
         if norm_plus_one:
-            # Gemma's norms scale by 1 + w: the folder holds w, GGUF 1 + w. The twin holds the
-            # number a reader of the folder computes: the bf16 w plus one, in f32.
             hf = (w - np.float32(1)).astype(np.float32)
             if dtype == "BF16":
                 back = (bf16_bits(hf).astype(np.uint32) << 16).view(np.float32)
                 w = (back + np.float32(1)).astype(np.float32)
+        # Read as f32 however the folder stores them: the convolution (f32 in GGUF) and A_log
+        # (f32 in Qwen 3.5's folders too, its twin already the reader's number).
+        as_f32 = qwen35 and t.name.endswith(("ssm_conv1d.weight", "ssm_a"))
+        st_dtype = "F32" if dtype != "BF16" or t.name.endswith("ssm_a") else "BF16"
         if dtype == "BF16":
-            st_dtype = "BF16"
             # The twin holds the same values: bf16 matrices, f32 vectors.
             gg = bf16_bits(w)
-            if norm_plus_one:
-                twin.add_tensor(t.name, w)
-            elif w.ndim > 1:
-                twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
+            if norm_plus_one or t.name.endswith("ssm_a"):
+                twin_w = w
+            elif as_f32 or w.ndim == 1:
+                twin_w = (gg.astype(np.uint32) << 16).view(np.float32).reshape(w.shape)
             else:
-                twin.add_tensor(t.name, (gg.astype(np.uint32) << 16).view(np.float32))
+                twin_w = None
         else:
-            st_dtype = "F32"
-            twin.add_tensor(t.name, w.astype(np.float32))
-        for hf_n, part in hf_names(t.name, hf, gemma):
-            raw = bf16_bits(part) if dtype == "BF16" else part.astype(np.float32)
+            twin_w = w.astype(np.float32)
+        kind = t.name.rsplit(".", 2)[-2] if t.name.startswith("blk.") else ""
+        if model_type == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
+            # Qwen3-Next's folders hold, per key head, its query, key, values and gates in one
+            # projection; GGUF all queries, keys and values in attn_qkv, the gates in attn_gate.
+            layer = t.name.split(".")[1]
+            if twin_w is not None:
+                twin.add_tensor(t.name, twin_w)
+            else:
+                twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
+            experts.setdefault(layer, {})[kind] = w
+            if len(experts[layer]) < 2:
+                continue
+            qkv, z = experts[layer]["attn_qkv"], experts[layer]["attn_gate"]
+            nk, hk = key("ssm.group_count"), key("ssm.state_size")
+            per_v = z.shape[0] // nk
+            q, k, v = qkv[:nk * hk], qkv[nk * hk:2 * nk * hk], qkv[2 * nk * hk:]
+            fused = np.concatenate([np.concatenate([q[g * hk:(g + 1) * hk], k[g * hk:(g + 1) * hk],
+                                                    v[g * per_v:(g + 1) * per_v], z[g * per_v:(g + 1) * per_v]])
+                                    for g in range(nk)])
+            parts = [(f"model.layers.{layer}.linear_attn.in_proj_qkvz.weight", fused)]
+        elif model_type in ("qwen3_5", "qwen3_5_moe") and kind in ("ffn_gate_exps", "ffn_up_exps"):
+            # Transformers' Qwen 3.5 MoE holds each layer's experts' gate and up rows as one
+            # [experts, 2 * rows, n_embd] tensor; the twin as ggml's merged ffn_gate_up_exps.
+            layer = t.name.split(".")[1]
+            experts.setdefault(layer, {})[kind] = w
+            if len(experts[layer]) < 2:
+                continue
+            w = np.concatenate([experts[layer]["ffn_gate_exps"], experts[layer]["ffn_up_exps"]], axis=1)
+            if dtype == "BF16":
+                twin.add_tensor(f"blk.{layer}.ffn_gate_up_exps.weight", bf16_bits(w), raw_shape=list(w.shape),
+                                raw_dtype=Q.BF16)
+            else:
+                twin.add_tensor(f"blk.{layer}.ffn_gate_up_exps.weight", w)
+            parts = [(f"model.layers.{layer}.mlp.experts.gate_up_proj", w)]
+        else:
+            if twin_w is not None:
+                twin.add_tensor(t.name, twin_w)
+            else:
+                twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
+            if model_type in ("qwen3_5", "qwen3_5_moe") and kind == "ffn_down_exps":
+                parts = [(f"model.layers.{t.name.split('.')[1]}.mlp.experts.down_proj", hf)]
+            elif kind.endswith("_exps"):
+                parts = hf_names(t.name, hf)
+            elif qwen35:
+                parts = [(hf_name(t.name, extra=QWEN35_LAYER), hf)]
+            else:
+                parts = hf_names(t.name, hf, gemma)
+        for hf_n, part in parts:
+            if model_type == "qwen3_5":
+                hf_n = hf_n.replace("model.", "model.language_model.", 1)
+            raw = bf16_bits(part) if st_dtype == "BF16" else part.astype(np.float32)
             shards[i % 2][hf_n] = (st_dtype, part.shape, raw.tobytes())
+    if model_type == "qwen3_5":
+        # What a reader of the language model leaves: a vision tower's and the MTP head's weights.
+        shards[0]["model.visual.blocks.0.attn.qkv.weight"] = ("BF16", (3, 4), bf16_bits(np.ones((3, 4))).tobytes())
+        shards[1]["mtp.fc.weight"] = ("BF16", (4, 8), bf16_bits(np.ones((4, 8))).tobytes())
     twin.write_header_to_file()
     twin.write_kv_data_to_file()
     twin.write_tensors_to_file()
@@ -262,7 +383,9 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
     config = {
         "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                           "gemma3_text": "Gemma3ForCausalLM"}[model_type]],
+                           "gemma3_text": "Gemma3ForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
+                           "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+                           "qwen3_next": "Qwen3NextForCausalLM"}[model_type]],
         "model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": key("block_count"),
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "head_dim": head_dim,
@@ -286,6 +409,38 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                        "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                                        for i in range(n_layer)]})
         del config["hidden_act"], config["attention_bias"]
+    if qwen35:
+        n_layer, every = key("block_count"), key("full_attention_interval")
+        nv = key("ssm.time_step_rank")
+        config.update({
+            "linear_conv_kernel_dim": key("ssm.conv_kernel"), "linear_key_head_dim": key("ssm.state_size"),
+            "linear_num_key_heads": key("ssm.group_count"), "linear_num_value_heads": nv,
+            "linear_value_head_dim": key("ssm.inner_size") // nv, "full_attention_interval": every,
+            "layer_types": ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layer)],
+        })
+        if model_type == "qwen3_next":
+            # Transformers 4's Qwen3-Next config: RoPE fields at the top level.
+            config.update({"partial_rotary_factor": key("rope.dimension_count") / head_dim, "rope_scaling": None,
+                           "num_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+                           "moe_intermediate_size": key("expert_feed_forward_length"),
+                           "shared_expert_intermediate_size": key("expert_shared_feed_forward_length"),
+                           "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []})
+        else:
+            config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta"),
+                                         "partial_rotary_factor": key("rope.dimension_count") / head_dim,
+                                         "mrope_section": key("rope.dimension_sections")[:3],
+                                         "mrope_interleaved": True}
+        if model_type == "qwen3_5_moe":
+            config.update({"num_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+                           "moe_intermediate_size": key("expert_feed_forward_length"),
+                           "shared_expert_intermediate_size": key("expert_shared_feed_forward_length")})
+            # As Transformers writes Qwen 3.5 MoE's: no dense FFN size, experts' weights normalized.
+            del config["intermediate_size"]
+        elif model_type == "qwen3_5":
+            # A vision-language checkpoint's config: the language model's under text_config.
+            top = {k: config.pop(k) for k in ("architectures", "model_type", "tie_word_embeddings")}
+            config = {**top, "text_config": {**config, "model_type": "qwen3_5_text"},
+                      "vision_config": {"model_type": "qwen3_5_vision", "depth": 1}}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:

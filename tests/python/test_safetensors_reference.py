@@ -3,6 +3,7 @@ references users have for them: the Hugging Face `tokenizers` library on the fol
 tokenizer.json (token ids identical on 500 strings, for SmolLM2's, Qwen2's and Llama 3's
 pre-tokenizers and the real Gemma 3's SentencePiece vocabulary), and mlx-lm on the folder itself
 (last-position logits within a stated tolerance, greedy continuations compared)."""
+import json
 import random
 
 import axle
@@ -12,7 +13,27 @@ import pytest
 from helpers import ROOT
 
 HF = ROOT / "fixtures" / "hf"
-FOLDERS = ["llama-f32", "llama-bf16", "qwen3-bf16", "qwen2-f32", "qwen3moe-bf16", "gemma3-bf16"]
+# What each test measured, merged into this file when the module ends (runs of some tests keep
+# the others' rows); scripts/safetensors-table.py makes the docs' table and artifact of it.
+RECORD = ROOT / "target" / "test-records" / "safetensors-reference.json"
+MEASURED = {}
+
+
+def measured(test, folder, **values):
+    MEASURED[f"{test}/{folder}"] = {"test": test, "folder": folder, **values}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record():
+    yield
+    if not MEASURED:
+        return
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    rows.update(MEASURED)
+    RECORD.write_text(json.dumps(rows, indent=1, sort_keys=True))
+FOLDERS = ["llama-f32", "llama-bf16", "qwen3-bf16", "qwen2-f32", "qwen3moe-bf16", "qwen35-bf16", "qwen35moe-bf16",
+           "qwen35moe-f32", "qwen3next-f32", "gemma3-bf16"]
 
 WORDS = ["the", "The", "THE", "don't", "we'll", "I'M", "café", "naïve", "日本語", "中文", "русский",
          "λόγος", "🦀", "👍🏽", "3.14159", "2026", "1234567", "x=y+1;", "fn main() {}", "  ", "\n", "\t",
@@ -47,6 +68,7 @@ def test_tokenization_equals_the_tokenizers_library(folder):
     differ = [(t, engine.tokenize(t, add_special=False), reference.encode(t, add_special_tokens=False).ids)
               for t in texts]
     differ = [d for d in differ if d[1] != d[2]]
+    measured("tokenization", path.name, strings=len(texts), differ=len(differ))
     assert not differ, f"{len(differ)} of 500 differ, first: {differ[0]}"
 
 
@@ -125,6 +147,7 @@ def test_logprobs_within_tolerance_of_mlx_lm(folder):
         for t, ours in top:
             worst = max(worst, abs(ours - float(ref[t])))
     print(f"{path.name}: worst log-probability difference {worst:.4f} (tolerance {tol})")
+    measured("logprobs", path.name, worst=round(worst, 4), tolerance=tol)
     assert worst <= tol, f"{path.name}: worst log-probability difference {worst} over tolerance {tol}"
 
 
@@ -153,6 +176,7 @@ def test_greedy_continuations_against_mlx_lm(folder):
             native_same += mlx_greedy(native, ids, 12) == truth
     print(f"{path.name}: {same}/20 greedy continuations equal mlx-lm's in f32"
           + (f" (mlx-lm's own bf16 ones {native_same}/20)" if native is not None else ""))
+    measured("greedy", path.name, axle=same, mlx_bf16=native_same if native is not None else None)
     need = 20 if path.name.endswith("f32") else 14
     assert same >= need, f"{path.name}: {same}/20 equal mlx-lm's in f32"
 
@@ -169,6 +193,12 @@ QUANTIZED = [
     ("qwen3-bf16", "qwen3-bf16-q2-q5", 2, ("down_proj", 5)),
     # mlx-lm's own choice for qwen3_moe: experts stacked and 4-bit, the router 8-bit.
     ("qwen3moe-bf16", "qwen3moe-bf16-q4", 4, None),
+    # Qwen 3.5 (mlx-lm writes its norms as 1 + w and its convolutions [channels, taps, 1]): the
+    # delta net's out_proj, whose 16-column value heads are tiled at load, is dequantized, as no
+    # 32-value block stays within a head; the MoE router and shared expert gate 8-bit.
+    ("qwen35-bf16", "qwen35-bf16-q4", 4, None),
+    ("qwen35moe-bf16", "qwen35moe-bf16-q4", 4, None),
+    ("qwen3next-bf16", "qwen3next-bf16-q4", 4, None),
 ]
 
 
@@ -189,42 +219,16 @@ def quantized_dir(tmp_path_factory):
 
 
 def mlx_dequantized(path):
-    """mlx-lm's model of a quantized folder with every quantized layer dequantized (by mlx's own
-    `dequantize`) and the whole model in f32: the numbers the folder means, computed without
-    rounding beyond f32's."""
+    """mlx-lm's model of a quantized folder in f32, then every quantized layer dequantized (mlx-lm's
+    own `dequantize_model`, as `mlx_lm.convert --dequantize --dtype float32` runs it): the numbers
+    the folder means (scale * q + bias in f32, where dequantizing with bf16 scales would round
+    each weight to bf16), computed without rounding beyond f32's."""
     import mlx.core as mx
-    import mlx.nn as nn
-    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+    from mlx_lm.utils import dequantize_model
 
     model = mlx_model(path)
-
-    def walk(module):
-        for key, child in module.children().items():
-            items = child if isinstance(child, list) else [child]
-            for i, c in enumerate(items):
-                if isinstance(c, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
-                    w = mx.dequantize(c.weight, c.scales, c.biases, c.group_size, c.bits).astype(mx.float32)
-                    if isinstance(c, QuantizedSwitchLinear):
-                        plain = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in c)
-                        if "bias" in c:
-                            plain.bias = c.bias
-                    elif isinstance(c, nn.QuantizedLinear):
-                        plain = nn.Linear(w.shape[1], w.shape[0], bias="bias" in c)
-                        if "bias" in c:
-                            plain.bias = c.bias
-                    else:
-                        plain = nn.Embedding(w.shape[0], w.shape[1])
-                    plain.weight = w
-                    if isinstance(child, list):
-                        child[i] = plain
-                    else:
-                        setattr(module, key, plain)
-                elif isinstance(c, nn.Module):
-                    walk(c)
-
-    walk(model)
     model.set_dtype(mx.float32)
-    return model
+    return dequantize_model(model)
 
 
 @pytest.mark.parametrize("src,name,bits,override", QUANTIZED, ids=[q[1] for q in QUANTIZED])
@@ -260,5 +264,8 @@ def test_mlx_quantized_folders_against_mlx_lm(quantized_dir, src, name, bits, ov
     print(f"{name}: worst log-probability difference from f32: Axle {ours_worst:.4f}, mlx-lm "
           f"{mlx_worst:.4f}; greedy equal to f32's: Axle {ours_exact}/20, mlx-lm {mlx_exact}/20; "
           f"Axle's equal to mlx-lm's {ours_same}/20, mlx-lm quantized vs unquantized {mlx_same}/20")
+    measured("quantized", name, bits=bits, override=override, axle_worst=round(ours_worst, 4),
+             mlx_worst=round(mlx_worst, 4), axle_exact=ours_exact, mlx_exact=mlx_exact,
+             axle_vs_mlx=ours_same, mlx_vs_unquantized=mlx_same)
     assert ours_worst <= max(mlx_worst, TOLERANCE["f32"]), f"{name}: {ours_worst} against {mlx_worst}"
     assert ours_exact >= mlx_exact, f"{name}: {ours_exact}/20 against mlx-lm's {mlx_exact}/20"

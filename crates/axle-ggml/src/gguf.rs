@@ -130,15 +130,37 @@ fn map_opened(file: &std::fs::File) -> std::io::Result<Arc<Mmap>> {
     Ok(Arc::new(unsafe { Mmap::map(file) }?))
 }
 
-/// Bytes made in memory (weights converted at load), as a read-only mapping like a file's.
-pub fn map_bytes(bytes: &[u8]) -> Result<Arc<Mmap>> {
-    let io = |source| Error::Io {
-        path: PathBuf::from("<converted weights>"),
-        source,
-    };
-    let mut m = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(io)?;
-    m[..bytes.len()].copy_from_slice(bytes);
-    Ok(Arc::new(m.make_read_only().map_err(io)?))
+/// Tensor data made in memory (weights converted at load), laid out as GGUF lays it out (each
+/// tensor at a multiple of 32 bytes) and mapped read-only like a file's at the end. Each piece is
+/// freed as it is copied into the mapping, so the peak is the data's size and its largest
+/// tensor's, not twice the data's.
+#[derive(Debug, Default)]
+pub struct MadeBytes {
+    len: usize,
+    pieces: Vec<(usize, Vec<u8>)>,
+}
+
+impl MadeBytes {
+    /// Places one tensor's data; its offset in the mapping.
+    pub fn place(&mut self, data: Vec<u8>) -> u64 {
+        let at = self.len.next_multiple_of(32);
+        self.len = at + data.len();
+        self.pieces.push((at, data));
+        at as u64
+    }
+
+    /// The mapping of everything placed.
+    pub fn map(self) -> Result<Arc<Mmap>> {
+        let io = |source| Error::Io {
+            path: PathBuf::from("<converted weights>"),
+            source,
+        };
+        let mut m = memmap2::MmapMut::map_anon(self.len.max(1)).map_err(io)?;
+        for (at, piece) in self.pieces {
+            m[at..at + piece.len()].copy_from_slice(&piece);
+        }
+        Ok(Arc::new(m.make_read_only().map_err(io)?))
+    }
 }
 
 /// The path of part `no` (0-based) of a split model whose first part is `first`, in
@@ -301,14 +323,11 @@ impl GgufFile {
             mut tensors,
             parts,
         } = self;
-        let mut bytes = Vec::new();
-        // GGUF aligns tensor data to 32 bytes; so do we.
-        let mut place = |data: &[u8], t: &mut TensorInfo| {
-            bytes.resize(bytes.len().next_multiple_of(32), 0);
+        let mut made = MadeBytes::default();
+        let mut place = |data: Vec<u8>, t: &mut TensorInfo| {
             t.part = usize::MAX;
-            t.file_offset = bytes.len() as u64;
             t.nbytes = data.len() as u64;
-            bytes.extend_from_slice(data);
+            t.file_offset = made.place(data);
         };
         for (name, dtype, data) in new {
             let t = tensors
@@ -316,7 +335,7 @@ impl GgufFile {
                 .find(|t| t.name == name)
                 .ok_or_else(|| Error::MissingTensor(name.clone()))?;
             t.dtype = dtype;
-            place(&data, t);
+            place(data, t);
         }
         let mut used = vec![0u64; parts.len()];
         for t in tensors.iter().filter(|t| t.part < parts.len()) {
@@ -331,7 +350,7 @@ impl GgufFile {
             if t.part < parts.len() && !keep[t.part] {
                 let from = &parts[t.part];
                 place(
-                    &from[t.file_offset as usize..(t.file_offset + t.nbytes) as usize],
+                    from[t.file_offset as usize..(t.file_offset + t.nbytes) as usize].to_vec(),
                     t,
                 );
             }
@@ -353,7 +372,7 @@ impl GgufFile {
                 index[t.part]
             };
         }
-        kept.push(map_bytes(&bytes)?);
+        kept.push(made.map()?);
         GgufFile::assembled(path, metadata, tensors, kept)
     }
 

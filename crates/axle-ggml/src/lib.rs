@@ -34,7 +34,7 @@ pub use backend::{
 };
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use gguf::{map_bytes, map_file, GgufFile, MetaValue, TensorInfo};
+pub use gguf::{map_file, GgufFile, MadeBytes, MetaValue, TensorInfo};
 pub use log::quiet_logs;
 pub use memmap2::Mmap;
 pub use quantize::quantize_rows;

@@ -2,8 +2,10 @@
 //! (`scripts/make-hf-fixtures.py` writes both from one fixture's numbers): the same tokens for the
 //! same text, the same logits bit for bit through prompt, decode and verify steps, in f32 and
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
-//! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load)
-//! and gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
+//! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load),
+//! qwen3_5, qwen3_5_moe and qwen3_next (hybrid gated delta net layers, a vision-language layout)
+//! and
+//! gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
 //! Folders Axle cannot read are refused by name.
 mod common;
 
@@ -67,6 +69,39 @@ fn qwen2_f32_folder_is_its_twin() {
 #[test]
 fn qwen3moe_bf16_folder_is_its_twin() {
     check("qwen3moe-bf16");
+}
+
+/// Qwen 3.5 as a vision-language checkpoint holds it: the config under `text_config`, the
+/// language model's weights under `model.language_model.`, a vision tower's and an MTP head's
+/// beside them (left unread); gated delta net layers whose value heads are grouped by key head
+/// (tiled at load), `A_log`, `[channels, 1, taps]` convolutions, norms stored as `w`.
+#[test]
+fn qwen35_bf16_folder_is_its_twin() {
+    check("qwen35-bf16");
+}
+
+/// Qwen 3.5 MoE as Transformers writes it: experts' gate and up rows in one stacked tensor a
+/// layer (read in place as ggml's merged `ffn_gate_up_exps`), a gated shared expert.
+#[test]
+fn qwen35moe_bf16_folder_is_its_twin() {
+    check("qwen35moe-bf16");
+}
+
+#[test]
+fn qwen35moe_f32_folder_is_its_twin() {
+    check("qwen35moe-f32");
+}
+
+/// Qwen3-Next: queries, keys, values and output gates fused per key head (`in_proj_qkvz`, split
+/// at load), value heads kept grouped, experts one by one.
+#[test]
+fn qwen3next_bf16_folder_is_its_twin() {
+    check("qwen3next-bf16");
+}
+
+#[test]
+fn qwen3next_f32_folder_is_its_twin() {
+    check("qwen3next-f32");
 }
 
 /// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
@@ -206,4 +241,28 @@ fn unreadable_folders_are_refused_by_name() {
         e.contains("_exps.weight") && e.contains("expert 4 exists"),
         "{e}"
     );
+    // Qwen 3.5: what the family does not compute is refused by name.
+    for (name, key, value, said) in [
+        (
+            "q35-yarn",
+            "rope_parameters",
+            serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
+            "yarn",
+        ),
+        ("q35-bias", "attention_bias", true.into(), "attention_bias"),
+        ("q35-head", "head_dim", serde_json::Value::Null, "head_dim"),
+        (
+            "q35-types",
+            "layer_types",
+            serde_json::json!(["full_attention"]),
+            "layer_types",
+        ),
+    ] {
+        let f = copy_of("qwen35-bf16", name);
+        edit(&f, "config.json", &|c| {
+            c["text_config"][key] = value.clone()
+        });
+        let e = refused(&f);
+        assert!(e.contains(said), "{name}: {e}");
+    }
 }

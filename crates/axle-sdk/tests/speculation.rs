@@ -240,6 +240,13 @@ fn greedy_speculation_is_exact_moe_folder() {
     greedy_exactness("hf/qwen3moe-bf16", Drafts::AsTheyCome);
 }
 
+/// Qwen 3.5 MoE from a Transformers folder: hybrid recurrent layers (value heads tiled at load),
+/// experts' merged gate and up rows read in place, in bf16.
+#[test]
+fn greedy_speculation_is_exact_hybrid_moe_folder() {
+    greedy_exactness("hf/qwen35moe-bf16", Drafts::AsTheyCome);
+}
+
 /// Mixture of experts with K-quant experts (not repacked: the expert products run in slices so
 /// that no expert sees the 8 rows from which ggml's tiled kernel takes over).
 #[test]

@@ -17,69 +17,111 @@ pub(super) struct Family {
     /// Gemma's norms: RMS norms that scale by `1 + w` (GGUF stores `1 + w`), four per layer,
     /// local (sliding-window) and global layers.
     pub gemma: bool,
+    /// Hybrid layers: gated delta net layers between full-attention ones, norms that scale by
+    /// `1 + w` but the delta net's own (see [`super::delta`]).
+    pub delta: Option<Values>,
 }
 
-/// The `model_type`s read natively.
-const FAMILIES: &[(&str, Family)] = &[
+/// How a gated delta net family's GGUF orders the value heads of a key head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Values {
+    /// Tiled (Qwen 3.5): the folder's grouped value heads are reordered at load.
+    Tiled,
+    /// Grouped, as the folder has them (Qwen3-Next, whose family repeats key heads in runs); its
+    /// folders fuse queries, keys, values and the output gate per key head (`in_proj_qkvz`).
+    Grouped,
+}
+
+/// The `model_type`s read natively, each with the family it loads as.
+const FAMILIES: &[(&[&str], Family)] = &[
     (
-        "llama",
+        &["llama", "mistral"],
         Family {
             arch: "llama",
             permute_qk: true,
             moe: false,
             gemma: false,
+            delta: None,
         },
     ),
     (
-        "mistral",
-        Family {
-            arch: "llama",
-            permute_qk: true,
-            moe: false,
-            gemma: false,
-        },
-    ),
-    (
-        "qwen2",
+        &["qwen2"],
         Family {
             arch: "qwen2",
             permute_qk: false,
             moe: false,
             gemma: false,
+            delta: None,
         },
     ),
     (
-        "qwen3",
+        &["qwen3"],
         Family {
             arch: "qwen3",
             permute_qk: false,
             moe: false,
             gemma: false,
+            delta: None,
         },
     ),
     (
-        "qwen3_moe",
+        &["qwen3_moe"],
         Family {
             arch: "qwen3moe",
             permute_qk: false,
             moe: true,
             gemma: false,
+            delta: None,
         },
     ),
     (
-        "gemma3_text",
+        &["gemma3_text", "gemma3"],
         Family {
             arch: "gemma3",
             permute_qk: false,
             moe: false,
             gemma: true,
+            delta: None,
+        },
+    ),
+    (
+        &["qwen3_5", "qwen3_5_text"],
+        Family {
+            arch: "qwen35",
+            permute_qk: false,
+            moe: false,
+            gemma: false,
+            delta: Some(Values::Tiled),
+        },
+    ),
+    (
+        &["qwen3_5_moe", "qwen3_5_moe_text"],
+        Family {
+            arch: "qwen35moe",
+            permute_qk: false,
+            moe: true,
+            gemma: false,
+            delta: Some(Values::Tiled),
+        },
+    ),
+    (
+        &["qwen3_next"],
+        Family {
+            arch: "qwen3next",
+            permute_qk: false,
+            moe: true,
+            gemma: false,
+            delta: Some(Values::Grouped),
         },
     ),
 ];
 
 /// The families read from safetensors folders, by `model_type`.
 pub fn supported() -> Vec<&'static str> {
-    FAMILIES.iter().map(|(t, _)| *t).collect()
+    FAMILIES
+        .iter()
+        .flat_map(|(t, _)| t.iter().copied())
+        .collect()
 }
 
 fn invalid(what: String) -> ModelError {
@@ -112,22 +154,42 @@ fn positive(c: &Value, key: &str) -> Result<Option<f64>, ModelError> {
     }
 }
 
+/// A vision-language checkpoint's config (its language model's under `text_config`) as the
+/// language model's own, keeping the top level's `model_type`; any other config as it is.
+pub(super) fn language_model(c: &Value) -> Value {
+    let Some(text) = c.get("text_config").and_then(Value::as_object) else {
+        return c.clone();
+    };
+    let mut out = text.clone();
+    for (k, v) in c.as_object().into_iter().flatten() {
+        if k == "model_type" || !(out.contains_key(k) || k.ends_with("_config")) {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
 /// The family and the metadata of a config.
 pub(super) fn read(
     c: &Value,
 ) -> Result<(&'static Family, BTreeMap<String, MetaValue>), ModelError> {
+    let mut c = language_model(c);
     let model_type = c
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid("`model_type` is missing".into()))?;
     let family = FAMILIES
         .iter()
-        .find(|(t, _)| *t == model_type)
+        .find(|(t, _)| t.contains(&model_type))
         .map(|(_, f)| f)
         .ok_or_else(|| ModelError::UnsupportedArch {
             arch: format!("{model_type} (safetensors)"),
             supported: supported().join(", "),
         })?;
+    if family.gemma {
+        gemma_defaults(&mut c);
+    }
+    let c = &c;
     let linear = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"linear".into());
     let rope_scaling = c.get("rope_scaling").filter(|r| !r.is_null());
     if let Some(r) = rope_scaling.filter(|r| !(family.gemma && linear(r))) {
@@ -149,10 +211,13 @@ pub(super) fn read(
     let hidden = required(c, "hidden_size")?;
     m.insert(key("embedding_length"), uint(hidden));
     m.insert(key("block_count"), uint(required(c, "num_hidden_layers")?));
-    m.insert(
-        key("feed_forward_length"),
-        uint(required(c, "intermediate_size")?),
-    );
+    // Qwen 3.5's MoE configs have no dense FFN size: its experts' stands in.
+    let ffn = match family.moe {
+        true => count(c, "intermediate_size")?
+            .map_or_else(|| required(c, "moe_intermediate_size"), Ok)?,
+        false => required(c, "intermediate_size")?,
+    };
+    m.insert(key("feed_forward_length"), uint(ffn));
     m.insert(key("attention.head_count"), uint(heads));
     let kv = count(c, "num_key_value_heads")?.unwrap_or(heads);
     m.insert(key("attention.head_count_kv"), uint(kv));
@@ -170,7 +235,10 @@ pub(super) fn read(
         m.insert(key("rope.freq_base"), MetaValue::Float(t));
     }
     if family.moe {
-        experts(c, &mut m, arch)?;
+        experts(c, &mut m, arch, family.delta.is_some())?;
+    }
+    if let Some(values) = family.delta {
+        delta(c, &mut m, arch, values)?;
     }
     if family.gemma {
         gemma(c, &mut m, arch)?;
@@ -184,9 +252,16 @@ pub(super) fn read(
 }
 
 /// A mixture of experts in every layer: `num_experts`, `num_experts_per_tok`,
-/// `moe_intermediate_size` and `norm_topk_prob` (Transformers' default: off). Configs with dense
-/// layers among the experts (`mlp_only_layers`, `decoder_sparse_step` above 1) are refused by name.
-fn experts(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+/// `moe_intermediate_size`, `norm_topk_prob` (by default off for Qwen3-MoE, as Transformers has
+/// it, and on for Qwen 3.5, as mlx-lm and llama.cpp have it) and a shared expert's
+/// `shared_expert_intermediate_size`. Configs with dense layers among the experts
+/// (`mlp_only_layers`, `decoder_sparse_step` above 1) are refused by name.
+fn experts(
+    c: &Value,
+    m: &mut BTreeMap<String, MetaValue>,
+    arch: &str,
+    norm_default: bool,
+) -> Result<(), ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     if count(c, "decoder_sparse_step")?.is_some_and(|s| s != 1) {
         return Err(ModelError::Unsupported(
@@ -214,14 +289,180 @@ fn experts(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result
         key("expert_feed_forward_length"),
         MetaValue::UInt(required(c, "moe_intermediate_size")?),
     );
+    if let Some(n) = count(c, "shared_expert_intermediate_size")? {
+        m.insert(key("expert_shared_feed_forward_length"), MetaValue::UInt(n));
+    }
     let norm = match c.get("norm_topk_prob") {
-        None | Some(Value::Null) => false,
+        None | Some(Value::Null) => norm_default,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| invalid(format!("`norm_topk_prob` is {v}, not a boolean")))?,
     };
     m.insert(key("expert_weights_norm"), MetaValue::Bool(norm));
     Ok(())
+}
+
+/// `layer_types` (of `layers` entries, where given) as one flag a layer: whether it is of type
+/// `marked` rather than `full_attention`; `None` where the config has none.
+fn layer_types(
+    c: &Value,
+    marked: &str,
+    layers: Option<u64>,
+) -> Result<Option<Vec<MetaValue>>, ModelError> {
+    let Some(types) = c.get("layer_types").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let types = types
+        .as_array()
+        .filter(|t| layers.is_none_or(|n| t.len() as u64 == n))
+        .ok_or_else(|| invalid(format!("`layer_types` is {types}, not one type a layer")))?;
+    let flags = types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some(s) if s == marked => Ok(MetaValue::Bool(true)),
+            Some("full_attention") => Ok(MetaValue::Bool(false)),
+            _ => Err(invalid(format!("`layer_types` holds {t}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(flags))
+}
+
+/// Qwen 3.5's and Qwen3-Next's hybrid layers: the gated delta net's shape (`linear_*`), which
+/// layers are full attention (`layer_types`, else every `full_attention_interval`-th), and the
+/// partial RoPE (`rope_parameters`, or the same fields at the top level), multi-section for
+/// Qwen 3.5. A head size must be given (Transformers' default of 256 and mlx-lm's of the hidden
+/// size over the heads differ), attention biases and RoPE types other than the default are
+/// refused by name.
+fn delta(
+    c: &Value,
+    m: &mut BTreeMap<String, MetaValue>,
+    arch: &str,
+    values: Values,
+) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = MetaValue::UInt;
+    if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+        return Err(ModelError::Unsupported(
+            "attention_bias in a gated delta net safetensors folder".into(),
+        ));
+    }
+    let head_dim = required(c, "head_dim")?;
+    let nv = required(c, "linear_num_value_heads")?;
+    m.insert(
+        key("ssm.conv_kernel"),
+        uint(required(c, "linear_conv_kernel_dim")?),
+    );
+    m.insert(
+        key("ssm.state_size"),
+        uint(required(c, "linear_key_head_dim")?),
+    );
+    m.insert(
+        key("ssm.group_count"),
+        uint(required(c, "linear_num_key_heads")?),
+    );
+    m.insert(key("ssm.time_step_rank"), uint(nv));
+    m.insert(
+        key("ssm.inner_size"),
+        uint(required(c, "linear_value_head_dim")? * nv),
+    );
+    let layers = required(c, "num_hidden_layers")?;
+    match layer_types(c, "linear_attention", Some(layers))? {
+        Some(recurrent) => {
+            m.insert(
+                key("attention.recurrent_layers"),
+                MetaValue::Array(recurrent),
+            );
+        }
+        None => {
+            let every = count(c, "full_attention_interval")?.unwrap_or(4);
+            m.insert(key("full_attention_interval"), uint(every));
+        }
+    }
+    let rope = c
+        .get("rope_parameters")
+        .filter(|r| r.is_object())
+        .unwrap_or(c);
+    if let Some(t) = rope
+        .get("rope_type")
+        .or_else(|| rope.get("type"))
+        .filter(|t| *t != "default")
+    {
+        return Err(ModelError::Unsupported(format!(
+            "RoPE type {t} in a gated delta net safetensors folder"
+        )));
+    }
+    let theta = positive(rope, "rope_theta")?
+        .or(positive(c, "rope_theta")?)
+        .ok_or_else(|| invalid("`rope_theta` is missing".into()))?;
+    m.insert(key("rope.freq_base"), MetaValue::Float(theta));
+    let partial = positive(rope, "partial_rotary_factor")?
+        .or(positive(c, "partial_rotary_factor")?)
+        .unwrap_or(0.25);
+    let dims = (head_dim as f64 * partial).round() as u64;
+    if partial > 1.0 || dims == 0 || !dims.is_multiple_of(2) {
+        return Err(invalid(format!(
+            "`partial_rotary_factor` {partial} of a head of {head_dim} is not an even number of \
+             dimensions"
+        )));
+    }
+    m.insert(key("rope.dimension_count"), uint(dims));
+    if values == Values::Grouped {
+        return Ok(());
+    }
+    let sections = match rope.get("mrope_section").filter(|s| !s.is_null()) {
+        None => vec![11, 11, 10],
+        Some(s) => s
+            .as_array()
+            .filter(|s| s.len() <= 4)
+            .and_then(|s| s.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>())
+            .ok_or_else(|| invalid(format!("`mrope_section` is {s}, not up to 4 sizes")))?,
+    };
+    let sections = (0..4)
+        .map(|i| MetaValue::UInt(sections.get(i).copied().unwrap_or(0)))
+        .collect();
+    m.insert(key("rope.dimension_sections"), MetaValue::Array(sections));
+    Ok(())
+}
+
+/// Gemma 3's configs leave out what equals Transformers' defaults (a vision-language checkpoint's
+/// `text_config` names little more than its sizes): those defaults, where a field is missing.
+/// Transformers 5's RoPE fields by layer type (`rope_parameters.full_attention` and
+/// `.sliding_attention`) become the older fields the reading below takes.
+fn gemma_defaults(c: &mut Value) {
+    let Some(fields) = c.as_object_mut() else {
+        return;
+    };
+    if let Some(by_type) = fields.get("rope_parameters").cloned() {
+        let theta = |t: &str| by_type.get(t).and_then(|r| r.get("rope_theta")).cloned();
+        if let Some(t) = theta("full_attention") {
+            fields.entry("rope_theta").or_insert(t);
+        }
+        if let Some(t) = theta("sliding_attention") {
+            fields.entry("rope_local_base_freq").or_insert(t);
+        }
+        if let Some(full) = by_type.get("full_attention").filter(|r| {
+            r.get("rope_type")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                != "default"
+        }) {
+            fields.entry("rope_scaling").or_insert(full.clone());
+        }
+    }
+    let defaults = serde_json::json!({
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6,
+    });
+    for (k, v) in defaults.as_object().into_iter().flatten() {
+        if fields.get(k).is_none_or(Value::is_null)
+            && !(k == "sliding_window_pattern" && fields.contains_key("layer_types"))
+        {
+            fields.insert(k.clone(), v.clone());
+        }
+    }
 }
 
 /// Gemma 3's local and global layers: the window, which layers are local (`layer_types`, else
@@ -241,16 +482,8 @@ fn gemma(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(
     if let Some(w) = count(c, "sliding_window")? {
         m.insert(key("attention.sliding_window"), MetaValue::UInt(w));
     }
-    match c.get("layer_types").and_then(Value::as_array) {
-        Some(types) => {
-            let local = types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("sliding_attention") => Ok(MetaValue::Bool(true)),
-                    Some("full_attention") => Ok(MetaValue::Bool(false)),
-                    _ => Err(invalid(format!("`layer_types` holds {t}"))),
-                })
-                .collect::<Result<_, _>>()?;
+    match layer_types(c, "sliding_attention", None)? {
+        Some(local) => {
             m.insert(
                 key("attention.sliding_window_pattern"),
                 MetaValue::Array(local),
@@ -282,4 +515,44 @@ fn gemma(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 3 4B's config as its checkpoint has it (a vision-language one, the language model's
+    /// sizes under text_config and Transformers' defaults left out) reads as the same config
+    /// written whole.
+    #[test]
+    fn gemma3_vision_language_configs_take_transformers_defaults() {
+        let sparse = serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                "sliding_window": 1024},
+            "vision_config": {"model_type": "siglip_vision_model"}
+        });
+        let whole = serde_json::json!({
+            "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+            "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}
+        });
+        let (a, b) = (read(&sparse).unwrap(), read(&whole).unwrap());
+        assert_eq!(a.0.arch, "gemma3");
+        assert_eq!(a.1, b.1);
+        // Transformers 5 writes RoPE by layer type.
+        let mut v5 = whole.clone();
+        for k in ["rope_theta", "rope_local_base_freq", "rope_scaling"] {
+            v5.as_object_mut().unwrap().remove(k);
+        }
+        v5["rope_parameters"] = serde_json::json!({
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}
+        });
+        assert_eq!(read(&v5).unwrap().1, b.1);
+    }
 }

@@ -5,15 +5,19 @@
 //! shards' mappings in their own type (bf16, f16, f32), used in place; those that need changing
 //! are converted once at load into memory of their own: 1-D weights (norms, biases) to f32, as
 //! GGUF stores them, MLX-quantized weights as [`quant`] says, experts written one by one
-//! (Transformers) stacked into one tensor per layer and projection, and, for the llama family, Q
-//! and K rows from rotate-half order to the interleaved pairs the family rotates (llama.cpp's
-//! permutation).
+//! (Transformers) stacked into one tensor per layer and projection, for the llama family Q and K
+//! rows from rotate-half order to the interleaved pairs the family rotates (llama.cpp's
+//! permutation), and Qwen 3.5's gated delta net weights as [`delta`] says. Vision-language
+//! checkpoints load as their language model: its config from `text_config`, its weights from
+//! under `model.language_model.` (Transformers) or `language_model.` (mlx-lm); the vision
+//! tower's and the MTP head's weights are left unread.
 mod config;
+mod delta;
 mod quant;
 mod tokenizer;
 
 use crate::ModelError;
-use axle_ggml::{DType, GgufFile, MetaValue, Mmap, TensorInfo};
+use axle_ggml::{DType, GgufFile, MadeBytes, MetaValue, Mmap, TensorInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,6 +110,9 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
         ("mlp.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight"),
         ("mlp.switch_mlp.up_proj.weight", "ffn_up_exps.weight"),
         ("mlp.switch_mlp.down_proj.weight", "ffn_down_exps.weight"),
+        // Transformers' stacked experts, gate and up rows in one tensor (Qwen 3.5 MoE).
+        ("mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight"),
+        ("mlp.experts.down_proj", "ffn_down_exps.weight"),
     ];
     if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == hf) {
         return Ok(Some(g.to_string()));
@@ -118,13 +125,32 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
         .ok_or_else(|| hf.to_string())?;
     let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
-    let gemma = if family.gemma { GEMMA_LAYER } else { &[] };
-    let (_, g) = gemma
+    let own = match (family.gemma, family.delta) {
+        (true, _) => GEMMA_LAYER,
+        (_, Some(_)) => delta::LAYER,
+        _ => &[],
+    };
+    let (_, g) = own
         .iter()
         .chain(LAYER)
         .find(|(h, _)| *h == field)
         .ok_or_else(|| hf.to_string())?;
     Ok(Some(format!("blk.{layer}.{g}")))
+}
+
+/// A weight's name as its language model's own (`model.`, `lm_head.`), or `None` for weights
+/// outside it: a vision tower's, an MTP head's.
+fn language_model_name(hf: &str) -> Option<String> {
+    const SKIPPED: &[&str] = &["visual.", "vision_tower.", "mtp.", "multi_modal_projector."];
+    let name = if let Some(rest) = hf.strip_prefix("model.language_model.") {
+        format!("model.{rest}")
+    } else if let Some(rest) = hf.strip_prefix("language_model.") {
+        rest.to_string()
+    } else {
+        hf.to_string()
+    };
+    let bare = name.strip_prefix("model.").unwrap_or(&name);
+    (!SKIPPED.iter().any(|s| bare.starts_with(s))).then_some(name)
 }
 
 /// Layer, expert and projection (`gate`, `up`, `down`) of one expert's weight as Transformers
@@ -195,6 +221,34 @@ fn stack_experts(
     Ok((dtype, shape, bytes))
 }
 
+/// The weights converted at load: one mapping of their own after the shards'.
+struct Converted {
+    /// The mapping's index among the parts.
+    part: usize,
+    made: MadeBytes,
+}
+
+impl Converted {
+    /// Places a converted tensor; its entry.
+    fn push(&mut self, name: String, dtype: DType, shape: Vec<i64>, out: Vec<u8>) -> TensorInfo {
+        let nbytes = out.len() as u64;
+        TensorInfo {
+            name,
+            dtype,
+            shape,
+            part: self.part,
+            file_offset: self.made.place(out),
+            nbytes,
+        }
+    }
+}
+
+/// Whether a weight is a vector stored as a matrix of one row: Qwen 3.5's shared expert gate,
+/// `[1, n_embd]` in folders, `[n_embd]` in GGUF.
+fn is_vector(name: &str, shape: &[usize]) -> bool {
+    name.ends_with(".ffn_gate_inp_shexp.weight") && shape.len() == 2 && shape[0] == 1
+}
+
 /// One tensor of a shard, by its Hugging Face name.
 struct View {
     /// Its type (`None`: u32, the words of a quantized weight).
@@ -223,6 +277,11 @@ pub(crate) fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
     }
+}
+
+/// f32 values as little-endian bytes.
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// A JSON file of the folder, parsed.
@@ -286,7 +345,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
     let (heads, kv_heads) = (int("attention.head_count"), int("attention.head_count_kv"));
     let experts = int("expert_count");
 
-    let quantization = quant::Quantization::read(&config)?;
+    let quantization = quant::Quantization::read(&config)?.renamed(language_model_name);
 
     let mut parts: Vec<Arc<Mmap>> = Vec::new();
     let mut views: BTreeMap<String, View> = BTreeMap::new();
@@ -296,6 +355,9 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
             .map_err(|e| invalid(&shard, format!("not a safetensors file: {e}")))?;
         let part = parts.len();
         for (hf, view) in st.tensors() {
+            let Some(hf) = language_model_name(&hf) else {
+                continue;
+            };
             let dtype = match view.dtype() {
                 safetensors::Dtype::BF16 => Some(DType::BF16),
                 safetensors::Dtype::F16 => Some(DType::F16),
@@ -329,9 +391,24 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
         }
         parts.push(map);
     }
-    // The weights converted at load, in one mapping of their own after the shards'.
-    let converted = parts.len();
-    let mut bytes: Vec<u8> = Vec::new();
+    let delta_heads = family
+        .delta
+        .and_then(|values| delta::Heads::read(&metadata, family.arch, values));
+    let norms_hold_w = delta::norms_hold_w(
+        views
+            .iter()
+            .filter(|(k, _)| k.ends_with("linear_attn.conv1d.weight"))
+            .map(|(_, v)| &v.shape[..]),
+    );
+    // Norms stored as w where GGUF stores 1 + w.
+    let plus_one = |hf: &str| {
+        (family.gemma && hf.ends_with("norm.weight"))
+            || (family.delta.is_some() && norms_hold_w && delta::is_offset_norm(hf))
+    };
+    let mut converted = Converted {
+        part: parts.len(),
+        made: MadeBytes::default(),
+    };
     let mut tensors = Vec::with_capacity(views.len());
     let data = |v: &View| &parts[v.part][v.offset..v.offset + v.nbytes];
     for (hf, view) in &views {
@@ -372,6 +449,7 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 )
                 .collect::<Vec<i64>>()
         };
+        let vector = is_vector(&name, &view.shape);
         let (dtype, shape, mut out): (DType, Vec<i64>, Option<Vec<u8>>) = match (expert, view.dtype)
         {
             (Some((layer, _, proj)), _) => {
@@ -405,21 +483,43 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                     scale_type,
                     rows,
                     cols,
+                    match (&delta_heads, vector) {
+                        // Dequantized: a vector's one row is f32 in GGUF.
+                        (_, true) => 1,
+                        (Some(h), _) => h.column_run(&name, cols),
+                        (None, _) => cols,
+                    },
                     a,
                 )
                 .map_err(|e| invalid(&view.shard, format!("{hf}: {e}")))?;
-                (t, reversed(cols), Some(b))
+                match vector {
+                    true => (
+                        DType::F32,
+                        vec![cols as i64],
+                        Some(f32_bytes(&floats(&b, t))),
+                    ),
+                    false => (t, reversed(cols), Some(b)),
+                }
             }
-            (None, Some(t)) if view.shape.len() == 1 => {
+            // Vectors, and Qwen 3.5's shared expert gate ([1, n_embd]), in f32 as GGUF has them.
+            (None, Some(t)) if view.shape.len() == 1 || vector => {
                 let mut f32s = floats(data(view), t);
-                // Gemma's norms scale by 1 + w; GGUF stores 1 + w.
-                if family.gemma && hf.ends_with("norm.weight") {
+                if plus_one(hf) {
                     f32s.iter_mut().for_each(|x| *x += 1.0);
                 }
+                if name.ends_with(".ssm_a") {
+                    delta::decay(&mut f32s);
+                }
+                (DType::F32, vec![f32s.len() as i64], Some(f32_bytes(&f32s)))
+            }
+            // The delta net's convolution: [channels, taps] in f32, the same order of numbers.
+            (None, Some(t)) if name.ends_with(".ssm_conv1d.weight") => {
+                let f32s = floats(data(view), t);
+                let channels = view.shape[0];
                 (
                     DType::F32,
-                    vec![rows as i64],
-                    Some(f32s.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                    vec![(f32s.len() / channels.max(1)) as i64, channels as i64],
+                    Some(f32_bytes(&f32s)),
                 )
             }
             (None, Some(t)) => (t, reversed(view.shape[view.shape.len() - 1]), None),
@@ -434,6 +534,40 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
             out = Some(permuted);
         }
+        if let Some(heads) = &delta_heads {
+            let (rows, cols) = match shape[..] {
+                [n] => (n as usize, 1),
+                _ => (
+                    shape[1..].iter().product::<i64>() as usize,
+                    shape[0] as usize,
+                ),
+            };
+            let tiled = heads
+                .tile(
+                    &name,
+                    out.as_deref().unwrap_or(data(view)),
+                    rows,
+                    cols,
+                    dtype,
+                )
+                .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
+            out = tiled.or(out);
+        }
+        // Qwen3-Next's fused projection, split into the two GGUF holds.
+        if let (Some(heads), Some(stem)) = (&delta_heads, name.strip_suffix("attn_qkvz.weight")) {
+            let rows = shape[1..].iter().product::<i64>() as usize;
+            let all = out.as_deref().unwrap_or(data(view));
+            let row = all.len() / rows.max(1);
+            let (qkv, gate) = heads
+                .split_qkvz(all, rows)
+                .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
+            for (part, out) in [("attn_qkv", qkv), ("attn_gate", gate)] {
+                let shape = vec![shape[0], (out.len() / row) as i64];
+                let name = format!("{stem}{part}.weight");
+                tensors.push(converted.push(name, dtype, shape, out));
+            }
+            continue;
+        }
         match out {
             None => tensors.push(TensorInfo {
                 name,
@@ -443,22 +577,10 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 file_offset: view.offset as u64,
                 nbytes: view.nbytes as u64,
             }),
-            Some(out) => {
-                // GGUF aligns tensor data to 32 bytes; so do we.
-                bytes.resize(bytes.len().next_multiple_of(32), 0);
-                tensors.push(TensorInfo {
-                    name,
-                    dtype,
-                    shape,
-                    part: converted,
-                    file_offset: bytes.len() as u64,
-                    nbytes: out.len() as u64,
-                });
-                bytes.extend_from_slice(&out);
-            }
+            Some(out) => tensors.push(converted.push(name, dtype, shape, out)),
         }
     }
-    parts.push(axle_ggml::map_bytes(&bytes)?);
+    parts.push(converted.made.map()?);
     tensors.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));
     Ok(GgufFile::assembled(
         folder.to_path_buf(),
@@ -485,7 +607,7 @@ mod tests {
     #[test]
     fn names_map_and_unknown_ones_are_named() {
         let family = |t: &str| {
-            config::read(&serde_json::json!({"model_type": t, "num_attention_heads": 4, "hidden_size": 256, "num_hidden_layers": 1, "intermediate_size": 512, "head_dim": 64})).unwrap().0
+            config::read(&serde_json::json!({"model_type": t, "num_attention_heads": 4, "hidden_size": 256, "num_hidden_layers": 1, "intermediate_size": 512, "head_dim": 64, "query_pre_attn_scalar": 64})).unwrap().0
         };
         let (llama, gemma) = (family("llama"), family("gemma3_text"));
         for (hf, l, g) in [

@@ -100,9 +100,24 @@ impl Quantization {
     pub fn any(&self) -> bool {
         self.default.is_some()
     }
+
+    /// The same choices with each module named by `rename` (`None`: dropped).
+    pub fn renamed(self, rename: impl Fn(&str) -> Option<String>) -> Quantization {
+        Quantization {
+            default: self.default,
+            modules: self
+                .modules
+                .into_iter()
+                .filter_map(|(k, v)| Some((rename(&k)?, v)))
+                .collect(),
+        }
+    }
 }
 
-/// A quantized weight read as a ggml tensor: its type and bytes (rows of `cols` values).
+/// A quantized weight read as a ggml tensor: its type and bytes (rows of `cols` values). Blocks
+/// stay within runs of `run` columns (columns that move together later); where 32-value
+/// blocks cannot, the weight is dequantized.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn convert(
     words: &[u8],
     scales: &[f32],
@@ -110,6 +125,7 @@ pub(super) fn convert(
     scale_type: DType,
     rows: usize,
     cols: usize,
+    run: usize,
     a: Affine,
 ) -> Result<(DType, Vec<u8>), String> {
     let bits = a.bits as usize;
@@ -141,7 +157,7 @@ pub(super) fn convert(
     };
     let f16_exact = |x: f32| f16::from_f32(x).to_f32() == x;
     let exact = scales.iter().chain(biases).all(|&x| f16_exact(x));
-    if matches!(a.bits, 4 | 5) && exact {
+    if matches!(a.bits, 4 | 5) && exact && run.is_multiple_of(32) {
         // Q4_1 and Q5_1: per block of 32, d (f16) and m (f16); Q5_1 then a u32 whose bit j is
         // value j's fifth bit; then 16 bytes holding value j's low four bits in the low nibble of
         // byte j and value j + 16's in the high nibble.
@@ -213,10 +229,32 @@ mod tests {
         // One row of 64 values, one group: q = i % 16, scale 0.5, bias -1.
         let values: Vec<u32> = (0..64).map(|i| i % 16).collect();
         let a = Affine { bits: 4, group: 64 };
-        let (t, bytes) =
-            convert(&pack(&values, 4), &[0.5], &[-1.0], DType::BF16, 1, 64, a).unwrap();
+        let (t, bytes) = convert(
+            &pack(&values, 4),
+            &[0.5],
+            &[-1.0],
+            DType::BF16,
+            1,
+            64,
+            64,
+            a,
+        )
+        .unwrap();
         assert_eq!(t, DType::Q4_1);
         assert_eq!(bytes.len(), 2 * 20);
+        // Columns that move in runs of 16 (narrower than a block) are dequantized instead.
+        let (t16, _) = convert(
+            &pack(&values, 4),
+            &[0.5],
+            &[-1.0],
+            DType::BF16,
+            1,
+            64,
+            16,
+            a,
+        )
+        .unwrap();
+        assert_eq!(t16, DType::F16);
         for (b, block) in bytes.chunks(20).enumerate() {
             let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
             let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
@@ -236,7 +274,8 @@ mod tests {
     fn eight_bits_and_inexact_scales_are_dequantized() {
         let values: Vec<u32> = (0..32).map(|i| i * 7).collect();
         let a = Affine { bits: 8, group: 32 };
-        let (t, bytes) = convert(&pack(&values, 8), &[0.25], &[0.5], DType::F32, 1, 32, a).unwrap();
+        let (t, bytes) =
+            convert(&pack(&values, 8), &[0.25], &[0.5], DType::F32, 1, 32, 32, a).unwrap();
         assert_eq!(t, DType::F32);
         assert_eq!(
             f32::from_le_bytes(bytes[12..16].try_into().unwrap()),
@@ -244,9 +283,9 @@ mod tests {
         );
         let a4 = Affine { bits: 4, group: 32 };
         let v4: Vec<u32> = (0..32).map(|i| i % 16).collect();
-        let (t, _) = convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 32, a4).unwrap();
+        let (t, _) = convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 32, 32, a4).unwrap();
         assert_eq!(t, DType::F32, "0.1 is no f16 value");
-        assert!(convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 64, a4).is_err());
+        assert!(convert(&pack(&v4, 4), &[0.1], &[0.0], DType::F32, 1, 64, 64, a4).is_err());
     }
 
     #[test]
@@ -260,6 +299,7 @@ mod tests {
             &[-1.0, 0.25],
             DType::BF16,
             1,
+            64,
             64,
             a,
         )
@@ -296,6 +336,7 @@ mod tests {
                 &biases,
                 DType::BF16,
                 2,
+                64,
                 64,
                 a,
             )
