@@ -41,6 +41,10 @@ FOLDERS = [
     # Qwen3-Next: queries, keys, values and gates fused per key head, experts one by one.
     ("qwen3next-tiny.gguf", "qwen3next-bf16", "qwen3_next", "BF16", "qwen2"),
     ("qwen3next-tiny.gguf", "qwen3next-f32", "qwen3_next", "F32", "qwen2"),
+    # Latent attention: GLM-4.7-Flash (low-rank queries, sigmoid routing with a selection bias, an
+    # MTP layer beside) and DeepSeek V3 (full queries, expert groups, YaRN).
+    ("deepseek2-tiny.gguf", "glm4lite-bf16", "glm4_moe_lite", "BF16", "qwen2"),
+    ("deepseek2-v3-tiny.gguf", "deepseekv3-f32", "deepseek_v3", "F32", "qwen2"),
     # The real Gemma 3 270M (from the models cache, not the fixtures), with its SentencePiece
     # vocabulary as a byte-fallback BPE tokenizer.json, as Gemma's folders hold it.
     ("models:gemma-3-270m-q4_k_m.gguf", "gemma3-bf16", "gemma3_text", "BF16", "spm"),
@@ -73,6 +77,16 @@ QWEN35_LAYER = {"attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.
                 "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
                 "ssm_ba.weight": "linear_attn.in_proj_ba.weight"}
 QWEN35 = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# Latent attention's own.
+MLA_LAYER = {"attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+             "attn_q_b.weight": "self_attn.q_b_proj.weight",
+             "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+             "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+             "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+             "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+             "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+             "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
+MLA = ("glm4_moe_lite", "deepseek_v3")
 
 
 def hf_names(name, w, gemma=False):
@@ -300,11 +314,13 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
         # Read as f32 however the folder stores them: the convolution (f32 in GGUF) and A_log
         # (f32 in Qwen 3.5's folders too, its twin already the reader's number).
         as_f32 = qwen35 and t.name.endswith(("ssm_conv1d.weight", "ssm_a"))
-        st_dtype = "F32" if dtype != "BF16" or t.name.endswith("ssm_a") else "BF16"
+        # Held in f32 by the folder whatever its type, as checkpoints hold them.
+        kept_f32 = t.name.endswith(("ssm_a", "exp_probs_b.bias"))
+        st_dtype = "F32" if dtype != "BF16" or kept_f32 else "BF16"
         if dtype == "BF16":
             # The twin holds the same values: bf16 matrices, f32 vectors.
             gg = bf16_bits(w)
-            if norm_plus_one or t.name.endswith("ssm_a"):
+            if norm_plus_one or kept_f32:
                 twin_w = w
             elif as_f32 or w.ndim == 1:
                 twin_w = (gg.astype(np.uint32) << 16).view(np.float32).reshape(w.shape)
@@ -313,18 +329,32 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
         else:
             twin_w = w.astype(np.float32)
         kind = t.name.rsplit(".", 2)[-2] if t.name.startswith("blk.") else ""
-        if model_type == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
-            # Qwen3-Next's folders hold, per key head, its query, key, values and gates in one
-            # projection; GGUF all queries, keys and values in attn_qkv, the gates in attn_gate.
-            layer = t.name.split(".")[1]
+        layer = t.name.split(".")[1] if t.name.startswith("blk.") else None
+
+        def paired():
+            """The twin holds this GGUF tensor as it is; the folder fuses it with its layer's
+            partner: both, once both are read."""
             if twin_w is not None:
                 twin.add_tensor(t.name, twin_w)
             else:
                 twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
             experts.setdefault(layer, {})[kind] = w
-            if len(experts[layer]) < 2:
+            return experts[layer] if len(experts[layer]) == 2 else None
+
+        if model_type in MLA and kind in ("attn_k_b", "attn_v_b"):
+            # Transformers holds one kv_b_proj a layer: per head the key up-projection's rows
+            # ([nope, kv_lora], GGUF's attn_k_b transposed) then the value one's.
+            if (both := paired()) is None:
                 continue
-            qkv, z = experts[layer]["attn_qkv"], experts[layer]["attn_gate"]
+            k_b, v_b = both["attn_k_b"], both["attn_v_b"]
+            kv_b = np.concatenate([k_b.swapaxes(1, 2), v_b], axis=1).reshape(-1, k_b.shape[1])
+            parts = [(f"model.layers.{layer}.self_attn.kv_b_proj.weight", kv_b)]
+        elif model_type == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
+            # Qwen3-Next's folders hold, per key head, its query, key, values and gates in one
+            # projection; GGUF all queries, keys and values in attn_qkv, the gates in attn_gate.
+            if (both := paired()) is None:
+                continue
+            qkv, z = both["attn_qkv"], both["attn_gate"]
             nk, hk = key("ssm.group_count"), key("ssm.state_size")
             per_v = z.shape[0] // nk
             q, k, v = qkv[:nk * hk], qkv[nk * hk:2 * nk * hk], qkv[2 * nk * hk:]
@@ -335,7 +365,6 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
         elif model_type in ("qwen3_5", "qwen3_5_moe") and kind in ("ffn_gate_exps", "ffn_up_exps"):
             # Transformers' Qwen 3.5 MoE holds each layer's experts' gate and up rows as one
             # [experts, 2 * rows, n_embd] tensor; the twin as ggml's merged ffn_gate_up_exps.
-            layer = t.name.split(".")[1]
             experts.setdefault(layer, {})[kind] = w
             if len(experts[layer]) < 2:
                 continue
@@ -357,6 +386,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 parts = hf_names(t.name, hf)
             elif qwen35:
                 parts = [(hf_name(t.name, extra=QWEN35_LAYER), hf)]
+            elif model_type in MLA:
+                parts = [(hf_name(t.name, extra=MLA_LAYER), hf)]
             else:
                 parts = hf_names(t.name, hf, gemma)
         for hf_n, part in parts:
@@ -364,6 +395,11 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 hf_n = hf_n.replace("model.", "model.language_model.", 1)
             raw = bf16_bits(part) if st_dtype == "BF16" else part.astype(np.float32)
             shards[i % 2][hf_n] = (st_dtype, part.shape, raw.tobytes())
+    if model_type == "glm4_moe_lite":
+        # An MTP layer past the model's own, as GLM-4.7-Flash's checkpoint has one.
+        n = key("block_count")
+        shards[1][f"model.layers.{n}.eh_proj.weight"] = ("BF16", (4, 8), bf16_bits(np.ones((4, 8))).tobytes())
+        shards[1][f"model.layers.{n}.shared_head.norm.weight"] = ("BF16", (4,), bf16_bits(np.ones(4)).tobytes())
     if model_type == "qwen3_5":
         # What a reader of the language model leaves: a vision tower's and the MTP head's weights.
         shards[0]["model.visual.blocks.0.attn.qkv.weight"] = ("BF16", (3, 4), bf16_bits(np.ones((3, 4))).tobytes())
@@ -385,7 +421,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                            "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
                            "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
-                           "qwen3_next": "Qwen3NextForCausalLM"}[model_type]],
+                           "qwen3_next": "Qwen3NextForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+                           "deepseek_v3": "DeepseekV3ForCausalLM"}[model_type]],
         "model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": key("block_count"),
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "head_dim": head_dim,
@@ -441,6 +478,27 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
             top = {k: config.pop(k) for k in ("architectures", "model_type", "tie_word_embeddings")}
             config = {**top, "text_config": {**config, "model_type": "qwen3_5_text"},
                       "vision_config": {"model_type": "qwen3_5_vision", "depth": 1}}
+    if model_type in MLA:
+        rope, nope = key("rope.dimension_count"), key("attention.key_length_mla") - key("rope.dimension_count")
+        config.update({
+            "num_key_value_heads": n_head, "kv_lora_rank": key("attention.kv_lora_rank"),
+            "q_lora_rank": key("attention.q_lora_rank") or None, "qk_rope_head_dim": rope,
+            "qk_nope_head_dim": nope, "v_head_dim": key("attention.value_length_mla"),
+            "n_routed_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+            "moe_intermediate_size": key("expert_feed_forward_length"),
+            "n_shared_experts": key("expert_shared_count"), "routed_scaling_factor": key("expert_weights_scale"),
+            "norm_topk_prob": bool(key("expert_weights_norm")), "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "n_group": key("expert_group_count") or 1, "topk_group": key("expert_group_used_count") or 1,
+            "first_k_dense_replace": key("leading_dense_block_count"), "moe_layer_freq": 1,
+            "num_nextn_predict_layers": 1 if model_type == "glm4_moe_lite" else 0,
+            "partial_rotary_factor": 1.0,
+        })
+        del config["head_dim"]
+        if key("rope.scaling.type") == "yarn":
+            config["rope_scaling"] = {"type": "yarn", "factor": key("rope.scaling.factor"),
+                                      "original_max_position_embeddings": key("rope.scaling.original_context_length"),
+                                      "mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier") / 0.1,
+                                      "beta_fast": 32, "beta_slow": 1}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:

@@ -3,8 +3,8 @@
 //! same text, the same logits bit for bit through prompt, decode and verify steps, in f32 and
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
 //! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load),
-//! qwen3_5, qwen3_5_moe and qwen3_next (hybrid gated delta net layers, a vision-language layout)
-//! and
+//! qwen3_5, qwen3_5_moe and qwen3_next (hybrid gated delta net layers, a vision-language layout),
+//! glm4_moe_lite and deepseek_v3 (latent attention) and
 //! gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
 //! Folders Axle cannot read are refused by name.
 mod common;
@@ -102,6 +102,20 @@ fn qwen3next_bf16_folder_is_its_twin() {
 #[test]
 fn qwen3next_f32_folder_is_its_twin() {
     check("qwen3next-f32");
+}
+
+/// GLM-4.7-Flash's layout: latent attention whose `kv_b_proj` is split at load into the
+/// transposed key and the value up-projections, low-rank queries, sigmoid routing with a
+/// selection bias, a leading dense layer, an MTP layer past the model's own (left unread).
+#[test]
+fn glm4lite_bf16_folder_is_its_twin() {
+    check("glm4lite-bf16");
+}
+
+/// DeepSeek V3's: full-rank queries, expert groups, YaRN RoPE.
+#[test]
+fn deepseekv3_f32_folder_is_its_twin() {
+    check("deepseekv3-f32");
 }
 
 /// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
@@ -262,6 +276,27 @@ fn unreadable_folders_are_refused_by_name() {
         edit(&f, "config.json", &|c| {
             c["text_config"][key] = value.clone()
         });
+        let e = refused(&f);
+        assert!(e.contains(said), "{name}: {e}");
+    }
+    // Latent attention: routing and layouts the family does not compute.
+    for (name, key, value, said) in [
+        (
+            "mla-score",
+            "scoring_func",
+            serde_json::json!("sqrtsoftplus"),
+            "sqrtsoftplus",
+        ),
+        ("mla-freq", "moe_layer_freq", 2.into(), "moe_layer_freq"),
+        (
+            "mla-dense",
+            "n_routed_experts",
+            serde_json::Value::Null,
+            "n_routed_experts",
+        ),
+    ] {
+        let f = copy_of("glm4lite-bf16", name);
+        edit(&f, "config.json", &|c| c[key] = value.clone());
         let e = refused(&f);
         assert!(e.contains(said), "{name}: {e}");
     }

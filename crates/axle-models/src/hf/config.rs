@@ -20,6 +20,8 @@ pub(super) struct Family {
     /// Hybrid layers: gated delta net layers between full-attention ones, norms that scale by
     /// `1 + w` but the delta net's own (see [`super::delta`]).
     pub delta: Option<Values>,
+    /// Multi-head latent attention and DeepSeek's mixture of experts (see [`super::mla`]).
+    pub mla: bool,
 }
 
 /// How a gated delta net family's GGUF orders the value heads of a key head.
@@ -42,6 +44,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: false,
             gemma: false,
             delta: None,
+            mla: false,
         },
     ),
     (
@@ -52,6 +55,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: false,
             gemma: false,
             delta: None,
+            mla: false,
         },
     ),
     (
@@ -62,6 +66,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: false,
             gemma: false,
             delta: None,
+            mla: false,
         },
     ),
     (
@@ -72,6 +77,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: true,
             gemma: false,
             delta: None,
+            mla: false,
         },
     ),
     (
@@ -82,6 +88,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: false,
             gemma: true,
             delta: None,
+            mla: false,
         },
     ),
     (
@@ -92,6 +99,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: false,
             gemma: false,
             delta: Some(Values::Tiled),
+            mla: false,
         },
     ),
     (
@@ -102,6 +110,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: true,
             gemma: false,
             delta: Some(Values::Tiled),
+            mla: false,
         },
     ),
     (
@@ -112,6 +121,18 @@ const FAMILIES: &[(&[&str], Family)] = &[
             moe: true,
             gemma: false,
             delta: Some(Values::Grouped),
+            mla: false,
+        },
+    ),
+    (
+        &["deepseek_v3", "glm4_moe_lite"],
+        Family {
+            arch: "deepseek2",
+            permute_qk: false,
+            moe: false,
+            gemma: false,
+            delta: None,
+            mla: true,
         },
     ),
 ];
@@ -189,10 +210,14 @@ pub(super) fn read(
     if family.gemma {
         gemma_defaults(&mut c);
     }
+    rope_parameters(&mut c);
     let c = &c;
     let linear = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"linear".into());
     let rope_scaling = c.get("rope_scaling").filter(|r| !r.is_null());
-    if let Some(r) = rope_scaling.filter(|r| !(family.gemma && linear(r))) {
+    let yarn = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"yarn".into());
+    if let Some(r) =
+        rope_scaling.filter(|r| !((family.gemma && linear(r)) || (family.mla && yarn(r))))
+    {
         return Err(ModelError::Unsupported(format!(
             "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"
         )));
@@ -236,6 +261,9 @@ pub(super) fn read(
     }
     if family.moe {
         experts(c, &mut m, arch, family.delta.is_some())?;
+    }
+    if family.mla {
+        mla(c, &mut m, arch)?;
     }
     if let Some(values) = family.delta {
         delta(c, &mut m, arch, values)?;
@@ -302,6 +330,118 @@ fn experts(
     Ok(())
 }
 
+/// DeepSeek V2/V3's and GLM-4.7-Flash's latent attention and experts, under the keys llama.cpp's
+/// converter writes: one KV head of `kv_lora_rank` plus the rotated part, the per-head key and
+/// value sizes (`qk_nope_head_dim + qk_rope_head_dim`, `v_head_dim`), low-rank queries
+/// (`q_lora_rank`, none where null), the leading dense layers, routed and shared experts, sigmoid
+/// or softmax routing (`scoring_func`), expert groups, and YaRN RoPE (`mscale_all_dim` as 0.1
+/// times it, as the converter writes it).
+fn mla(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = MetaValue::UInt;
+    let kv_lora = required(c, "kv_lora_rank")?;
+    let rope = required(c, "qk_rope_head_dim")?;
+    let nope = required(c, "qk_nope_head_dim")?;
+    m.insert(key("attention.head_count_kv"), uint(1));
+    m.insert(key("attention.kv_lora_rank"), uint(kv_lora));
+    m.insert(key("attention.key_length"), uint(kv_lora + rope));
+    m.insert(key("attention.value_length"), uint(kv_lora));
+    m.insert(key("attention.key_length_mla"), uint(nope + rope));
+    m.insert(
+        key("attention.value_length_mla"),
+        uint(required(c, "v_head_dim")?),
+    );
+    m.insert(key("rope.dimension_count"), uint(rope));
+    if let Some(q) = count(c, "q_lora_rank")? {
+        m.insert(key("attention.q_lora_rank"), uint(q));
+    }
+    let layers = required(c, "num_hidden_layers")?;
+    let experts = count(c, "n_routed_experts")?;
+    let dense = match c.get("first_k_dense_replace") {
+        Some(v) if !v.is_null() => v
+            .as_u64()
+            .ok_or_else(|| invalid(format!("`first_k_dense_replace` is {v}")))?,
+        _ if experts.is_none() => layers,
+        _ => 0,
+    };
+    m.insert(key("leading_dense_block_count"), uint(dense.min(layers)));
+    if count(c, "moe_layer_freq")?.is_some_and(|f| f != 1) {
+        return Err(ModelError::Unsupported(
+            "moe_layer_freq above 1 (dense layers among the experts) in a safetensors folder"
+                .into(),
+        ));
+    }
+    let Some(experts) = experts else {
+        return Err(ModelError::Unsupported(
+            "a latent-attention folder without experts (`n_routed_experts`)".into(),
+        ));
+    };
+    m.insert(key("expert_count"), uint(experts));
+    for (name, field) in [
+        ("expert_used_count", "num_experts_per_tok"),
+        ("expert_feed_forward_length", "moe_intermediate_size"),
+    ] {
+        m.insert(key(name), uint(required(c, field)?));
+    }
+    m.insert(
+        key("expert_shared_count"),
+        uint(count(c, "n_shared_experts")?.unwrap_or(0)),
+    );
+    if let Some(s) = positive(c, "routed_scaling_factor")? {
+        m.insert(key("expert_weights_scale"), MetaValue::Float(s));
+    }
+    if c.get("norm_topk_prob").and_then(Value::as_bool) == Some(true) {
+        m.insert(key("expert_weights_norm"), MetaValue::Bool(true));
+    }
+    let gating = match c.get("scoring_func").and_then(Value::as_str) {
+        None | Some("softmax") => 1,
+        Some("sigmoid") => 2,
+        Some(f) => {
+            return Err(ModelError::Unsupported(format!(
+                "scoring_func {f} in a safetensors folder (softmax and sigmoid are read)"
+            )))
+        }
+    };
+    m.insert(key("expert_gating_func"), uint(gating));
+    if let Some(g) = count(c, "n_group")? {
+        m.insert(key("expert_group_count"), uint(g));
+    }
+    if let Some(g) = count(c, "topk_group")? {
+        m.insert(key("expert_group_used_count"), uint(g));
+    }
+    if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
+        let factor = positive(r, "factor")?
+            .ok_or_else(|| invalid(format!("rope_scaling {r} has no factor")))?;
+        m.insert(key("rope.scaling.type"), MetaValue::Str("yarn".into()));
+        m.insert(key("rope.scaling.factor"), MetaValue::Float(factor));
+        m.insert(
+            key("rope.scaling.original_context_length"),
+            uint(required(r, "original_max_position_embeddings")?),
+        );
+        for (field, name) in [
+            ("beta_fast", "yarn_beta_fast"),
+            ("beta_slow", "yarn_beta_slow"),
+            ("extrapolation_factor", "yarn_ext_factor"),
+        ] {
+            if let Some(v) = positive(r, field)? {
+                m.insert(key(&format!("rope.scaling.{name}")), MetaValue::Float(v));
+            }
+        }
+        if positive(r, "attention_factor")?.is_some_and(|a| a != 1.0) {
+            return Err(ModelError::Unsupported(format!(
+                "rope_scaling {r}: a YaRN attention_factor in a safetensors folder"
+            )));
+        }
+        if let Some(all) = positive(r, "mscale_all_dim")? {
+            m.insert(
+                key("rope.scaling.yarn_log_multiplier"),
+                MetaValue::Float(0.1 * all),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `layer_types` (of `layers` entries, where given) as one flag a layer: whether it is of type
 /// `marked` rather than `full_attention`; `None` where the config has none.
 fn layer_types(
@@ -348,18 +488,13 @@ fn delta(
     }
     let head_dim = required(c, "head_dim")?;
     let nv = required(c, "linear_num_value_heads")?;
-    m.insert(
-        key("ssm.conv_kernel"),
-        uint(required(c, "linear_conv_kernel_dim")?),
-    );
-    m.insert(
-        key("ssm.state_size"),
-        uint(required(c, "linear_key_head_dim")?),
-    );
-    m.insert(
-        key("ssm.group_count"),
-        uint(required(c, "linear_num_key_heads")?),
-    );
+    for (name, field) in [
+        ("ssm.conv_kernel", "linear_conv_kernel_dim"),
+        ("ssm.state_size", "linear_key_head_dim"),
+        ("ssm.group_count", "linear_num_key_heads"),
+    ] {
+        m.insert(key(name), uint(required(c, field)?));
+    }
     m.insert(key("ssm.time_step_rank"), uint(nv));
     m.insert(
         key("ssm.inner_size"),
@@ -422,6 +557,33 @@ fn delta(
         .collect();
     m.insert(key("rope.dimension_sections"), MetaValue::Array(sections));
     Ok(())
+}
+
+/// Transformers 5 writes RoPE's base and scaling as one `rope_parameters` object: as the older
+/// `rope_theta` and `rope_scaling` fields, where those are missing (a scaling only where its type
+/// is not the default). Objects by layer type (Gemma's) are read by [`gemma_defaults`].
+fn rope_parameters(c: &mut Value) {
+    let Some(fields) = c.as_object_mut() else {
+        return;
+    };
+    let Some(rope) = fields
+        .get("rope_parameters")
+        .filter(|r| r.get("rope_theta").is_some())
+        .cloned()
+    else {
+        return;
+    };
+    if let Some(theta) = rope.get("rope_theta") {
+        fields.entry("rope_theta").or_insert(theta.clone());
+    }
+    let kind = rope
+        .get("rope_type")
+        .or_else(|| rope.get("type"))
+        .and_then(Value::as_str);
+    if kind.is_some_and(|k| k != "default") && fields.get("rope_scaling").is_none_or(Value::is_null)
+    {
+        fields.insert("rope_scaling".into(), rope);
+    }
 }
 
 /// Gemma 3's configs leave out what equals Transformers' defaults (a vision-language checkpoint's
@@ -554,5 +716,33 @@ mod tests {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}
         });
         assert_eq!(read(&v5).unwrap().1, b.1);
+    }
+
+    /// Transformers 5's `rope_parameters` reads as the older `rope_theta` and `rope_scaling`.
+    #[test]
+    fn rope_parameters_read_as_the_older_fields() {
+        let old = serde_json::json!({"model_type": "deepseek_v3", "hidden_size": 64,
+            "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+            "kv_lora_rank": 32, "q_lora_rank": null, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+            "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64, "first_k_dense_replace": 1, "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                "mscale_all_dim": 1.0}});
+        let mut new = old.clone();
+        let o = new.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.remove("rope_scaling");
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "yarn",
+            "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
+            "mscale_all_dim": 1.0}),
+        );
+        let (a, b) = (read(&old).unwrap().1, read(&new).unwrap().1);
+        assert_eq!(a, b);
+        assert_eq!(
+            a.get("deepseek2.rope.scaling.type"),
+            Some(&MetaValue::Str("yarn".into()))
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! tower's and the MTP head's weights are left unread.
 mod config;
 mod delta;
+mod mla;
 mod quant;
 mod tokenizer;
 
@@ -125,9 +126,10 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
         .ok_or_else(|| hf.to_string())?;
     let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
-    let own = match (family.gemma, family.delta) {
-        (true, _) => GEMMA_LAYER,
-        (_, Some(_)) => delta::LAYER,
+    let own = match (family.gemma, family.delta, family.mla) {
+        (true, _, _) => GEMMA_LAYER,
+        (_, Some(_), _) => delta::LAYER,
+        (_, _, true) => mla::LAYER,
         _ => &[],
     };
     let (_, g) = own
@@ -394,6 +396,16 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
     let delta_heads = family
         .delta
         .and_then(|values| delta::Heads::read(&metadata, family.arch, values));
+    let latent = family
+        .mla
+        .then(|| mla::Latent::read(&metadata, family.arch))
+        .flatten();
+    // Layers past the model's own hold its MTP heads, where the config names some.
+    let model_layers = config::language_model(&config)
+        .get("num_nextn_predict_layers")
+        .and_then(serde_json::Value::as_u64)
+        .filter(|&n| n > 0)
+        .map(|_| int("block_count"));
     let norms_hold_w = delta::norms_hold_w(
         views
             .iter()
@@ -421,6 +433,12 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 .get(&format!("{m}.weight"))
                 .is_some_and(|w| w.dtype.is_none())
         }) {
+            continue;
+        }
+        let hf_layer = hf
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        if model_layers.is_some_and(|n| hf_layer.is_some_and(|l| l >= n)) {
             continue;
         }
         let expert = expert_part(hf);
@@ -553,6 +571,15 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
             out = tiled.or(out);
         }
+        // The latent attention's key and value up-projections, split as GGUF holds them.
+        if let (Some(latent), Some(stem)) = (&latent, name.strip_suffix("attn_kv_b.weight")) {
+            let ((k_shape, k_b), (v_shape, v_b)) = latent
+                .split_kv_b(out.as_deref().unwrap_or(data(view)), dtype)
+                .map_err(|e| invalid(folder, format!("{name}: {e}")))?;
+            tensors.push(converted.push(format!("{stem}attn_k_b.weight"), dtype, k_shape, k_b));
+            tensors.push(converted.push(format!("{stem}attn_v_b.weight"), dtype, v_shape, v_b));
+            continue;
+        }
         // Qwen3-Next's fused projection, split into the two GGUF holds.
         if let (Some(heads), Some(stem)) = (&delta_heads, name.strip_suffix("attn_qkvz.weight")) {
             let rows = shape[1..].iter().product::<i64>() as usize;
@@ -590,14 +617,14 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
     )?)
 }
 
+/// The layer of a GGUF tensor name (`blk.N.`).
+fn layer_of(name: &str) -> Option<u32> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
 /// Sorts `blk.2` before `blk.10`.
 fn natural(name: &str) -> (u32, &str) {
-    let layer = name
-        .strip_prefix("blk.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|l| l.parse().ok())
-        .map_or(0, |l: u32| l + 1);
-    (layer, name)
+    (layer_of(name).map_or(0, |l| l + 1), name)
 }
 
 #[cfg(test)]
