@@ -247,6 +247,13 @@ fn greedy_speculation_is_exact_hybrid_moe_folder() {
     greedy_exactness("hf/qwen35moe-bf16", Drafts::AsTheyCome);
 }
 
+/// GLM-4.7-Flash's layout from a Transformers folder: latent attention whose kv_b_proj is split
+/// at load, sigmoid-routed experts, in bf16.
+#[test]
+fn greedy_speculation_is_exact_latent_folder() {
+    greedy_exactness("hf/glm4lite-bf16", Drafts::AsTheyCome);
+}
+
 /// Mixture of experts with K-quant experts (not repacked: the expert products run in slices so
 /// that no expert sees the 8 rows from which ggml's tiled kernel takes over).
 #[test]
