@@ -2,7 +2,7 @@
 //! plan (core) -> execute (runner, one graph for the whole batch) -> apply (core), followed by
 //! detokenization and stop-string matching per request.
 use crate::draft_model::{Asking, DraftModel};
-use crate::events::{Finish, Speculation, Usage};
+use crate::events::{Finish, Speculation, Timing, Usage};
 pub use crate::request::RequestOptions;
 use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
@@ -22,6 +22,7 @@ use smart_default::SmartDefault;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Engine limits.
 #[derive(Debug, Clone, SmartDefault)]
@@ -280,6 +281,9 @@ struct TextState {
     calls: Option<ToolCallParser>,
     /// Tokens generated while the thinking was open.
     reasoning_tokens: usize,
+    /// When the request was submitted, and when its first token came out of a step.
+    submitted: Instant,
+    first_token: Option<Instant>,
 }
 
 impl TextState {
@@ -646,6 +650,8 @@ impl EngineCore {
                     .tool_format
                     .map(|(format, names)| ToolCallParser::new(format, names)),
                 reasoning_tokens: 0,
+                submitted: Instant::now(),
+                first_token: None,
             },
         );
         Ok(id)
@@ -683,8 +689,13 @@ impl EngineCore {
         let mut tool_calls = Vec::new();
         let mut reasoning_tokens = 0;
         let mut stop_string = None;
+        let mut timing = None;
         if let Some(mut t) = self.text.remove(&id) {
             reasoning_tokens = t.reasoning_tokens;
+            timing = t.first_token.map(|first| Timing {
+                first_token: first - t.submitted,
+                decode: first.elapsed(),
+            });
             stop_string = t.stop.matched().map(str::to_string);
             if !matches!(reason, FinishReason::StopString) {
                 let rest = t.decoder.finish();
@@ -731,6 +742,7 @@ impl EngineCore {
                 tool_calls,
                 stop_string,
                 constraint: s.constraint,
+                timing,
             },
         }
     }
@@ -963,6 +975,7 @@ impl EngineCore {
                 let Some(t) = self.text.get_mut(&ev.id) else {
                     break;
                 };
+                t.first_token.get_or_insert_with(Instant::now);
                 let piece = t.decoder.push(&self.model.tokenizer, tok);
                 let (text, hit) = t.stop.push(&piece);
                 let was_thinking = t.thinking.as_ref().is_some_and(|s| s.thinking());

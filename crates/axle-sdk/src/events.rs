@@ -53,6 +53,18 @@ pub struct Finish {
     pub stop_string: Option<String>,
     /// Time spent on the output constraint's masks (native routes).
     pub constraint: ConstraintTiming,
+    /// When tokens came out of the engine's steps (native routes that generated any), as the
+    /// engine saw it rather than as a reader of the stream sees it.
+    pub timing: Option<Timing>,
+}
+
+/// A request's times as the engine saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// From submission to the first generated token.
+    pub first_token: std::time::Duration,
+    /// From the first generated token to the end.
+    pub decode: std::time::Duration,
 }
 
 impl Finish {
@@ -181,6 +193,7 @@ impl Completion {
                 tool_calls: Vec::new(),
                 stop_string: None,
                 constraint: ConstraintTiming::default(),
+                timing: None,
             },
         }
     }

@@ -42,7 +42,7 @@ pub use embedder::{Embedder, EmbedderConfig, Embeddings};
 pub use engine::{
     Drained, EngineConfig, EngineCore, EngineSizing, Output, RequestOptions, SizeError, MAX_CONTEXT,
 };
-pub use events::{Completion, Finish, Speculation, StreamEvent, Usage};
+pub use events::{Completion, Finish, Speculation, StreamEvent, Timing, Usage};
 pub use generator::{Delivery, EventStream, Generator};
 pub use request::{
     check_vocab, defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions,

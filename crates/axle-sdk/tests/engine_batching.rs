@@ -206,8 +206,12 @@ fn dropped_streams_cancel_and_free_kv() {
     assert!(s.stats().kv_blocks_used > 0);
     drop(streams);
     // A blocking request afterwards completes, and once it is done no blocks remain in use.
+    let t0 = std::time::Instant::now();
     let c = s.generate(&request("Hello", 4)).unwrap();
     assert_eq!(c.finish.usage.map(|u| u.completion_tokens), Some(4));
+    // The engine's own times: to the first token, then to the end, within the call's.
+    let timing = c.finish.timing.expect("a native request reports its times");
+    assert!(timing.first_token + timing.decode <= t0.elapsed());
     for _ in 0..200 {
         if s.stats().kv_blocks_used == 0 {
             return;

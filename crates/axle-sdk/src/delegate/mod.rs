@@ -396,6 +396,7 @@ impl Upstream {
                 tool_calls,
                 stop_string: None,
                 constraint: Default::default(),
+                timing: None,
             },
             ..Completion::empty()
         })
@@ -654,6 +655,7 @@ impl DelegatedStream {
                                 .collect(),
                             stop_string: None,
                             constraint: Default::default(),
+                            timing: None,
                         },
                     });
                 }

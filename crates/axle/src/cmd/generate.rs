@@ -101,9 +101,23 @@ async fn single(mut s: EventStream, t0: Instant) -> anyhow::Result<()> {
             }
             StreamEvent::Done { text, finish, .. } => {
                 writeln!(out, "{text}")?;
-                let ttft = first.map_or(t0.elapsed(), |f| f - t0);
-                let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-                let decode = n.saturating_sub(1) as f64 / dec.max(1e-9);
+                // The engine's times where it reports them (a reader of the stream may first run
+                // after the generation is done when the model's threads hold every core); else
+                // as the stream arrived.
+                let ttft = match finish.timing {
+                    Some(t) => t.first_token,
+                    None => first.map_or(t0.elapsed(), |f| f - t0),
+                };
+                let decode = match (finish.timing, &finish.usage) {
+                    (Some(t), Some(u)) => {
+                        u.completion_tokens.saturating_sub(1) as f64
+                            / t.decode.as_secs_f64().max(1e-9)
+                    }
+                    _ => {
+                        let dec = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+                        n.saturating_sub(1) as f64 / dec.max(1e-9)
+                    }
+                };
                 // Accepted of drafted tokens, by drafter.
                 let drafts = DraftSource::ALL
                     .iter()
