@@ -9,6 +9,12 @@
 #   scripts/gpu-issue52.sh OUT batched P [MODES]  llama-batched-bench and Axle at P-token prompts,
 #                                          1/16/64/128 sequences (P: 512, 2048 or 8192), with each
 #                                          --device-attention mode of MODES (default paged; e.g. rows,paged)
+#   scripts/gpu-issue52.sh OUT kv P SEQS                  the KV types at P-token prompts: llama-batched-bench
+#                                          and `axle bench batched` with F16 KV, then both with
+#                                          Q8_0 KV (-ctk/-ctv q8_0, --kv-type q8_0); SEQS e.g. 1,16
+#   scripts/gpu-issue52.sh OUT kv-check    `axle bench device-check --kv-type q8_0` on the Q4_0
+#                                          file: Q8_0 KV's greedy output against F16 KV's, and
+#                                          speculation on == off with Q8_0 KV
 #   scripts/gpu-issue52.sh OUT serve C P [T] [MODEL]  axle bench serve: C streaming clients with
 #                                          P-token prompts and T new tokens (default 128) against
 #                                          `axle serve` and llama.cpp's `llama-server` (MODEL:
@@ -36,6 +42,20 @@ case "$part" in
       AXLE_ARGS="--device-attention $mode" \
         "$root/scripts/gpu-reference.sh" "$out/batched-p$p-$mode" batched "$p" "$seqs" q4_0
     done
+    ;;
+  kv)
+    p="${3:?prompt length}" seqs="${4:?sequences}"
+    "$root/scripts/gpu-reference.sh" "$out/kv-p$p-f16" batched "$p" "$seqs" q4_0
+    AXLE_ARGS="--kv-type q8_0" LLAMA_ARGS="-ctk q8_0 -ctv q8_0" \
+      "$root/scripts/gpu-reference.sh" "$out/kv-p$p-q8_0" batched "$p" "$seqs" q4_0
+    ;;
+  kv-check)
+    w="${AXLE_GPU_WORK:-/root/axle-gpu}"
+    mkdir -p "$out"
+    [ -s "$root/.device/commit" ] && export AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
+    AXLE_BACKENDS_DIR="$w/bin/backends" "$w/bin/axle" bench device-check \
+      --model "$w/models/llama3-8b-q4_0.gguf" --device cuda0 --kv-type q8_0 \
+      --output "$out/device-check-q8_0.json" 2>&1 | grep -v "CUDA Graph id" | tee "$out/device-check-q8_0.txt"
     ;;
   serve)
     c="${3:?clients}" p="${4:?prompt length}" t="${5:-128}" q="${6:-q4_0}"

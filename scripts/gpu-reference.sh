@@ -10,7 +10,8 @@
 #                                                     -npl SEQS, then `axle bench batched` with
 #                                                     the same prompt, steps and concurrency
 # TYPE: q4_0 (default) and/or q4_k_m. Outputs: OUT_DIR/*.json (tools) and *.txt (logs).
-# $AXLE_ARGS: more options for `axle bench batched` (e.g. --device-attention rows).
+# $AXLE_ARGS: more options for `axle bench batched` (e.g. --device-attention rows);
+# $LLAMA_ARGS: more options for llama-batched-bench (e.g. -ctk q8_0 -ctv q8_0).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 w="${AXLE_GPU_WORK:-/root/axle-gpu}"
@@ -53,7 +54,7 @@ case "$what" in
       m="$w/models/llama3-8b-$t.gguf"
       ctx=$(( (prompt + 64) * ${seqs//,*/} ))
       for s in ${seqs//,/ }; do [ $(( (prompt + 64) * s )) -gt $ctx ] && ctx=$(( (prompt + 64) * s )); done
-      "$tools/llama-batched-bench" -m "$m" -ngl 99 -fa 1 -c "$ctx" -b 2048 -ub 512 \
+      "$tools/llama-batched-bench" -m "$m" -ngl 99 -fa 1 -c "$ctx" -b 2048 -ub 512 ${LLAMA_ARGS:-} \
         -npp "$prompt" -ntg 32 -npl "$seqs" --output-format jsonl \
         >"$out/llama-batched-bench-$t-p$prompt.jsonl" 2>"$out/llama-batched-bench-$t-p$prompt.txt" || status=1
       "$axle" bench batched --model "$m" --device cuda0 --prompt "$prompt" --steps 32 --reps 1 ${AXLE_ARGS:-} \

@@ -5,6 +5,7 @@ use crate::stats::{synthetic_tokens, Paired};
 use crate::BenchError;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::device_step::{DeviceAttention, DeviceProducts, KV_ALIGN};
+use axle_models::kv::KvType;
 use axle_models::{Kernels, Model};
 use axle_sdk::{EngineConfig, EngineCore, Output, RequestOptions};
 use serde::Serialize;
@@ -34,6 +35,8 @@ pub struct BatchedOptions {
     pub device_products: Option<DeviceProducts>,
     /// How the exact engine's decode rows attend on GPUs.
     pub device_attention: DeviceAttention,
+    /// How the exact engine's KV cache stores keys and values (libllama's stays F16).
+    pub kv_type: KvType,
     /// How libllama spreads layers over several GPUs.
     pub oracle_split: axle_ggml::oracle::SplitMode,
 }
@@ -104,7 +107,7 @@ fn axle_run(
     steps: usize,
     kernels: Kernels,
     device_products: Option<DeviceProducts>,
-    device_attention: DeviceAttention,
+    (device_attention, kv_type): (DeviceAttention, KvType),
 ) -> Result<AxleRun, BenchError> {
     let b = prompts.len();
     // Prefill batches of 2,048 tokens, as llama-batched-bench's default (-b 2048) takes them.
@@ -136,6 +139,7 @@ fn axle_run(
         kernels,
         device_products,
         device_attention,
+        kv_type,
         ..Default::default()
     };
     let mut e = EngineCore::new(model.clone(), &cfg)?;
@@ -303,7 +307,7 @@ pub fn run(
                 opts.steps,
                 invariant,
                 opts.device_products,
-                opts.device_attention,
+                (opts.device_attention, opts.kv_type),
             )?;
             a.push(run.tok_s);
             split = run.split;
@@ -322,7 +326,7 @@ pub fn run(
                     opts.steps,
                     Kernels::LikeLlamaCpp,
                     None,
-                    DeviceAttention::default(),
+                    (DeviceAttention::default(), KvType::F16),
                 )?;
                 f.push(run.tok_s);
                 fast_split = Some(run.split);

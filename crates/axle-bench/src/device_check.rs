@@ -7,6 +7,7 @@ use crate::BenchError;
 use axle_core::TokenId;
 use axle_ggml::oracle::{LlamaOracle, OracleOptions};
 use axle_models::device_step::DeviceProducts;
+use axle_models::kv::KvType;
 use axle_models::{Model, Runner, RunnerOptions, Sequence};
 use axle_sdk::{EngineConfig, EngineCore, RequestOptions};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,10 @@ pub struct DeviceCheckOptions {
     pub continuation: usize,
     /// CPU threads (for what stays on the CPU, and libllama's).
     pub threads: usize,
+    /// The KV type of the engine runs (speculation on and off, alone and batched); with one
+    /// other than F16 the plain batched run is repeated with F16 KV, and their greedy outputs
+    /// compared.
+    pub kv_type: KvType,
 }
 
 /// One prompt's comparison.
@@ -78,6 +83,12 @@ pub struct DeviceCheckReport {
     pub drafted: usize,
     /// Accepted draft tokens.
     pub accepted: usize,
+    /// The engine runs' KV type.
+    #[serde(default)]
+    pub kv_type: String,
+    /// With a KV type other than F16: prompts whose greedy output equals F16 KV's.
+    #[serde(default)]
+    pub kv_f16_identical: Option<usize>,
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -237,6 +248,7 @@ pub fn run(
         max_seqs: toks.len().max(1),
         prefix_caching: false,
         draft_len,
+        kv_type: opts.kv_type,
         verify_cost: Some((0..=8).map(|k| 1.0 + 0.05 * k as f64).collect()),
         ..Default::default()
     };
@@ -264,6 +276,15 @@ pub fn run(
     }
     let batched_plain = engine_run(model, &cfg(0), &toks, &with_logprobs)?;
     let batched_spec = engine_run(model, &cfg(4), &toks, &req)?;
+    let kv_f16 = (opts.kv_type != KvType::F16)
+        .then(|| {
+            let f16 = EngineConfig {
+                kv_type: KvType::F16,
+                ..cfg(0)
+            };
+            engine_run(model, &f16, &toks, &req)
+        })
+        .transpose()?;
     bar.finish_and_clear();
     drafted += batched_spec.drafted;
     accepted += batched_spec.accepted;
@@ -293,6 +314,8 @@ pub fn run(
             .count(),
         drafted,
         accepted,
+        kv_type: opts.kv_type.to_string(),
+        kv_f16_identical: kv_f16.map(|r| same(&r.outputs)),
     })
 }
 
@@ -354,5 +377,11 @@ pub fn render(r: &DeviceCheckReport) -> String {
         r.drafted,
         r.accepted
     );
+    if let Some(k) = r.kv_f16_identical {
+        s += &format!(
+            "KV {}: greedy output equal to F16 KV's {k}/{n}\n",
+            or_unknown(&r.kv_type)
+        );
+    }
     s
 }

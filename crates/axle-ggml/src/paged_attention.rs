@@ -8,8 +8,7 @@
 //! the plain reference over the same chunks (so a graph with the op computes on the CPU too,
 //! as tests do).
 use crate::{Context, DType, Tensor};
-use axle_kernels::paged_attention::{self as pa, Cache, Row, Shape};
-use half::f16;
+use axle_kernels::paged_attention::{self as pa, Cache, Row, Shape, Stored};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_int, c_void};
 
@@ -30,9 +29,9 @@ const P_SOFTCAP: usize = 13;
 pub struct PagedAttention<'a> {
     /// Queries: F32 [head_dim, n_head, n_rows], each head's values adjacent.
     pub q: Tensor<'a>,
-    /// The key cache: F16 [n_head_kv * head_dim, slots].
+    /// The key cache: F16 or Q8_0 [n_head_kv * head_dim, slots].
     pub k: Tensor<'a>,
-    /// The value cache, shaped as `k`.
+    /// The value cache, shaped and typed as `k`.
     pub v: Tensor<'a>,
     /// Per row, the offset of its sequence's block table in `table` and the keys it sees
     /// (0: a row not computed here, whose output is zero): I32 [2, n_rows].
@@ -59,10 +58,23 @@ impl PagedAttention<'_> {
     pub fn applies(&self) -> bool {
         let [d, n_head, n_rows, _] = self.q.ne();
         let width = self.k.ne()[0];
-        let f16_rows = |t: Tensor<'_>| {
-            t.dtype() == DType::F16
-                && t.nb()[0] == 2
-                && t.nb()[1].is_multiple_of(16)
+        // Rows the CUDA kernel copies in pieces of 16 bytes (F16), or for Q8_0 of the widest of
+        // 16, 8 and 4 bytes that divides a head's bytes.
+        let cache_rows = |t: Tensor<'_>| {
+            let align = match t.dtype() {
+                DType::F16 => 16,
+                DType::Q8_0 => {
+                    let head = Stored::Q8_0.row_bytes(d.max(0) as usize);
+                    [16, 8, 4]
+                        .into_iter()
+                        .find(|p| head.is_multiple_of(*p))
+                        .unwrap_or(1)
+                }
+                _ => return false,
+            };
+            t.dtype() == self.k.dtype()
+                && t.nb()[0] == t.dtype().row_size(t.dtype().block_size())
+                && t.nb()[1].is_multiple_of(align)
                 && t.ne()[0] == width
         };
         d > 0
@@ -73,8 +85,8 @@ impl PagedAttention<'_> {
             && self.q.nb()[0] == 4
             && self.q.nb()[1].is_multiple_of(16)
             && self.q.nb()[2].is_multiple_of(16)
-            && f16_rows(self.k)
-            && f16_rows(self.v)
+            && cache_rows(self.k)
+            && cache_rows(self.v)
             && self.v.ne()[1] == self.k.ne()[1]
             && self.rows.dtype() == DType::I32
             && self.rows.ne() == [2, n_rows, 1, 1]
@@ -116,36 +128,37 @@ impl Context {
     }
 }
 
-/// A cache tensor's rows as slices.
+/// A cache tensor's rows as bytes.
 struct Rows<'t> {
     k: &'t sys::ggml_tensor,
     v: &'t sys::ggml_tensor,
-    width: usize,
+    stored: Stored,
+    head_dim: usize,
+    row_bytes: usize,
 }
 
 impl Cache for Rows<'_> {
-    fn k(&self, slot: usize) -> &[f16] {
+    fn k(&self, slot: usize, hk: usize, out: &mut [f32]) {
         // SAFETY: slots come from the op's block tables, within the cache (the runner checks each
-        // block id against the pool); a row is `width` f16 values at its stride.
-        unsafe { slot_row(self.k, slot, self.width) }
+        // block id against the pool); a row is `row_bytes` bytes at its stride.
+        let row = unsafe { slot_row(self.k, slot, self.row_bytes) };
+        self.stored
+            .read(row, hk * self.head_dim, &mut out[..self.head_dim]);
     }
-    fn v(&self, slot: usize) -> &[f16] {
+    fn v(&self, slot: usize, hk: usize, out: &mut [f32]) {
         // SAFETY: as for `k`.
-        unsafe { slot_row(self.v, slot, self.width) }
+        let row = unsafe { slot_row(self.v, slot, self.row_bytes) };
+        self.stored
+            .read(row, hk * self.head_dim, &mut out[..self.head_dim]);
     }
 }
 
 /// # Safety
-/// `slot < t.ne[1]`, `t` an F16 tensor of rows of at least `width` values.
-unsafe fn slot_row(t: &sys::ggml_tensor, slot: usize, width: usize) -> &[f16] {
+/// `slot < t.ne[1]`, `t` a tensor whose rows hold at least `bytes` bytes.
+unsafe fn slot_row(t: &sys::ggml_tensor, slot: usize, bytes: usize) -> &[u8] {
     assert!((slot as i64) < t.ne[1], "slot {slot} outside the cache");
     // SAFETY: the caller's contract and the check above.
-    unsafe {
-        std::slice::from_raw_parts(
-            (t.data as *const u8).add(slot * t.nb[1]) as *const f16,
-            width,
-        )
-    }
+    unsafe { std::slice::from_raw_parts((t.data as *const u8).add(slot * t.nb[1]), bytes) }
 }
 
 /// The op's body on ggml's CPU backend: rows cut into one contiguous range per thread.
@@ -180,10 +193,17 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *
         scale: f32::from_bits(p[P_SCALE] as u32),
         softcap: f32::from_bits(p[P_SOFTCAP] as u32),
     };
+    let stored = if k.type_ == DType::Q8_0.raw() {
+        Stored::Q8_0
+    } else {
+        Stored::F16
+    };
     let cache = Rows {
         k,
         v,
-        width: k.ne[0] as usize,
+        stored,
+        head_dim,
+        row_bytes: stored.row_bytes(k.ne[0] as usize),
     };
     // SAFETY: contiguous I32 rows [2, n_rows] and table, F32 sinks [n_head] (checked at build).
     let (row_info, blocks, sinks) = unsafe {
@@ -232,15 +252,18 @@ unsafe extern "C" fn op(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *
 #[cfg(test)]
 mod tests {
     use crate::{Backend, Context, DType, GraphScheduler};
-
-    fn f16_bits(x: f32) -> u16 {
-        half::f16::from_f32(x).to_bits()
-    }
+    use axle_kernels::paged_attention::Stored;
 
     /// The op over scattered blocks agrees with ggml's flash attention over the same keys laid
-    /// out in order (one decode row per sequence, GQA, a soft cap), to rounding.
+    /// out in order (one decode row per sequence, GQA, a soft cap), to rounding: with an F16
+    /// cache and with a Q8_0 one.
     #[test]
     fn the_op_agrees_with_ggml_flash_attention() {
+        agrees_with_ggml(DType::F16, Stored::F16);
+        agrees_with_ggml(DType::Q8_0, Stored::Q8_0);
+    }
+
+    fn agrees_with_ggml(dtype: DType, stored: Stored) {
         let (d, n_head, n_head_kv, bs) = (64i64, 6i64, 2i64, 16u32);
         let ends = [1i64, 40, 300];
         let n_blocks = 64i64;
@@ -248,8 +271,8 @@ mod tests {
         let width = d * n_head_kv;
         let ctx = Context::new(64, 128).unwrap();
         let q = ctx.input(DType::F32, &[d, n_head, ends.len() as i64], "q");
-        let k = ctx.input(DType::F16, &[width, slots], "k");
-        let v = ctx.input(DType::F16, &[width, slots], "v");
+        let k = ctx.input(dtype, &[width, slots], "k");
+        let v = ctx.input(dtype, &[width, slots], "v");
         let rows = ctx.input(DType::I32, &[2, ends.len() as i64], "rows");
         let table = ctx.input(DType::I32, &[64], "table");
         let (scale, softcap) = (0.125f32, 20.0f32);
@@ -273,8 +296,8 @@ mod tests {
         let mut theirs = Vec::new();
         let mut kin = Vec::new();
         for (i, &end) in ends.iter().enumerate() {
-            let kr = ctx.input(DType::F16, &[d, end, n_head_kv], &format!("k{i}"));
-            let vr = ctx.input(DType::F16, &[d, end, n_head_kv], &format!("v{i}"));
+            let kr = ctx.input(dtype, &[d, end, n_head_kv], &format!("k{i}"));
+            let vr = ctx.input(dtype, &[d, end, n_head_kv], &format!("v{i}"));
             let mask = ctx.input(DType::F16, &[end, 1], &format!("m{i}"));
             let qi = ctx.view(q, &[d, 1, n_head], &[q.nb()[2], q.nb()[1]], i * q.nb()[2]);
             let o = ctx.flash_attn(qi, kr, vr, mask, scale, softcap).as_output();
@@ -299,8 +322,15 @@ mod tests {
             .map(|_| unit())
             .collect();
         q.write(&qs).unwrap();
-        let ks: Vec<u16> = (0..width * slots).map(|_| f16_bits(unit())).collect();
-        let vs: Vec<u16> = (0..width * slots).map(|_| f16_bits(unit())).collect();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        stored.write(
+            &(0..width * slots).map(|_| unit()).collect::<Vec<_>>(),
+            &mut ks,
+        );
+        stored.write(
+            &(0..width * slots).map(|_| unit()).collect::<Vec<_>>(),
+            &mut vs,
+        );
         k.write(&ks).unwrap();
         v.write(&vs).unwrap();
         // Each sequence's blocks scattered: sequence i uses blocks (i * 20 + 7 * b) % 64.
@@ -317,14 +347,18 @@ mod tests {
         table.write(&tab).unwrap();
         for (i, &(kr, vr, mask, end)) in kin.iter().enumerate() {
             let off = i * 20;
-            let gather = |src: &[u16]| {
+            let (row, head) = (
+                stored.row_bytes(width as usize),
+                stored.row_bytes(d as usize),
+            );
+            let gather = |src: &[u8]| {
                 let mut out = Vec::new();
-                for hk in 0..n_head_kv {
+                for hk in 0..n_head_kv as usize {
                     for j in 0..end as usize {
                         let slot =
                             tab[off + j / bs as usize] as usize * bs as usize + j % bs as usize;
-                        let at = slot * width as usize + (hk * d) as usize;
-                        out.extend_from_slice(&src[at..at + d as usize]);
+                        let at = slot * row + hk * head;
+                        out.extend_from_slice(&src[at..at + head]);
                     }
                 }
                 out
@@ -345,7 +379,7 @@ mod tests {
                 .zip(&b)
                 .map(|(x, y)| (x - y).abs())
                 .fold(0.0f32, f32::max);
-            assert!(diff < 2e-3, "row {i}: max |diff| {diff}");
+            assert!(diff < 2e-3, "{dtype:?} row {i}: max |diff| {diff}");
         }
     }
 }

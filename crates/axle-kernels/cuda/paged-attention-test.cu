@@ -6,7 +6,8 @@
 // Checks: every row against a plain double-precision reference on the host (softmax attention
 // over the row's keys, with window, soft cap and sinks); and exactness: a row's output bits are
 // the same alone, in a batch of rows of other sequences and lengths, as one of its sequence's
-// verify rows, and with its blocks at other places in the cache. Exit status 1 on any failure.
+// verify rows, and with its blocks at other places in the cache; for F16 and Q8_0 caches. Exit
+// status 1 on any failure.
 // The benchmark times one launch for Llama-3-8B's heads (32 query, 8 KV, 128 wide) at the
 // batch sizes and context lengths of issue 52 and prints the share of the card's bandwidth that
 // reading the keys and values reaches.
@@ -25,22 +26,54 @@
 
 struct Shape { int head_dim, n_head, n_head_kv, block_size, window; float softcap; bool sinks; };
 
-// A cache of `n_blocks` blocks with random keys and values, and sequences placed in it.
+// ggml's Q8_0 rounding of 32 values: scale amax / 127 (stored as F16), int8 round(x / scale).
+static void quantize_q8_0(const float * x, char * out, float * back) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+    const half dh = __float2half(d);
+    memcpy(out, &dh, 2);
+    for (int i = 0; i < 32; ++i) {
+        const signed char q = (signed char) roundf(x[i] * id);
+        out[2 + i] = (char) q;
+        back[i] = __half2float(dh) * (float) q;
+    }
+}
+
+// A cache of `n_blocks` blocks with random keys and values, and sequences placed in it: the
+// cache's bytes (F16 or Q8_0) and the values they hold.
 struct World {
     Shape s;
+    bool q8;
     int n_blocks;
-    std::vector<half> k, v;        // [slots][n_head_kv * head_dim]
+    std::vector<float> k, v;       // [slots][n_head_kv * head_dim]: the values the cache holds
+    std::vector<char> kb, vb;      // [slots][row_bytes]: the cache
     std::vector<float> sinks;
     std::mt19937 rng;
-    World(Shape s_, int n_blocks_, unsigned seed) : s(s_), n_blocks(n_blocks_), rng(seed) {
-        const size_t n = (size_t) n_blocks * s.block_size * s.n_head_kv * s.head_dim;
-        k.resize(n); v.resize(n);
+    World(Shape s_, bool q8_, int n_blocks_, unsigned seed) : s(s_), q8(q8_), n_blocks(n_blocks_), rng(seed) {
+        const size_t slots = (size_t) n_blocks * s.block_size, n = slots * row_elems();
+        k.resize(n); v.resize(n); kb.resize(slots * row_bytes()); vb.resize(slots * row_bytes());
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        for (size_t i = 0; i < n; ++i) { k[i] = __float2half(u(rng)); v[i] = __float2half(u(rng)); }
+        for (size_t i = 0; i < n; ++i) { k[i] = u(rng); v[i] = u(rng); }
+        for (auto * p : {&k, &v}) {
+            char * bytes = p == &k ? kb.data() : vb.data();
+            for (size_t i = 0; i < n; i += 32) {
+                if (q8) {
+                    quantize_q8_0(p->data() + i, bytes + i / 32 * 34, p->data() + i);
+                } else {
+                    for (size_t j = i; j < i + 32; ++j) {
+                        const half h = __float2half((*p)[j]);
+                        memcpy(bytes + j * 2, &h, 2);
+                        (*p)[j] = __half2float(h);
+                    }
+                }
+            }
+        }
         sinks.resize(s.n_head);
         for (auto & x : sinks) x = u(rng);
     }
     size_t row_elems() const { return (size_t) s.n_head_kv * s.head_dim; }
+    size_t row_bytes() const { return q8 ? row_elems() / 32 * 34 : row_elems() * 2; }
 };
 
 struct Row { std::vector<int> blocks; int end; std::vector<float> q; };
@@ -65,11 +98,12 @@ static std::vector<float> run(const World & w, const std::vector<Row> & rows, fl
     a.block_size = s.block_size; a.window = s.window; a.scale = scale; a.softcap = s.softcap;
     a.max_chunks = std::max(1, (max_end + AXLE_PA_CHUNK - 1) / AXLE_PA_CHUNK);
     a.q_nb1 = s.head_dim * 4; a.q_nb2 = (size_t) s.n_head * s.head_dim * 4;
-    a.k_nb1 = a.v_nb1 = w.row_elems() * 2;
+    a.k_nb1 = a.v_nb1 = w.row_bytes();
+    a.q8 = w.q8;
     char *dq, *dk, *dv; int32_t *drows, *dtable; float *dsinks = nullptr, *ddst, *dpart;
     CHECK(cudaMalloc(&dq, qn * 4)); CHECK(cudaMemcpy(dq, q.data(), qn * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMalloc(&dk, w.k.size() * 2)); CHECK(cudaMemcpy(dk, w.k.data(), w.k.size() * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMalloc(&dv, w.v.size() * 2)); CHECK(cudaMemcpy(dv, w.v.data(), w.v.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&dk, w.kb.size())); CHECK(cudaMemcpy(dk, w.kb.data(), w.kb.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&dv, w.vb.size())); CHECK(cudaMemcpy(dv, w.vb.data(), w.vb.size(), cudaMemcpyHostToDevice));
     CHECK(cudaMalloc(&drows, rowv.size() * 4)); CHECK(cudaMemcpy(drows, rowv.data(), rowv.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMalloc(&dtable, table.size() * 4)); CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     if (s.sinks) { CHECK(cudaMalloc(&dsinks, s.n_head * 4)); CHECK(cudaMemcpy(dsinks, w.sinks.data(), s.n_head * 4, cudaMemcpyHostToDevice)); }
@@ -102,7 +136,7 @@ static std::vector<double> reference(const World & w, const Row & r, float scale
             const size_t slot = (size_t) r.blocks[j / s.block_size] * s.block_size + j % s.block_size;
             double d = 0;
             for (int e = 0; e < s.head_dim; ++e)
-                d += (double) r.q[(size_t) h * s.head_dim + e] * __half2float(w.k[slot * w.row_elems() + (size_t) hk * s.head_dim + e]);
+                d += (double) r.q[(size_t) h * s.head_dim + e] * w.k[slot * w.row_elems() + (size_t) hk * s.head_dim + e];
             d *= scale;
             if (s.softcap != 0.0f) d = s.softcap * std::tanh(d / s.softcap);
             sc.push_back(d);
@@ -113,7 +147,7 @@ static std::vector<double> reference(const World & w, const Row & r, float scale
         for (int j = begin; j < r.end; ++j) {
             const size_t slot = (size_t) r.blocks[j / s.block_size] * s.block_size + j % s.block_size;
             for (int e = 0; e < s.head_dim; ++e)
-                out[(size_t) h * s.head_dim + e] += sc[j - begin] / sum * __half2float(w.v[slot * w.row_elems() + (size_t) hk * s.head_dim + e]);
+                out[(size_t) h * s.head_dim + e] += sc[j - begin] / sum * w.v[slot * w.row_elems() + (size_t) hk * s.head_dim + e];
         }
     }
     return out;
@@ -128,17 +162,19 @@ static Row make_row(World & w, std::vector<int> blocks, int end) {
 }
 
 static int failures = 0;
+static bool checking_q8 = false;
 static void expect(bool ok, const char * what, const Shape & s) {
     if (!ok) {
         ++failures;
-        fprintf(stderr, "FAIL %s (head_dim %d, heads %d/%d, block %d, window %d, softcap %g, sinks %d)\n",
-                what, s.head_dim, s.n_head, s.n_head_kv, s.block_size, s.window, s.softcap, s.sinks);
+        fprintf(stderr, "FAIL %s (%s, head_dim %d, heads %d/%d, block %d, window %d, softcap %g, sinks %d)\n",
+                what, checking_q8 ? "q8_0" : "f16", s.head_dim, s.n_head, s.n_head_kv, s.block_size, s.window, s.softcap, s.sinks);
     }
 }
 
-static void check(Shape s) {
+static void check(Shape s, bool q8) {
+    checking_q8 = q8;
     const int n_blocks = 4096 / s.block_size * 3;
-    World w(s, n_blocks, 1234 + s.head_dim + s.n_head);
+    World w(s, q8, n_blocks, 1234 + s.head_dim + s.n_head);
     const float scale = 1.0f / std::sqrt((float) s.head_dim);
     // Sequences of several lengths (chunk edges included), each on random distinct blocks.
     std::vector<int> perm(n_blocks);
@@ -172,11 +208,11 @@ static void check(Shape s) {
         World moved = w;
         Row r = rows[7];
         std::vector<int> fresh(perm.begin() + used, perm.begin() + used + r.blocks.size());
-        for (size_t b = 0; b < r.blocks.size(); ++b)
-            for (size_t i = 0; i < (size_t) s.block_size * w.row_elems(); ++i) {
-                moved.k[(size_t) fresh[b] * s.block_size * w.row_elems() + i] = w.k[(size_t) r.blocks[b] * s.block_size * w.row_elems() + i];
-                moved.v[(size_t) fresh[b] * s.block_size * w.row_elems() + i] = w.v[(size_t) r.blocks[b] * s.block_size * w.row_elems() + i];
-            }
+        const size_t block_bytes = (size_t) s.block_size * w.row_bytes();
+        for (size_t b = 0; b < r.blocks.size(); ++b) {
+            memcpy(moved.kb.data() + fresh[b] * block_bytes, w.kb.data() + r.blocks[b] * block_bytes, block_bytes);
+            memcpy(moved.vb.data() + fresh[b] * block_bytes, w.vb.data() + r.blocks[b] * block_bytes, block_bytes);
+        }
         Row m = r;
         m.blocks = fresh;
         const std::vector<float> a = run(w, {r}, scale), b = run(moved, {rows[0], m, rows[3]}, scale);
@@ -193,20 +229,21 @@ static void check(Shape s) {
     }
 }
 
-static void bench() {
+static void bench(bool q8) {
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
     int clock_khz = 0, bus_bits = 0;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, 0);
     cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
     const double peak = 2.0 * clock_khz * 1e3 * bus_bits / 8;
-    printf("device: %s, peak memory bandwidth %.2f TB/s (from the clock and bus width)\n", prop.name, peak / 1e12);
+    printf("\n%s cache. device: %s, peak memory bandwidth %.2f TB/s (from the clock and bus width)\n",
+           q8 ? "Q8_0" : "F16", prop.name, peak / 1e12);
     printf("| rows | context | µs per launch | GB/s of K and V | share of peak |\n|---|---|---|---|---|\n");
     const int D = 128, H = 32, HKV = 8, BS = 16;
     for (int ctx : {512, 2048, 8192}) {
         for (int rows_n : {1, 16, 64, 128}) {
             const size_t slots = (size_t) rows_n * ctx;
-            const size_t row_bytes = (size_t) HKV * D * 2;
+            const size_t row_bytes = q8 ? (size_t) HKV * D / 32 * 34 : (size_t) HKV * D * 2;
             char *dk, *dv, *dq; int32_t *drows, *dtable; float *ddst, *dpart;
             CHECK(cudaMalloc(&dk, slots * row_bytes)); CHECK(cudaMalloc(&dv, slots * row_bytes));
             CHECK(cudaMemset(dk, 0, slots * row_bytes)); CHECK(cudaMemset(dv, 0, slots * row_bytes));
@@ -221,7 +258,7 @@ static void bench() {
             axle_pa_args a = {};
             a.head_dim = D; a.n_head = H; a.n_head_kv = HKV; a.n_rows = rows_n; a.block_size = BS;
             a.scale = 0.088f; a.max_chunks = (ctx + AXLE_PA_CHUNK - 1) / AXLE_PA_CHUNK;
-            a.q_nb1 = D * 4; a.q_nb2 = (size_t) H * D * 4; a.k_nb1 = a.v_nb1 = row_bytes;
+            a.q_nb1 = D * 4; a.q_nb2 = (size_t) H * D * 4; a.k_nb1 = a.v_nb1 = row_bytes; a.q8 = q8;
             CHECK(cudaMalloc(&dq, (size_t) rows_n * H * D * 4)); CHECK(cudaMemset(dq, 0, (size_t) rows_n * H * D * 4));
             CHECK(cudaMalloc(&drows, rowv.size() * 4)); CHECK(cudaMemcpy(drows, rowv.data(), rowv.size() * 4, cudaMemcpyHostToDevice));
             CHECK(cudaMalloc(&dtable, table.size() * 4)); CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
@@ -259,8 +296,9 @@ int main(int argc, char ** argv) {
         {128, 8, 8, 32, 0, 30.0f, false},   // no GQA, soft cap, larger blocks
         {64, 16, 2, 16, 300, 0.0f, true},   // group of 8, window, sinks
     };
-    for (const Shape & s : shapes) check(s);
+    for (bool q8 : {false, true})
+        for (const Shape & s : shapes) check(s, q8);
     printf("checks: %s (%d failures)\n", failures ? "FAILED" : "passed", failures);
-    if (!only_check && !failures) bench();
+    if (!only_check && !failures) { bench(false); bench(true); }
     return failures ? 1 : 0;
 }

@@ -5,7 +5,7 @@
 // libllama and llama.cpp's tools built from that source are unchanged.
 //
 // Node: src[0] q F32 [head_dim, n_head, n_rows] (element-contiguous heads), src[1] k and src[2] v
-// F16 caches [n_head_kv * head_dim, slots], src[3] rows I32 [2, n_rows] (table offset, end),
+// caches [n_head_kv * head_dim, slots], both F16 or both Q8_0, src[3] rows I32 [2, n_rows] (table offset, end),
 // src[4] block table I32, src[5] sinks F32 [n_head] (optional). dst F32 [head_dim, n_head,
 // n_rows], contiguous. op_params, after ggml's custom-op header: see AXLE_PA_P_*.
 #include "common.cuh"
@@ -31,7 +31,8 @@ static bool axle_pa_node_ok(const ggml_tensor * op) {
         return false;
     }
     const int64_t head_dim = q->ne[0], n_head = q->ne[1];
-    if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 ||
+    const bool q8 = k->type == GGML_TYPE_Q8_0;
+    if (q->type != GGML_TYPE_F32 || (k->type != GGML_TYPE_F16 && !q8) || v->type != k->type ||
         rows->type != GGML_TYPE_I32 || table->type != GGML_TYPE_I32 || op->type != GGML_TYPE_F32 ||
         (sinks && (sinks->type != GGML_TYPE_F32 || sinks->ne[0] != n_head))) {
         return false;
@@ -41,8 +42,11 @@ static bool axle_pa_node_ok(const ggml_tensor * op) {
     }
     const int64_t n_head_kv = k->ne[0] / head_dim;
     return n_head_kv > 0 && n_head % n_head_kv == 0 && axle_pa_supported((int) head_dim, (int) (n_head / n_head_kv)) &&
-        q->nb[0] == 4 && q->nb[1] % 16 == 0 && q->nb[2] % 16 == 0 && k->nb[0] == 2 && v->nb[0] == 2 &&
-        k->nb[1] % 16 == 0 && v->nb[1] % 16 == 0 && ggml_is_contiguous(rows) && ggml_is_contiguous(table) &&
+        q->nb[0] == 4 && q->nb[1] % 16 == 0 && q->nb[2] % 16 == 0 &&
+        k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type) &&
+        k->nb[1] % (q8 ? axle_pa_q8_piece((int) head_dim) : 16) == 0 &&
+        v->nb[1] % (q8 ? axle_pa_q8_piece((int) head_dim) : 16) == 0 &&
+        ggml_is_contiguous(rows) && ggml_is_contiguous(table) &&
         rows->ne[0] == 2 && rows->ne[1] == q->ne[2] && ggml_is_contiguous(op) &&
         op->ne[0] == head_dim && op->ne[1] == n_head && op->ne[2] == q->ne[2] &&
         op->op_params[AXLE_PA_P_BLOCK] > 0 && op->op_params[AXLE_PA_P_CHUNKS] > 0;
@@ -65,6 +69,7 @@ bool ggml_cuda_axle_pa(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.v = (const char *) v->data;
     a.k_nb1 = k->nb[1];
     a.v_nb1 = v->nb[1];
+    a.q8 = k->type == GGML_TYPE_Q8_0;
     a.rows = (const int32_t *) dst->src[3]->data;
     a.table = (const int32_t *) dst->src[4]->data;
     a.sinks = dst->src[5] ? (const float *) dst->src[5]->data : nullptr;

@@ -43,8 +43,9 @@
 struct axle_pa_args {
     const char * q;        // F32 [head_dim, n_head, n_rows], element stride 4 bytes
     size_t q_nb1, q_nb2;   // bytes between query heads, between rows
-    const char * k;        // F16 cache, one slot per row of n_head_kv * head_dim
-    const char * v;
+    const char * k;        // cache, one slot per row of n_head_kv * head_dim: F16, or Q8_0
+    const char * v;        //   (blocks of 32 values: an F16 scale, then 32 int8) where q8 is set
+    int q8;
     size_t k_nb1, v_nb1;   // bytes between slots
     const int32_t * rows;  // [n_rows][2]
     const int32_t * table; // block ids
@@ -79,6 +80,26 @@ template <int D, int G> struct axle_pa_split {
     static constexpr int T = KR * TG;                             // keys a warp takes from a tile
 };
 
+// How the cache stores a head: F16 values, or Q8_0 blocks (ggml's layout: 34 bytes of an F16
+// scale and 32 int8 per 32 values, value = scale * int8, exact in float). A stage holds the
+// cache's bytes as they are, copied in pieces of piece<D>() bytes: 16 for F16; for Q8_0 the
+// widest of 16, 8 and 4 that divides a head's 34 * D / 32 bytes (heads are multiples of 64 wide;
+// the glue checks the rows' stride for it).
+struct axle_pa_f16 {
+    static constexpr bool Q8 = false;
+    template <int D> static constexpr int row() { return D * 2; }
+    template <int D> static constexpr int piece() { return 16; }
+};
+struct axle_pa_q8 {
+    static constexpr bool Q8 = true;
+    template <int D> static constexpr int row() { return D / 32 * 34; }
+    template <int D> static constexpr int piece() { return row<D>() % 16 == 0 ? 16 : row<D>() % 8 == 0 ? 8 : 4; }
+};
+static inline int axle_pa_q8_piece(int head_dim) {
+    const int row = head_dim / 32 * 34;
+    return row % 16 == 0 ? 16 : row % 8 == 0 ? 8 : 4;
+}
+
 // Loads U halves (U = 4 or 8: one 8 or 16-byte load) as floats.
 template <int U>
 __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
@@ -95,30 +116,66 @@ __device__ __forceinline__ void axle_pa_load(const char * p, float * x) {
     }
 }
 
+// U values of a head from element `e` on: for F16 the values, returning 1; for Q8_0 (U divides
+// 32 and e is a multiple of U, so they lie in one block) the block's integers as floats,
+// returning its scale. An integer q becomes a float as 2^23 + (q + 128), built from its byte
+// (one byte permute), less 2^23 + 128: exact, and no int-to-float conversion.
+template <typename KV, int U>
+__device__ __forceinline__ float axle_pa_read(const char * head, int e, float * x) {
+    if constexpr (!KV::Q8) {
+        axle_pa_load<U>(head + e * (int) sizeof(half), x);
+        return 1.0f;
+    } else {
+        const char * b = head + (e / 32) * 34;
+        // The block's int8 lie 2 bytes in: 2-byte aligned, read in pairs.
+        const unsigned short * qs = (const unsigned short *) (b + 2 + e % 32);
+#pragma unroll
+        for (int i = 0; i < U / 2; ++i) {
+            const unsigned w = (unsigned) qs[i] ^ 0x8080u;
+            x[2*i]     = __int_as_float((int) __byte_perm(w, 0x4B000000u, 0x7440)) - 8388736.0f;
+            x[2*i + 1] = __int_as_float((int) __byte_perm(w, 0x4B000000u, 0x7441)) - 8388736.0f;
+        }
+        return __half2float(*(const half *) b);
+    }
+}
+
 // Keys of one pipeline stage: T per warp, so warp w computes the same keys whatever the number
 // of stages.
-template <int D, int G> struct axle_pa_tile {
+template <int D, int G, typename KV> struct axle_pa_tile {
     static constexpr int keys  = axle_pa_split<D, G>::T * AXLE_PA_WARPS;
-    static constexpr int row   = D * (int) sizeof(half);  // bytes of one head's key or value
+    static constexpr int row   = KV::template row<D>();   // bytes of one head's key or value
     static constexpr int bytes = 2 * keys * row;          // keys, then values
 };
 
 // Bytes of shared memory a chunk block of S stages uses: the stages, reused for the key groups'
 // accumulators when the block merges them.
-template <int D, int G, int S> constexpr int axle_pa_smem() {
-    constexpr int stages = S * axle_pa_tile<D, G>::bytes;
+template <int D, int G, typename KV, int S> constexpr int axle_pa_smem() {
+    constexpr int stages = S * axle_pa_tile<D, G, KV>::bytes;
     constexpr int accs = AXLE_PA_WARPS * axle_pa_split<D, G>::KR * G * D * 4;
     return stages > accs ? stages : accs;
 }
 
-// One 16-byte copy from global to shared memory, asynchronous where the GPU has cp.async (sm_80
-// on); src_bytes 0 writes zeros.
-__device__ __forceinline__ void axle_pa_copy16(void * dst, const void * src, int src_bytes) {
+// One copy of N bytes (16, 8 or 4) from global to shared memory, asynchronous where the GPU has
+// cp.async (sm_80 on); src_bytes 0 writes zeros.
+template <int N>
+__device__ __forceinline__ void axle_pa_copy(void * dst, const void * src, int src_bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = (unsigned) __cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
+    if constexpr (N == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
+    } else if constexpr (N == 8) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(src_bytes));
+    }
 #else
-    *(uint4 *) dst = src_bytes ? *(const uint4 *) src : make_uint4(0, 0, 0, 0);
+    if constexpr (N == 16) {
+        *(uint4 *) dst = src_bytes ? *(const uint4 *) src : make_uint4(0, 0, 0, 0);
+    } else if constexpr (N == 8) {
+        *(uint2 *) dst = src_bytes ? *(const uint2 *) src : make_uint2(0, 0);
+    } else {
+        *(unsigned *) dst = src_bytes ? *(const unsigned *) src : 0u;
+    }
 #endif
 }
 __device__ __forceinline__ void axle_pa_commit() {
@@ -134,14 +191,15 @@ template <int N> __device__ __forceinline__ void axle_pa_wait() {
 
 // S stages of keys and values are in flight while the warps compute: S changes how far the
 // loads run ahead, never which keys a group of lanes sums or in what order.
-template <int D, int G, int S>
+template <int D, int G, typename KV, int S>
 __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_args a) {
     using split = axle_pa_split<D, G>;
     constexpr int EL = split::EL, U = split::U, QL = split::QL, KR = split::KR, TG = split::TG, T = split::T;
     constexpr int NT = AXLE_PA_WARPS * 32;
-    constexpr int TILE = axle_pa_tile<D, G>::keys, ROW = axle_pa_tile<D, G>::row;
-    constexpr int STAGE = axle_pa_tile<D, G>::bytes;
-    constexpr int PIECES = TILE * ROW / 16;  // 16-byte copies of a stage's keys (as many of values)
+    constexpr int TILE = axle_pa_tile<D, G, KV>::keys, ROW = axle_pa_tile<D, G, KV>::row;
+    constexpr int STAGE = axle_pa_tile<D, G, KV>::bytes;
+    constexpr int PIECE = KV::template piece<D>();
+    constexpr int PIECES = TILE * ROW / PIECE;  // copies of a stage's keys (as many of values)
     extern __shared__ __align__(16) char smem[];
     const int c = blockIdx.x, hk = blockIdx.y, r = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -170,12 +228,12 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         char * dk = smem + st * STAGE;
 #pragma unroll
         for (int i = threadIdx.x; i < PIECES; i += NT) {
-            const int key = i / (ROW / 16), off = (i % (ROW / 16)) * 16;
+            const int key = i / (ROW / PIECE), off = (i % (ROW / PIECE)) * PIECE;
             const int slot = slots[t * TILE + key];
             const bool in = slot >= 0;
             const int64_t s = in ? slot : 0;
-            axle_pa_copy16(dk + key * ROW + off, kh + s * a.k_nb1 + off, in ? 16 : 0);
-            axle_pa_copy16(dk + TILE * ROW + key * ROW + off, vh + s * a.v_nb1 + off, in ? 16 : 0);
+            axle_pa_copy<PIECE>(dk + key * ROW + off, kh + s * a.k_nb1 + off, in ? PIECE : 0);
+            axle_pa_copy<PIECE>(dk + TILE * ROW + key * ROW + off, vh + s * a.v_nb1 + off, in ? PIECE : 0);
         }
     };
 #pragma unroll
@@ -213,21 +271,32 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
         __syncthreads();
         const int k0 = base + t * TILE + warp * T;  // the warp's first key; its group's are k0 + i * KR + kg
         if (k0 < c1 && k0 + T > c0) {
-            const char * stage = smem + ((t - first) % S) * STAGE + warp * T * ROW + kl * U * (int) sizeof(half);
+            const char * stage = smem + ((t - first) % S) * STAGE + warp * T * ROW;
             // Scores of the group's TG keys for each head; every lane of the group holds them.
             float s[TG][G];
 #pragma unroll
             for (int i = 0; i < TG; ++i) {
                 const int key = i * KR + kg;
-                float kx[EL];
+                float kx[EL], kd[EL / U];
 #pragma unroll
-                for (int p = 0; p < EL / U; ++p) axle_pa_load<U>(stage + key * ROW + p * QL * U * (int) sizeof(half), kx + p * U);
+                for (int p = 0; p < EL / U; ++p) kd[p] = axle_pa_read<KV, U>(stage + key * ROW, p * QL * U + kl * U, kx + p * U);
                 const bool ok = k0 + key >= c0 && k0 + key < c1;
 #pragma unroll
                 for (int g = 0; g < G; ++g) {
                     float d = 0.0f;
+                    if constexpr (!KV::Q8) {
 #pragma unroll
-                    for (int e = 0; e < EL; ++e) d = fmaf(q[g][e], kx[e], d);
+                        for (int e = 0; e < EL; ++e) d = fmaf(q[g][e], kx[e], d);
+                    } else {
+                        // Each piece's integers against the query, then times its block's scale.
+#pragma unroll
+                        for (int p = 0; p < EL / U; ++p) {
+                            float part = 0.0f;
+#pragma unroll
+                            for (int u = 0; u < U; ++u) part = fmaf(q[g][p * U + u], kx[p * U + u], part);
+                            d = fmaf(kd[p], part, d);
+                        }
+                    }
                     // A butterfly over the key's lanes: each of them ends with the same sum.
 #pragma unroll
                     for (int off = QL / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffff, d, off);
@@ -255,13 +324,18 @@ __global__ void __launch_bounds__(AXLE_PA_WARPS*32) axle_pa_chunk(const axle_pa_
 #pragma unroll
             for (int i = 0; i < TG; ++i) {
                 const int key = i * KR + kg;
-                float vx[EL];
+                float vx[EL], vd[EL / U];
 #pragma unroll
-                for (int p = 0; p < EL / U; ++p) axle_pa_load<U>(stage + TILE * ROW + key * ROW + p * QL * U * (int) sizeof(half), vx + p * U);
+                for (int p = 0; p < EL / U; ++p) vd[p] = axle_pa_read<KV, U>(stage + TILE * ROW + key * ROW, p * QL * U + kl * U, vx + p * U);
 #pragma unroll
                 for (int g = 0; g < G; ++g)
 #pragma unroll
-                    for (int e = 0; e < EL; ++e) acc[g][e] = fmaf(s[i][g], vx[e], acc[g][e]);
+                    for (int p = 0; p < EL / U; ++p) {
+                        // The weight times the block's scale (1 for F16), then the piece's values.
+                        const float w = !KV::Q8 ? s[i][g] : s[i][g] * vd[p];
+#pragma unroll
+                        for (int u = 0; u < U; ++u) acc[g][p * U + u] = fmaf(w, vx[p * U + u], acc[g][p * U + u]);
+                    }
             }
         }
         __syncthreads();
@@ -352,38 +426,47 @@ static inline int axle_pa_sms() {
     return sms[dev];
 }
 
-template <int D, int G, int S>
+template <int D, int G, typename KV, int S>
 static void axle_pa_launch_dgs(const axle_pa_args & a, cudaStream_t stream) {
-    constexpr int smem = axle_pa_smem<D, G, S>();
+    constexpr int smem = axle_pa_smem<D, G, KV, S>();
     if constexpr (smem + 2 * 1024 > 48 * 1024) {
         // Above 48 KB (with the static arrays) a kernel must ask, once per device.
         static bool asked[64] = {false};
         int dev = 0;
         cudaGetDevice(&dev);
         if (dev >= 0 && dev < 64 && !asked[dev]) {
-            cudaFuncSetAttribute(axle_pa_chunk<D, G, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+            cudaFuncSetAttribute(axle_pa_chunk<D, G, KV, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
             asked[dev] = true;
         }
     }
     const dim3 grid(a.max_chunks, a.n_head_kv, a.n_rows);
-    axle_pa_chunk<D, G, S><<<grid, AXLE_PA_WARPS*32, smem, stream>>>(a);
+    axle_pa_chunk<D, G, KV, S><<<grid, AXLE_PA_WARPS*32, smem, stream>>>(a);
 }
 
-template <int D, int G>
-static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
+template <int D, int G, typename KV>
+static void axle_pa_launch_dgk(const axle_pa_args & a, cudaStream_t stream) {
     // A launch of fewer blocks than the card has multiprocessors loads a whole chunk at once
     // (latency once per chunk); a full card keeps two stages a block, leaving room for more
     // blocks. The stages change no arithmetic.
     const long blocks = (long) a.max_chunks * a.n_head_kv * a.n_rows;
     if (blocks < axle_pa_sms()) {
         // At most 8 stages and 128 KB of them.
-        constexpr int whole = AXLE_PA_CHUNK / axle_pa_tile<D, G>::keys, fit = 128 * 1024 / axle_pa_tile<D, G>::bytes;
+        constexpr int whole = AXLE_PA_CHUNK / axle_pa_tile<D, G, KV>::keys, fit = 128 * 1024 / axle_pa_tile<D, G, KV>::bytes;
         constexpr int most = whole < 8 ? whole : 8;
-        axle_pa_launch_dgs<D, G, most < fit ? most : fit>(a, stream);
+        axle_pa_launch_dgs<D, G, KV, most < fit ? most : fit>(a, stream);
     } else {
-        axle_pa_launch_dgs<D, G, AXLE_PA_STAGES>(a, stream);
+        axle_pa_launch_dgs<D, G, KV, AXLE_PA_STAGES>(a, stream);
     }
     axle_pa_combine<D><<<dim3(a.n_head, a.n_rows), D, 0, stream>>>(a);
+}
+
+template <int D, int G>
+static void axle_pa_launch_dg(const axle_pa_args & a, cudaStream_t stream) {
+    if (a.q8) {
+        axle_pa_launch_dgk<D, G, axle_pa_q8>(a, stream);
+    } else {
+        axle_pa_launch_dgk<D, G, axle_pa_f16>(a, stream);
+    }
 }
 
 template <int D>

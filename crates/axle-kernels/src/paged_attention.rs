@@ -74,13 +74,75 @@ pub struct Row<'a> {
     pub end: usize,
 }
 
-/// Where the keys and values are: `k(slot)` and `v(slot)` give a slot's row of `n_head_kv *
-/// head_dim` values.
+/// Where the keys and values are: a slot's row holds `n_head_kv * head_dim` values, stored as
+/// [`Stored`] says.
 pub trait Cache {
-    /// Keys of one slot.
-    fn k(&self, slot: usize) -> &[f16];
-    /// Values of one slot.
-    fn v(&self, slot: usize) -> &[f16];
+    /// Keys of KV head `hk` of one slot, as f32, into `out` (`head_dim` values).
+    fn k(&self, slot: usize, hk: usize, out: &mut [f32]);
+    /// Values of KV head `hk` of one slot, as `k`.
+    fn v(&self, slot: usize, hk: usize, out: &mut [f32]);
+}
+
+/// How a cache row stores its values: ggml's F16, or ggml's Q8_0 (blocks of 32 values: an F16
+/// scale, then 32 int8; a value is scale * int8, exact in f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Two bytes a value.
+    F16,
+    /// 34 bytes per 32 values.
+    Q8_0,
+}
+
+/// Values of a Q8_0 block.
+pub const Q8_0_BLOCK: usize = 32;
+const Q8_0_BYTES: usize = 34;
+
+impl Stored {
+    /// Bytes of a row of `width` values (`width` a multiple of [`Q8_0_BLOCK`] for Q8_0).
+    pub fn row_bytes(self, width: usize) -> usize {
+        match self {
+            Stored::F16 => 2 * width,
+            Stored::Q8_0 => width / Q8_0_BLOCK * Q8_0_BYTES,
+        }
+    }
+
+    /// Values `[first, first + out.len())` of a row's bytes, as f32 (`first` and the length
+    /// whole blocks for Q8_0).
+    pub fn read(self, row: &[u8], first: usize, out: &mut [f32]) {
+        match self {
+            Stored::F16 => {
+                for (o, b) in out.iter_mut().zip(row[2 * first..].chunks_exact(2)) {
+                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Stored::Q8_0 => {
+                let blocks = row[first / Q8_0_BLOCK * Q8_0_BYTES..].chunks_exact(Q8_0_BYTES);
+                for (o, b) in out.chunks_mut(Q8_0_BLOCK).zip(blocks) {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    for (x, &q) in o.iter_mut().zip(&b[2..]) {
+                        *x = d * f32::from(q as i8);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `x` stored as a row (ggml's rounding for Q8_0: scale = max |x| / 127 as F16, each value
+    /// round(x / scale) through the reciprocal).
+    pub fn write(self, x: &[f32], out: &mut Vec<u8>) {
+        match self {
+            Stored::F16 => out.extend(x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes())),
+            Stored::Q8_0 => {
+                for b in x.chunks(Q8_0_BLOCK) {
+                    let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
+                }
+            }
+        }
+    }
 }
 
 /// One chunk's softmax for one head: its largest score, the sum of its weights, the weighted
@@ -105,6 +167,7 @@ pub fn attend<C: Cache + ?Sized>(
     let group = s.n_head / s.n_head_kv;
     let span = s.span(row.end);
     let slot = |j: usize| row.table[j / s.block_size] as usize * s.block_size + j % s.block_size;
+    let mut kv = vec![0.0f32; d];
     for (h, o) in heads.zip(out.chunks_exact_mut(d)) {
         o.fill(0.0);
         if span.is_empty() {
@@ -118,11 +181,11 @@ pub fn attend<C: Cache + ?Sized>(
             let scores: Vec<f32> = keys
                 .clone()
                 .map(|j| {
-                    let k = &cache.k(slot(j))[hk * d..(hk + 1) * d];
+                    cache.k(slot(j), hk, &mut kv);
                     let dot = q
                         .iter()
-                        .zip(k)
-                        .fold(0.0f32, |a, (&x, &y)| x.mul_add(y.to_f32(), a));
+                        .zip(&kv)
+                        .fold(0.0f32, |a, (&x, &y)| x.mul_add(y, a));
                     let x = dot * s.scale;
                     if s.softcap != 0.0 {
                         s.softcap * (x / s.softcap).tanh()
@@ -140,9 +203,9 @@ pub fn attend<C: Cache + ?Sized>(
             for (j, &sc) in keys.zip(&scores) {
                 let p = (sc - max).exp();
                 part.sum += p;
-                let v = &cache.v(slot(j))[hk * d..(hk + 1) * d];
-                for (a, &x) in part.acc.iter_mut().zip(v) {
-                    *a = p.mul_add(x.to_f32(), *a);
+                cache.v(slot(j), hk, &mut kv);
+                for (a, &x) in part.acc.iter_mut().zip(&kv) {
+                    *a = p.mul_add(x, *a);
                 }
             }
             parts.push(part);
@@ -174,18 +237,57 @@ pub fn attend<C: Cache + ?Sized>(
 mod tests {
     use super::*;
 
+    /// Rows of `row` values stored as `stored`, heads `d` wide.
     struct Flat {
-        k: Vec<f16>,
-        v: Vec<f16>,
+        k: Vec<u8>,
+        v: Vec<u8>,
         row: usize,
+        d: usize,
+        stored: Stored,
+    }
+
+    impl Flat {
+        fn new(k: &[f32], v: &[f32], row: usize, d: usize, stored: Stored) -> Flat {
+            let (mut kb, mut vb) = (Vec::new(), Vec::new());
+            stored.write(k, &mut kb);
+            stored.write(v, &mut vb);
+            Flat {
+                k: kb,
+                v: vb,
+                row,
+                d,
+                stored,
+            }
+        }
+        fn head(&self, bytes: &[u8], slot: usize, hk: usize, out: &mut [f32]) {
+            let n = self.stored.row_bytes(self.row);
+            let row = &bytes[slot * n..(slot + 1) * n];
+            self.stored.read(row, hk * self.d, &mut out[..self.d]);
+        }
     }
 
     impl Cache for Flat {
-        fn k(&self, slot: usize) -> &[f16] {
-            &self.k[slot * self.row..(slot + 1) * self.row]
+        fn k(&self, slot: usize, hk: usize, out: &mut [f32]) {
+            self.head(&self.k, slot, hk, out)
         }
-        fn v(&self, slot: usize) -> &[f16] {
-            &self.v[slot * self.row..(slot + 1) * self.row]
+        fn v(&self, slot: usize, hk: usize, out: &mut [f32]) {
+            self.head(&self.v, slot, hk, out)
+        }
+    }
+
+    #[test]
+    fn q8_0_rows_round_as_ggml_does_and_read_back() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        let mut bytes = Vec::new();
+        Stored::Q8_0.write(&x, &mut bytes);
+        assert_eq!(bytes.len(), Stored::Q8_0.row_bytes(64));
+        let mut back = vec![0.0; 32];
+        Stored::Q8_0.read(&bytes, 32, &mut back);
+        // The block's largest value is 127 steps of its scale; every value within half a step.
+        let d = f16::from_le_bytes([bytes[34], bytes[35]]).to_f32();
+        assert_eq!(bytes[34 + 2 + 31] as i8, 127);
+        for (a, b) in back.iter().zip(&x[32..]) {
+            assert!((a - b).abs() <= d / 2.0 + 1e-6, "{a} {b}");
         }
     }
 
@@ -206,10 +308,9 @@ mod tests {
         let scores: Vec<f64> = span
             .clone()
             .map(|j| {
-                let k = &c.k(slot(j))[hk * d..(hk + 1) * d];
-                let dot: f64 = (0..d)
-                    .map(|e| row.q[h * d + e] as f64 * k[e].to_f64())
-                    .sum();
+                let mut k = vec![0.0; d];
+                c.k(slot(j), hk, &mut k);
+                let dot: f64 = (0..d).map(|e| row.q[h * d + e] as f64 * k[e] as f64).sum();
                 let x = dot * s.scale as f64;
                 if s.softcap != 0.0 {
                     s.softcap as f64 * (x / s.softcap as f64).tanh()
@@ -227,10 +328,11 @@ mod tests {
         let mut sum: f64 = scores.iter().map(|x| (x - max).exp()).sum();
         sum += sink.map_or(0.0, |x| (x - max).exp());
         let mut out = vec![0.0; d];
+        let mut v = vec![0.0; d];
         for (j, sc) in span.zip(&scores) {
-            let v = &c.v(slot(j))[hk * d..(hk + 1) * d];
+            c.v(slot(j), hk, &mut v);
             for e in 0..d {
-                out[e] += (sc - max).exp() / sum * v[e].to_f64();
+                out[e] += (sc - max).exp() / sum * v[e] as f64;
             }
         }
         out
@@ -239,10 +341,12 @@ mod tests {
     #[test]
     fn rows_agree_with_plain_attention_and_with_themselves_wherever_their_blocks_lie() {
         let mut seed = 0x5eed_u64;
-        for (d, n_head, n_head_kv, window, softcap, sinks) in [
-            (64, 9, 3, 0, 0.0, false),
-            (128, 8, 2, 300, 0.0, true),
-            (64, 4, 4, 0, 20.0, false),
+        for (d, n_head, n_head_kv, window, softcap, sinks, stored) in [
+            (64, 9, 3, 0, 0.0, false, Stored::F16),
+            (128, 8, 2, 300, 0.0, true, Stored::F16),
+            (64, 4, 4, 0, 20.0, false, Stored::F16),
+            (64, 9, 3, 0, 0.0, false, Stored::Q8_0),
+            (128, 8, 2, 300, 30.0, true, Stored::Q8_0),
         ] {
             let s = Shape {
                 head_dim: d,
@@ -256,15 +360,9 @@ mod tests {
             let row_len = n_head_kv * d;
             let n_blocks = 80;
             let slots = n_blocks * s.block_size;
-            let mut c = Flat {
-                k: (0..slots * row_len)
-                    .map(|_| f16::from_f32(rand(&mut seed)))
-                    .collect(),
-                v: (0..slots * row_len)
-                    .map(|_| f16::from_f32(rand(&mut seed)))
-                    .collect(),
-                row: row_len,
-            };
+            let k: Vec<f32> = (0..slots * row_len).map(|_| rand(&mut seed)).collect();
+            let v: Vec<f32> = (0..slots * row_len).map(|_| rand(&mut seed)).collect();
+            let c = Flat::new(&k, &v, row_len, d, stored);
             let sink: Vec<f32> = (0..n_head).map(|_| rand(&mut seed)).collect();
             let sinks = sinks.then_some(sink.as_slice());
             let q: Vec<f32> = (0..n_head * d).map(|_| rand(&mut seed)).collect();
@@ -289,17 +387,12 @@ mod tests {
                 }
                 // The same keys at other blocks: the same bits.
                 let moved: Vec<i32> = table.iter().map(|&b| (b + 40) % n_blocks as i32).collect();
-                let mut c2 = Flat {
-                    k: c.k.clone(),
-                    v: c.v.clone(),
-                    row: row_len,
-                };
+                let mut c2 = Flat::new(&[], &[], row_len, d, stored);
+                c2.k = c.k.clone();
+                c2.v = c.v.clone();
+                let n = s.block_size * stored.row_bytes(row_len);
                 for (&from, &to) in table.iter().zip(&moved).take(end.div_ceil(s.block_size)) {
-                    let (f, t) = (
-                        from as usize * s.block_size * row_len,
-                        to as usize * s.block_size * row_len,
-                    );
-                    let n = s.block_size * row_len;
+                    let (f, t) = (from as usize * n, to as usize * n);
                     c2.k[t..t + n].copy_from_slice(&c.k[f..f + n]);
                     c2.v[t..t + n].copy_from_slice(&c.v[f..f + n]);
                 }
@@ -318,7 +411,6 @@ mod tests {
                 );
                 assert_eq!(out, again, "end {end}: blocks moved");
             }
-            c.row = row_len;
         }
     }
 
@@ -333,11 +425,7 @@ mod tests {
             scale: 0.1,
             softcap: 0.0,
         };
-        let c = Flat {
-            k: vec![f16::ONE; 16 * 64],
-            v: vec![f16::ONE; 16 * 64],
-            row: 64,
-        };
+        let c = Flat::new(&[1.0; 16 * 64], &[1.0; 16 * 64], 64, 64, Stored::F16);
         let q = vec![1.0; 128];
         let mut out = vec![7.0; 128];
         attend(

@@ -13,6 +13,7 @@
 mod common;
 
 use axle_models::device_step::DeviceAttention;
+use axle_models::kv::KvType;
 use axle_models::{HostKernels, LogitRows, Model, ModelOptions, Runner, RunnerOptions, SeqInput};
 use std::sync::Arc;
 
@@ -30,6 +31,8 @@ enum Layout {
     Device,
     /// The device layout with an attention op per row.
     DeviceRows,
+    /// The device layout with paged attention over a Q8_0 KV cache.
+    DeviceQ8,
 }
 
 const HOST: Layout = Layout::Host(HostKernels::Compatible);
@@ -65,7 +68,12 @@ fn load(name: &str, repack: bool, kv_slots: u32, layout: Layout) -> (Arc<Model>,
             force_device_layout: !matches!(layout, Layout::Host(_)),
             host_kernels: match layout {
                 Layout::Host(k) => k,
-                Layout::Device | Layout::DeviceRows => HostKernels::Compatible,
+                _ => HostKernels::Compatible,
+            },
+            kv_type: if layout == Layout::DeviceQ8 {
+                KvType::Q8_0
+            } else {
+                KvType::F16
             },
             device_attention: if layout == Layout::DeviceRows {
                 DeviceAttention::Rows
@@ -78,7 +86,10 @@ fn load(name: &str, repack: bool, kv_slots: u32, layout: Layout) -> (Arc<Model>,
         },
     )
     .unwrap();
-    assert_eq!(runner.paged_attention(), layout == Layout::Device);
+    assert_eq!(
+        runner.paged_attention(),
+        matches!(layout, Layout::Device | Layout::DeviceQ8)
+    );
     (model, runner)
 }
 
@@ -303,6 +314,19 @@ fn fixture_verify_steps_reproduce_decode_steps() {
 
 /// Logits of the last `decode` tokens of `TEXT`, decoded one per step after a prefill, with the
 /// sequence's logical blocks stored in the physical blocks `table`.
+/// The largest |difference| of two runs' logits, per decode step.
+fn max_diff_per_step(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<f32> {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            x.iter()
+                .zip(y)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max)
+        })
+        .collect()
+}
+
 fn decode_logits(
     runner: &mut Runner,
     tokens: &[u32],
@@ -342,6 +366,54 @@ fn device_rows_block_placement_does_not_change_logits() {
     block_placement(Layout::DeviceRows);
 }
 
+/// A Q8_0 cache: each token's row is rounded once, from its own values, so placement and
+/// batching change nothing either.
+#[test]
+fn q8_0_kv_block_placement_does_not_change_logits() {
+    block_placement(Layout::DeviceQ8);
+}
+
+/// A Q8_0 cache against an F16 one, both with paged attention: logits close (not equal); and
+/// refused by name where paged attention would not read it.
+#[test]
+fn q8_0_kv_stays_close_to_f16_kv_and_is_refused_without_paged_attention() {
+    for name in [common::SMOLLM2, common::GEMMA3] {
+        let (model, mut f16) = load(name, false, 1024, Layout::Device);
+        let (_, mut q8) = load(name, false, 1024, Layout::DeviceQ8);
+        let tokens = model.tokenizer.encode(&TEXT.repeat(2), true, false);
+        let table: Vec<u32> = (0..64).collect();
+        let a = decode_logits(&mut f16, &tokens, &table, 4);
+        let b = decode_logits(&mut q8, &tokens, &table, 4);
+        let diff = max_diff_per_step(&a, &b);
+        println!("{name}: Q8_0 KV vs F16 KV, max |dlogit| per decode step {diff:?}");
+        assert!(
+            diff.iter().any(|&d| d > 0.0),
+            "{name}: Q8_0 KV read as F16?"
+        );
+        assert!(
+            diff.iter().all(|&d| d < 2.0),
+            "{name}: Q8_0 KV drifts from F16 KV: {diff:?}"
+        );
+        for opts in [
+            RunnerOptions {
+                kv_type: KvType::Q8_0,
+                ..Default::default()
+            },
+            RunnerOptions {
+                kv_type: KvType::Q8_0,
+                force_device_layout: true,
+                device_attention: DeviceAttention::Rows,
+                ..Default::default()
+            },
+        ] {
+            let Err(e) = Runner::new(model.clone(), opts) else {
+                panic!("{name}: a Q8_0 cache without paged attention was taken");
+            };
+            assert!(e.to_string().contains("KV type q8_0"), "{e}");
+        }
+    }
+}
+
 /// The device step layout that GPUs use, run here on the host: verify steps of every width up to
 /// 9 reproduce decode steps bit for bit (with the sequence's blocks in the first slots, and spread
 /// so that the slots are gathered), and its logits stay close to the host layout's (they differ
@@ -349,13 +421,13 @@ fn device_rows_block_placement_does_not_change_logits() {
 #[test]
 fn device_layout_verify_steps_reproduce_decode_steps() {
     for (name, blocks) in BOTH_MODELS_IN_ORDER_AND_SPREAD {
-        for layout in [Layout::Device, Layout::DeviceRows] {
+        for layout in [Layout::Device, Layout::DeviceRows, Layout::DeviceQ8] {
             let (d, shapes) = max_diff_by_width(name, false, 9, blocks, layout);
             println!("{name} {layout:?}, blocks {blocks:?}: max |dlogit| by width 1..=9: {d:?}");
             // On the CPU a one-row op over fewer than 512 slots and a stacked one compute each
             // row alike, so these verify steps ran stacked.
             assert!(
-                layout == Layout::Device || shapes.iter().any(|&(len, _, ok)| ok && len < 512),
+                layout != Layout::DeviceRows || shapes.iter().any(|&(len, _, ok)| ok && len < 512),
                 "{name}: no verify rows shared an attention op: {shapes:?}"
             );
             common::assert_exact(&d, name);
@@ -381,16 +453,7 @@ fn device_layout_verify_steps_reproduce_decode_steps() {
         for layout in [Layout::DeviceRows, Layout::Device] {
             let (_, mut dev) = load(name, false, 1024, layout);
             let b = decode_logits(&mut dev, &tokens, &table, 4);
-            let diff: Vec<f32> = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| {
-                    x.iter()
-                        .zip(y)
-                        .map(|(x, y)| (x - y).abs())
-                        .fold(0.0f32, f32::max)
-                })
-                .collect();
+            let diff = max_diff_per_step(&a, &b);
             println!("{name}: {layout:?} vs host layout, max |dlogit| per decode step {diff:?}");
             // Rows ops are the host layout's kernel; paged attention sums in F32 where ggml's
             // one-pass CPU kernel takes F16 products and an F16 accumulator (its op-level

@@ -283,7 +283,7 @@ impl Engine {
         backend="auto".to_string(), upstream=None, upstream_model=None, upstream_api_key=None,
         upstream_timeout=60.0, allow_delegation=false, split=None, rpc=None, state_slots=None,
         split_mode="layer".to_string(), device_products=None, host_kernels=None, offline=false,
-        drafters="all".to_string(), draft_model=None, quantize=None
+        drafters="all".to_string(), draft_model=None, quantize=None, kv_type="f16".to_string()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -316,8 +316,12 @@ impl Engine {
         drafters: String,
         draft_model: Option<PathBuf>,
         quantize: Option<String>,
+        kv_type: String,
     ) -> PyResult<Engine> {
         let invalid = |m: String| PyValueError::new_err(m);
+        let kv_type = kv_type
+            .parse::<axle_sdk::KvType>()
+            .map_err(|e| invalid(format!("kv_type: {e}")))?;
         let policy = match backend.as_str() {
             "auto" => RoutePolicy::Auto,
             "native" => RoutePolicy::Native,
@@ -417,6 +421,7 @@ impl Engine {
             max_batch_tokens,
             state_slots,
             draft_len: if ngram { draft_len } else { 0 },
+            kv_type,
         };
         sizing.check().map_err(|e| invalid(e.to_string()))?;
         let configure = |m: &Model| EngineConfig {

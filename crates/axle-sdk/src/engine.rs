@@ -12,6 +12,7 @@ use axle_core::{
     Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
+pub use axle_models::kv::KvType;
 use axle_models::{
     HostKernels, Kernels, LogitRows, Model, RowValues, Runner, RunnerOptions, SeqInput, StateSlots,
     StepProfile, StreamDecoder, TokenId,
@@ -100,6 +101,9 @@ pub struct EngineConfig {
     /// every row (greedy output parts from libllama's sooner). All three are exact. Refused
     /// (when set) with `LikeLlamaCpp`.
     pub host_kernels: Option<HostKernels>,
+    /// How the KV cache stores keys and values ([`KvType`]: F16 by default; Q8_0 halves its
+    /// memory where Axle's paged attention reads it, and is refused elsewhere).
+    pub kv_type: KvType,
 }
 
 /// What a caller sizes an engine by (CLI flags, Python keywords); the rest of [`EngineConfig`]
@@ -123,6 +127,8 @@ pub struct EngineSizing {
     pub state_slots: Option<usize>,
     /// Longest n-gram draft (0: speculation off).
     pub draft_len: usize,
+    /// How the KV cache stores keys and values: the default pool counts its slots in it.
+    pub kv_type: KvType,
 }
 
 /// The longest context per sequence an engine takes (tokens): far past any model's, and small
@@ -185,7 +191,7 @@ impl EngineConfig {
                 u32::try_from(ctx.saturating_mul(sizing.kv_contexts.max(1))).unwrap_or(u32::MAX);
             // The tightest memory (a device's share of the layers, or the host's) caps the default
             // pool; below one full context the runner refuses with the count that would fit.
-            match axle_models::runner::kv_slots_that_fit(model, block_size) {
+            match axle_models::runner::kv_slots_that_fit(model, block_size, sizing.kv_type) {
                 Some(fit) if fit as usize >= ctx => wanted.min(fit),
                 _ => wanted,
             }
@@ -201,6 +207,7 @@ impl EngineConfig {
                 .max(max_seqs),
             draft_len: sizing.draft_len,
             state_slots: sizing.state_slots,
+            kv_type: sizing.kv_type,
             ..Default::default()
         }
     }
@@ -512,6 +519,7 @@ impl EngineCore {
                 stacked_rows: true,
                 host_kernels: cfg.host_kernels.unwrap_or_default(),
                 values: RowValues::Logits,
+                kv_type: cfg.kv_type,
             },
         )?;
         let mut verify_profiles = Vec::new();

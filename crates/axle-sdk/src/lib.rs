@@ -40,7 +40,8 @@ pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
 pub use axle_structured::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use embedder::{Embedder, EmbedderConfig, Embeddings};
 pub use engine::{
-    Drained, EngineConfig, EngineCore, EngineSizing, Output, RequestOptions, SizeError, MAX_CONTEXT,
+    Drained, EngineConfig, EngineCore, EngineSizing, KvType, Output, RequestOptions, SizeError,
+    MAX_CONTEXT,
 };
 pub use events::{Completion, Finish, Speculation, StreamEvent, Timing, Usage};
 pub use generator::{Delivery, EventStream, Generator};

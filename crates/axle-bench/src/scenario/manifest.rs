@@ -239,6 +239,10 @@ pub struct BatchedSpec {
     /// engine's default, as the CLI's `--device-attention`).
     #[serde(default)]
     pub device_attention: Option<String>,
+    /// How the exact engine's KV cache stores keys and values: `f16` or `q8_0` (absent: f16, as
+    /// the CLI's `--kv-type`).
+    #[serde(default)]
+    pub kv_type: Option<String>,
 }
 
 /// `prefix`.

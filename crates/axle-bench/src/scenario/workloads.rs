@@ -94,6 +94,13 @@ pub fn run(
                         .transpose()
                         .map_err(BenchError::Invalid)?
                         .unwrap_or_default(),
+                    kv_type: b
+                        .kv_type
+                        .as_deref()
+                        .map(str::parse)
+                        .transpose()
+                        .map_err(BenchError::Invalid)?
+                        .unwrap_or_default(),
                     oracle_split,
                 },
             )?;

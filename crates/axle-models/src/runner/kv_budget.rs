@@ -3,17 +3,18 @@
 use super::*;
 
 /// Each memory that holds some layer's KV, with its free bytes and the bytes one KV slot takes
-/// there (every layer has every slot): a device's share is its layers' K and V rows (F16), the
-/// host's the rows of the layers left on the CPU. Memories whose free size is unknown are left
-/// out.
+/// there (every layer has every slot): a device's share is its layers' K and V rows (stored as
+/// `ty`), the host's the rows of the layers left on the CPU. Memories whose free size is unknown
+/// are left out.
 pub(super) fn kv_memories(
     model: &Model,
     bufts: &[BufferType],
     dims: &[(i64, i64)],
+    ty: KvType,
 ) -> Vec<KvMemory> {
     let mut per_slot: Vec<(BufferType, usize)> = Vec::new();
     for (&(k, v), &b) in dims.iter().zip(bufts) {
-        let row = (k + v) as usize * DType::F16.row_size(1);
+        let row = ty.row_bytes(k) + ty.row_bytes(v);
         match per_slot.iter_mut().find(|(x, _)| *x == b) {
             Some((_, n)) => *n += row,
             None => per_slot.push((b, row)),
@@ -64,13 +65,13 @@ pub(super) fn kv_budget(free: usize) -> usize {
 /// take, leaving room for compute buffers; None when no memory tells its free size. The
 /// engine caps its default pool with it, so that a model spread over devices of different
 /// sizes gets the pool the tightest one allows instead of an allocation failure.
-pub fn kv_slots_that_fit(model: &Model, block_size: u32) -> Option<u32> {
+pub fn kv_slots_that_fit(model: &Model, block_size: u32, ty: KvType) -> Option<u32> {
     let dims = model.family().kv_dims();
     let bufts: Vec<BufferType> = (0..dims.len() as u32)
         .map(|il| model.placement().layer_buffer(il))
         .collect();
     let bs = block_size.max(1) as usize;
-    kv_memories(model, &bufts, &dims)
+    kv_memories(model, &bufts, &dims, ty)
         .iter()
         .map(|m| kv_budget(m.free) / m.slot_bytes.max(1) / bs * bs)
         .min()
@@ -86,9 +87,10 @@ pub(super) fn check_kv_fits(
     bufts: &[BufferType],
     dims: &[(i64, i64)],
     slots: u32,
+    ty: KvType,
 ) -> Result<(), ModelError> {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    for m in kv_memories(model, bufts, dims) {
+    for m in kv_memories(model, bufts, dims, ty) {
         let need = m.slot_bytes * slots as usize;
         if need > m.free {
             return Err(ModelError::Invalid(format!(

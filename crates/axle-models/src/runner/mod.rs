@@ -4,7 +4,7 @@
 //! build the graph, computes it and returns the logits of the rows that asked for them. It decides
 //! no policy: which tokens, which slots and which rows come from the caller (the core).
 use crate::device_step::{self, DeviceAttention, DeviceProducts, DeviceStep, SeqSlots};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvType};
 use crate::layers::{AttnGroup, HostKernels, Kernels, PagedInputs, RowArithmetic, RowValues, Step};
 use crate::model::Model;
 use crate::recurrent::{RecurrentCache, StateSeq, StateSlots, StateStep};
@@ -80,6 +80,11 @@ pub struct RunnerOptions {
     /// What returned rows hold: logits (generation), or final-normed hidden states (an
     /// embedding runner: the head is never computed).
     pub values: RowValues,
+    /// How the KV cache stores keys and values. Q8_0 needs paged attention (steps of the
+    /// device layout on backends that carry Axle's kernel, or the CPU body of the op with
+    /// `force_device_layout`) and every layer's heads a multiple of 32 wide with K and V of one
+    /// width: anything else is refused when the runner is made.
+    pub kv_type: KvType,
 }
 
 impl RunnerOptions {
@@ -238,8 +243,9 @@ impl Runner {
         } else {
             0
         };
-        check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad)?;
-        let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad)?;
+        check_kv_type(&model, &opts, on_device)?;
+        check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
+        let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
         let state_dims = model.family().state_dims();
         let state = if state_dims.is_empty() {
             None
@@ -686,6 +692,47 @@ impl Runner {
     /// Where the steps since the last call spent their time (and starts a new count).
     pub fn take_profile(&mut self) -> StepProfile {
         std::mem::take(&mut self.profile)
+    }
+}
+
+/// Refuses a Q8_0 KV cache where paged attention would not read it: without the device layout
+/// and paged attention (on every accelerator's backend), or with layers whose K and V rows are
+/// not of one width and a multiple of a Q8_0 block (latent attention's K-only rows).
+fn check_kv_type(
+    model: &Model,
+    opts: &RunnerOptions,
+    kv_on_device: bool,
+) -> Result<(), ModelError> {
+    if opts.kv_type == KvType::F16 {
+        return Ok(());
+    }
+    let why = if !takes_device_layout(opts, kv_on_device) {
+        Some("steps of the device layout (KV on an accelerator, batch-invariant kernels)")
+    } else if opts.device_attention != DeviceAttention::Paged {
+        Some("--device-attention paged")
+    } else if !model
+        .placement()
+        .accelerators()
+        .iter()
+        .all(|d| d.paged_attention(128, 1))
+    {
+        Some("accelerators whose backends carry Axle's paged attention (scripts/build-backend.sh)")
+    } else if model
+        .family()
+        .kv_dims()
+        .iter()
+        .any(|&(k, v)| k != v || k % 32 != 0)
+    {
+        Some("layers whose keys and values are rows of one width, a multiple of 32 (this model's latent or uneven heads are not)")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(ModelError::Invalid(format!(
+            "KV type {}: it is read by Axle's paged attention, which needs {why}; use f16",
+            opts.kv_type
+        ))),
+        None => Ok(()),
     }
 }
 

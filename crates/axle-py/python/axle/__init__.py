@@ -72,6 +72,9 @@ class Engine:
     arithmetic libllama prefills with and generated rows the one it decodes with, so prompts
     prefill at libllama's speed and greedy output follows libllama's; ``"compatible"`` gives every
     row libllama's decode arithmetic, ``"tiled"`` every row that of ggml's tiled kernels.
+    ``kv_type``: ``"f16"`` (the default), or ``"q8_0"`` for a KV cache of about half the memory,
+    read by Axle's paged attention (GPUs whose CUDA backend carries it, exact kernels; refused
+    elsewhere with an error naming what it needs).
     """
 
     def __init__(self, model_path: Optional[str] = None, **options: Any) -> None:

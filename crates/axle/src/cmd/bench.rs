@@ -54,6 +54,10 @@ pub struct DeviceCheckArgs {
     /// Greedy tokens per prompt.
     #[arg(long, default_value_t = 32)]
     continuation: usize,
+    /// The KV type of the engine runs (speculation on and off); with `q8_0` the plain runs are
+    /// repeated with F16 KV and their greedy outputs compared.
+    #[arg(long, default_value_t = axle_models::kv::KvType::F16)]
+    kv_type: axle_models::kv::KvType,
     /// Prompts: every prompt of this workloads file (default: the n-gram workloads' prompts and
     /// eight general ones, 20 in all).
     #[arg(long, default_value = "benchmarks/workloads/check.json")]
@@ -86,6 +90,7 @@ fn device_check(a: DeviceCheckArgs) -> anyhow::Result<()> {
         &axle_bench::device_check::DeviceCheckOptions {
             continuation: a.continuation,
             threads: a.device.threads,
+            kv_type: a.kv_type,
         },
         true,
     )?;
@@ -523,6 +528,10 @@ pub struct BatchedArgs {
     /// How the exact engine's decode rows attend on GPUs: `rows` or `paged` (as generate's).
     #[arg(long)]
     device_attention: Option<axle_models::device_step::DeviceAttention>,
+    /// How the exact engine's KV cache stores keys and values: `f16` or `q8_0` (as generate's;
+    /// libllama's stays F16).
+    #[arg(long)]
+    kv_type: Option<axle_models::kv::KvType>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -598,6 +607,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 fast_kernels: a.fast_kernels,
                 device_products: a.device_products.map(|p| p.to_string()),
                 device_attention: a.device_attention.map(|p| p.to_string()),
+                kv_type: a.kv_type.map(|p| p.to_string()),
             }),
             QuickExtras::default(),
         ),

@@ -11,6 +11,7 @@ pub mod tokenize;
 
 use anyhow::Context;
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
+use axle_models::kv::KvType;
 use axle_models::{default_threads, DeviceChoice, HostKernels, Model, ModelOptions};
 use axle_sdk::{defaults, DraftSources, EngineConfig, EngineSizing, GenerateRequest, MAX_DRAFT};
 use std::path::{Path, PathBuf};
@@ -163,6 +164,14 @@ pub struct EngineArgs {
     /// that row's sequence's slots with a mask of its own. Both exact.
     #[arg(long, default_value_t = DeviceAttention::Paged)]
     pub device_attention: DeviceAttention,
+    /// How the KV cache stores keys and values. `f16` (the default): two bytes a value. `q8_0`:
+    /// ggml's Q8_0, 34 bytes per 32 values, so about twice the contexts fit; each token's row is
+    /// rounded once when written, from its own values, so output stays exact (alone, batched,
+    /// cached or speculated alike) while differing from f16's where the rounding tips a choice.
+    /// Read by Axle's paged attention: needs `--kernels exact` with the model on a GPU whose
+    /// CUDA backend carries it, and heads whose keys and values are one width.
+    #[arg(long, default_value_t = KvType::F16)]
+    pub kv_type: KvType,
     /// With `--kernels exact` on the CPU: which of ggml's kernels rows share. `origin` (the
     /// default): prompt rows take the arithmetic libllama prefills with (tiled kernels for
     /// prompts of 64 tokens or more), generated rows the one it decodes with, so prefill runs at
@@ -263,6 +272,7 @@ impl EngineArgs {
             device_products: self.device_products,
             device_attention: self.device_attention,
             host_kernels: self.host_kernels,
+            kv_type: self.kv_type,
             drafters: self.drafters,
             ..EngineConfig::sized(model, &sizing)
         }
@@ -296,6 +306,7 @@ impl EngineArgs {
                 Switch::On => self.draft_len,
                 Switch::Off => 0,
             },
+            kv_type: self.kv_type,
         }
     }
 
@@ -309,6 +320,9 @@ impl EngineArgs {
         }
         if self.host_kernels.is_some() {
             anyhow::bail!("--host-kernels applies to the native backend only");
+        }
+        if self.kv_type != KvType::F16 {
+            anyhow::bail!("--kv-type applies to the native backend only");
         }
         if self.draft_model.is_some() {
             anyhow::bail!("--draft-model applies to the native backend only");
