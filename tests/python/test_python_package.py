@@ -220,6 +220,11 @@ def test_every_error_class(engine, tmp_path):
     with axle.Engine(str(MODEL), threads=2, context=256, quantize="q8_0") as q:
         assert q.runtime["quantized_at_load"] == "q8_0"
         assert q.generate("Hello", max_tokens=4, temperature=0).text
+    # KV type: a known name; Q8_0 needs paged attention on a GPU, and the CPU says so.
+    with pytest.raises(ValueError, match="kv_type: .*f16 or q8_0"):
+        axle.Engine(str(MODEL), threads=2, kv_type="q4_0")
+    with pytest.raises(axle.AxleError, match="KV type q8_0: it is read by Axle's paged attention"):
+        axle.Engine(str(MODEL), threads=2, device="cpu", context=256, kv_type="q8_0")
     # Drafters: known names; a draft model of another vocabulary is refused by name.
     with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
         axle.Engine(str(MODEL), threads=2, drafters="medusa")

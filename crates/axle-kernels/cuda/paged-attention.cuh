@@ -87,13 +87,13 @@ template <int D, int G> struct axle_pa_split {
 // the glue checks the rows' stride for it).
 struct axle_pa_f16 {
     static constexpr bool Q8 = false;
-    template <int D> static constexpr int row() { return D * 2; }
-    template <int D> static constexpr int piece() { return 16; }
+    template <int D> __host__ __device__ static constexpr int row() { return D * 2; }
+    template <int D> __host__ __device__ static constexpr int piece() { return 16; }
 };
 struct axle_pa_q8 {
     static constexpr bool Q8 = true;
-    template <int D> static constexpr int row() { return D / 32 * 34; }
-    template <int D> static constexpr int piece() { return row<D>() % 16 == 0 ? 16 : row<D>() % 8 == 0 ? 8 : 4; }
+    template <int D> __host__ __device__ static constexpr int row() { return D / 32 * 34; }
+    template <int D> __host__ __device__ static constexpr int piece() { return row<D>() % 16 == 0 ? 16 : row<D>() % 8 == 0 ? 8 : 4; }
 };
 static inline int axle_pa_q8_piece(int head_dim) {
     const int row = head_dim / 32 * 34;

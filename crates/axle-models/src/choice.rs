@@ -50,6 +50,7 @@ pub(crate) use named_choice;
 #[cfg(test)]
 mod tests {
     use crate::device_step::DeviceProducts;
+    use crate::kv::KvType;
     use crate::{FusedProjections, HostKernels, SplitMode};
 
     #[test]
@@ -80,6 +81,13 @@ mod tests {
         assert_eq!(
             "row".parse::<SplitMode>(),
             Err("split modes are layer or tensor, not \"row\"".to_string())
+        );
+        for k in [KvType::F16, KvType::Q8_0] {
+            assert_eq!(k.to_string().parse::<KvType>(), Ok(k));
+        }
+        assert_eq!(
+            "q4_0".parse::<KvType>(),
+            Err("KV types are f16 or q8_0, not \"q4_0\"".to_string())
         );
     }
 }

@@ -20,7 +20,7 @@ pub enum KvType {
 }
 
 // The names of the CLI's `--kv-type`.
-crate::choice::named_choice!(KvType, "KV type", {
+crate::choice::named_choice!(KvType, "KV types", {
     "f16" => KvType::F16,
     "q8_0" => KvType::Q8_0,
 });
