@@ -32,6 +32,7 @@ mod generator;
 mod request;
 pub mod route;
 mod session;
+mod sizing;
 mod stop;
 mod structured;
 
@@ -39,16 +40,14 @@ pub use axle_models::pooling::normalize;
 pub use axle_structured::tools::{ToolCall, ToolChoice, ToolFormat};
 pub use axle_structured::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use embedder::{Embedder, EmbedderConfig, Embeddings};
-pub use engine::{
-    Drained, EngineConfig, EngineCore, EngineSizing, KvType, Output, RequestOptions, SizeError,
-    MAX_CONTEXT,
-};
+pub use engine::{Drained, EngineConfig, EngineCore, KvType, Output, RequestOptions};
 pub use events::{Completion, Finish, Speculation, StreamEvent, Timing, Usage};
 pub use generator::{Delivery, EventStream, Generator};
 pub use request::{
     check_vocab, defaults, Field, GenerateRequest, Prompt, Rejection, SamplingOptions,
 };
 pub use session::{EngineStats, Session, TokenStream};
+pub use sizing::{EngineSizing, SizeError, MAX_CONTEXT};
 pub use stop::StopMatcher;
 
 pub use delegate::{DelegateError, Upstream};
