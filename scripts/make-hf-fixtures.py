@@ -45,6 +45,9 @@ FOLDERS = [
     # MTP layer beside) and DeepSeek V3 (full queries, expert groups, YaRN).
     ("deepseek2-tiny.gguf", "glm4lite-bf16", "glm4_moe_lite", "BF16", "qwen2"),
     ("deepseek2-v3-tiny.gguf", "deepseekv3-f32", "deepseek_v3", "F32", "qwen2"),
+    # gpt-oss as OpenAI's checkpoints are: MXFP4 experts (blocks and exponents, gate and up rows
+    # interleaved), everything else bf16; the twin keeps the fixture's MXFP4 bytes.
+    ("gpt-oss-tiny.gguf", "gptoss-mxfp4", "gpt_oss", "BF16", "qwen2"),
     # The real Gemma 3 270M (from the models cache, not the fixtures), with its SentencePiece
     # vocabulary as a byte-fallback BPE tokenizer.json, as Gemma's folders hold it.
     ("models:gemma-3-270m-q4_k_m.gguf", "gemma3-bf16", "gemma3_text", "BF16", "spm"),
@@ -87,6 +90,28 @@ MLA_LAYER = {"attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weig
              "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
              "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
 MLA = ("glm4_moe_lite", "deepseek_v3")
+# gpt-oss's own.
+OSS_LAYER = {"post_attention_norm.weight": "post_attention_layernorm.weight", "attn_sinks.weight": "self_attn.sinks",
+             "attn_output.bias": "self_attn.o_proj.bias", "ffn_gate_inp.weight": "mlp.router.weight",
+             "ffn_gate_inp.bias": "mlp.router.bias"}
+
+
+def oss_blocks(raw):
+    """ggml MXFP4 bytes [experts, rows, blocks * 17] as OpenAI's checkpoints hold them: blocks
+    [experts, rows, blocks, 16] (value 2k in byte k's low nibble, 2k + 1 in its high one) and
+    exponents [experts, rows, blocks]."""
+    e, rows = raw.shape[0], raw.shape[1]
+    blk = raw.reshape(e, rows, -1, 17)
+    qs = blk[..., 1:]
+    values = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8), np.ascontiguousarray(blk[..., 0])
+
+
+def interleaved(gate, up):
+    """Gate and up rows (axis 1) as gpt-oss's gate_up_proj holds them: gate rows even, up odd."""
+    out = np.empty((gate.shape[0], 2 * gate.shape[1], *gate.shape[2:]), dtype=gate.dtype)
+    out[:, 0::2], out[:, 1::2] = gate, up
+    return out
 
 
 def hf_names(name, w, gemma=False):
@@ -291,6 +316,36 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
     qwen35 = model_type in QWEN35
     experts = {}
     for i, t in enumerate(r.tensors):
+        if model_type == "gpt_oss" and "_exps." in t.name:
+            # The experts: MXFP4 bytes kept (the twin's are the fixture's), biases bf16 in the
+            # folder and the same values in f32 in the twin; gate and up written together.
+            layer, kind = t.name.split(".")[1], t.name.split(".")[2].split("_")[1]
+            part = experts.setdefault(layer, {})
+            if t.name.endswith(".weight"):
+                raw = np.asarray(t.data, dtype=np.uint8)
+                twin.add_tensor(t.name, raw, raw_dtype=Q.MXFP4)
+                part[kind] = oss_blocks(raw)
+            else:
+                b = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+                b = b.reshape([int(d) for d in reversed(t.shape)])
+                twin.add_tensor(t.name, (bf16_bits(b).astype(np.uint32) << 16).view(np.float32))
+                part[kind + "_bias"] = b
+            stem = f"model.layers.{layer}.mlp.experts."
+            out = shards[i % 2]
+            if kind == "down" and t.name.endswith(".weight"):
+                out[stem + "down_proj_blocks"] = ("U8", part["down"][0].shape, part["down"][0].tobytes())
+                out[stem + "down_proj_scales"] = ("U8", part["down"][1].shape, part["down"][1].tobytes())
+            elif kind == "down":
+                out[stem + "down_proj_bias"] = ("BF16", b.shape, bf16_bits(b).tobytes())
+            elif t.name.endswith(".weight") and {"gate", "up"} <= part.keys():
+                blocks = interleaved(part["gate"][0], part["up"][0])
+                scales = interleaved(part["gate"][1], part["up"][1])
+                out[stem + "gate_up_proj_blocks"] = ("U8", blocks.shape, blocks.tobytes())
+                out[stem + "gate_up_proj_scales"] = ("U8", scales.shape, scales.tobytes())
+            elif t.name.endswith(".bias") and {"gate_bias", "up_bias"} <= part.keys():
+                both = interleaved(part["gate_bias"], part["up_bias"])
+                out[stem + "gate_up_proj_bias"] = ("BF16", both.shape, bf16_bits(both).tobytes())
+            continue
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
         if t.name == "output.weight":
@@ -388,6 +443,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 parts = [(hf_name(t.name, extra=QWEN35_LAYER), hf)]
             elif model_type in MLA:
                 parts = [(hf_name(t.name, extra=MLA_LAYER), hf)]
+            elif model_type == "gpt_oss":
+                parts = [(hf_name(t.name, extra=OSS_LAYER), hf)]
             else:
                 parts = hf_names(t.name, hf, gemma)
         for hf_n, part in parts:
@@ -422,7 +479,7 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                            "gemma3_text": "Gemma3ForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
                            "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
                            "qwen3_next": "Qwen3NextForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
-                           "deepseek_v3": "DeepseekV3ForCausalLM"}[model_type]],
+                           "deepseek_v3": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM"}[model_type]],
         "model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": key("block_count"),
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "head_dim": head_dim,
@@ -499,6 +556,21 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                                       "original_max_position_embeddings": key("rope.scaling.original_context_length"),
                                       "mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier") / 0.1,
                                       "beta_fast": 32, "beta_slow": 1}
+    if model_type == "gpt_oss":
+        n_layer = key("block_count")
+        config.update({
+            "num_local_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+            "experts_per_token": key("expert_used_count"), "intermediate_size": key("expert_feed_forward_length"),
+            "sliding_window": key("attention.sliding_window"), "swiglu_limit": 7.0, "attention_bias": True,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)],
+            "rope_scaling": {"rope_type": "yarn", "factor": key("rope.scaling.factor"), "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": key("rope.scaling.original_context_length")},
+            "quantization_config": {"quant_method": "mxfp4",
+                                    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                               "model.embed_tokens", "lm_head"]},
+        })
+        del config["hidden_act"]
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:

@@ -272,3 +272,36 @@ def test_mlx_quantized_folders_against_mlx_lm(quantized_dir, src, name, bits, ov
              axle_vs_mlx=ours_same, mlx_vs_unquantized=mlx_same)
     assert ours_worst <= max(mlx_worst, TOLERANCE["f32"]), f"{name}: {ours_worst} against {mlx_worst}"
     assert ours_exact >= mlx_exact, f"{name}: {ours_exact}/20 against mlx-lm's {mlx_exact}/20"
+
+
+def test_gpt_oss_mxfp4_folder_against_mlx_lm(tmp_path):
+    """gpt-oss as OpenAI's checkpoints hold it (MXFP4 experts, repacked at load into ggml's MXFP4
+    blocks) against mlx-lm, which reads the same blocks as its own MXFP4, computing in f32:
+    log-probabilities within the bf16 tolerance, greedy continuations compared. mlx-lm 0.32's
+    gpt_oss applies no YaRN (it builds its RoPE from rope_theta alone), so both read a copy of
+    the folder without `rope_scaling`; with it, Axle's numbers are its GGUF twin's
+    (safetensors_folders.rs)."""
+    import shutil
+
+    path = tmp_path / "gptoss-mxfp4"
+    shutil.copytree(HF / "gptoss-mxfp4", path)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("rope_scaling")
+    (path / "config.json").write_text(json.dumps(config))
+    model = mlx_f32(path)
+    tol = TOLERANCE["bf16"]
+    worst, same = 0.0, 0
+    with axle.Engine(str(path), threads=2, context=512) as engine:
+        for p in PROMPTS:
+            ids = engine.tokenize(p)
+            ref = mlx_logprobs(model, ids)
+            _, _, top = engine.generate(ids, max_tokens=1, temperature=0, logprobs=20).logprobs[0]
+            worst = max([worst] + [abs(v - float(ref[t])) for t, v in top])
+            ours = engine.generate(ids, max_tokens=12, temperature=0, ignore_eos=True, ngram=False).tokens
+            same += ours == mlx_greedy(model, ids, 12)
+    print(f"gptoss-mxfp4: worst log-probability difference {worst:.4f} (tolerance {tol}); "
+          f"{same}/20 greedy continuations equal mlx-lm's in f32")
+    measured("logprobs", "gptoss-mxfp4", worst=round(worst, 4), tolerance=tol)
+    measured("greedy", "gptoss-mxfp4", axle=same, mlx_bf16=None)
+    assert worst <= tol, f"gptoss-mxfp4: worst log-probability difference {worst} over tolerance {tol}"
+    assert same >= 14, f"gptoss-mxfp4: {same}/20 equal mlx-lm's in f32"

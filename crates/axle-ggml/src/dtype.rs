@@ -33,6 +33,8 @@ impl DType {
     pub const Q5_K: DType = DType(sys::GGML_TYPE_Q5_K);
     /// 6-bit super-blocks of 256 (k-quant).
     pub const Q6_K: DType = DType(sys::GGML_TYPE_Q6_K);
+    /// 4-bit floats (E2M1) in blocks of 32 with a shared power-of-two scale (E8M0).
+    pub const MXFP4: DType = DType(sys::GGML_TYPE_MXFP4);
 
     /// The type with ggml's raw id, if ggml knows it.
     pub fn from_raw(id: u32) -> Option<DType> {

@@ -4,7 +4,7 @@
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
 //! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load),
 //! qwen3_5, qwen3_5_moe and qwen3_next (hybrid gated delta net layers, a vision-language layout),
-//! glm4_moe_lite and deepseek_v3 (latent attention) and
+//! glm4_moe_lite and deepseek_v3 (latent attention), gpt_oss (MXFP4 experts) and
 //! gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
 //! Folders Axle cannot read are refused by name.
 mod common;
@@ -116,6 +116,14 @@ fn glm4lite_bf16_folder_is_its_twin() {
 #[test]
 fn deepseekv3_f32_folder_is_its_twin() {
     check("deepseekv3-f32");
+}
+
+/// gpt-oss as OpenAI's checkpoints hold it: MXFP4 experts (blocks and exponents, gate and up
+/// rows interleaved, repacked at load into ggml's MXFP4 blocks), biases on the experts and the
+/// router, attention sinks, alternating sliding-window layers, YaRN RoPE.
+#[test]
+fn gptoss_mxfp4_folder_is_its_twin() {
+    check("gptoss-mxfp4");
 }
 
 /// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
@@ -300,4 +308,30 @@ fn unreadable_folders_are_refused_by_name() {
         let e = refused(&f);
         assert!(e.contains(said), "{name}: {e}");
     }
+    // gpt-oss: what ggml's graph does not compute, and MXFP4 outside gpt-oss.
+    for (name, key, value, said) in [
+        ("oss-limit", "swiglu_limit", 10.0.into(), "swiglu_limit"),
+        (
+            "oss-types",
+            "layer_types",
+            serde_json::json!(["sliding_attention"]),
+            "layer_types",
+        ),
+        (
+            "oss-quant",
+            "quantization_config",
+            serde_json::json!({"quant_method": "fp8"}),
+            "quant_method fp8",
+        ),
+    ] {
+        let f = copy_of("gptoss-mxfp4", name);
+        edit(&f, "config.json", &|c| c[key] = value.clone());
+        let e = refused(&f);
+        assert!(e.contains(said), "{name}: {e}");
+    }
+    let f = copy("mxfp4-llama");
+    edit(&f, "config.json", &|c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"})
+    });
+    assert!(refused(&f).contains("MXFP4 quantization in a llama folder"));
 }

@@ -22,6 +22,9 @@ pub(super) struct Family {
     pub delta: Option<Values>,
     /// Multi-head latent attention and DeepSeek's mixture of experts (see [`super::mla`]).
     pub mla: bool,
+    /// gpt-oss: attention sinks, alternating sliding-window layers, MXFP4 experts with biases
+    /// (see [`super::oss`]).
+    pub oss: bool,
 }
 
 /// How a gated delta net family's GGUF orders the value heads of a key head.
@@ -45,6 +48,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: None,
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -56,6 +60,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: None,
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -67,6 +72,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: None,
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -78,6 +84,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: None,
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -89,6 +96,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: true,
             delta: None,
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -100,6 +108,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: Some(Values::Tiled),
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -111,6 +120,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: Some(Values::Tiled),
             mla: false,
+            oss: false,
         },
     ),
     (
@@ -122,6 +132,19 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: Some(Values::Grouped),
             mla: false,
+            oss: false,
+        },
+    ),
+    (
+        &["gpt_oss"],
+        Family {
+            arch: "gpt-oss",
+            permute_qk: false,
+            moe: false,
+            gemma: false,
+            delta: None,
+            mla: false,
+            oss: true,
         },
     ),
     (
@@ -133,6 +156,7 @@ const FAMILIES: &[(&[&str], Family)] = &[
             gemma: false,
             delta: None,
             mla: true,
+            oss: false,
         },
     ),
 ];
@@ -215,8 +239,8 @@ pub(super) fn read(
     let linear = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"linear".into());
     let rope_scaling = c.get("rope_scaling").filter(|r| !r.is_null());
     let yarn = |r: &Value| r.get("rope_type").or_else(|| r.get("type")) == Some(&"yarn".into());
-    if let Some(r) =
-        rope_scaling.filter(|r| !((family.gemma && linear(r)) || (family.mla && yarn(r))))
+    if let Some(r) = rope_scaling
+        .filter(|r| !((family.gemma && linear(r)) || ((family.mla || family.oss) && yarn(r))))
     {
         return Err(ModelError::Unsupported(format!(
             "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"
@@ -264,6 +288,9 @@ pub(super) fn read(
     }
     if family.mla {
         mla(c, &mut m, arch)?;
+    }
+    if family.oss {
+        oss(c, &mut m, arch)?;
     }
     if let Some(values) = family.delta {
         delta(c, &mut m, arch, values)?;
@@ -409,29 +436,7 @@ fn mla(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(),
     if let Some(g) = count(c, "topk_group")? {
         m.insert(key("expert_group_used_count"), uint(g));
     }
-    if let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) {
-        let factor = positive(r, "factor")?
-            .ok_or_else(|| invalid(format!("rope_scaling {r} has no factor")))?;
-        m.insert(key("rope.scaling.type"), MetaValue::Str("yarn".into()));
-        m.insert(key("rope.scaling.factor"), MetaValue::Float(factor));
-        m.insert(
-            key("rope.scaling.original_context_length"),
-            uint(required(r, "original_max_position_embeddings")?),
-        );
-        for (field, name) in [
-            ("beta_fast", "yarn_beta_fast"),
-            ("beta_slow", "yarn_beta_slow"),
-            ("extrapolation_factor", "yarn_ext_factor"),
-        ] {
-            if let Some(v) = positive(r, field)? {
-                m.insert(key(&format!("rope.scaling.{name}")), MetaValue::Float(v));
-            }
-        }
-        if positive(r, "attention_factor")?.is_some_and(|a| a != 1.0) {
-            return Err(ModelError::Unsupported(format!(
-                "rope_scaling {r}: a YaRN attention_factor in a safetensors folder"
-            )));
-        }
+    if let Some(r) = yarn(c, m, arch)? {
         if let Some(all) = positive(r, "mscale_all_dim")? {
             m.insert(
                 key("rope.scaling.yarn_log_multiplier"),
@@ -556,6 +561,97 @@ fn delta(
         .map(|i| MetaValue::UInt(sections.get(i).copied().unwrap_or(0)))
         .collect();
     m.insert(key("rope.dimension_sections"), MetaValue::Array(sections));
+    Ok(())
+}
+
+/// YaRN RoPE (`rope_scaling` of type yarn, where the config has one) under the keys llama.cpp's
+/// converter writes: factor, original context, and the betas and extrapolation factor where
+/// given. A YaRN `attention_factor` other than 1 is refused by name. Returns the scaling read.
+fn yarn<'c>(
+    c: &'c Value,
+    m: &mut BTreeMap<String, MetaValue>,
+    arch: &str,
+) -> Result<Option<&'c Value>, ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let Some(r) = c.get("rope_scaling").filter(|r| !r.is_null()) else {
+        return Ok(None);
+    };
+    let factor =
+        positive(r, "factor")?.ok_or_else(|| invalid(format!("rope_scaling {r} has no factor")))?;
+    m.insert(key("rope.scaling.type"), MetaValue::Str("yarn".into()));
+    m.insert(key("rope.scaling.factor"), MetaValue::Float(factor));
+    m.insert(
+        key("rope.scaling.original_context_length"),
+        MetaValue::UInt(required(r, "original_max_position_embeddings")?),
+    );
+    for (field, name) in [
+        ("beta_fast", "yarn_beta_fast"),
+        ("beta_slow", "yarn_beta_slow"),
+        ("extrapolation_factor", "yarn_ext_factor"),
+    ] {
+        if let Some(v) = positive(r, field)? {
+            m.insert(key(&format!("rope.scaling.{name}")), MetaValue::Float(v));
+        }
+    }
+    if positive(r, "attention_factor")?.is_some_and(|a| a != 1.0) {
+        return Err(ModelError::Unsupported(format!(
+            "rope_scaling {r}: a YaRN attention_factor in a safetensors folder"
+        )));
+    }
+    Ok(Some(r))
+}
+
+/// gpt-oss: experts (`num_local_experts`, `num_experts_per_tok`, each `intermediate_size`
+/// wide), the sliding window and which layers take it (`layer_types`; without them every other
+/// layer from the first, as llama.cpp has it), YaRN RoPE. The SwiGLU clamp is ggml's (7):
+/// another `swiglu_limit` is refused by name.
+fn oss(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = MetaValue::UInt;
+    m.insert(key("expert_count"), uint(required(c, "num_local_experts")?));
+    m.insert(
+        key("expert_used_count"),
+        uint(required(c, "num_experts_per_tok")?),
+    );
+    m.insert(
+        key("expert_feed_forward_length"),
+        uint(required(c, "intermediate_size")?),
+    );
+    if let Some(w) = count(c, "sliding_window")? {
+        m.insert(key("attention.sliding_window"), uint(w));
+    }
+    if let Some(types) = c.get("layer_types").filter(|t| !t.is_null()) {
+        let layers = required(c, "num_hidden_layers")? as usize;
+        let sliding = types
+            .as_array()
+            .filter(|t| t.len() == layers)
+            .and_then(|t| {
+                t.iter()
+                    .map(|x| match x.as_str()? {
+                        "sliding_attention" => Some(true),
+                        "full_attention" => Some(false),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<bool>>>()
+            })
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`layer_types` is {types}, not {layers} of sliding_attention or full_attention"
+                ))
+            })?;
+        m.insert(
+            key("attention.sliding_window_pattern"),
+            MetaValue::Array(sliding.into_iter().map(MetaValue::Bool).collect()),
+        );
+    }
+    if let Some(limit) = c.get("swiglu_limit").and_then(Value::as_f64) {
+        if limit != 7.0 {
+            return Err(ModelError::Unsupported(format!(
+                "swiglu_limit {limit} (ggml's gpt-oss SwiGLU clamps at 7)"
+            )));
+        }
+    }
+    yarn(c, m, arch)?;
     Ok(())
 }
 

@@ -14,6 +14,7 @@
 mod config;
 mod delta;
 mod mla;
+mod oss;
 mod quant;
 mod tokenizer;
 
@@ -127,6 +128,7 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
     let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
     let own = match (family.gemma, family.delta, family.mla) {
+        _ if family.oss => oss::LAYER,
         (true, _, _) => GEMMA_LAYER,
         (_, Some(_), _) => delta::LAYER,
         (_, _, true) => mla::LAYER,
@@ -348,6 +350,13 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
     let experts = int("expert_count");
 
     let quantization = quant::Quantization::read(&config)?.renamed(language_model_name);
+    if quantization.mxfp4 && !family.oss {
+        return Err(ModelError::Unsupported(format!(
+            "{}: MXFP4 quantization in a {} folder (Axle reads it for gpt-oss)",
+            folder.display(),
+            family.arch
+        )));
+    }
 
     let mut parts: Vec<Arc<Mmap>> = Vec::new();
     let mut views: BTreeMap<String, View> = BTreeMap::new();
@@ -365,6 +374,8 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                 safetensors::Dtype::F16 => Some(DType::F16),
                 safetensors::Dtype::F32 => Some(DType::F32),
                 safetensors::Dtype::U32 if quantization.any() => None,
+                // MXFP4 blocks and their exponents (gpt-oss).
+                safetensors::Dtype::U8 if quantization.mxfp4 => None,
                 other => {
                     return Err(ModelError::Unsupported(format!(
                         "{hf} in {} is {other:?}; Axle reads bf16, f16 and f32 folders and MLX's \
@@ -373,7 +384,8 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
                     )))
                 }
             };
-            if view.shape().is_empty() || view.shape().len() > 3 {
+            let most = if hf.ends_with("_blocks") { 4 } else { 3 };
+            if view.shape().is_empty() || view.shape().len() > most {
                 return Err(invalid(
                     &shard,
                     format!("{hf} has shape {:?}", view.shape()),
@@ -440,6 +452,15 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
             .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
         if model_layers.is_some_and(|n| hf_layer.is_some_and(|l| l >= n)) {
             continue;
+        }
+        if family.oss {
+            let made = oss::tensors(hf, &views, &data).map_err(|e| invalid(&view.shard, e))?;
+            if let Some(made) = made {
+                for (name, dtype, shape, out) in made {
+                    tensors.push(converted.push(name, dtype, shape, out));
+                }
+                continue;
+            }
         }
         let expert = expert_part(hf);
         if expert.is_some_and(|(_, e, _)| e != 0) {

@@ -25,11 +25,14 @@ pub(super) struct Affine {
     pub group: usize,
 }
 
-/// The folder's quantization: a default, and per-module choices (`None`: left unquantized).
+/// The folder's quantization: a default, and per-module choices (`None`: left unquantized);
+/// or OpenAI's MXFP4 experts (`quant_method: mxfp4`, gpt-oss's own: [`super::oss`] reads them).
 #[derive(Debug, Default)]
 pub(super) struct Quantization {
     default: Option<Affine>,
     modules: BTreeMap<String, Option<Affine>>,
+    /// The experts' weights are MXFP4 blocks and scales.
+    pub mxfp4: bool,
 }
 
 fn refuse(what: String) -> ModelError {
@@ -70,9 +73,22 @@ impl Quantization {
         let Some(fields) = q.as_object() else {
             return Err(refuse(format!("{q}")));
         };
+        match q.get("quant_method").and_then(Value::as_str) {
+            Some("mxfp4") => {
+                return Ok(Quantization {
+                    mxfp4: true,
+                    ..Default::default()
+                })
+            }
+            Some(other) => return Err(refuse(format!(
+                "quant_method {other} (Axle reads MLX's affine quantization and gpt-oss's MXFP4)"
+            ))),
+            None => {}
+        }
         let mut out = Quantization {
             default: Some(affine(q, "the default")?),
             modules: BTreeMap::new(),
+            mxfp4: false,
         };
         for (k, v) in fields {
             match v {
@@ -110,6 +126,7 @@ impl Quantization {
                 .into_iter()
                 .filter_map(|(k, v)| Some((rename(&k)?, v)))
                 .collect(),
+            mxfp4: self.mxfp4,
         }
     }
 }
