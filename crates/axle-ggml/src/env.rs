@@ -77,7 +77,7 @@ pub const REGISTRY: &[EnvVar] = &[
         name: "AXLE_STACKED_ROWS",
         meaning: "0: no stacked one-row attention ops (a diagnostic, to compare)",
         default: "stacked where the device gives each row the same bits",
-        read_by: "axle-models runner/mod.rs",
+        read_by: "axle-models runner/arithmetic.rs",
     },
     EnvVar {
         name: "AXLE_HOST_KERNELS",

@@ -80,9 +80,11 @@ impl Quantization {
                     ..Default::default()
                 })
             }
-            Some(other) => return Err(refuse(format!(
+            Some(other) => {
+                return Err(refuse(format!(
                 "quant_method {other} (Axle reads MLX's affine quantization and gpt-oss's MXFP4)"
-            ))),
+            )))
+            }
             None => {}
         }
         let mut out = Quantization {

@@ -178,7 +178,7 @@ impl Runner {
                 tiled_product_out_cols: key.tiled_product_out_cols.clone(),
                 device: key.device.clone(),
                 kernels: self.opts.kernels,
-                stacking: self.stacking.as_ref(),
+                stacking: self.arithmetic.stacking.as_ref(),
                 paged: key
                     .device
                     .as_ref()
@@ -187,7 +187,7 @@ impl Runner {
                         rows: ctx.input(DType::I32, &[2, n], "inp_pa_rows"),
                         table: ctx.input(DType::I32, &[shape.table_len], "inp_pa_table"),
                         window: self.model.family().sliding_window().unwrap_or(0),
-                        refused: &self.paged_refused,
+                        refused: &self.arithmetic.paged_refused,
                     }),
                 values: self.opts.values,
             };

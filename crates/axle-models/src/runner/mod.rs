@@ -17,12 +17,14 @@ use half::f16;
 use smart_default::SmartDefault;
 use std::sync::Arc;
 
+mod arithmetic;
 mod graph;
 mod kv_budget;
 mod prepare;
 mod products;
 mod step_io;
 
+use arithmetic::{takes_device_layout, Arithmetic};
 use graph::{graph_slots, CachedGraph, GraphKey};
 use kv_budget::check_kv_fits;
 pub use kv_budget::kv_slots_that_fit;
@@ -181,31 +183,10 @@ pub struct Runner {
     pinned: Option<PinnedHost>,
     /// A returned step's logits buffer, reused by the next step ([`Runner::recycle`]).
     spare_logits: Vec<f32>,
-    /// How the device layout multiplies small columns.
-    products: DeviceProducts,
-    /// Why the default products gave way to others at load ([`Runner::check_products`]).
-    products_note: Option<String>,
-    /// With column-invariant products: the weight types every accelerator covers (bit per type).
-    column_types: u64,
-    /// With wide products: the weight types whose few-column products every accelerator replays
-    /// with MMQ's numbers (bit per type).
-    replay_types: u64,
-    /// Which runs of one-row attention ops may share an op (`None`: never).
-    stacking: Option<StackTable>,
+    /// Which arithmetic rows get ([`Arithmetic`]).
+    arithmetic: Arithmetic,
     /// The memories that hold attention layers' KV (where stacking is probed).
     kv_bufts: Vec<BufferType>,
-    /// The host kernels in force with batch-invariant kernels and the host layout (see
-    /// [`HostKernels`]): `Tiled` is refused where the row attention op does not reproduce this
-    /// build's ggml or steps take the device layout; `Origin` then takes the compatible
-    /// arithmetic for every row. `None`: no host arithmetic to choose.
-    host_kernels: Option<HostKernels>,
-    /// Whether device steps attend through paged attention ([`DeviceAttention::Paged`], where
-    /// the backends carry it and the model's heads are ones it takes).
-    paged: bool,
-    /// Set by graph building when some layer's heads are not ones paged attention takes.
-    paged_refused: std::cell::RefCell<Option<String>>,
-    /// Why paged attention is off where it was asked for.
-    paged_note: Option<String>,
 }
 
 impl Runner {
@@ -243,7 +224,7 @@ impl Runner {
         } else {
             0
         };
-        check_kv_type(&model, &opts, on_device)?;
+        let arithmetic = Arithmetic::choose(&model, &opts, on_device)?;
         check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
         let state_dims = model.family().state_dims();
@@ -278,14 +259,6 @@ impl Runner {
             base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
         let tensor_split = placement.tensor_parallel().is_some();
-        if tensor_split && opts.kernels == Kernels::BatchInvariant {
-            return Err(ModelError::Invalid(
-                "--split-mode tensor adds partial products across the devices in ops whose \
-                 shape depends on the step, so it cannot keep outputs batch-invariant: use \
-                 --kernels fast with it"
-                    .into(),
-            ));
-        }
         // ggml's tensor-parallel device keeps the views a graph takes of the KV cache only
         // until another graph takes views of it: one graph at a time.
         let graph_slots = if tensor_split {
@@ -301,87 +274,15 @@ impl Runner {
             .placement()
             .head_device()
             .and_then(|d| PinnedHost::for_device(&d));
-        let accelerators = placement.accelerators();
-        let column_types = column_types(&accelerators);
-        let replay_types = replay_types(&accelerators);
-        // An explicit choice, else (with the exact kernels, whose choice it is) the
-        // environment's, is honoured or refused below.
-        let named = match opts.device_products {
-            Some(p) => Some(p),
-            None if opts.kernels == Kernels::BatchInvariant => {
-                DeviceProducts::from_env().map_err(ModelError::Invalid)?
-            }
-            None => None,
-        };
-        let products =
-            named.unwrap_or_else(|| default_products(column_types, replay_types, opts.max_seqs));
-        if products == DeviceProducts::Wide && !all_cuda(&accelerators) {
-            return Err(ModelError::Invalid(
-                "wide device products need the model's layers on CUDA devices only: their column \
-                 invariance is a property of CUDA's tiled quantized kernel"
-                    .into(),
-            ));
-        }
-        if products == DeviceProducts::Columns && column_types == 0 {
-            return Err(ModelError::Invalid(
-                "column device products need every accelerator's backend to carry Axle's \
-                 column-invariant kernel: build the CUDA backend with scripts/build-backend.sh"
-                    .into(),
-            ));
-        }
-        let stacking = (opts.stacked_rows
-            && axle_ggml::env::var("AXLE_STACKED_ROWS").as_deref() != Some("0"))
-        .then(StackTable::default);
         let mut kv_bufts: Vec<BufferType> = Vec::new();
         for b in bufts {
             if !kv_bufts.contains(&b) {
                 kv_bufts.push(b);
             }
         }
-        let device_layout = opts.force_device_layout || kv.on_device();
-        // Paged attention where every accelerator's backend carries Axle's kernel (KV in host
-        // memory: ggml's CPU runs the op's reference body).
-        let paged_wanted = opts.device_attention == DeviceAttention::Paged
-            && takes_device_layout(&opts, kv.on_device());
-        let paged = paged_wanted
-            && placement
-                .accelerators()
-                .iter()
-                .all(|d| d.paged_attention(128, 1));
-        let host_tiled =
-            opts.kernels == Kernels::BatchInvariant && opts.host_kernels == HostKernels::Tiled;
-        if host_tiled && !axle_ggml::row_attention::supported() {
-            return Err(ModelError::Invalid(
-                "tiled host kernels: the row attention op does not reproduce this build's ggml \
-                 (its self-check failed); use the compatible host kernels"
-                    .into(),
-            ));
-        }
-        if host_tiled && device_layout {
-            return Err(ModelError::Invalid(
-                "tiled host kernels are a choice for models whose KV lies in host memory; this one has \
-                 layers on accelerators, whose steps take the device layout"
-                    .into(),
-            ));
-        }
-        let host_kernels = match opts.host_kernels {
-            _ if opts.kernels != Kernels::BatchInvariant || device_layout => None,
-            HostKernels::Origin if !axle_ggml::row_attention::supported() => {
-                Some(HostKernels::Compatible)
-            }
-            k => Some(k),
-        };
+        let named_products = arithmetic.named_products;
         let mut runner = Runner {
-            paged,
-            paged_refused: std::cell::RefCell::new(None),
-            paged_note: (paged_wanted && !paged)
-                .then(|| "the accelerators' backends do not carry Axle's paged attention".into()),
-            host_kernels,
-            products,
-            products_note: None,
-            column_types,
-            replay_types,
-            stacking,
+            arithmetic,
             kv_bufts,
             model,
             kv,
@@ -396,14 +297,14 @@ impl Runner {
             pinned,
             spare_logits: Vec::new(),
         };
-        runner.check_products(named.is_some())?;
+        runner.check_products(named_products)?;
         Ok(runner)
     }
 
     /// Why the default device products gave way to others at load (their check failed on one
     /// of the model's weights), if they did.
     pub fn products_note(&self) -> Option<&str> {
-        self.products_note.as_deref()
+        self.arithmetic.products_note.as_deref()
     }
 
     /// Whether a step reads a sequence's KV in place where its slots are consecutive (and
@@ -422,13 +323,13 @@ impl Runner {
     /// Whether device steps attend through Axle's paged attention (one op per layer for their
     /// small rows; [`DeviceAttention::Paged`]).
     pub fn paged_attention(&self) -> bool {
-        self.paged
+        self.arithmetic.paged
     }
 
     /// Why paged attention is off where it was asked for (the backends lack it, or a layer's
     /// heads are not ones it takes).
     pub fn paged_note(&self) -> Option<&str> {
-        self.paged_note.as_deref()
+        self.arithmetic.paged_note.as_deref()
     }
 
     /// The model.
@@ -477,7 +378,8 @@ impl Runner {
     /// [`HostKernels::prompt_classes`]): the engine's prefix cache keys blocks with them. Empty
     /// where a row's arithmetic does not depend on its origin.
     pub fn prompt_classes(&self) -> Vec<usize> {
-        self.host_kernels
+        self.arithmetic
+            .host_kernels
             .map(HostKernels::prompt_classes)
             .unwrap_or_default()
     }
@@ -522,19 +424,20 @@ impl Runner {
             Some(i) => i,
             None => {
                 let i = self.build_in_slot(key.clone())?;
-                let refused = self.paged_refused.borrow_mut().take();
+                let refused = self.arithmetic.paged_refused.borrow_mut().take();
                 if let Some(why) = refused {
                     // Some layer's heads are not ones paged attention takes: lay steps out
                     // with an op per row from now on, and start this one again.
                     self.cached.swap_remove(i);
                     self.cached
                         .retain(|c| c.key.device.as_ref().is_none_or(|d| d.paged.is_none()));
-                    self.paged = false;
-                    self.paged_note =
+                    self.arithmetic.paged = false;
+                    self.arithmetic.paged_note =
                         Some(format!("a layer's attention is not one it takes: {why}"));
                     return self.step(seqs);
                 }
                 let misses = self
+                    .arithmetic
                     .stacking
                     .as_ref()
                     .map(|t| t.take_misses())
@@ -650,7 +553,7 @@ impl Runner {
             for &buft in &self.kv_bufts {
                 ok &= stacked_attention::probe(&mut self.sched, slot, buft, key).unwrap_or(false);
             }
-            if let Some(t) = self.stacking.as_mut() {
+            if let Some(t) = self.arithmetic.stacking.as_mut() {
                 t.record(key, ok);
             }
         }
@@ -661,12 +564,13 @@ impl Runner {
     /// `AXLE_DEVICE_PRODUCTS`, else [`default_products`]); `None` where steps do not take the
     /// device layout.
     pub fn device_products(&self) -> Option<DeviceProducts> {
-        self.device_layout().then_some(self.products)
+        self.device_layout().then_some(self.arithmetic.products)
     }
 
     /// The shapes of rows probed for stacking so far, and whether they share an op.
     pub fn stacked_shapes(&self) -> Vec<(StackKey, bool)> {
         let mut v: Vec<(StackKey, bool)> = self
+            .arithmetic
             .stacking
             .iter()
             .flat_map(|t| t.known().map(|(&k, &ok)| (k, ok)))
@@ -693,53 +597,6 @@ impl Runner {
     pub fn take_profile(&mut self) -> StepProfile {
         std::mem::take(&mut self.profile)
     }
-}
-
-/// Refuses a Q8_0 KV cache where paged attention would not read it: without the device layout
-/// and paged attention (on every accelerator's backend), or with layers whose K and V rows are
-/// not of one width and a multiple of a Q8_0 block (latent attention's K-only rows).
-fn check_kv_type(
-    model: &Model,
-    opts: &RunnerOptions,
-    kv_on_device: bool,
-) -> Result<(), ModelError> {
-    if opts.kv_type == KvType::F16 {
-        return Ok(());
-    }
-    let why = if !takes_device_layout(opts, kv_on_device) {
-        Some("steps of the device layout (KV on an accelerator, batch-invariant kernels)")
-    } else if opts.device_attention != DeviceAttention::Paged {
-        Some("--device-attention paged")
-    } else if !model
-        .placement()
-        .accelerators()
-        .iter()
-        .all(|d| d.paged_attention(128, 1))
-    {
-        Some("accelerators whose backends carry Axle's paged attention (scripts/build-backend.sh)")
-    } else if model
-        .family()
-        .kv_dims()
-        .iter()
-        .any(|&(k, v)| k != v || k % 32 != 0)
-    {
-        Some("layers whose keys and values are rows of one width, a multiple of 32 (this model's latent or uneven heads are not)")
-    } else {
-        None
-    };
-    match why {
-        Some(why) => Err(ModelError::Invalid(format!(
-            "KV type {}: it is read by Axle's paged attention, which needs {why}; use f16",
-            opts.kv_type
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// Whether a runner with `opts` whose KV is (`kv_on_device`) or is not on an accelerator
-/// takes the device layout ([`Runner::device_layout`]).
-fn takes_device_layout(opts: &RunnerOptions, kv_on_device: bool) -> bool {
-    opts.kernels == Kernels::BatchInvariant && (opts.force_device_layout || kv_on_device)
 }
 
 /// Name of the logits tensor in every graph.

@@ -75,7 +75,7 @@ impl Runner {
         // With paged attention, small sequences are read through their block tables: only
         // their new tokens' slots are listed (from `first[i]` on), after every block up to the
         // end is checked as `slot` checks a position's.
-        let paged_block = self.paged.then_some(self.opts.block_size);
+        let paged_block = self.arithmetic.paged.then_some(self.opts.block_size);
         let mut visible: Vec<Vec<u32>> = Vec::with_capacity(seqs.len());
         let mut first: Vec<u32> = Vec::with_capacity(seqs.len());
         for s in seqs {
@@ -117,9 +117,9 @@ impl Runner {
             h.paged_rows = d.paged_rows;
             h.paged_table = d.paged_table;
             h.device = Some(DeviceStep {
-                products: self.products,
-                column_types: self.column_types,
-                replay_types: self.replay_types,
+                products: self.arithmetic.products,
+                column_types: self.arithmetic.column_types,
+                replay_types: self.arithmetic.replay_types,
                 ..d.step
             });
         } else {
@@ -133,7 +133,7 @@ impl Runner {
                 h.tokens.push(t as i32);
                 h.pos.push(p as i32);
                 h.slots.push(visible[si][(p - first[si]) as usize] as i64);
-                if let Some(k) = self.host_kernels {
+                if let Some(k) = self.arithmetic.host_kernels {
                     h.arith.push(k.row(s.prompt_len, p, self.opts.kv_slots));
                 }
                 if s.logits.wants(ti, s.tokens.len()) {

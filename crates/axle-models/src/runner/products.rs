@@ -101,7 +101,7 @@ impl Runner {
     pub(super) fn check_products(&mut self, named: bool) -> Result<(), ModelError> {
         let probed = |p| matches!(p, DeviceProducts::Wide | DeviceProducts::Columns);
         if !self.device_layout()
-            || !probed(self.products)
+            || !probed(self.arithmetic.products)
             || axle_ggml::env::var("AXLE_PRODUCTS_PROBE").as_deref() == Some("0")
         {
             return Ok(());
@@ -113,8 +113,12 @@ impl Runner {
             self.sched.add_slot(self.base_nodes)?;
         }
         let mut result = Ok(());
-        while probed(self.products) {
-            let d = DeviceStep::for_products(self.products, self.column_types, self.replay_types);
+        while probed(self.arithmetic.products) {
+            let d = DeviceStep::for_products(
+                self.arithmetic.products,
+                self.arithmetic.column_types,
+                self.arithmetic.replay_types,
+            );
             let mut failed = None;
             for w in &weights {
                 let probed = small_products::probe(&mut self.sched, slot, w.t(), &d);
@@ -122,7 +126,7 @@ impl Runner {
                     ModelError::Invalid(format!(
                         "the check of the {} device products at load could not run on {}: {e} \
                          (AXLE_PRODUCTS_PROBE=0 skips it)",
-                        self.products,
+                        self.arithmetic.products,
                         w.t().name()
                     ))
                 })? {
@@ -136,7 +140,7 @@ impl Runner {
             let t = w.t();
             let what = format!(
                 "{} device products failed their check at load on {} ({} [{}, {}] in {}): {m}",
-                self.products,
+                self.arithmetic.products,
                 t.name(),
                 t.dtype().name(),
                 t.ne()[0],
@@ -150,12 +154,14 @@ impl Runner {
                 )));
                 break;
             }
-            let next = match self.products {
-                DeviceProducts::Wide if self.column_types != 0 => DeviceProducts::Columns,
+            let next = match self.arithmetic.products {
+                DeviceProducts::Wide if self.arithmetic.column_types != 0 => {
+                    DeviceProducts::Columns
+                }
                 _ => DeviceProducts::Groups,
             };
-            self.products_note = Some(format!("{what}; took {next} instead"));
-            self.products = next;
+            self.arithmetic.products_note = Some(format!("{what}; took {next} instead"));
+            self.arithmetic.products = next;
         }
         self.sched.resize(slot, self.base_nodes)?;
         result
