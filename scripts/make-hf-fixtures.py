@@ -48,6 +48,10 @@ FOLDERS = [
     # gpt-oss as OpenAI's checkpoints are: MXFP4 experts (blocks and exponents, gate and up rows
     # interleaved), everything else bf16; the twin keeps the fixture's MXFP4 bytes.
     ("gpt-oss-tiny.gguf", "gptoss-mxfp4", "gpt_oss", "BF16", "qwen2"),
+    # Gemma 4 (E2B/E4B-like): local and global layers of their own head sizes, K = V on the
+    # global ones, KV shared by the last two, per-layer embeddings, double-width FFNs; the
+    # proportional RoPE's factors are the loader's to make (the twin keeps the fixture's).
+    ("gemma4-tiny.gguf", "gemma4-bf16", "gemma4_text", "BF16", "smollm"),
     # The real Gemma 3 270M (from the models cache, not the fixtures), with its SentencePiece
     # vocabulary as a byte-fallback BPE tokenizer.json, as Gemma's folders hold it.
     ("models:gemma-3-270m-q4_k_m.gguf", "gemma3-bf16", "gemma3_text", "BF16", "spm"),
@@ -58,7 +62,9 @@ LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^
 GGUF_PRE = {"smollm": "smollm", "qwen2": "qwen2", "llama3": "llama-bpe", "spm": "default"}
 
 TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-       "output.weight": "lm_head.weight"}
+       "output.weight": "lm_head.weight", "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+       "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+       "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"}
 LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
          "attn_q.bias": "self_attn.q_proj.bias", "attn_k.weight": "self_attn.k_proj.weight",
          "attn_k.bias": "self_attn.k_proj.bias", "attn_v.weight": "self_attn.v_proj.weight",
@@ -90,6 +96,9 @@ MLA_LAYER = {"attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weig
              "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
              "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
 MLA = ("glm4_moe_lite", "deepseek_v3")
+# Gemma 4's own (beside Gemma's norms).
+GEMMA4_LAYER = {"inp_gate.weight": "per_layer_input_gate.weight", "proj.weight": "per_layer_projection.weight",
+                "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar"}
 # gpt-oss's own.
 OSS_LAYER = {"post_attention_norm.weight": "post_attention_layernorm.weight", "attn_sinks.weight": "self_attn.sinks",
              "attn_output.bias": "self_attn.o_proj.bias", "ffn_gate_inp.weight": "mlp.router.weight",
@@ -348,6 +357,11 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
             continue
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
+        if model_type == "gemma4_text" and t.name == "rope_freqs.weight":
+            # Not in the folder: the loader makes the factors from the config's RoPE.
+            twin.add_tensor(t.name, w)
+            rope_partial = 2 * int((w == 1.0).sum()) / head_dim
+            continue
         if t.name == "output.weight":
             tied = False
         hf = w
@@ -445,6 +459,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 parts = [(hf_name(t.name, extra=MLA_LAYER), hf)]
             elif model_type == "gpt_oss":
                 parts = [(hf_name(t.name, extra=OSS_LAYER), hf)]
+            elif model_type == "gemma4_text":
+                parts = [(hf_name(t.name, gemma=True, extra=GEMMA4_LAYER), hf)]
             else:
                 parts = hf_names(t.name, hf, gemma)
         for hf_n, part in parts:
@@ -479,7 +495,8 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                            "gemma3_text": "Gemma3ForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
                            "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
                            "qwen3_next": "Qwen3NextForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
-                           "deepseek_v3": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM"}[model_type]],
+                           "deepseek_v3": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                           "gemma4_text": "Gemma4ForCausalLM"}[model_type]],
         "model_type": model_type, "hidden_size": n_embd, "num_hidden_layers": key("block_count"),
         "intermediate_size": key("feed_forward_length"), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "head_dim": head_dim,
@@ -556,6 +573,27 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                                       "original_max_position_embeddings": key("rope.scaling.original_context_length"),
                                       "mscale": 1.0, "mscale_all_dim": key("rope.scaling.yarn_log_multiplier") / 0.1,
                                       "beta_fast": 32, "beta_slow": 1}
+    if model_type == "gemma4_text":
+        ffs = key("feed_forward_length")
+        pattern = key("attention.sliding_window_pattern")
+        config.update({
+            "head_dim": key("attention.key_length_swa"), "global_head_dim": head_dim,
+            "intermediate_size": ffs[0], "use_double_wide_mlp": ffs[-1] == 2 * ffs[0],
+            "num_kv_shared_layers": key("attention.shared_kv_layers"),
+            "hidden_size_per_layer_input": key("embedding_length_per_layer_input"),
+            "vocab_size_per_layer_input": len(tokens), "sliding_window": key("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in pattern],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "proportional", "rope_theta": key("rope.freq_base"),
+                                   "partial_rotary_factor": rope_partial},
+                "sliding_attention": {"rope_type": "default", "rope_theta": key("rope.freq_base_swa"),
+                                      "partial_rotary_factor": 1.0}},
+            # The fixture's global layers have no V projection: V is K's.
+            "attention_k_eq_v": True, "num_global_key_value_heads": n_kv,
+            "final_logit_softcapping": key("final_logit_softcapping"), "enable_moe_block": False,
+            "hidden_activation": "gelu_pytorch_tanh",
+        })
+        del config["rope_theta"], config["hidden_act"], config["attention_bias"]
     if model_type == "gpt_oss":
         n_layer = key("block_count")
         config.update({

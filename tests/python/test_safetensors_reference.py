@@ -34,7 +34,7 @@ def record():
     RECORD.write_text(json.dumps(rows, indent=1, sort_keys=True))
 FOLDERS = ["llama-f32", "llama-bf16", "qwen3-bf16", "qwen2-f32", "qwen3moe-bf16", "qwen35-bf16", "qwen35moe-bf16",
            "qwen35moe-f32", "qwen3next-f32", "glm4lite-bf16",
-           "deepseekv3-f32", "gemma3-bf16"]
+           "deepseekv3-f32", "gemma3-bf16", "gemma4-bf16"]
 
 WORDS = ["the", "The", "THE", "don't", "we'll", "I'M", "café", "naïve", "日本語", "中文", "русский",
          "λόγος", "🦀", "👍🏽", "3.14159", "2026", "1234567", "x=y+1;", "fn main() {}", "  ", "\n", "\t",

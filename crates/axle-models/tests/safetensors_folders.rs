@@ -4,7 +4,7 @@
 //! bf16, sharded with an index, for the llama family (whose Q and K rows are permuted at load),
 //! qwen2 (biases), qwen3 (Q/K norms), qwen3_moe (experts written one by one, stacked at load),
 //! qwen3_5, qwen3_5_moe and qwen3_next (hybrid gated delta net layers, a vision-language layout),
-//! glm4_moe_lite and deepseek_v3 (latent attention), gpt_oss (MXFP4 experts) and
+//! glm4_moe_lite and deepseek_v3 (latent attention), gpt_oss (MXFP4 experts), gemma4_text and
 //! gemma3_text (the real Gemma 3 270M: a SentencePiece vocabulary, Gemma's norms).
 //! Folders Axle cannot read are refused by name.
 mod common;
@@ -124,6 +124,14 @@ fn deepseekv3_f32_folder_is_its_twin() {
 #[test]
 fn gptoss_mxfp4_folder_is_its_twin() {
     check("gptoss-mxfp4");
+}
+
+/// Gemma 4 (E2B/E4B-like): local and global layers of their own head sizes, K = V on the global
+/// ones, proportional RoPE (its factors made at load), KV shared by the last two layers,
+/// per-layer embeddings, double-width FFNs, norms stored as they are.
+#[test]
+fn gemma4_bf16_folder_is_its_twin() {
+    check("gemma4-bf16");
 }
 
 /// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
@@ -326,6 +334,32 @@ fn unreadable_folders_are_refused_by_name() {
     ] {
         let f = copy_of("gptoss-mxfp4", name);
         edit(&f, "config.json", &|c| c[key] = value.clone());
+        let e = refused(&f);
+        assert!(e.contains(said), "{name}: {e}");
+    }
+    // Gemma 4: its experts, and RoPE types the family does not compute.
+    for (name, edit_config, said) in [
+        (
+            "g4-moe",
+            &(|c: &mut serde_json::Value| c["enable_moe_block"] = true.into())
+                as &dyn Fn(&mut serde_json::Value),
+            "enable_moe_block",
+        ),
+        (
+            "g4-rope",
+            &|c: &mut serde_json::Value| {
+                c["rope_parameters"]["sliding_attention"]["rope_type"] = "yarn".into()
+            },
+            "RoPE types",
+        ),
+        (
+            "g4-types",
+            &|c: &mut serde_json::Value| c["layer_types"] = serde_json::Value::Null,
+            "layer_types",
+        ),
+    ] {
+        let f = copy_of("gemma4-bf16", name);
+        edit(&f, "config.json", edit_config);
         let e = refused(&f);
         assert!(e.contains(said), "{name}: {e}");
     }

@@ -25,6 +25,9 @@ pub(super) struct Family {
     /// gpt-oss: attention sinks, alternating sliding-window layers, MXFP4 experts with biases
     /// (see [`super::oss`]).
     pub oss: bool,
+    /// Gemma 4: local and global layers of their own head sizes, proportional RoPE on the global
+    /// ones, shared KV, per-layer embeddings; norms stored as they are (GGUF too).
+    pub gemma4: bool,
 }
 
 /// How a gated delta net family's GGUF orders the value heads of a key head.
@@ -38,125 +41,105 @@ pub(super) enum Values {
 }
 
 /// The `model_type`s read natively, each with the family it loads as.
+/// A family with none of the layouts above: the fields the table below leaves out.
+const PLAIN: Family = Family {
+    arch: "",
+    permute_qk: false,
+    moe: false,
+    gemma: false,
+    delta: None,
+    mla: false,
+    oss: false,
+    gemma4: false,
+};
+
 const FAMILIES: &[(&[&str], Family)] = &[
     (
         &["llama", "mistral"],
         Family {
             arch: "llama",
             permute_qk: true,
-            moe: false,
-            gemma: false,
-            delta: None,
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen2"],
         Family {
             arch: "qwen2",
-            permute_qk: false,
-            moe: false,
-            gemma: false,
-            delta: None,
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen3"],
         Family {
             arch: "qwen3",
-            permute_qk: false,
-            moe: false,
-            gemma: false,
-            delta: None,
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen3_moe"],
         Family {
             arch: "qwen3moe",
-            permute_qk: false,
             moe: true,
-            gemma: false,
-            delta: None,
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["gemma3_text", "gemma3"],
         Family {
             arch: "gemma3",
-            permute_qk: false,
-            moe: false,
             gemma: true,
-            delta: None,
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen3_5", "qwen3_5_text"],
         Family {
             arch: "qwen35",
-            permute_qk: false,
-            moe: false,
-            gemma: false,
             delta: Some(Values::Tiled),
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen3_5_moe", "qwen3_5_moe_text"],
         Family {
             arch: "qwen35moe",
-            permute_qk: false,
             moe: true,
-            gemma: false,
             delta: Some(Values::Tiled),
-            mla: false,
-            oss: false,
+            ..PLAIN
         },
     ),
     (
         &["qwen3_next"],
         Family {
             arch: "qwen3next",
-            permute_qk: false,
             moe: true,
-            gemma: false,
             delta: Some(Values::Grouped),
-            mla: false,
-            oss: false,
+            ..PLAIN
+        },
+    ),
+    (
+        &["gemma4_text", "gemma4"],
+        Family {
+            arch: "gemma4",
+            gemma4: true,
+            ..PLAIN
         },
     ),
     (
         &["gpt_oss"],
         Family {
             arch: "gpt-oss",
-            permute_qk: false,
-            moe: false,
-            gemma: false,
-            delta: None,
-            mla: false,
             oss: true,
+            ..PLAIN
         },
     ),
     (
         &["deepseek_v3", "glm4_moe_lite"],
         Family {
             arch: "deepseek2",
-            permute_qk: false,
-            moe: false,
-            gemma: false,
-            delta: None,
             mla: true,
-            oss: false,
+            ..PLAIN
         },
     ),
 ];
@@ -186,6 +169,16 @@ fn count(c: &Value, key: &str) -> Result<Option<u64>, ModelError> {
 
 fn required(c: &Value, key: &str) -> Result<u64, ModelError> {
     count(c, key)?.ok_or_else(|| invalid(format!("`{key}` is missing")))
+}
+
+/// Refuses a config whose boolean `key` is set (`what`: what it turns on), naming it.
+fn refuse_flag(c: &Value, key: &str, what: &str) -> Result<(), ModelError> {
+    match c.get(key).and_then(Value::as_bool) {
+        Some(true) => Err(ModelError::Unsupported(format!(
+            "{key} ({what}) in a safetensors folder"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// A finite positive float field.
@@ -246,11 +239,7 @@ pub(super) fn read(
             "rope_scaling {r} in a safetensors folder (a GGUF of the model carries it)"
         )));
     }
-    if c.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-        return Err(ModelError::Unsupported(
-            "use_sliding_window in a safetensors folder".into(),
-        ));
-    }
+    refuse_flag(c, "use_sliding_window", "a window")?;
     let arch = family.arch;
     let mut m = BTreeMap::new();
     let key = |k: &str| format!("{arch}.{k}");
@@ -291,6 +280,9 @@ pub(super) fn read(
     }
     if family.oss {
         oss(c, &mut m, arch)?;
+    }
+    if family.gemma4 {
+        gemma4(c, &mut m, arch)?;
     }
     if let Some(values) = family.delta {
         delta(c, &mut m, arch, values)?;
@@ -486,11 +478,7 @@ fn delta(
 ) -> Result<(), ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     let uint = MetaValue::UInt;
-    if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {
-        return Err(ModelError::Unsupported(
-            "attention_bias in a gated delta net safetensors folder".into(),
-        ));
-    }
+    refuse_flag(c, "attention_bias", "a gated delta net's")?;
     let head_dim = required(c, "head_dim")?;
     let nv = required(c, "linear_num_value_heads")?;
     for (name, field) in [
@@ -620,28 +608,11 @@ fn oss(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(),
     if let Some(w) = count(c, "sliding_window")? {
         m.insert(key("attention.sliding_window"), uint(w));
     }
-    if let Some(types) = c.get("layer_types").filter(|t| !t.is_null()) {
-        let layers = required(c, "num_hidden_layers")? as usize;
-        let sliding = types
-            .as_array()
-            .filter(|t| t.len() == layers)
-            .and_then(|t| {
-                t.iter()
-                    .map(|x| match x.as_str()? {
-                        "sliding_attention" => Some(true),
-                        "full_attention" => Some(false),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<bool>>>()
-            })
-            .ok_or_else(|| {
-                invalid(format!(
-                    "`layer_types` is {types}, not {layers} of sliding_attention or full_attention"
-                ))
-            })?;
+    let layers = required(c, "num_hidden_layers")?;
+    if let Some(sliding) = layer_types(c, "sliding_attention", Some(layers))? {
         m.insert(
             key("attention.sliding_window_pattern"),
-            MetaValue::Array(sliding.into_iter().map(MetaValue::Bool).collect()),
+            MetaValue::Array(sliding),
         );
     }
     if let Some(limit) = c.get("swiglu_limit").and_then(Value::as_f64) {
@@ -652,6 +623,130 @@ fn oss(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(),
         }
     }
     yarn(c, m, arch)?;
+    Ok(())
+}
+
+/// Gemma 4's global layers' head size and share of rotated dimensions (proportional RoPE), from
+/// which the loader makes the `rope_freqs` factors llama.cpp's converter writes.
+pub(super) struct Gemma4Rope {
+    pub head_dim: usize,
+    pub partial: f64,
+}
+
+/// The RoPE fields of one kind of Gemma 4 layer (`rope_parameters.full_attention` or
+/// `.sliding_attention`): base, share of rotated dimensions, and type.
+fn gemma4_rope_of<'c>(c: &'c Value, kind: &str) -> Result<(f64, f64, &'c str), ModelError> {
+    let r = c
+        .get("rope_parameters")
+        .and_then(|r| r.get(kind))
+        .ok_or_else(|| invalid(format!("`rope_parameters.{kind}` is missing")))?;
+    let theta = positive(r, "rope_theta")?
+        .ok_or_else(|| invalid(format!("`rope_parameters.{kind}` has no rope_theta")))?;
+    let partial = positive(r, "partial_rotary_factor")?.unwrap_or(1.0);
+    let kind_of = r
+        .get("rope_type")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    Ok((theta, partial.min(1.0), kind_of))
+}
+
+/// The global layers' RoPE of a Gemma 4 config (see [`Gemma4Rope`]).
+pub(super) fn gemma4_rope(c: &Value) -> Result<Gemma4Rope, ModelError> {
+    let c = language_model(c);
+    let swa = required(&c, "head_dim")?;
+    let head_dim = count(&c, "global_head_dim")?.unwrap_or(swa) as usize;
+    let (_, partial, _) = gemma4_rope_of(&c, "full_attention")?;
+    Ok(Gemma4Rope { head_dim, partial })
+}
+
+/// Gemma 4 under the keys llama.cpp's converter writes: the global layers' head size
+/// (`global_head_dim`) and the local ones' (`head_dim`), each kind's RoPE base and rotated
+/// dimensions (global layers proportional, their factors made at load), the window and which
+/// layers take it (`layer_types`), KV heads of the global layers (`num_global_key_value_heads`),
+/// KV shared by the last `num_kv_shared_layers` layers, FFN widths (doubled on those with
+/// `use_double_wide_mlp`), per-layer embeddings and the final logit softcap. The mixture-of-experts
+/// block and other RoPE types are refused by name.
+fn gemma4(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let uint = MetaValue::UInt;
+    refuse_flag(c, "enable_moe_block", "Gemma 4's experts")?;
+    let layers = required(c, "num_hidden_layers")?;
+    let swa_dim = required(c, "head_dim")?;
+    let full_dim = count(c, "global_head_dim")?.unwrap_or(swa_dim);
+    m.insert(key("attention.key_length"), uint(full_dim));
+    m.insert(key("attention.value_length"), uint(full_dim));
+    m.insert(key("attention.key_length_swa"), uint(swa_dim));
+    m.insert(key("attention.value_length_swa"), uint(swa_dim));
+    let (full_theta, _, full_kind) = gemma4_rope_of(c, "full_attention")?;
+    let (swa_theta, swa_partial, swa_kind) = gemma4_rope_of(c, "sliding_attention")?;
+    if !matches!(full_kind, "proportional" | "default") || swa_kind != "default" {
+        return Err(ModelError::Unsupported(format!(
+            "Gemma 4 RoPE types {full_kind} (global) and {swa_kind} (local) in a safetensors \
+             folder (Axle reads proportional and default)"
+        )));
+    }
+    m.insert(key("rope.freq_base"), MetaValue::Float(full_theta));
+    m.insert(key("rope.freq_base_swa"), MetaValue::Float(swa_theta));
+    m.insert(key("rope.dimension_count"), uint(full_dim));
+    m.insert(
+        key("rope.dimension_count_swa"),
+        uint((swa_dim as f64 * swa_partial) as u64),
+    );
+    if let Some(w) = count(c, "sliding_window")? {
+        m.insert(key("attention.sliding_window"), uint(w));
+    }
+    let sliding = layer_types(c, "sliding_attention", Some(layers))?
+        .ok_or_else(|| invalid("`layer_types` is missing".into()))?;
+    let is_swa: Vec<bool> = sliding
+        .iter()
+        .map(|v| matches!(v, MetaValue::Bool(true)))
+        .collect();
+    m.insert(
+        key("attention.sliding_window_pattern"),
+        MetaValue::Array(sliding),
+    );
+    let shared = c
+        .get("num_kv_shared_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if shared >= layers {
+        return Err(invalid(format!(
+            "`num_kv_shared_layers` {shared} of {layers} layers"
+        )));
+    }
+    m.insert(key("attention.shared_kv_layers"), uint(shared));
+    let per_layer = c
+        .get("hidden_size_per_layer_input")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    m.insert(key("embedding_length_per_layer_input"), uint(per_layer));
+    if c.get("use_double_wide_mlp").and_then(Value::as_bool) == Some(true) {
+        let ff = required(c, "intermediate_size")?;
+        let first_shared = layers - shared;
+        m.insert(
+            key("feed_forward_length"),
+            MetaValue::Array(
+                (0..layers)
+                    .map(|i| uint(if i < first_shared { ff } else { 2 * ff }))
+                    .collect(),
+            ),
+        );
+    }
+    let kv = count(c, "num_key_value_heads")?.unwrap_or(required(c, "num_attention_heads")?);
+    if let Some(global) = count(c, "num_global_key_value_heads")?.filter(|&g| g != kv) {
+        m.insert(
+            key("attention.head_count_kv"),
+            MetaValue::Array(
+                is_swa
+                    .iter()
+                    .map(|&s| uint(if s { kv } else { global }))
+                    .collect(),
+            ),
+        );
+    }
+    if let Some(s) = positive(c, "final_logit_softcapping")? {
+        m.insert(key("final_logit_softcapping"), MetaValue::Float(s));
+    }
     Ok(())
 }
 

@@ -86,12 +86,40 @@ const GEMMA_LAYER: &[(&str, &str)] = &[
     ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 ];
 
+/// Gemma 4's layer names: Gemma's norms, per-layer embeddings' gate, projection and norm, and
+/// the layer's output scale.
+const GEMMA4_LAYER: &[(&str, &str)] = &[
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    ("per_layer_input_gate.weight", "inp_gate.weight"),
+    ("per_layer_projection.weight", "proj.weight"),
+    ("post_per_layer_input_norm.weight", "post_norm.weight"),
+    ("layer_scalar", "layer_output_scale.weight"),
+];
+
 /// The GGUF name of a Hugging Face tensor name; `None` for tensors a GGUF leaves out.
 fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String> {
     const TOP: &[(&str, &str)] = &[
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
+        // Per-layer embeddings (Gemma 4 E2B/E4B).
+        (
+            "model.embed_tokens_per_layer.weight",
+            "per_layer_token_embd.weight",
+        ),
+        (
+            "model.per_layer_model_projection.weight",
+            "per_layer_model_proj.weight",
+        ),
+        (
+            "model.per_layer_projection_norm.weight",
+            "per_layer_proj_norm.weight",
+        ),
     ];
     const LAYER: &[(&str, &str)] = &[
         ("input_layernorm.weight", "attn_norm.weight"),
@@ -129,6 +157,7 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
     let own = match (family.gemma, family.delta, family.mla) {
         _ if family.oss => oss::LAYER,
+        _ if family.gemma4 => GEMMA4_LAYER,
         (true, _, _) => GEMMA_LAYER,
         (_, Some(_), _) => delta::LAYER,
         (_, _, true) => mla::LAYER,
@@ -145,7 +174,15 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
 /// A weight's name as its language model's own (`model.`, `lm_head.`), or `None` for weights
 /// outside it: a vision tower's, an MTP head's.
 fn language_model_name(hf: &str) -> Option<String> {
-    const SKIPPED: &[&str] = &["visual.", "vision_tower.", "mtp.", "multi_modal_projector."];
+    const SKIPPED: &[&str] = &[
+        "visual.",
+        "vision_tower.",
+        "mtp.",
+        "multi_modal_projector.",
+        "audio_tower.",
+        "embed_vision.",
+        "embed_audio.",
+    ];
     let name = if let Some(rest) = hf.strip_prefix("model.language_model.") {
         format!("model.{rest}")
     } else if let Some(rest) = hf.strip_prefix("language_model.") {
@@ -434,6 +471,23 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
         made: MadeBytes::default(),
     };
     let mut tensors = Vec::with_capacity(views.len());
+    // Gemma 4: layers from here on read an earlier layer's KV; the global layers' proportional
+    // RoPE as factors (rotated pairs 1, the rest 1e30: never rotated), as the converter writes it.
+    let first_shared = int("block_count").saturating_sub(int("attention.shared_kv_layers"));
+    if family.gemma4 {
+        let rope = config::gemma4_rope(&config)?;
+        let pairs = rope.head_dim / 2;
+        let rotated = (rope.head_dim as f64 * rope.partial / 2.0) as usize;
+        let factors: Vec<f32> = (0..pairs)
+            .map(|i| if i < rotated { 1.0 } else { 1e30 })
+            .collect();
+        tensors.push(converted.push(
+            "rope_freqs.weight".into(),
+            DType::F32,
+            vec![pairs as i64],
+            f32_bytes(&factors),
+        ));
+    }
     let data = |v: &View| &parts[v.part][v.offset..v.offset + v.nbytes];
     for (hf, view) in &views {
         // A quantized weight's scales and biases are read with it.
@@ -451,6 +505,23 @@ pub fn open(folder: &Path) -> Result<GgufFile, ModelError> {
             .strip_prefix("model.layers.")
             .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
         if model_layers.is_some_and(|n| hf_layer.is_some_and(|l| l >= n)) {
+            continue;
+        }
+        // Gemma 4: the KV-shared layers' own key and value weights (unused: they read an
+        // earlier layer's cache), and quantization-aware training's clipping ranges.
+        if family.gemma4
+            && (hf_layer.is_some_and(|l| l >= first_shared)
+                && [
+                    ".self_attn.k_proj.",
+                    ".self_attn.v_proj.",
+                    ".self_attn.k_norm.",
+                ]
+                .iter()
+                .any(|p| hf.contains(p))
+                || ["input_max", "input_min", "output_max", "output_min"]
+                    .iter()
+                    .any(|s| hf.ends_with(s)))
+        {
             continue;
         }
         if family.oss {
