@@ -52,6 +52,9 @@ FOLDERS = [
     # global ones, KV shared by the last two, per-layer embeddings, double-width FFNs; the
     # proportional RoPE's factors are the loader's to make (the twin keeps the fixture's).
     ("gemma4-tiny.gguf", "gemma4-bf16", "gemma4_text", "BF16", "smollm"),
+    # Gemma 4 26B-A4B-like: a dense FFN beside experts (gate and up rows stacked in one tensor),
+    # the router's input and per-expert scales.
+    ("gemma4moe-tiny.gguf", "gemma4moe-bf16", "gemma4_text", "BF16", "smollm"),
     # The real Gemma 3 270M (from the models cache, not the fixtures), with its SentencePiece
     # vocabulary as a byte-fallback BPE tokenizer.json, as Gemma's folders hold it.
     ("models:gemma-3-270m-q4_k_m.gguf", "gemma3-bf16", "gemma3_text", "BF16", "spm"),
@@ -98,7 +101,12 @@ MLA_LAYER = {"attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weig
 MLA = ("glm4_moe_lite", "deepseek_v3")
 # Gemma 4's own (beside Gemma's norms).
 GEMMA4_LAYER = {"inp_gate.weight": "per_layer_input_gate.weight", "proj.weight": "per_layer_projection.weight",
-                "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar"}
+                "post_norm.weight": "post_per_layer_input_norm.weight", "layer_output_scale.weight": "layer_scalar",
+                "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+                "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+                "ffn_down_exps.weight": "experts.down_proj", "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+                "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+                "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight"}
 # gpt-oss's own.
 OSS_LAYER = {"post_attention_norm.weight": "post_attention_layernorm.weight", "attn_sinks.weight": "self_attn.sinks",
              "attn_output.bias": "self_attn.o_proj.bias", "ffn_gate_inp.weight": "mlp.router.weight",
@@ -451,6 +459,9 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 twin.add_tensor(t.name, gg.reshape(w.shape), raw_shape=list(w.shape), raw_dtype=Q.BF16)
             if model_type in ("qwen3_5", "qwen3_5_moe") and kind == "ffn_down_exps":
                 parts = [(f"model.layers.{t.name.split('.')[1]}.mlp.experts.down_proj", hf)]
+            elif model_type == "gemma4_text":
+                # Gemma 4's experts as Transformers stacks them (gate and up rows in one tensor).
+                parts = [(hf_name(t.name, gemma=True, extra=GEMMA4_LAYER), hf)]
             elif kind.endswith("_exps"):
                 parts = hf_names(t.name, hf)
             elif qwen35:
@@ -459,8 +470,6 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                 parts = [(hf_name(t.name, extra=MLA_LAYER), hf)]
             elif model_type == "gpt_oss":
                 parts = [(hf_name(t.name, extra=OSS_LAYER), hf)]
-            elif model_type == "gemma4_text":
-                parts = [(hf_name(t.name, gemma=True, extra=GEMMA4_LAYER), hf)]
             else:
                 parts = hf_names(t.name, hf, gemma)
         for hf_n, part in parts:
@@ -590,9 +599,12 @@ def write_folder(src, out_dir, name, model_type, dtype, style):
                                       "partial_rotary_factor": 1.0}},
             # The fixture's global layers have no V projection: V is K's.
             "attention_k_eq_v": True, "num_global_key_value_heads": n_kv,
-            "final_logit_softcapping": key("final_logit_softcapping"), "enable_moe_block": False,
+            "final_logit_softcapping": key("final_logit_softcapping"), "enable_moe_block": bool(key("expert_count")),
             "hidden_activation": "gelu_pytorch_tanh",
         })
+        if key("expert_count"):
+            config.update({"num_experts": key("expert_count"), "top_k_experts": key("expert_used_count"),
+                           "moe_intermediate_size": key("expert_feed_forward_length")})
         del config["rope_theta"], config["hidden_act"], config["attention_bias"]
     if model_type == "gpt_oss":
         n_layer = key("block_count")

@@ -32,7 +32,10 @@ def folders_table(rows):
             continue
         tok, lp, gr = t.get("tokenization"), t.get("logprobs"), t.get("greedy")
         tok_s = f"{tok['strings'] - tok['differ']}/{tok['strings']}" if tok else "-"
-        lp_s = f"{lp['worst']:.4f} ({lp['tolerance']})" if lp else "-"
+        lp_s = f"{lp['worst']:.4f} ({lp['tolerance']}" if lp else "-"
+        if lp:
+            # Routed experts: mlx-lm's own movement under rounding, which the allowance adds.
+            lp_s += f"; mlx-lm's own under rounding {lp['mlx_moved']:.4f})" if "mlx_moved" in lp else ")"
         gr_s = "-"
         if gr:
             gr_s = f"{gr['axle']}/20" + (f" ({gr['mlx_bf16']}/20)" if gr.get("mlx_bf16") is not None else "")

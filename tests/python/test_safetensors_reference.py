@@ -34,7 +34,7 @@ def record():
     RECORD.write_text(json.dumps(rows, indent=1, sort_keys=True))
 FOLDERS = ["llama-f32", "llama-bf16", "qwen3-bf16", "qwen2-f32", "qwen3moe-bf16", "qwen35-bf16", "qwen35moe-bf16",
            "qwen35moe-f32", "qwen3next-f32", "glm4lite-bf16",
-           "deepseekv3-f32", "gemma3-bf16", "gemma4-bf16"]
+           "deepseekv3-f32", "gemma3-bf16", "gemma4-bf16", "gemma4moe-bf16"]
 
 WORDS = ["the", "The", "THE", "don't", "we'll", "I'M", "café", "naïve", "日本語", "中文", "русский",
          "λόγος", "🦀", "👍🏽", "3.14159", "2026", "1234567", "x=y+1;", "fn main() {}", "  ", "\n", "\t",
@@ -129,27 +129,58 @@ def mlx_f32(path):
     return model
 
 
+# Folders whose routers pick experts by top-k: a near-tie between two experts flips under rounding
+# and moves that prompt's log-probabilities by far more than the rounding itself. There each
+# prompt's allowance adds how far mlx-lm's own log-probabilities move when its input embeddings
+# are perturbed at bf16's rounding (relative 2e-3, three seeded draws).
+ROUTED = {"gemma4moe-bf16"}
+
+
+def mlx_sensitivity(model, ids, ref, top):
+    import mlx.core as mx
+
+    embed = model.model.embed_tokens
+    weight = embed.weight
+    rng = np.random.default_rng(0)
+    moved = 0.0
+    try:
+        for _ in range(3):
+            noise = rng.standard_normal(weight.shape).astype(np.float32) * 2e-3
+            embed.weight = weight * (1 + mx.array(noise))
+            moved = max(moved, float(np.abs(mlx_logprobs(model, ids)[top] - ref[top]).max()))
+    finally:
+        embed.weight = weight
+    return moved
+
+
 def test_logprobs_within_tolerance_of_mlx_lm(folder):
     """The 20 most likely next tokens after each prompt: Axle's log-probabilities against
     mlx-lm's (computing the folder's numbers in f32) for the same tokens, and the same most likely
-    token where mlx-lm's first two are further apart than the tolerance."""
+    token where mlx-lm's first two are further apart than the tolerance (and, in `ROUTED`
+    folders, mlx-lm's own movement under rounding)."""
     path, engine = folder
     model = mlx_f32(path)
     tol = TOLERANCE[path.name.rsplit("-", 1)[1]]
-    worst = 0.0
+    worst, excess, unstable = 0.0, 0.0, 0.0
     for p in PROMPTS:
         ids = engine.tokenize(p)
         ref = mlx_logprobs(model, ids)
         c = engine.generate(ids, max_tokens=1, temperature=0, logprobs=20)
         tok, lp, top = c.logprobs[0]
+        ours = {t: v for t, v in top}
+        moved = mlx_sensitivity(model, ids, ref, list(ours)) if path.name in ROUTED else 0.0
+        unstable = max(unstable, moved)
         first, second = np.sort(ref)[-2:][::-1]
-        if first - second > tol:
+        if first - second > tol + moved:
             assert tok == int(ref.argmax()), f"{path.name} {p!r}: top token {tok} vs {int(ref.argmax())}"
-        for t, ours in top:
-            worst = max(worst, abs(ours - float(ref[t])))
-    print(f"{path.name}: worst log-probability difference {worst:.4f} (tolerance {tol})")
-    measured("logprobs", path.name, worst=round(worst, 4), tolerance=tol)
-    assert worst <= tol, f"{path.name}: worst log-probability difference {worst} over tolerance {tol}"
+        diff = max(abs(v - float(ref[t])) for t, v in top)
+        worst = max(worst, diff)
+        excess = max(excess, diff - moved)
+    print(f"{path.name}: worst log-probability difference {worst:.4f} (tolerance {tol}"
+          + (f"; mlx-lm's own under rounding up to {unstable:.4f}" if path.name in ROUTED else "") + ")")
+    measured("logprobs", path.name, worst=round(worst, 4), tolerance=tol,
+             **({"mlx_moved": round(unstable, 4)} if path.name in ROUTED else {}))
+    assert excess <= tol, f"{path.name}: log-probability difference {excess} beyond mlx-lm's own over tolerance {tol}"
 
 
 def test_greedy_continuations_against_mlx_lm(folder):

@@ -134,6 +134,14 @@ fn gemma4_bf16_folder_is_its_twin() {
     check("gemma4-bf16");
 }
 
+/// Gemma 4 26B-A4B-like: a dense FFN beside experts stacked as Transformers holds them (gate and
+/// up rows in one tensor, read in place as ggml's merged `ffn_gate_up_exps`), the router's
+/// input and per-expert scales, each branch's norms.
+#[test]
+fn gemma4moe_bf16_folder_is_its_twin() {
+    check("gemma4moe-bf16");
+}
+
 /// The real Gemma 3 270M as a bf16 folder: its SentencePiece vocabulary read from a byte-fallback
 /// BPE tokenizer.json, Gemma's norms (1 + w) and local and global layers from config.json.
 #[test]
@@ -337,13 +345,13 @@ fn unreadable_folders_are_refused_by_name() {
         let e = refused(&f);
         assert!(e.contains(said), "{name}: {e}");
     }
-    // Gemma 4: its experts, and RoPE types the family does not compute.
+    // Gemma 4: experts named without their counts, and RoPE types the family does not compute.
     for (name, edit_config, said) in [
         (
-            "g4-moe",
+            "g4-experts",
             &(|c: &mut serde_json::Value| c["enable_moe_block"] = true.into())
                 as &dyn Fn(&mut serde_json::Value),
-            "enable_moe_block",
+            "num_experts",
         ),
         (
             "g4-rope",

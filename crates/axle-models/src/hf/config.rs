@@ -664,12 +664,23 @@ pub(super) fn gemma4_rope(c: &Value) -> Result<Gemma4Rope, ModelError> {
 /// dimensions (global layers proportional, their factors made at load), the window and which
 /// layers take it (`layer_types`), KV heads of the global layers (`num_global_key_value_heads`),
 /// KV shared by the last `num_kv_shared_layers` layers, FFN widths (doubled on those with
-/// `use_double_wide_mlp`), per-layer embeddings and the final logit softcap. The mixture-of-experts
-/// block and other RoPE types are refused by name.
+/// `use_double_wide_mlp`), per-layer embeddings, the experts' block (`enable_moe_block`:
+/// `num_experts`, `top_k_experts`, `moe_intermediate_size`) and the final logit softcap. Other
+/// RoPE types are refused by name.
 fn gemma4(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     let uint = MetaValue::UInt;
-    refuse_flag(c, "enable_moe_block", "Gemma 4's experts")?;
+    if c.get("enable_moe_block").and_then(Value::as_bool) == Some(true) {
+        m.insert(key("expert_count"), uint(required(c, "num_experts")?));
+        m.insert(
+            key("expert_used_count"),
+            uint(required(c, "top_k_experts")?),
+        );
+        m.insert(
+            key("expert_feed_forward_length"),
+            uint(required(c, "moe_intermediate_size")?),
+        );
+    }
     let layers = required(c, "num_hidden_layers")?;
     let swa_dim = required(c, "head_dim")?;
     let full_dim = count(c, "global_head_dim")?.unwrap_or(swa_dim);

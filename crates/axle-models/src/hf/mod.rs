@@ -86,8 +86,10 @@ const GEMMA_LAYER: &[(&str, &str)] = &[
     ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 ];
 
-/// Gemma 4's layer names: Gemma's norms, per-layer embeddings' gate, projection and norm, and
-/// the layer's output scale.
+/// Gemma 4's layer names: Gemma's norms, per-layer embeddings' gate, projection and norm, the
+/// layer's output scale, and the experts' block (26B-A4B: the router with its input and
+/// per-expert scales, the experts stacked with gate and up rows in one tensor, the two branches'
+/// norms).
 const GEMMA4_LAYER: &[(&str, &str)] = &[
     (
         "post_attention_layernorm.weight",
@@ -99,6 +101,23 @@ const GEMMA4_LAYER: &[(&str, &str)] = &[
     ("per_layer_projection.weight", "proj.weight"),
     ("post_per_layer_input_norm.weight", "post_norm.weight"),
     ("layer_scalar", "layer_output_scale.weight"),
+    ("router.proj.weight", "ffn_gate_inp.weight"),
+    ("router.scale", "ffn_gate_inp.scale"),
+    ("router.per_expert_scale", "ffn_down_exps.scale"),
+    ("experts.gate_up_proj", "ffn_gate_up_exps.weight"),
+    ("experts.down_proj", "ffn_down_exps.weight"),
+    (
+        "pre_feedforward_layernorm_2.weight",
+        "pre_ffw_norm_2.weight",
+    ),
+    (
+        "post_feedforward_layernorm_1.weight",
+        "post_ffw_norm_1.weight",
+    ),
+    (
+        "post_feedforward_layernorm_2.weight",
+        "post_ffw_norm_2.weight",
+    ),
 ];
 
 /// The GGUF name of a Hugging Face tensor name; `None` for tensors a GGUF leaves out.
