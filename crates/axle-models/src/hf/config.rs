@@ -171,6 +171,25 @@ fn required(c: &Value, key: &str) -> Result<u64, ModelError> {
     count(c, key)?.ok_or_else(|| invalid(format!("`{key}` is missing")))
 }
 
+/// The experts' count, how many a token takes and their width, from the config's fields of
+/// those names (each family names them its own way).
+fn expert_counts(
+    c: &Value,
+    m: &mut BTreeMap<String, MetaValue>,
+    arch: &str,
+    fields: [&str; 3],
+) -> Result<(), ModelError> {
+    let keys = [
+        "expert_count",
+        "expert_used_count",
+        "expert_feed_forward_length",
+    ];
+    for (k, field) in keys.into_iter().zip(fields) {
+        m.insert(format!("{arch}.{k}"), MetaValue::UInt(required(c, field)?));
+    }
+    Ok(())
+}
+
 /// Refuses a config whose boolean `key` is set (`what`: what it turns on), naming it.
 fn refuse_flag(c: &Value, key: &str, what: &str) -> Result<(), ModelError> {
     match c.get(key).and_then(Value::as_bool) {
@@ -324,18 +343,16 @@ fn experts(
             "mlp_only_layers (dense layers among the experts) in a safetensors folder".into(),
         ));
     }
-    m.insert(
-        key("expert_count"),
-        MetaValue::UInt(required(c, "num_experts")?),
-    );
-    m.insert(
-        key("expert_used_count"),
-        MetaValue::UInt(required(c, "num_experts_per_tok")?),
-    );
-    m.insert(
-        key("expert_feed_forward_length"),
-        MetaValue::UInt(required(c, "moe_intermediate_size")?),
-    );
+    expert_counts(
+        c,
+        m,
+        arch,
+        [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ],
+    )?;
     if let Some(n) = count(c, "shared_expert_intermediate_size")? {
         m.insert(key("expert_shared_feed_forward_length"), MetaValue::UInt(n));
     }
@@ -596,15 +613,16 @@ fn yarn<'c>(
 fn oss(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<(), ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     let uint = MetaValue::UInt;
-    m.insert(key("expert_count"), uint(required(c, "num_local_experts")?));
-    m.insert(
-        key("expert_used_count"),
-        uint(required(c, "num_experts_per_tok")?),
-    );
-    m.insert(
-        key("expert_feed_forward_length"),
-        uint(required(c, "intermediate_size")?),
-    );
+    expert_counts(
+        c,
+        m,
+        arch,
+        [
+            "num_local_experts",
+            "num_experts_per_tok",
+            "intermediate_size",
+        ],
+    )?;
     if let Some(w) = count(c, "sliding_window")? {
         m.insert(key("attention.sliding_window"), uint(w));
     }
@@ -671,15 +689,12 @@ fn gemma4(c: &Value, m: &mut BTreeMap<String, MetaValue>, arch: &str) -> Result<
     let key = |k: &str| format!("{arch}.{k}");
     let uint = MetaValue::UInt;
     if c.get("enable_moe_block").and_then(Value::as_bool) == Some(true) {
-        m.insert(key("expert_count"), uint(required(c, "num_experts")?));
-        m.insert(
-            key("expert_used_count"),
-            uint(required(c, "top_k_experts")?),
-        );
-        m.insert(
-            key("expert_feed_forward_length"),
-            uint(required(c, "moe_intermediate_size")?),
-        );
+        expert_counts(
+            c,
+            m,
+            arch,
+            ["num_experts", "top_k_experts", "moe_intermediate_size"],
+        )?;
     }
     let layers = required(c, "num_hidden_layers")?;
     let swa_dim = required(c, "head_dim")?;
