@@ -233,6 +233,10 @@ QUANTIZED = [
     ("qwen3next-bf16", "qwen3next-bf16-q4", 4, None),
     # Latent attention: mlx-lm splits kv_b_proj into embed_q and unembed_out, quantized per head.
     ("glm4lite-bf16", "glm4lite-bf16-q4", 4, None),
+    # Gemma 4: per-layer embeddings and projections quantized too; with experts, mlx-lm's
+    # switch_glu names for the stacked experts.
+    ("gemma4-bf16", "gemma4-bf16-q4", 4, None),
+    ("gemma4moe-bf16", "gemma4moe-bf16-q4", 4, None),
 ]
 
 

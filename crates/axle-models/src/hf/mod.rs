@@ -106,6 +106,16 @@ const GEMMA4_LAYER: &[(&str, &str)] = &[
     ("router.per_expert_scale", "ffn_down_exps.scale"),
     ("experts.gate_up_proj", "ffn_gate_up_exps.weight"),
     ("experts.down_proj", "ffn_down_exps.weight"),
+    // mlx-lm's names for them: gate and up apart.
+    (
+        "experts.switch_glu.gate_proj.weight",
+        "ffn_gate_exps.weight",
+    ),
+    ("experts.switch_glu.up_proj.weight", "ffn_up_exps.weight"),
+    (
+        "experts.switch_glu.down_proj.weight",
+        "ffn_down_exps.weight",
+    ),
     (
         "pre_feedforward_layernorm_2.weight",
         "pre_ffw_norm_2.weight",
