@@ -56,10 +56,9 @@ pub struct CompareReport {
 /// How long an engine runs untimed (short prefills) before each of its timed samples.
 ///
 /// The engine that ran just before slows the next one's first tenth of a second on a 2-core
-/// machine. With one 32-token warm-up, every pp128 sample of Gemma 3 taken right after the other
-/// engine was up to 2x slower (540-990 tok/s against 1040-1170 for the one that went first, on
-/// both sides), and a median of 5 landed on either mode. Settling for 128 tokens left two slow
-/// samples in 21, 256 tokens (about 0.23 s) none.
+/// machine: with one short warm-up, samples taken right after the other engine read up to half
+/// speed, and a median of 5 could land on either mode. Settling for 256 tokens' time (about
+/// 0.23 s) left no slow sample; 300 ms keeps a margin.
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// Runs `warm_up` until [`SETTLE`] has passed (at least once).

@@ -376,7 +376,7 @@ pub fn logprobs(logits: &[f32], token: TokenId, top: usize) -> TokenLogprob {
 ///
 /// The same pick as a scan that keeps the first strictly larger logit, in two passes the compiler
 /// vectorizes: the maximum over 16 lanes, then the first logit equal to it (-0.0 and 0.0 are
-/// equal in both). About 3.5x faster over Gemma 3's 262,144 logits (19 against 66 us here), which
+/// equal in both): faster than the one-pass scan over a vocabulary as large as Gemma 3's, a cost
 /// every greedy pick on the host pays.
 pub fn argmax(logits: &[f32]) -> TokenId {
     const LANES: usize = 16;

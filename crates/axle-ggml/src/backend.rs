@@ -776,8 +776,8 @@ impl NodeTrace {
 
 /// Host memory a device copies into at full speed (CUDA's page-locked memory), for reading step
 /// results back: a copy into ordinary (pageable) memory goes through the driver's own staging
-/// buffers in pieces, several times slower (180 µs against a few tens for 512 KB of logits on an
-/// H100). Grows to the largest read asked of it.
+/// buffers in pieces, several times slower for a step's logits. Grows to the
+/// largest read asked of it.
 pub struct PinnedHost {
     buft: BufferType,
     buf: sys::ggml_backend_buffer_t,

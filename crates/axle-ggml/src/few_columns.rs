@@ -79,11 +79,11 @@ impl Kind {
         }
     }
 
-    /// Whether products of more than [`MAX_COLUMNS`] columns take [`wide`]'s kernel, from what
-    /// `examples/block_products.rs` measured at 512 columns on this project's AVX-512 machine
-    /// (2 threads, SmolLM2's and Gemma 3's shapes): Q4_1, which ggml multiplies one (row, column)
-    /// at a time, 2.4-2.5x ggml's product; Q5_0, which ggml gives to llamafile's tinyBLAS,
-    /// 1.14-1.20x. Q8_0 keeps tinyBLAS (the kernel: 0.97x it).
+    /// Whether products of more than [`MAX_COLUMNS`] columns take [`wide`]'s kernel: the types
+    /// where `examples/block_products.rs` measured it faster than ggml's product at 512 columns
+    /// (Q4_1, which ggml multiplies one (row, column) at a time; Q5_0, which ggml gives to
+    /// llamafile's tinyBLAS). Q8_0 keeps tinyBLAS, which the kernel does not beat
+    /// (docs/performance.md has the figures).
     fn wide(self) -> bool {
         matches!(self, Kind::Q4_1 | Kind::Q5_0)
     }

@@ -3,9 +3,9 @@
 //! sequences whose gathered slots line up.
 //!
 //! The device layout ([`crate::device_step`]) gives every decode and verify row an attention op
-//! of its own, because ggml's kernels choose their arithmetic by the op's shape. On an H100 that
-//! cost a verify step 15-23 µs per layer per extra row (the op, its combine step and the
-//! concatenation), most of a verify step's extra time, and a batched step one op per sequence.
+//! of its own, because ggml's kernels choose their arithmetic by the op's shape. That cost a
+//! verify step an op, its combine step and a share of the concatenation per layer and extra row
+//! (most of a verify step's extra time), and a batched step one op per sequence.
 //!
 //! Rows can share one op when each goes into the op's fourth dimension (one "sequence" each,
 //! with one query row and its own mask row) and the kernel treats each of them as it treats a

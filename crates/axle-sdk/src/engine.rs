@@ -86,9 +86,8 @@ pub struct EngineConfig {
     /// field where it cannot run).
     /// [`DeviceProducts::Wide`] (CUDA only)
     /// reads the weights once per step whatever the batch: the choice for serving many
-    /// concurrent sequences; level with libllama for a lone one with Q4_0 weights (0.99-1.01x on
-    /// an H100) and slower than `Columns` for a few (0.88x at 4 sequences; docs/gpu.md). Refused
-    /// with `LikeLlamaCpp`.
+    /// concurrent sequences, about level with libllama for a lone one and slower than `Columns`
+    /// for a few (docs/gpu.md). Refused with `LikeLlamaCpp`.
     pub device_products: Option<DeviceProducts>,
     /// With batch-invariant kernels on a device: how decode and verify rows attend
     /// ([`DeviceAttention`]: paged attention by default; an op per row on request).

@@ -299,8 +299,8 @@ impl<'a> Step<'a> {
     /// Q4_1, Q5_0 and Q8_0 weights with 2 to 32 columns (verify steps, small batches) go through
     /// [`Context::mul_mat_few`], which unpacks each weight block once for up to 4 columns where
     /// ggml does more work per column, and so do Q4_1 and Q5_0 products of more columns (prefill)
-    /// on CPUs with AVX-512 VNNI (a tiled kernel: 2.3-2.5x ggml's Q4_1 product, 1.12-1.20x its
-    /// Q5_0 one); their columns are bit-identical to ggml's.
+    /// on CPUs with AVX-512 VNNI (a tiled kernel, faster than ggml's products of those types:
+    /// docs/performance.md); their columns are bit-identical to ggml's.
     pub fn matmul(&self, w: &'a StoredTensor, x: Tensor<'a>) -> Tensor<'a> {
         let g = self.ctx;
         let [_, n, rest @ ..] = x.ne();

@@ -3,10 +3,9 @@
 use super::*;
 
 /// Engines that run at least this many sequences at once take wide products by default where the
-/// backend replays MMQ for a few columns (see [`default_products`]). On an H200 with the
-/// Llama-3-8B-shaped files (Q4_0, Q4_K_M), wide products at 16 sequences ran 1.72x and 1.46x
-/// libllama where the column-invariant kernel gave 1.33x and 0.91x, alone 1.12x and 0.99x (1.07x
-/// and 1.05x); 4 sequences in such an engine run 0.92x and 0.87x (1.16x and 1.09x).
+/// backend replays MMQ for a few columns (see [`default_products`]): from here wide products
+/// measured faster than the column-invariant kernel on Llama-3-8B-shaped Q4_0 and Q4_K_M files,
+/// below it slower (docs/gpu.md).
 pub const WIDE_FROM_SEQS: usize = 16;
 
 /// The device layout's products where neither the runner's options nor `AXLE_DEVICE_PRODUCTS`
