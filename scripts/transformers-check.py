@@ -7,7 +7,7 @@ row per folder) and, with --doc FILE, its `<!-- bench:safetensors-transformers -
 Needs torch and transformers beside the axle package (not in the test venv: PyPI's torch wheel
 brings CUDA's libraries, about 5 GB), e.g.
 
-    python -m pip install --target /tmp/torch-site torch
+    python -m pip install --target /tmp/torch-site torch accelerate   # accelerate: gpt-oss's MXFP4
     PYTHONPATH=/tmp/torch-site python scripts/transformers-check.py FOLDER... [--doc docs/models.md]
 
 Each folder runs in a process of its own (Transformers' CPU path for some families holds many
