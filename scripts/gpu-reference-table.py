@@ -11,6 +11,7 @@ import re
 import sys
 
 from doc_sections import fill
+from llama_tools import batched_tool
 
 
 def rows_of(path):
@@ -23,17 +24,6 @@ def quant(root):
         if "q4_k_m" in f.name or "q4-k-m" in f.name:
             return "Q4_K_M"
     return "Q4_0"
-
-
-def batched_tool(d):
-    """llama-batched-bench's decode tok/s (S_TG) by sequences, from the JSON lines in folder d."""
-    tools = {}
-    for f in pathlib.Path(d).glob("llama-batched-bench-*.jsonl"):
-        for line in f.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                tools[r["pl"]] = r["speed_tg"]
-    return tools
 
 
 def table(root):

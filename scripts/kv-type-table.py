@@ -11,21 +11,11 @@ import re
 import sys
 
 from doc_sections import fill
+from llama_tools import batched_tool
 
 TYPES = ("f16", "q8_0")
 # Bytes of a KV row of 32 values: ggml's F16 and Q8_0 (an F16 scale and 32 int8).
 ROW_BYTES = {"f16": 64, "q8_0": 34}
-
-
-def tool(d):
-    """llama-batched-bench's decode tok/s (S_TG) by sequences."""
-    out = {}
-    for f in d.glob("llama-batched-bench-*.jsonl"):
-        for line in f.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                out[r["pl"]] = r["speed_tg"]
-    return out
 
 
 def axle(d):
@@ -44,7 +34,7 @@ def table(root):
     prompts = sorted({int(m.group(1)) for p in root.glob("kv-p*-*")
                       if (m := re.match(r"kv-p(\d+)-", p.name))})
     for p in prompts:
-        runs = {t: (axle(root / f"kv-p{p}-{t}"), tool(root / f"kv-p{p}-{t}")) for t in TYPES}
+        runs = {t: (axle(root / f"kv-p{p}-{t}"), batched_tool(root / f"kv-p{p}-{t}")) for t in TYPES}
         for s in sorted(runs["f16"][0]):
             for t in TYPES:
                 a, r = runs[t][0].get(s), runs[t][1].get(s)

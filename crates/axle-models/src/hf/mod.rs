@@ -86,17 +86,11 @@ const GEMMA_LAYER: &[(&str, &str)] = &[
     ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 ];
 
-/// Gemma 4's layer names: Gemma's norms, per-layer embeddings' gate, projection and norm, the
-/// layer's output scale, and the experts' block (26B-A4B: the router with its input and
-/// per-expert scales, the experts stacked with gate and up rows in one tensor, the two branches'
-/// norms).
+/// Gemma 4's own layer names, beside Gemma's norms ([`GEMMA_LAYER`]): per-layer embeddings'
+/// gate, projection and norm, the layer's output scale, and the experts' block (26B-A4B: the
+/// router with its input and per-expert scales, the experts stacked with gate and up rows in one
+/// tensor, the two branches' norms).
 const GEMMA4_LAYER: &[(&str, &str)] = &[
-    (
-        "post_attention_layernorm.weight",
-        "post_attention_norm.weight",
-    ),
-    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
-    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
     ("per_layer_input_gate.weight", "inp_gate.weight"),
     ("per_layer_projection.weight", "proj.weight"),
     ("post_per_layer_input_norm.weight", "post_norm.weight"),
@@ -184,16 +178,17 @@ fn gguf_name(hf: &str, family: &config::Family) -> Result<Option<String>, String
         .ok_or_else(|| hf.to_string())?;
     let (layer, field) = rest.split_once('.').ok_or_else(|| hf.to_string())?;
     let layer: u32 = layer.parse().map_err(|_| hf.to_string())?;
-    let own = match (family.gemma, family.delta, family.mla) {
-        _ if family.oss => oss::LAYER,
-        _ if family.gemma4 => GEMMA4_LAYER,
-        (true, _, _) => GEMMA_LAYER,
-        (_, Some(_), _) => delta::LAYER,
-        (_, _, true) => mla::LAYER,
+    let own: &[&[(&str, &str)]] = match (family.gemma, family.delta, family.mla) {
+        _ if family.oss => &[oss::LAYER],
+        _ if family.gemma4 => &[GEMMA_LAYER, GEMMA4_LAYER],
+        (true, _, _) => &[GEMMA_LAYER],
+        (_, Some(_), _) => &[delta::LAYER],
+        (_, _, true) => &[mla::LAYER],
         _ => &[],
     };
     let (_, g) = own
         .iter()
+        .flat_map(|t| t.iter())
         .chain(LAYER)
         .find(|(h, _)| *h == field)
         .ok_or_else(|| hf.to_string())?;

@@ -55,8 +55,13 @@ impl Arithmetic {
                     .into(),
             ));
         }
-        check_kv_type(model, opts, kv_on_device)?;
         let accelerators = placement.accelerators();
+        // Paged attention where every accelerator's backend carries Axle's kernel (KV in host
+        // memory: ggml's CPU runs the op's reference body).
+        let paged_wanted = opts.device_attention == DeviceAttention::Paged
+            && takes_device_layout(opts, kv_on_device);
+        let paged = paged_wanted && accelerators.iter().all(|d| d.paged_attention(128, 1));
+        check_kv_type(model, opts, kv_on_device, paged)?;
         let column_types = column_types(&accelerators);
         let replay_types = replay_types(&accelerators);
         // An explicit choice, else (with the exact kernels, whose choice it is) the
@@ -88,11 +93,6 @@ impl Arithmetic {
             && axle_ggml::env::var("AXLE_STACKED_ROWS").as_deref() != Some("0"))
         .then(StackTable::default);
         let device_layout = opts.force_device_layout || kv_on_device;
-        // Paged attention where every accelerator's backend carries Axle's kernel (KV in host
-        // memory: ggml's CPU runs the op's reference body).
-        let paged_wanted = opts.device_attention == DeviceAttention::Paged
-            && takes_device_layout(opts, kv_on_device);
-        let paged = paged_wanted && accelerators.iter().all(|d| d.paged_attention(128, 1));
         let host_tiled =
             opts.kernels == Kernels::BatchInvariant && opts.host_kernels == HostKernels::Tiled;
         if host_tiled && !axle_ggml::row_attention::supported() {
@@ -135,10 +135,12 @@ impl Arithmetic {
 /// Refuses a Q8_0 KV cache where paged attention would not read it: without the device layout
 /// and paged attention (on every accelerator's backend), or with layers whose K and V rows are
 /// not of one width and a multiple of a Q8_0 block (latent attention's K-only rows).
+/// `paged`: whether steps attend through paged attention (what [`Arithmetic::choose`] decided).
 fn check_kv_type(
     model: &Model,
     opts: &RunnerOptions,
     kv_on_device: bool,
+    paged: bool,
 ) -> Result<(), ModelError> {
     if opts.kv_type == KvType::F16 {
         return Ok(());
@@ -147,12 +149,7 @@ fn check_kv_type(
         Some("steps of the device layout (KV on an accelerator, batch-invariant kernels)")
     } else if opts.device_attention != DeviceAttention::Paged {
         Some("--device-attention paged")
-    } else if !model
-        .placement()
-        .accelerators()
-        .iter()
-        .all(|d| d.paged_attention(128, 1))
-    {
+    } else if !paged {
         Some("accelerators whose backends carry Axle's paged attention (scripts/build-backend.sh)")
     } else if model
         .family()
