@@ -377,14 +377,16 @@ def write_deepseek2(path, vocab, seed, v3=False):
     finish(w, path)
 
 
-def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
+def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False, mtp=False):
     """A Qwen3.5 fixture (`qwen35`, or `qwen35moe` with routed experts and a gated shared
     expert): 4 layers, three gated delta net layers (2 key heads and 4 value heads of 16, a 4-tap
     convolution) then one gated full-attention layer (4 query / 2 KV heads of 32, 16 rotated dims
     in interleaved M-RoPE sections 3/3/2/0), an untied head. `tied`: the embedding as the head,
     which makes the random model repeat itself, so that n-gram drafts get both accepted and
     rejected in engine tests. `next_`: Qwen3-Next (`qwen3next`, MoE): NeoX RoPE and one fused
-    beta/decay projection (`ssm_ba`)."""
+    beta/decay projection (`ssm_ba`). `mtp`: one multi-token-prediction block after the trunk
+    (`nextn_predict_layers` = 1): a gated full-attention layer with the trunk's FFN kind, the
+    `nextn` input projection and norms, and a head norm of its own."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     arch = "qwen3next" if next_ else "qwen35moe" if moe else "qwen35"
@@ -393,9 +395,11 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     d_conv, hk, n_kh, n_vh = 4, 16, 2, 4
     key_dim, value_dim = hk * n_kh, hk * n_vh
     conv_dim = 2 * key_dim + value_dim
-    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, nkv)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl + int(mtp), ff, nh, nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
+    if mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_uint32(f"{arch}.rope.dimension_count", 16)
     if not next_:
         w.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])
@@ -419,11 +423,16 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False):
     if not tied:
         mat("output.weight", n_vocab, e)
     vec("output_norm.weight", e)
-    for i in range(nl):
+    for i in range(nl + int(mtp)):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
         vec(p + "post_attention_norm.weight", e)
-        if (i + 1) % 4 != 0:
+        if i == nl:
+            mat(p + "nextn.eh_proj.weight", e, 2 * e)
+            vec(p + "nextn.enorm.weight", e)
+            vec(p + "nextn.hnorm.weight", e)
+            vec(p + "nextn.shared_head_norm.weight", e)
+        if (i + 1) % 4 != 0 and i < nl:
             mat(p + "attn_qkv.weight", conv_dim, e)
             mat(p + "attn_gate.weight", value_dim, e)
             w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((conv_dim, d_conv)) * 0.5).astype(np.float32))
@@ -575,7 +584,7 @@ def write_glm4moe(path, vocab, seed):
 
 
 # Files written (the split llama fixture counts its two parts).
-FIXTURES = 19
+FIXTURES = 21
 
 
 def main():
@@ -626,6 +635,8 @@ def main():
     write_qwen35(os.path.join(a.out, "qwen3next-tiny.gguf"), vocab, 13, next_=True)
     write_gpt_oss(os.path.join(a.out, "gpt-oss-tiny.gguf"), vocab, 15)
     write_glm4moe(os.path.join(a.out, "glm4moe-tiny.gguf"), vocab, 16)
+    write_qwen35(os.path.join(a.out, "qwen35-mtp-tiny.gguf"), vocab, 17, mtp=True)
+    write_qwen35(os.path.join(a.out, "qwen35moe-mtp-tiny.gguf"), vocab, 18, moe=True, mtp=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..if only.is_some() { 1 } else { 3 } {
         let t = Instant::now();
         r.step(&[SeqInput {
+            hidden: Vec::new(),
             tokens: toks[..ctx].to_vec(),
             start_pos: 0,
             prompt_len: ctx as u32,
@@ -49,6 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("prefill {ctx}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     }
     let inp = |k: usize| SeqInput {
+        hidden: Vec::new(),
         tokens: toks[ctx..ctx + k + 1].to_vec(),
         start_pos: ctx as u32,
         prompt_len: ctx as u32,

@@ -67,6 +67,7 @@ impl Sequence {
         let n_chunks = tokens.len().div_ceil(chunk);
         for (i, c) in tokens.chunks(chunk).enumerate() {
             let input = SeqInput {
+                hidden: Vec::new(),
                 tokens: c.to_vec(),
                 start_pos: self.tokens.len() as u32,
                 prompt_len: self.prompt_len,
@@ -108,6 +109,7 @@ impl Sequence {
             self.prompt_len = tokens.len() as u32;
         }
         let input = SeqInput {
+            hidden: Vec::new(),
             tokens: tokens.to_vec(),
             start_pos: self.tokens.len() as u32,
             prompt_len: self.prompt_len,

@@ -41,6 +41,7 @@ fn batched_logits_equal_libllama_batched_logits() {
         .iter()
         .zip(&tables)
         .map(|(p, t)| SeqInput {
+            hidden: Vec::new(),
             tokens: p.clone(),
             start_pos: 0,
             prompt_len: p.len() as u32,
@@ -77,6 +78,7 @@ fn batched_logits_equal_libllama_batched_logits() {
             pos[s] = inp.start_pos + inp.tokens.len() as u32;
             let next = common::argmax(ours.row(s)) as u32;
             *inp = SeqInput {
+                hidden: Vec::new(),
                 tokens: vec![next],
                 start_pos: pos[s],
                 prompt_len: prompts[s].len() as u32,

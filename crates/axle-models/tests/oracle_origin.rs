@@ -48,6 +48,7 @@ fn diffs(name: &str, host_kernels: HostKernels, repeat: usize, decode: usize) ->
         let from = if step == 0 { 0 } else { tokens.len() - 1 };
         let ours = runner
             .step(&[SeqInput {
+                hidden: Vec::new(),
                 tokens: tokens[from..].to_vec(),
                 start_pos: from as u32,
                 prompt_len: p as u32,

@@ -103,6 +103,7 @@ fn seq_input(
     logits: LogitRows,
 ) -> SeqInput {
     SeqInput {
+        hidden: Vec::new(),
         tokens: tokens[from..to].to_vec(),
         start_pos: from as u32,
         prompt_len: prompt as u32,

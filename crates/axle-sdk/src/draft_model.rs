@@ -10,6 +10,16 @@
 //! last draft token, which it never fed back); the rest is overwritten by the next catch-up. A
 //! preempted sequence starts over. What the draft model computes never reaches the output: the
 //! target verifies every token, so outputs are the same with it or without.
+//!
+//! The model's own next-token-prediction head ([`DraftModel::mtp`]) drafts the same way, with
+//! two differences. Its step at position p reads token p and the target's hidden state of row
+//! p - 1 (zeros before the first), so it catches up after every target step, on the step's real
+//! tokens (a verify step's accepted ones) with the states that step returned, and keeps the last
+//! state for the next; a draft then starts from the sequence's last token and that state, and
+//! each further draft token reads the head's own state of the one before. Nothing a draft wrote
+//! stays valid (its states were the head's, not the target's): the next catch-up writes those
+//! positions again. A request that starts from a cached prefix lacks the target's state at the
+//! prefix's end, so the head does not draft for it.
 use axle_core::sampler::argmax;
 use axle_core::{Event, ModelAsk, ModelDrafter, RequestId, RowLogits, StepPlan};
 use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, TokenId};
@@ -17,12 +27,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How far a sequence's draft KV is valid, and the draft in flight.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct DraftSeq {
     /// Positions `0..computed` hold the KV of the sequence's real tokens.
     computed: usize,
     /// The draft in flight: the sequence's known tokens when it was drafted, and its length.
     pending: Option<(usize, usize)>,
+    /// An MTP head: the target's hidden state of position `computed - 1` (zeros before any).
+    state: Vec<f32>,
+    /// An MTP head: the sequence started from a cached prefix, so the head does not draft.
+    blind: bool,
 }
 
 /// A draft model with its runner.
@@ -34,6 +48,8 @@ pub struct DraftModel {
     max_tokens: usize,
     /// The first error it met (drafting stops being offered after one; outputs are unaffected).
     error: Option<String>,
+    /// Hidden size where this is the model's MTP head (0: a separate draft model).
+    mtp_width: usize,
 }
 
 impl DraftModel {
@@ -52,6 +68,33 @@ impl DraftModel {
                     .into(),
             ));
         }
+        DraftModel::with_runner(model, kv_slots, block_size, max_tokens, max_seqs, false)
+    }
+
+    /// The MTP head of `model` (the target itself, whose runner must return hidden states), its
+    /// KV shaped like the target's.
+    pub fn mtp(
+        model: Arc<Model>,
+        kv_slots: u32,
+        block_size: u32,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<DraftModel, crate::SdkError> {
+        DraftModel::with_runner(model, kv_slots, block_size, max_tokens, max_seqs, true)
+    }
+
+    fn with_runner(
+        model: Arc<Model>,
+        kv_slots: u32,
+        block_size: u32,
+        max_tokens: usize,
+        max_seqs: usize,
+        mtp: bool,
+    ) -> Result<DraftModel, crate::SdkError> {
+        let mtp_width = match mtp {
+            true => model.family().hparams().n_embd as usize,
+            false => 0,
+        };
         let runner = Runner::new(
             model,
             RunnerOptions {
@@ -59,6 +102,7 @@ impl DraftModel {
                 block_size,
                 max_batch_tokens: max_tokens,
                 max_seqs,
+                mtp,
                 ..Default::default()
             },
         )?;
@@ -67,7 +111,13 @@ impl DraftModel {
             seqs: HashMap::new(),
             max_tokens,
             error: None,
+            mtp_width,
         })
+    }
+
+    /// Whether this is the model's MTP head.
+    pub fn is_mtp(&self) -> bool {
+        self.mtp_width > 0
     }
 
     /// The runner (for timing its steps).
@@ -86,10 +136,16 @@ impl DraftModel {
     }
 
     /// After a step: what each verified draft left valid, preempted and finished sequences
-    /// forgotten.
-    pub fn settle(&mut self, plan: &StepPlan, events: &[Event]) {
+    /// forgotten; an MTP head catches up on the step's real tokens with `hidden`, the target's
+    /// hidden states of the step's tokens.
+    pub fn settle(&mut self, plan: &StepPlan, events: &[Event], hidden: &[f32]) {
         for id in &plan.preempted {
             self.seqs.remove(id);
+        }
+        if self.is_mtp() && self.error.is_none() {
+            if let Err(e) = self.catch_up(plan, events, hidden) {
+                self.error = Some(e.to_string());
+            }
         }
         for ev in events {
             if ev.finished.is_some() {
@@ -111,12 +167,137 @@ impl DraftModel {
         }
     }
 
+    /// The MTP head's catch-up after a target step: for each sequence, its step's real tokens
+    /// (all of a prefill chunk or decode step; a verify step's first token and its accepted
+    /// drafts), each paired with the target's state of the row before.
+    fn catch_up(
+        &mut self,
+        plan: &StepPlan,
+        events: &[Event],
+        hidden: &[f32],
+    ) -> Result<(), crate::SdkError> {
+        let e = self.mtp_width;
+        let total: usize = plan.seqs.iter().map(|s| s.tokens.len()).sum();
+        if hidden.len() != total * e {
+            return Err(crate::SdkError::Config(format!(
+                "the target's step returned {} hidden values for {total} tokens",
+                hidden.len()
+            )));
+        }
+        let mut inputs = Vec::new();
+        let mut row = 0;
+        for s in &plan.seqs {
+            let first = row;
+            row += s.tokens.len();
+            let event = events.iter().find(|ev| ev.id == s.id);
+            if event.is_some_and(|ev| ev.finished.is_some()) {
+                continue;
+            }
+            let real = match (s.n_draft, event) {
+                (0, _) => s.tokens.len(),
+                (_, Some(ev)) => ev.accepted.min(s.n_draft) + 1,
+                (_, None) => continue,
+            };
+            let st = self.seqs.entry(s.id).or_default();
+            let start = s.start_pos as usize;
+            if st.blind || start != st.computed {
+                // A cached prefix (or a gap this drafter did not see): no state to pair with.
+                st.blind = true;
+                continue;
+            }
+            let mut paired = Vec::with_capacity(real * e);
+            match st.state.len() == e {
+                true => paired.extend_from_slice(&st.state),
+                false => paired.resize(e, 0.0),
+            }
+            paired.extend_from_slice(&hidden[first * e..(first + real - 1) * e]);
+            st.state = hidden[(first + real - 1) * e..(first + real) * e].to_vec();
+            st.computed = start + real;
+            inputs.push(SeqInput {
+                tokens: s.tokens[..real].to_vec(),
+                start_pos: s.start_pos,
+                prompt_len: s.prompt_len as u32,
+                block_table: s.block_table.clone(),
+                logits: LogitRows::None,
+                pick: false,
+                state: StateSlots::default(),
+                hidden: paired,
+            });
+        }
+        // Steps of at most `max_tokens` tokens (the target's step fits one).
+        while !inputs.is_empty() {
+            let mut room = self.max_tokens;
+            let take = inputs
+                .iter()
+                .take_while(|i| {
+                    let fits = i.tokens.len() <= room;
+                    room = room.saturating_sub(i.tokens.len());
+                    fits
+                })
+                .count()
+                .max(1);
+            let batch: Vec<SeqInput> = inputs.drain(..take).collect();
+            let out = self.runner.step(&batch)?;
+            self.runner.recycle(out.logits);
+        }
+        self.runner.pause_threads();
+        Ok(())
+    }
+
     /// Forgets a request (cancelled or finished outside a step).
     pub fn forget(&mut self, id: RequestId) {
         self.seqs.remove(&id);
     }
 
+    /// The MTP head's drafts: from each sequence's last token and the target's last state, one
+    /// step per draft position for the sequences still drafting, each fed the head's own state.
+    fn run_mtp(&mut self, asks: &[ModelAsk<'_>]) -> Result<Vec<Vec<TokenId>>, crate::SdkError> {
+        let e = self.mtp_width;
+        let mut out: Vec<Vec<TokenId>> = vec![Vec::new(); asks.len()];
+        // (ask, the state its next draft step reads)
+        let mut live: Vec<(usize, Vec<f32>)> = asks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                let st = self.seqs.get(&a.id)?;
+                let ready = !st.blind && st.computed + 1 == a.tokens.len() && st.state.len() == e;
+                (ready && a.len > 0).then(|| (i, st.state.clone()))
+            })
+            .collect();
+        for j in 0.. {
+            live.retain(|&(i, _)| asks[i].len > j);
+            if live.is_empty() {
+                break;
+            }
+            let inputs: Vec<SeqInput> = live
+                .iter()
+                .map(|(i, h)| {
+                    let a = &asks[*i];
+                    let token = match j {
+                        0 => a.tokens[a.tokens.len() - 1],
+                        _ => out[*i][j - 1],
+                    };
+                    SeqInput {
+                        hidden: h.clone(),
+                        ..self.input(a, &[token], a.tokens.len() - 1 + j, true)
+                    }
+                })
+                .collect();
+            let step = self.runner.step(&inputs)?;
+            for (r, (i, h)) in live.iter_mut().enumerate() {
+                out[*i].push(pick(step.find_row(r, 0))?);
+                h.copy_from_slice(&step.hidden[r * e..(r + 1) * e]);
+            }
+            self.runner.recycle(step.logits);
+        }
+        self.runner.pause_threads();
+        Ok(out)
+    }
+
     fn run(&mut self, asks: &[ModelAsk<'_>]) -> Result<Vec<Vec<TokenId>>, crate::SdkError> {
+        if self.is_mtp() {
+            return self.run_mtp(asks);
+        }
         let mut out: Vec<Vec<TokenId>> = vec![Vec::new(); asks.len()];
         // Catch-up, in steps of at most `max_tokens` tokens in all; the step that reaches a
         // sequence's last token gives its first draft token.
@@ -186,6 +367,7 @@ impl DraftModel {
 
     fn input(&self, a: &ModelAsk<'_>, tokens: &[TokenId], start: usize, last: bool) -> SeqInput {
         SeqInput {
+            hidden: Vec::new(),
             tokens: tokens.to_vec(),
             start_pos: start as u32,
             prompt_len: a.prompt_len as u32,

@@ -225,6 +225,7 @@ impl Embedder {
                     _ => LogitRows::None,
                 };
                 seqs.push(SeqInput {
+                    hidden: Vec::new(),
                     tokens: tokens[r.done..end].to_vec(),
                     start_pos: r.done as u32,
                     prompt_len: tokens.len() as u32,

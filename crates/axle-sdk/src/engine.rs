@@ -8,8 +8,9 @@ use crate::request::{defaults, Field, Rejection};
 use crate::stop::StopMatcher;
 use crate::SdkError;
 use axle_core::{
-    DraftConfig, DraftSources, Event, FinishReason, RecurrentStates, RequestId, RequestSpec, Save,
-    Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob, MAX_DRAFT,
+    DraftConfig, DraftSource, DraftSources, Event, FinishReason, RecurrentStates, RequestId,
+    RequestSpec, Save, Scheduler, SchedulerConfig, StepPlan, TokenConstraint, TokenLogprob,
+    MAX_DRAFT,
 };
 use axle_models::device_step::{DeviceAttention, DeviceProducts};
 pub use axle_models::kv::KvType;
@@ -253,6 +254,11 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
         .map(|i| (i * 7919) % 1000 + 10)
         .collect();
     let chunk = runner.options().max_batch_tokens;
+    // An MTP head's steps pair each token with a hidden state (zeros here).
+    let width = match runner.options().mtp {
+        true => runner.model().family().hparams().n_embd as usize,
+        false => 0,
+    };
     if max_len + 1 > chunk {
         return Err(SdkError::Config(format!(
             "draft length {max_len} needs a step budget above {chunk} tokens"
@@ -261,6 +267,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
     for start in (0..context as usize).step_by(chunk) {
         let end = (start + chunk).min(context as usize);
         let fill = SeqInput {
+            hidden: vec![0.0; (end - start) * width],
             tokens: tokens[start..end].to_vec(),
             start_pos: start as u32,
             prompt_len: context,
@@ -272,6 +279,7 @@ fn measure_verify_cost(runner: &mut Runner, max_len: usize) -> Result<VerifyCost
         runner.step(std::slice::from_ref(&fill))?;
     }
     let input = |k: usize| SeqInput {
+        hidden: vec![0.0; (k + 1) * width],
         tokens: tokens[context as usize..context as usize + k + 1].to_vec(),
         start_pos: context,
         prompt_len: context,
@@ -393,6 +401,12 @@ impl EngineCore {
         } else {
             0
         };
+        // The model's own MTP head drafts where its file has one, speculation is on, the head is
+        // among the drafters and no draft model is given.
+        let use_mtp = cfg.draft_len > 0
+            && cfg.drafters.mtp
+            && !(cfg.draft_model.is_some() && cfg.drafters.model)
+            && model.family().mtp().is_some();
         let mut runner = Runner::new(
             model.clone(),
             RunnerOptions {
@@ -412,6 +426,8 @@ impl EngineCore {
                 host_kernels: cfg.host_kernels.unwrap_or_default(),
                 values: RowValues::Logits,
                 kv_type: cfg.kv_type,
+                mtp: false,
+                returns_hidden: use_mtp,
             },
         )?;
         let mut verify_profiles = Vec::new();
@@ -426,6 +442,13 @@ impl EngineCore {
                     cfg.max_seqs,
                 )?)
             }
+            _ if use_mtp => Some(DraftModel::mtp(
+                model.clone(),
+                kv_slots,
+                cfg.block_size,
+                cfg.max_batch_tokens,
+                cfg.max_seqs,
+            )?),
             _ => None,
         };
         let draft = if cfg.draft_len > 0 {
@@ -458,10 +481,15 @@ impl EngineCore {
                 max_len,
                 verify_cost,
                 sources: DraftSources {
-                    model: draft_model.is_some(),
+                    model: draft_model.as_ref().is_some_and(|d| !d.is_mtp()),
+                    mtp: draft_model.as_ref().is_some_and(DraftModel::is_mtp),
                     ..cfg.drafters
                 },
                 model_cost,
+                model_source: match use_mtp {
+                    true => DraftSource::Mtp,
+                    false => DraftSource::Model,
+                },
                 ..Default::default()
             })
         } else {
@@ -812,6 +840,7 @@ impl EngineCore {
                 }
             };
             inputs.push(SeqInput {
+                hidden: Vec::new(),
                 tokens: s.tokens.clone(),
                 start_pos: s.start_pos,
                 prompt_len: s.prompt_len as u32,
@@ -832,7 +861,7 @@ impl EngineCore {
         let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find_row(i, j));
         self.runner.recycle(out.logits);
         if let Some(d) = &mut self.draft_model {
-            d.settle(&plan, &events);
+            d.settle(&plan, &events, &out.hidden);
         }
         if let Some(st) = &mut self.states {
             // Where each sequence's next step starts: after a verify step of d drafts with a

@@ -4,6 +4,11 @@
 //! accepted tokens) and with another random model of the same vocabulary (drafts nearly all
 //! rejected: the rollback path), on fixtures and on SmolLM2. Seeded sampling gives the same tokens
 //! with the draft model as without. A draft model of another vocabulary is refused by name.
+//!
+//! The model's own next-token-prediction head drafts the same way and changes no output either:
+//! on the seeds' fixtures whose files carry an MTP block, each prompt alone and all batched, and
+//! with prefix caching on (requests that start from a cached prefix are served, undrafted by the
+//! head, with the same tokens).
 use axle_sdk::{
     DraftSource, DraftSources, EngineConfig, EngineCore, Model, ModelOptions, RequestOptions,
     SamplingParams,
@@ -59,6 +64,17 @@ fn run(
     prompts: &[Vec<u32>],
     opts: &RequestOptions,
 ) -> (Vec<Vec<u32>>, usize, usize) {
+    run_by(m, c, prompts, opts, DraftSource::Model)
+}
+
+/// Outputs, and (drafted, accepted) by `source`.
+fn run_by(
+    m: &Arc<Model>,
+    c: &EngineConfig,
+    prompts: &[Vec<u32>],
+    opts: &RequestOptions,
+    source: DraftSource,
+) -> (Vec<Vec<u32>>, usize, usize) {
     let mut e = EngineCore::new(m.clone(), c).unwrap();
     let ids: Vec<_> = prompts
         .iter()
@@ -70,7 +86,7 @@ fn run(
     let by_model: (usize, usize) = ids
         .iter()
         .map(|id| {
-            let s = d.finished[id].speculation.by_source[DraftSource::Model as usize];
+            let s = d.finished[id].speculation.by_source[source as usize];
             (s.drafted, s.accepted)
         })
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
@@ -174,4 +190,71 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
         err.contains("draft model") && err.contains("vocabulary"),
         "{err}"
     );
+}
+
+/// Only the MTP head drafts (n-gram and suffix off), priced cheap so that it drafts at every step.
+fn mtp_cfg(mtp: bool, prefix_caching: bool) -> EngineConfig {
+    EngineConfig {
+        kv_slots: 8192,
+        max_batch_tokens: 64,
+        max_seqs: 32,
+        prefix_caching,
+        draft_len: if mtp { 3 } else { 0 },
+        verify_cost: Some((0..=3).map(|k| 1.0 + 0.05 * k as f64).collect()),
+        drafters: DraftSources::parse("mtp").unwrap(),
+        draft_cost: Some(0.05),
+        ..Default::default()
+    }
+}
+
+fn mtp_exact(file: &str) {
+    let m = model(file);
+    assert!(m.family().mtp().is_some(), "{file} carries an MTP block");
+    let prompts = prompts(&m);
+    let opts = RequestOptions {
+        max_tokens: 24,
+        ..Default::default()
+    };
+    let run = |c: &EngineConfig, p: &[Vec<u32>]| run_by(&m, c, p, &opts, DraftSource::Mtp);
+    let (mut drafted, mut accepted) = (0, 0);
+    let mut plain = Vec::new();
+    for p in &prompts {
+        let (a, ..) = run(&mtp_cfg(false, false), std::slice::from_ref(p));
+        let (b, d, acc) = run(&mtp_cfg(true, false), std::slice::from_ref(p));
+        assert_eq!(a, b, "{file}: MTP on == off alone");
+        drafted += d;
+        accepted += acc;
+        plain.push(a[0].clone());
+    }
+    assert!(
+        drafted > 100,
+        "{file}: the MTP head drafted {drafted} tokens"
+    );
+    let (batched, d, acc) = run(&mtp_cfg(true, false), &prompts);
+    assert_eq!(plain, batched, "{file}: MTP on, batched == alone");
+    assert!(d > 100, "{file}: batched, the MTP head drafted {d} tokens");
+    // Each prompt twice in one engine with prefix caching: the second starts from the first's
+    // cached blocks.
+    let twice: Vec<Vec<u32>> = prompts.iter().chain(&prompts).cloned().collect();
+    let (cached, ..) = run(&mtp_cfg(true, true), &twice);
+    let want: Vec<Vec<u32>> = plain.iter().chain(&plain).cloned().collect();
+    assert_eq!(cached, want, "{file}: MTP on with prefix caching");
+    println!(
+        "{file}: MTP on == off 20/20 alone and batched; alone {accepted}/{drafted} accepted, batched {acc}/{d}"
+    );
+}
+
+#[test]
+fn the_glm4moe_mtp_head_drafts_and_changes_nothing() {
+    mtp_exact("glm4moe-tiny.gguf");
+}
+
+#[test]
+fn the_qwen35_mtp_head_drafts_and_changes_nothing() {
+    mtp_exact("qwen35-mtp-tiny.gguf");
+}
+
+#[test]
+fn the_qwen35moe_mtp_head_drafts_and_changes_nothing() {
+    mtp_exact("qwen35moe-mtp-tiny.gguf");
 }

@@ -41,18 +41,24 @@ pub enum DraftSource {
     Suffix = 1,
     /// A smaller model with the same vocabulary.
     Model = 2,
+    /// The model's own next-token-prediction head (an MTP block of its file).
+    Mtp = 3,
 }
 
 /// How many draft sources there are.
-pub const DRAFT_SOURCES: usize = 3;
+pub const DRAFT_SOURCES: usize = 4;
 
 /// Draft counts per source, indexed by `DraftSource as usize`.
 pub type BySource = [SourceCounts; DRAFT_SOURCES];
 
 impl DraftSource {
     /// Every source.
-    pub const ALL: [DraftSource; DRAFT_SOURCES] =
-        [DraftSource::Ngram, DraftSource::Suffix, DraftSource::Model];
+    pub const ALL: [DraftSource; DRAFT_SOURCES] = [
+        DraftSource::Ngram,
+        DraftSource::Suffix,
+        DraftSource::Model,
+        DraftSource::Mtp,
+    ];
 
     /// Its name in options, counters and reports.
     pub fn name(self) -> &'static str {
@@ -60,6 +66,7 @@ impl DraftSource {
             DraftSource::Ngram => "ngram",
             DraftSource::Suffix => "suffix",
             DraftSource::Model => "model",
+            DraftSource::Mtp => "mtp",
         }
     }
 }
@@ -76,25 +83,31 @@ pub struct DraftSources {
     /// The draft model (where the engine has one).
     #[default(true)]
     pub model: bool,
+    /// The model's MTP head (where its file has one and no draft model is given).
+    #[default(true)]
+    pub mtp: bool,
 }
 
 impl DraftSources {
-    /// Parses a comma-separated list of source names (`ngram`, `suffix`, `model`), or `all`.
+    /// Parses a comma-separated list of source names (`ngram`, `suffix`, `model`, `mtp`), or
+    /// `all`.
     pub fn parse(text: &str) -> Result<DraftSources, String> {
         let mut s = DraftSources {
             ngram: false,
             suffix: false,
             model: false,
+            mtp: false,
         };
         for name in text.split(',').map(str::trim) {
             match name {
                 "ngram" => s.ngram = true,
                 "suffix" => s.suffix = true,
                 "model" => s.model = true,
+                "mtp" => s.mtp = true,
                 "all" => s = DraftSources::default(),
                 other => {
                     return Err(format!(
-                        "unknown drafter '{other}' (known: ngram, suffix, model, all)"
+                        "unknown drafter '{other}' (known: ngram, suffix, model, mtp, all)"
                     ))
                 }
             }
@@ -108,6 +121,7 @@ impl DraftSources {
             DraftSource::Ngram => self.ngram,
             DraftSource::Suffix => self.suffix,
             DraftSource::Model => self.model,
+            DraftSource::Mtp => self.mtp,
         }
     }
 
@@ -213,6 +227,10 @@ pub struct DraftConfig {
     pub shared_tokens: usize,
     /// The draft model's step cost relative to the target's decode step (None: no draft model).
     pub model_cost: Option<f64>,
+    /// What the engine's model drafter is: a draft model ([`DraftSource::Model`]) or the
+    /// model's MTP head ([`DraftSource::Mtp`]); its drafts count under this source.
+    #[default(DraftSource::Model)]
+    pub model_source: DraftSource,
 }
 
 impl DraftConfig {
@@ -498,7 +516,10 @@ impl Drafter {
         room: usize,
         shared: Option<&SuffixCache>,
     ) -> usize {
-        let Some(cost) = cfg.model_cost.filter(|_| self.sources.model) else {
+        let Some(cost) = cfg
+            .model_cost
+            .filter(|_| self.sources.has(cfg.model_source))
+        else {
             return 0;
         };
         let free = self.candidates(cfg.max_len, shared).into_iter().next();
@@ -535,7 +556,7 @@ impl Drafter {
             self.shadow.clear();
             self.shadow_matched = 0;
             self.draft_class = MatchClass::Model;
-            self.draft_source = DraftSource::Model;
+            self.draft_source = cfg.model_source;
             self.model_at = self.tokens.len();
             tokens.truncate(room);
             return tokens;
@@ -613,11 +634,13 @@ mod tests {
         ngram: true,
         suffix: false,
         model: false,
+        mtp: false,
     };
     const SUFFIX: DraftSources = DraftSources {
         ngram: false,
         suffix: true,
         model: false,
+        mtp: false,
     };
 
     #[test]
@@ -832,10 +855,10 @@ mod tests {
         assert_eq!(c[0].tokens, c[1].tokens);
         assert_eq!(DraftSources::parse("suffix"), Ok(SUFFIX));
         assert_eq!(
-            DraftSources::parse("ngram, suffix,model"),
+            DraftSources::parse("ngram, suffix,model,mtp"),
             Ok(DraftSources::default())
         );
         assert!(DraftSources::parse("medusa").is_err());
-        assert_eq!(DraftSources::default().names(), "ngram,suffix,model");
+        assert_eq!(DraftSources::default().names(), "ngram,suffix,model,mtp");
     }
 }

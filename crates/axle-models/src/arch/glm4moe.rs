@@ -5,8 +5,8 @@
 //! of experts after them: sigmoid router with a selection bias, top-k weights renormalised and
 //! scaled (`expert_weights_norm`, `expert_weights_scale`), and an ungated shared expert of
 //! `expert_shared_count` routed widths. The multi-token-prediction layer the files carry after
-//! the trunk (`nextn_predict_layers`) is loaded but not run. Vision variants (M-RoPE sections,
-//! GLM-4.5V) are refused by name.
+//! the trunk (`nextn_predict_layers`) is the model's MTP head ([`super::nextn`]), which drafts.
+//! Vision variants (M-RoPE sections, GLM-4.5V) are refused by name.
 use super::llama::{load_variant, MoeVariant, Variant};
 use super::Family;
 use crate::moe::{Gating, SharedGate};

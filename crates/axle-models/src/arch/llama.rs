@@ -4,6 +4,7 @@
 //! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families and GLM-4.5 are
 //! this graph with a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2 and GLM, per-head QK
 //! norm for Qwen3 and some GLM files; mixtures of experts, after leading dense layers for GLM).
+use super::nextn::Nextn;
 use super::{Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, FusedProduct, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
@@ -47,6 +48,12 @@ pub struct Llama {
     rope_freqs: Option<StoredTensor>,
     layers: Vec<Layer>,
     attn: AttnSpec,
+    /// An MTP head's own input and output weights (set on the head, not the trunk).
+    nextn: Option<Nextn>,
+    /// The model's MTP head: the first `nextn` block after the trunk, with its input and output.
+    mtp: Option<Box<Llama>>,
+    /// The model layer of the first of `layers`.
+    first_layer: usize,
 }
 
 /// What distinguishes the Llama-shaped families from each other.
@@ -152,7 +159,8 @@ pub fn load_variant(
             &format!("= {nextn} leaves no trunk of the {} layers", hp.n_layer),
         ));
     }
-    hp.n_layer -= nextn as usize;
+    let n_trunk = hp.n_layer - nextn as usize;
+    hp.n_layer = n_trunk;
     hp.sliding_window = f
         .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
         .filter(|&w| w > 0)
@@ -219,11 +227,9 @@ impl Llama {
                 .clamp(0, hp.n_layer as i64) as usize,
             _ => 0,
         };
-        let head = Head::bind(&w, e, v)?;
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for i in 0..hp.n_layer {
+        let layer = |i: usize| -> Result<Layer, ModelError> {
             let n = |s: &str| format!("blk.{i}.{s}");
-            layers.push(Layer {
+            Ok(Layer {
                 attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
                 wq: w.req(&n("attn_q.weight"), &[e, q_dim])?,
                 wk: w.req(&n("attn_k.weight"), &[e, kv_dim])?,
@@ -250,8 +256,9 @@ impl Llama {
                     }
                     _ => FeedForward::dense(&w, i, e, ff)?,
                 },
-            });
-        }
+            })
+        };
+        let layers = (0..hp.n_layer).map(layer).collect::<Result<Vec<_>, _>>()?;
         let attn = AttnSpec {
             n_head: hp.n_head,
             n_head_kv: hp.n_head_kv,
@@ -261,11 +268,33 @@ impl Llama {
             softcap: 0.0,
             sliding: hp.sliding_window.is_some(),
         };
+        let rope_freqs = w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?;
+        // The first MTP block, where the file carries one after the trunk.
+        let at = hp.n_layer;
+        let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(at)) {
+            false => None,
+            true => Some(Box::new(Llama {
+                head: Head::bind(&w, e, v)?,
+                rope_freqs: rope_freqs.clone(),
+                layers: vec![layer(at)?],
+                attn,
+                nextn: Some(Nextn::bind(&w, at, e, v)?),
+                mtp: None,
+                first_layer: at,
+                hp: Hparams {
+                    n_layer: 1,
+                    ..hp.clone()
+                },
+            })),
+        };
         Ok(Llama {
-            head,
-            rope_freqs: w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?,
+            head: Head::bind(&w, e, v)?,
+            rope_freqs,
             layers,
             attn,
+            nextn: None,
+            mtp,
+            first_layer: 0,
             hp,
         })
     }
@@ -317,10 +346,15 @@ impl Family for Llama {
         let g = s.ctx;
         let (hp, n) = (&self.hp, s.n_tokens);
         let rope_freqs = self.rope_freqs.as_ref().map(|t| t.t());
-        let mut x = g
-            .get_rows(self.head.tok_embd.t(), s.tokens)
-            .named("inp_embd");
+        let mut x = match &self.nextn {
+            Some(nx) => nx.input(s, &self.head, hp.rms_eps),
+            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
+        }
+        .named("inp_embd");
         let last = self.layers.len() - 1;
+        // Output rows are picked before the last layer's residual, unless every row's hidden
+        // state is returned too (an MTP head reads them all).
+        let early = !s.returns_hidden;
         for (il, l) in self.layers.iter().enumerate() {
             let h = s
                 .rms_norm(x, &l.attn_norm, hp.rms_eps)
@@ -360,7 +394,7 @@ impl Family for Llama {
                 .named(&format!("attn-{il}"));
             let mut o = s.matmul(&l.wo, a);
             let mut residual = x;
-            if il == last {
+            if il == last && early {
                 o = g.get_rows(o, s.out_ids);
                 residual = g.get_rows(residual, s.out_ids);
             }
@@ -372,7 +406,22 @@ impl Family for Llama {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
-        let x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
+        if let Some(nx) = &self.nextn {
+            return nx.output(s, &self.head, x, hp.rms_eps);
+        }
+        let mut x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
+        if !early {
+            s.keep_hidden(x);
+            x = g.get_rows(x, s.out_ids);
+        }
         s.output(&self.head.output, x, 0.0)
+    }
+
+    fn mtp(&self) -> Option<&dyn Family> {
+        self.mtp.as_deref().map(|m| m as &dyn Family)
+    }
+
+    fn first_layer(&self) -> usize {
+        self.first_layer
     }
 }

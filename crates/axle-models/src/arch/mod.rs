@@ -7,6 +7,7 @@ pub mod gemma4;
 pub mod glm4moe;
 pub mod gpt_oss;
 pub mod llama;
+pub mod nextn;
 pub mod qwen2;
 pub mod qwen2moe;
 pub mod qwen3;
@@ -44,6 +45,17 @@ pub trait Family: Send + Sync + std::fmt::Debug {
     /// multi-section RoPE, section-major (text tokens: p, p, p, 0).
     fn positions_per_token(&self) -> usize {
         1
+    }
+    /// The model's next-token-prediction head (the file's first MTP block), where the file has
+    /// one and the family runs it: a family of its own, with one cache layer, whose steps read
+    /// [`Step::hidden_in`] and return their rows' hidden states ([`nextn`]).
+    fn mtp(&self) -> Option<&dyn Family> {
+        None
+    }
+    /// The model layer of the family's first cache layer (where its KV is placed): 0 for a
+    /// trunk, the block's own index for an MTP head.
+    fn first_layer(&self) -> usize {
+        0
     }
 }
 

@@ -16,7 +16,9 @@
 //! The recurrent state lives in the runner's state pools (see [`crate::recurrent`]); each
 //! sequence of a step runs its recurrent ops alone, so a token's arithmetic does not depend on
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
-//! so that logits match it.
+//! so that logits match it. An MTP block after the trunk (`nextn_predict_layers`) is the model's
+//! MTP head ([`super::nextn`]): a gated full-attention layer with the trunk's FFN kind.
+use super::nextn::Nextn;
 use super::{arch_key, bad, Family, Head, Hparams, NormedAttention, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
@@ -123,6 +125,13 @@ pub struct Qwen35 {
     sections: [i32; MROPE_SECTIONS],
     head: Head,
     layers: Vec<Layer>,
+    /// An MTP head's own input and output weights (set on the head, not the trunk).
+    nextn: Option<Nextn>,
+    /// The model's MTP head: the first block after the trunk (a gated full-attention layer),
+    /// with its input and output.
+    mtp: Option<Box<Qwen35>>,
+    /// The model layer of the first of `layers`.
+    first_layer: usize,
 }
 
 const QWEN35: Variant = Variant {
@@ -158,7 +167,16 @@ fn load_arch(
 ) -> Result<Box<dyn Family>, ModelError> {
     let key = |k: &str| arch_key(arch, k);
     let rope_mode = if variant.mrope { ROPE_TYPE_IMROPE } else { 2 };
-    let hp = Hparams::from_gguf(f, arch, rope_mode)?;
+    let mut hp = Hparams::from_gguf(f, arch, rope_mode)?;
+    // Next-token-prediction blocks follow the trunk in the file.
+    let n_mtp = f.int_opt(&key("nextn_predict_layers"))?.unwrap_or(0);
+    if n_mtp < 0 || n_mtp as usize >= hp.n_layer {
+        return Err(bad(
+            &key("nextn_predict_layers"),
+            &format!("= {n_mtp} leaves no trunk of the {} layers", hp.n_layer),
+        ));
+    }
+    hp.n_layer -= n_mtp as usize;
     let nl = hp.n_layer;
     let sections = if !variant.mrope {
         [0; MROPE_SECTIONS]
@@ -219,8 +237,9 @@ fn load_arch(
         .ok()
         .flatten()
     {
-        Some(arr) if arr.len() == nl => arr
+        Some(arr) if arr.len() == nl || arr.len() == nl + n_mtp as usize => arr
             .iter()
+            .take(nl)
             .map(|v| matches!(v, axle_ggml::MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
             .collect(),
         Some(arr) => {
@@ -253,6 +272,30 @@ fn load_arch(
     let (hd, nh) = (hp.head_dim_k, hp.n_head);
     let head = Head::bind(&w, e, v)?;
     let (mut n_cache, mut n_state) = (0, 0);
+    let ffn = |il: usize| -> Result<FeedForward, ModelError> {
+        Ok(match &moe_cfg {
+            Some(cfg) => {
+                let shared = cfg.n_ff_shared.unwrap_or(hp.n_ff);
+                FeedForward::Moe(
+                    Box::new(MoeLayer::bind(&w, il, e, cfg, Some(shared))?),
+                    *cfg,
+                )
+            }
+            None => FeedForward::dense(&w, il, e, hp.n_ff)?,
+        })
+    };
+    let attn_layer = |il: usize, cache: usize| -> Result<Mixer, ModelError> {
+        Ok(Mixer::Attn(AttnLayer {
+            attn: NormedAttention::bind(&w, il, &hp, 2 * hd * nh)?,
+            cache,
+        }))
+    };
+    let norms = |il: usize| -> Result<(StoredTensor, StoredTensor), ModelError> {
+        Ok((
+            w.req(&format!("blk.{il}.attn_norm.weight"), &[e])?,
+            w.req(&format!("blk.{il}.post_attention_norm.weight"), &[e])?,
+        ))
+    };
     let mut layers = Vec::with_capacity(nl);
     for (il, &recr) in recurrent.iter().enumerate() {
         let n = |s: &str| format!("blk.{il}.{s}");
@@ -285,36 +328,52 @@ fn load_arch(
             n_state += 1;
             Mixer::Delta(l)
         } else {
-            let l = AttnLayer {
-                attn: NormedAttention::bind(&w, il, &hp, 2 * hd * nh)?,
-                cache: n_cache,
-            };
             n_cache += 1;
-            Mixer::Attn(l)
+            attn_layer(il, n_cache - 1)?
         };
-        let ffn = match &moe_cfg {
-            Some(cfg) => {
-                let shared = cfg.n_ff_shared.unwrap_or(hp.n_ff);
-                FeedForward::Moe(
-                    Box::new(MoeLayer::bind(&w, il, e, cfg, Some(shared))?),
-                    *cfg,
-                )
-            }
-            None => FeedForward::dense(&w, il, e, hp.n_ff)?,
-        };
+        let (attn_norm, post_norm) = norms(il)?;
         layers.push(Layer {
-            attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
-            post_norm: w.req(&n("post_attention_norm.weight"), &[e])?,
+            attn_norm,
+            post_norm,
             mixer,
-            ffn,
+            ffn: ffn(il)?,
         });
     }
+    // The first MTP block, where the file carries one after the trunk.
+    let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(nl)) {
+        false => None,
+        true => {
+            let (attn_norm, post_norm) = norms(nl)?;
+            Some(Box::new(Qwen35 {
+                head: Head::bind(&w, e, v)?,
+                layers: vec![Layer {
+                    attn_norm,
+                    post_norm,
+                    mixer: attn_layer(nl, 0)?,
+                    ffn: ffn(nl)?,
+                }],
+                delta,
+                sections,
+                variant,
+                nextn: Some(Nextn::bind(&w, nl, e, v)?),
+                mtp: None,
+                first_layer: nl,
+                hp: Hparams {
+                    n_layer: 1,
+                    ..hp.clone()
+                },
+            }))
+        }
+    };
     Ok(Box::new(Qwen35 {
         head,
         layers,
         delta,
         sections,
         variant,
+        nextn: None,
+        mtp,
+        first_layer: 0,
         hp,
     }))
 }
@@ -518,9 +577,11 @@ impl Family for Qwen35 {
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
         let g = s.ctx;
         let eps = self.hp.rms_eps;
-        let mut x = g
-            .get_rows(self.head.tok_embd.t(), s.tokens)
-            .named("inp_embd");
+        let mut x = match &self.nextn {
+            Some(nx) => nx.input(s, &self.head, eps),
+            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
+        }
+        .named("inp_embd");
         for (il, l) in self.layers.iter().enumerate() {
             let h = s.rms_norm(x, &l.attn_norm, eps);
             let mixed = match &l.mixer {
@@ -532,8 +593,21 @@ impl Family for Qwen35 {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, res).named(&format!("l_out-{il}"));
         }
+        if let Some(nx) = &self.nextn {
+            return nx.output(s, &self.head, x, eps);
+        }
         // libllama runs the last layer on every row and picks the output rows after the norm.
-        let x = g.get_rows(s.rms_norm(x, &self.head.output_norm, eps), s.out_ids);
+        let x = s.rms_norm(x, &self.head.output_norm, eps);
+        s.keep_hidden(x);
+        let x = g.get_rows(x, s.out_ids);
         s.output(&self.head.output, x, 0.0)
+    }
+
+    fn mtp(&self) -> Option<&dyn Family> {
+        self.mtp.as_deref().map(|m| m as &dyn Family)
+    }
+
+    fn first_layer(&self) -> usize {
+        self.first_layer
     }
 }

@@ -73,6 +73,15 @@ pub struct Step<'a> {
     pub paged: Option<PagedInputs<'a>>,
     /// What the output rows hold: logits, or the final-normed hidden state ([`Step::output`]).
     pub values: RowValues,
+    /// A next-token-prediction head's step ([`crate::arch::Family::mtp`]): F32 [n_embd,
+    /// n_tokens], the hidden state each token is paired with (the trunk's, of the row before).
+    pub hidden_in: Option<Tensor<'a>>,
+    /// Whether the step returns every row's final-normed hidden state beside its output rows
+    /// (a trunk feeding its MTP head, and the head itself): families that have a head then keep
+    /// it with [`Step::keep_hidden`] and pick the output rows after the final norm.
+    pub returns_hidden: bool,
+    /// What [`Step::keep_hidden`] kept.
+    pub hidden_out: Option<Tensor<'a>>,
 }
 
 /// What a step's output rows hold.
@@ -498,6 +507,14 @@ impl<'a> Step<'a> {
                 let logits = self.matmul(head, x).named("result_output");
                 self.softcap(logits, softcap)
             }
+        }
+    }
+
+    /// Keeps `x` [n_embd, n_tokens], every row's final-normed hidden state, as the step's
+    /// hidden output where it returns one ([`Step::returns_hidden`]).
+    pub fn keep_hidden(&mut self, x: Tensor<'a>) {
+        if self.returns_hidden {
+            self.hidden_out = Some(x);
         }
     }
 

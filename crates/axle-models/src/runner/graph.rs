@@ -116,7 +116,7 @@ impl Runner {
     /// the device layout each decoding row's attention and each small column's expert or
     /// per-head products.
     pub(super) fn nodes_for(&self, key: &GraphKey) -> usize {
-        let n_layer = self.model.family().hparams().n_layer;
+        let n_layer = self.family().hparams().n_layer;
         let ops = match &key.device {
             None => key.groups.len(),
             Some(d) => {
@@ -134,7 +134,7 @@ impl Runner {
 
     /// Builds the graph of a step shape in a fresh context sized for `nodes` graph nodes.
     pub(super) fn build(&self, key: &GraphKey, nodes: usize) -> Result<Context, ModelError> {
-        let has_swa = self.model.family().sliding_window().is_some();
+        let has_swa = self.family().sliding_window().is_some();
         let ctx = Context::new(nodes, nodes)?;
         {
             let (n, n_kv) = (key.n_tokens, key.n_kv as i64);
@@ -150,7 +150,7 @@ impl Runner {
                 tokens: ctx.input(DType::I32, &[n], "inp_tokens"),
                 pos: ctx.input(
                     DType::I32,
-                    &[n * self.model.family().positions_per_token() as i64],
+                    &[n * self.family().positions_per_token() as i64],
                     "inp_pos",
                 ),
                 slots: ctx.input(DType::I64, &[n], "inp_slots"),
@@ -186,18 +186,29 @@ impl Runner {
                     .map(|shape| PagedInputs {
                         rows: ctx.input(DType::I32, &[2, n], "inp_pa_rows"),
                         table: ctx.input(DType::I32, &[shape.table_len], "inp_pa_table"),
-                        window: self.model.family().sliding_window().unwrap_or(0),
+                        window: self.family().sliding_window().unwrap_or(0),
                         refused: &self.arithmetic.paged_refused,
                     }),
                 values: self.opts.values,
+                hidden_in: self.opts.mtp.then(|| {
+                    let e = self.family().hparams().n_embd;
+                    ctx.input(DType::F32, &[e, n], "inp_hidden")
+                }),
+                returns_hidden: self.returns_hidden(),
+                hidden_out: None,
             };
-            let logits = self
-                .model
-                .family()
-                .forward(&mut step)
-                .named(LOGITS)
-                .as_output();
+            let logits = self.family().forward(&mut step).named(LOGITS).as_output();
             step.graph.expand(logits);
+            if step.returns_hidden {
+                let Some(hidden) = step.hidden_out else {
+                    return Err(ModelError::Unsupported(format!(
+                        "{} steps that return hidden states (for an MTP head)",
+                        self.family().hparams().arch
+                    )));
+                };
+                let hidden = hidden.named(HIDDEN).as_output();
+                step.graph.expand(hidden);
+            }
             // With the head on an accelerator, each row's largest logit is picked there too (a
             // greedy step then reads back one index a row instead of the vocabulary).
             if self.pinned.is_some() && self.opts.values == RowValues::Logits {

@@ -87,6 +87,13 @@ pub struct RunnerOptions {
     /// `force_device_layout`) and every layer's heads a multiple of 32 wide with K and V of one
     /// width: anything else is refused when the runner is made.
     pub kv_type: KvType,
+    /// Runs the model's next-token-prediction head ([`crate::arch::Family::mtp`]) instead of its
+    /// trunk: each token comes with a hidden state ([`SeqInput::hidden`]) and each step returns
+    /// every token's hidden state beside the asked rows' logits. Refused for models without one.
+    pub mtp: bool,
+    /// Each step also returns every token's final-normed hidden state
+    /// ([`StepOutput::hidden`]): a trunk whose MTP head drafts.
+    pub returns_hidden: bool,
 }
 
 impl RunnerOptions {
@@ -204,7 +211,15 @@ impl Runner {
         // Each layer's KV lives with the device that runs the layer; the scheduler gets the
         // accelerators first, in layer order, and the CPU last (it runs what the accelerators
         // cannot, and the layers left on the host).
-        let dims = model.family().kv_dims();
+        if opts.mtp && model.family().mtp().is_none() {
+            return Err(ModelError::Unsupported(format!(
+                "an MTP head for {}: the file has no next-token-prediction layer Axle runs",
+                model.arch()
+            )));
+        }
+        let family = family_of(&model, opts.mtp);
+        let dims = family.kv_dims();
+        let first_layer = family.first_layer() as u32;
         let placement = model.placement();
         let mut backends = placement
             .accelerators()
@@ -212,7 +227,7 @@ impl Runner {
             .map(Backend::on)
             .collect::<Result<Vec<_>, _>>()?;
         let bufts: Vec<BufferType> = (0..dims.len() as u32)
-            .map(|il| placement.layer_buffer(il))
+            .map(|il| placement.layer_buffer(first_layer + il))
             .collect();
         backends.push(Backend::cpu(model.threads())?);
         // With the device layout a sequence whose slots are consecutive is read in place over
@@ -227,7 +242,7 @@ impl Runner {
         let arithmetic = Arithmetic::choose(&model, &opts, on_device)?;
         check_kv_fits(&model, &bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
         let kv = KvCache::new(&bufts, &dims, opts.kv_slots + pad, opts.kv_type)?;
-        let state_dims = model.family().state_dims();
+        let state_dims = family.state_dims();
         let state = if state_dims.is_empty() {
             None
         } else {
@@ -254,7 +269,7 @@ impl Runner {
         let mut base_nodes = MAX_NODES;
         if state.is_some() {
             // Recurrent layers run per sequence: about 40 nodes each, plus one per kept state.
-            let n_layer = model.family().hparams().n_layer;
+            let n_layer = family.hparams().n_layer;
             let seqs = (opts.state_groups as usize).min(opts.max_batch_tokens);
             base_nodes += n_layer * seqs * (48 + opts.state_snapshots as usize);
         }
@@ -330,6 +345,16 @@ impl Runner {
     /// heads are not ones it takes).
     pub fn paged_note(&self) -> Option<&str> {
         self.arithmetic.paged_note.as_deref()
+    }
+
+    /// The family whose graph the runner's steps build: the model's trunk, or its MTP head.
+    fn family(&self) -> &dyn crate::arch::Family {
+        family_of(&self.model, self.opts.mtp)
+    }
+
+    /// Whether steps return every token's hidden state.
+    fn returns_hidden(&self) -> bool {
+        self.opts.returns_hidden || self.opts.mtp
     }
 
     /// The model.
@@ -489,13 +514,16 @@ impl Runner {
         if let Some(t) = ctx.find("inp_state_write").filter(|t| t.is_allocated()) {
             t.write(&h.state_write)?;
         }
+        if let Some(t) = ctx.find("inp_hidden").filter(|t| t.is_allocated()) {
+            t.write(&h.hidden)?;
+        }
         let mut graph = ctx
             .existing_graph()
             .ok_or_else(|| ModelError::Batch("graph missing".into()))?;
         let t_inputs = std::time::Instant::now();
         self.sched.compute(slot, &mut graph)?;
         let t_computed = std::time::Instant::now();
-        let hp = self.model.family().hparams();
+        let hp = self.family().hparams();
         let mut out = StepOutput {
             width: match self.opts.values {
                 RowValues::Logits => hp.n_vocab as usize,
@@ -504,7 +532,11 @@ impl Runner {
             rows: h.rows.clone(),
             logits: std::mem::take(&mut self.spare_logits),
             picked: Vec::new(),
+            hidden: Vec::new(),
         };
+        if self.returns_hidden() {
+            input(HIDDEN)?.read_f32(&mut out.hidden)?;
+        }
         if n_out > 0 {
             // Picks are made on the head's accelerator: only their indices come back, and the
             // logits only if some row wants them.
@@ -599,6 +631,18 @@ impl Runner {
     }
 }
 
+/// The family a runner's steps build: the model's trunk, or its MTP head (`mtp`; checked at
+/// construction).
+fn family_of(model: &Model, mtp: bool) -> &dyn crate::arch::Family {
+    let trunk = model.family();
+    match mtp {
+        true => trunk.mtp().unwrap_or(trunk),
+        false => trunk,
+    }
+}
+
+/// Graph output: every token's final-normed hidden state, where steps return it.
+const HIDDEN: &str = "axle_hidden";
 /// Name of the logits tensor in every graph.
 const LOGITS: &str = "axle_logits";
 /// Graph output: each logits row's largest index (I32), with the head on an accelerator.

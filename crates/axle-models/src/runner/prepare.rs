@@ -28,6 +28,8 @@ pub(super) struct HostInputs {
     pub(super) state_seqs: Vec<StateSeq>,
     pub(super) state_read: Vec<i32>,
     pub(super) state_write: Vec<i64>,
+    /// An MTP head's step: each token's paired hidden state.
+    pub(super) hidden: Vec<f32>,
 }
 
 impl Runner {
@@ -46,7 +48,7 @@ impl Runner {
     }
 
     pub(super) fn prepare(&mut self, seqs: &[SeqInput]) -> Result<(i64, u32), ModelError> {
-        let window = self.model.family().sliding_window();
+        let window = self.family().sliding_window();
         let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if n_tokens == 0 {
             return Err(ModelError::Batch("empty step".into()));
@@ -57,7 +59,7 @@ impl Runner {
                 self.opts.max_batch_tokens
             )));
         }
-        let n_vocab = self.model.family().hparams().n_vocab;
+        let n_vocab = self.family().hparams().n_vocab;
         let mut h = std::mem::take(&mut self.host);
         h.tokens.clear();
         h.pos.clear();
@@ -174,7 +176,21 @@ impl Runner {
                 first += n;
             }
         }
-        let ppt = self.model.family().positions_per_token();
+        h.hidden.clear();
+        if self.opts.mtp {
+            let e = self.family().hparams().n_embd as usize;
+            for s in seqs {
+                if s.hidden.len() != s.tokens.len() * e {
+                    return Err(ModelError::Batch(format!(
+                        "an MTP head's step needs {e} hidden values a token: {} for {} tokens",
+                        s.hidden.len(),
+                        s.tokens.len()
+                    )));
+                }
+                h.hidden.extend_from_slice(&s.hidden);
+            }
+        }
+        let ppt = self.family().positions_per_token();
         if ppt > 1 {
             // Multi-section RoPE: section-major, text positions [p, p, p, 0].
             let n = h.pos.len();

@@ -64,6 +64,9 @@ pub struct SeqInput {
     pub pick: bool,
     /// Recurrent state rows (models with linear-attention layers; ignored otherwise).
     pub state: StateSlots,
+    /// An MTP head's runner ([`RunnerOptions::mtp`]): each token's paired hidden state,
+    /// `n_embd` floats a token; empty otherwise.
+    pub hidden: Vec<f32>,
 }
 
 /// Logits (or, from an embedding runner, hidden states) returned by a step, one row per
@@ -80,6 +83,9 @@ pub struct StepOutput {
     /// index of its largest logit (empty when no row was picked). Picked rows' logits may be
     /// absent: `logits` is empty when every row was picked.
     pub picked: Vec<Option<TokenId>>,
+    /// Where the runner returns hidden states ([`RunnerOptions::returns_hidden`], MTP heads):
+    /// every token's final-normed hidden state, `n_embd` floats a token, in input order.
+    pub hidden: Vec<f32>,
 }
 
 impl StepOutput {

@@ -230,6 +230,7 @@ pub fn step_logits(model: Arc<Model>) -> Vec<Vec<f32>> {
     let feed = |runner: &mut Runner, tokens: &[u32], from: usize| {
         let step = runner
             .step(&[SeqInput {
+                hidden: Vec::new(),
                 tokens: tokens[from..].to_vec(),
                 start_pos: from as u32,
                 prompt_len: p,

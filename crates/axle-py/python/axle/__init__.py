@@ -53,7 +53,7 @@ class Engine:
     Delegated: ``Engine(backend="llama-cpp" | "openai", upstream="http://host:port")``, or
     ``Engine(model_path, upstream=..., allow_delegation=True)`` for a file Axle cannot run.
     Keyword arguments are those of ``axle serve`` (``max_batch_size``, ``max_batch_tokens``,
-    ``kv_slots``, ``draft_len``, ``drafters`` (``"ngram"``, ``"suffix"``, ``"model"`` or
+    ``kv_slots``, ``draft_len``, ``drafters`` (``"ngram"``, ``"suffix"``, ``"model"``, ``"mtp"`` or
     ``"all"``), ``draft_model`` (a path or Hub id of a smaller model with the same vocabulary),
     ``kernels``, ``repack``, ``gpu_layers``, ``upstream_model``,
     ``upstream_api_key``, ``upstream_timeout``, ``state_slots``, ``quantize`` (``"q4_k_m"``,

@@ -131,7 +131,10 @@ pub struct EngineArgs {
     pub draft_len: usize,
     /// Where drafts come from, comma-separated: `ngram` (prompt lookup over the sequence's own
     /// tokens), `suffix` (suffix decoding over the sequence's tokens and recent outputs of all
-    /// requests), or `all`. Each step the proposal with the longest match goes to the gate.
+    /// requests), `model` (the `--draft-model`), `mtp` (the model's own next-token-prediction
+    /// head, where its file carries one and no draft model is given), or `all`. Each step the
+    /// proposal with the longest match goes to the gate; the model drafters are asked where the
+    /// lookups found no copy.
     #[arg(long, default_value = "all", value_parser = DraftSources::parse)]
     pub drafters: DraftSources,
     /// A draft model: a smaller model with the same vocabulary (GGUF path or Hub id), loaded on

@@ -7,6 +7,9 @@ use smart_default::SmartDefault;
 use std::ffi::CString;
 use std::path::Path;
 
+mod mtp;
+pub use mtp::{MtpOracle, MtpRows};
+
 /// A token id.
 pub type Token = i32;
 
@@ -113,24 +116,9 @@ impl LlamaOracle {
     /// Loads `path` with F16 KV, a persistent thread pool and, by default, flash attention on
     /// and every layer on the CPU (as Axle runs there).
     pub fn load(path: &Path, opts: &OracleOptions) -> Result<LlamaOracle> {
-        crate::quiet_logs();
-        let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
-            .map_err(|e| Error::Oracle(e.to_string()))?;
-        // SAFETY: default-initialised params, valid path; every result is checked for null.
+        let model = load_model(path, opts, false)?;
+        // SAFETY: `model` is live (freed below on error, else owned by the oracle).
         unsafe {
-            sys::llama_backend_init();
-            let mut mp = sys::llama_model_default_params();
-            mp.n_gpu_layers = opts.n_gpu_layers;
-            mp.split_mode = match opts.split_mode {
-                SplitMode::Layer => sys::LLAMA_SPLIT_MODE_LAYER,
-                SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
-                SplitMode::Tensor => sys::LLAMA_SPLIT_MODE_TENSOR,
-            };
-            mp.vocab_only = opts.vocab_only;
-            let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
-            if model.is_null() {
-                return Err(Error::Oracle(format!("cannot load {}", path.display())));
-            }
             let vocab = sys::llama_model_get_vocab(model);
             let n_vocab = sys::llama_vocab_n_tokens(vocab) as usize;
             if opts.vocab_only {
@@ -142,33 +130,14 @@ impl LlamaOracle {
                     n_batch: 0,
                 });
             }
-            let mut cp = sys::llama_context_default_params();
-            cp.n_ctx = opts.n_ctx;
-            cp.n_batch = opts.n_batch;
-            cp.n_ubatch = opts.n_batch;
-            cp.n_seq_max = opts.n_seq_max;
-            cp.n_threads = opts.n_threads as i32;
-            cp.n_threads_batch = opts.n_threads as i32;
-            cp.flash_attn_type = if opts.flash_attn {
-                sys::LLAMA_FLASH_ATTN_TYPE_ENABLED
-            } else {
-                sys::LLAMA_FLASH_ATTN_TYPE_DISABLED
+            let (ctx, threadpool) = match new_context(model, opts, sys::LLAMA_CONTEXT_TYPE_DEFAULT)
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    sys::llama_model_free(model);
+                    return Err(e);
+                }
             };
-            cp.kv_unified = opts.kv_unified;
-            cp.no_perf = true;
-            if let Some(p) = opts.pooling {
-                cp.embeddings = true;
-                cp.pooling_type = p;
-            }
-            let ctx = sys::llama_init_from_model(model, cp);
-            if ctx.is_null() {
-                sys::llama_model_free(model);
-                return Err(Error::Oracle("cannot create llama context".into()));
-            }
-            let threadpool = ThreadPool::new(opts.n_threads as i32);
-            if let Some(tp) = &threadpool {
-                sys::llama_attach_threadpool(ctx, tp.raw(), tp.raw());
-            }
             Ok(LlamaOracle {
                 model,
                 ctx,
@@ -368,6 +337,72 @@ impl LlamaOracle {
         }
         Ok(last)
     }
+}
+
+/// Loads `path` as `opts` say (`mtp`: with its next-token-prediction layers).
+fn load_model(path: &Path, opts: &OracleOptions, mtp: bool) -> Result<*mut sys::llama_model> {
+    crate::quiet_logs();
+    let cpath = CString::new(path.as_os_str().to_string_lossy().as_bytes())
+        .map_err(|e| Error::Oracle(e.to_string()))?;
+    // SAFETY: default-initialised params, valid path; the result is checked for null.
+    unsafe {
+        sys::llama_backend_init();
+        let mut mp = sys::llama_model_default_params();
+        mp.n_gpu_layers = opts.n_gpu_layers;
+        mp.split_mode = match opts.split_mode {
+            SplitMode::Layer => sys::LLAMA_SPLIT_MODE_LAYER,
+            SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
+            SplitMode::Tensor => sys::LLAMA_SPLIT_MODE_TENSOR,
+        };
+        mp.vocab_only = opts.vocab_only;
+        mp.load_mtp = mtp;
+        let model = sys::llama_model_load_from_file(cpath.as_ptr(), mp);
+        if model.is_null() {
+            return Err(Error::Oracle(format!("cannot load {}", path.display())));
+        }
+        Ok(model)
+    }
+}
+
+/// A context of `kind` over `model` with F16 KV and a persistent thread pool of its own.
+///
+/// # Safety
+/// `model` must be live, and outlive the context.
+unsafe fn new_context(
+    model: *mut sys::llama_model,
+    opts: &OracleOptions,
+    kind: sys::llama_context_type,
+) -> Result<(*mut sys::llama_context, Option<ThreadPool>)> {
+    let mut cp = sys::llama_context_default_params();
+    cp.n_ctx = opts.n_ctx;
+    cp.n_batch = opts.n_batch;
+    cp.n_ubatch = opts.n_batch;
+    cp.n_seq_max = opts.n_seq_max;
+    cp.n_threads = opts.n_threads as i32;
+    cp.n_threads_batch = opts.n_threads as i32;
+    cp.flash_attn_type = if opts.flash_attn {
+        sys::LLAMA_FLASH_ATTN_TYPE_ENABLED
+    } else {
+        sys::LLAMA_FLASH_ATTN_TYPE_DISABLED
+    };
+    cp.kv_unified = opts.kv_unified;
+    cp.no_perf = true;
+    cp.ctx_type = kind;
+    if let Some(p) = opts.pooling {
+        cp.embeddings = true;
+        cp.pooling_type = p;
+    }
+    // SAFETY: the caller keeps `model` live.
+    let ctx = unsafe { sys::llama_init_from_model(model, cp) };
+    if ctx.is_null() {
+        return Err(Error::Oracle("cannot create llama context".into()));
+    }
+    let threadpool = ThreadPool::new(opts.n_threads as i32);
+    if let Some(tp) = &threadpool {
+        // SAFETY: live context and pool; the pool is dropped after the context by its owner.
+        unsafe { sys::llama_attach_threadpool(ctx, tp.raw(), tp.raw()) };
+    }
+    Ok((ctx, threadpool))
 }
 
 /// llama.cpp's quantize tool in process (`llama_model_quantize`): the float GGUF at `input`
