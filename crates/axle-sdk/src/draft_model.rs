@@ -427,3 +427,135 @@ impl ModelDrafter for DraftModel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axle_core::PlannedSeq;
+    use axle_models::ModelOptions;
+
+    /// The MTP head's greedy chain computed in one go: a fresh head runner over the whole known
+    /// sequence, each token paired with the trunk's state of the row before (`states`, one row
+    /// per position up to the last but one), then `k` draft steps fed its own states.
+    fn chain(model: &Arc<Model>, tokens: &[TokenId], states: &[f32], k: usize) -> Vec<TokenId> {
+        let e = model.family().hparams().n_embd as usize;
+        let mut head = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                mtp: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let table: Vec<u32> = (0..8).collect();
+        let step = |head: &mut Runner, toks: &[TokenId], start: usize, hidden: Vec<f32>| {
+            let out = head
+                .step(&[SeqInput {
+                    tokens: toks.to_vec(),
+                    start_pos: start as u32,
+                    prompt_len: tokens.len() as u32,
+                    block_table: table.clone(),
+                    logits: LogitRows::Last,
+                    pick: false,
+                    state: StateSlots::default(),
+                    hidden,
+                }])
+                .unwrap();
+            let last = out.hidden.len() - e;
+            (argmax(out.row(0)), out.hidden[last..].to_vec())
+        };
+        let mut paired = vec![0.0; e];
+        paired.extend_from_slice(&states[..(tokens.len() - 1) * e]);
+        let (mut t, mut h) = step(&mut head, tokens, 0, paired);
+        let mut out = vec![t];
+        for j in 1..k {
+            (t, h) = step(&mut head, &[t], tokens.len() - 1 + j, h);
+            out.push(t);
+        }
+        out
+    }
+
+    /// The drafter's catch-up after a prefill and after a verify step with one draft token
+    /// accepted, and its drafts, against the head's chain computed in one go: an off-by-one in
+    /// pairing tokens with states, or a state kept from a rejected row, changes the drafts.
+    #[test]
+    fn mtp_drafts_are_the_heads_greedy_chain_after_prefill_and_after_a_verify_step() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/glm4moe-tiny.gguf");
+        let model = Arc::new(Model::load(&path, &ModelOptions::cpu(2)).unwrap());
+        let e = model.family().hparams().n_embd as usize;
+        let mut target = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                returns_hidden: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut mtp = DraftModel::mtp(model.clone(), 4096, 16, 64, 4).unwrap();
+        let table: Vec<u32> = (0..8).collect();
+        let mut known: Vec<TokenId> =
+            model
+                .tokenizer
+                .encode("one two three four five", true, false);
+        let mut states: Vec<f32> = Vec::new();
+        let (mut start, mut drafts) = (0usize, Vec::new());
+        for round in 0..3 {
+            // A target step over the tokens not yet computed (the prompt, or the last token and
+            // the drafts); the first draft is accepted in round 2.
+            let tokens: Vec<TokenId> = known[start..].iter().chain(&drafts).copied().collect();
+            let n_draft = drafts.len();
+            let out = target
+                .step(&[SeqInput {
+                    tokens: tokens.clone(),
+                    start_pos: start as u32,
+                    prompt_len: 6,
+                    block_table: table.clone(),
+                    logits: LogitRows::All,
+                    pick: false,
+                    state: StateSlots::default(),
+                    hidden: Vec::new(),
+                }])
+                .unwrap();
+            let accepted = usize::from(round == 2).min(n_draft);
+            let real = tokens.len() - n_draft + accepted;
+            states.extend_from_slice(&out.hidden[..real * e]);
+            known.extend_from_slice(&drafts[..accepted]);
+            known.push(argmax(out.row(real - 1)));
+            let plan = StepPlan {
+                seqs: vec![PlannedSeq {
+                    id: 1,
+                    tokens,
+                    start_pos: start as u32,
+                    prompt_len: 6,
+                    block_table: table.clone(),
+                    wants_logits: true,
+                    n_draft,
+                    state_slot: None,
+                    pick: false,
+                }],
+                preempted: Vec::new(),
+            };
+            let event = Event {
+                id: 1,
+                tokens: Vec::new(),
+                finished: None,
+                logprobs: Vec::new(),
+                accepted,
+            };
+            mtp.settle(&plan, &[event], &out.hidden);
+            start = known.len() - 1;
+            drafts = mtp
+                .draft(&[ModelAsk {
+                    id: 1,
+                    tokens: &known,
+                    prompt_len: 6,
+                    block_table: &table,
+                    len: 3,
+                }])
+                .remove(0);
+            assert_eq!(mtp.error(), None);
+            assert_eq!(drafts, chain(&model, &known, &states, 3), "round {round}");
+        }
+    }
+}
