@@ -299,7 +299,7 @@ def write_gemma4(path, vocab, seed, moe=False):
     finish(w, path)
 
 
-def write_deepseek2(path, vocab, seed, v3=False):
+def write_deepseek2(path, vocab, seed, v3=False, mtp=False):
     """A DeepSeek-V3 / GLM-4.7-Flash-style fixture (`deepseek2`): multi-head latent attention
     with a low-rank query (rank 32), a 32-wide KV latent plus 16 rotated dims (one cache row of 48
     per token), heads of 48 (32 unrotated + 16) for keys and 32 for values, split per-head
@@ -307,14 +307,18 @@ def write_deepseek2(path, vocab, seed, v3=False):
     top-2, sigmoid routing with a selection bias, renormalised and scaled weights, one shared
     expert. `v3`: DeepSeek-V3/Kimi-K2 style instead: full-rank queries, YaRN-scaled RoPE (factor
     4 over 256 positions, log multiplier 0.1) and grouped expert selection (4 groups of 2, 2 used,
-    top-2)."""
+    top-2). `mtp`: one multi-token-prediction block after the trunk (`nextn_predict_layers` = 1,
+    as GLM-4.7-Flash files carry): an MoE layer with the `nextn` input projection and norms and a
+    head norm of its own."""
     rng = np.random.default_rng(seed)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][2])
     arch = "deepseek2"
     e, nh, nl, ff = 64, 4, 3, 128
     q_lora, kv_lora, rope, nope, hv = (0 if v3 else 32), 32, 16, 32, 32
     x, eff = 8, 64
-    w = writer(path, arch, f"axle-fixture-{arch}", e, nl, ff, nh, 1)
+    w = writer(path, arch, f"axle-fixture-{arch}", e, nl + int(mtp), ff, nh, 1)
+    if mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_key_length(kv_lora + rope)
     w.add_value_length(kv_lora)
     w.add_uint32(f"{arch}.attention.key_length_mla", nope + rope)
@@ -346,9 +350,14 @@ def write_deepseek2(path, vocab, seed, v3=False):
     mat("token_embd.weight", n_vocab, e, scale=1.0)
     mat("output.weight", n_vocab, e)
     vec("output_norm.weight", e)
-    for i in range(nl):
+    for i in range(nl + int(mtp)):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
+        if i == nl:
+            mat(p + "nextn.eh_proj.weight", e, 2 * e)
+            vec(p + "nextn.enorm.weight", e)
+            vec(p + "nextn.hnorm.weight", e)
+            vec(p + "nextn.shared_head_norm.weight", e)
         if q_lora:
             mat(p + "attn_q_a.weight", q_lora, e)
             vec(p + "attn_q_a_norm.weight", q_lora)
@@ -584,7 +593,7 @@ def write_glm4moe(path, vocab, seed):
 
 
 # Files written (the split llama fixture counts its two parts).
-FIXTURES = 21
+FIXTURES = 22
 
 
 def main():
@@ -636,6 +645,7 @@ def main():
     write_gpt_oss(os.path.join(a.out, "gpt-oss-tiny.gguf"), vocab, 15)
     write_glm4moe(os.path.join(a.out, "glm4moe-tiny.gguf"), vocab, 16)
     write_qwen35(os.path.join(a.out, "qwen35-mtp-tiny.gguf"), vocab, 17, mtp=True)
+    write_deepseek2(os.path.join(a.out, "deepseek2-mtp-tiny.gguf"), vocab, 19, mtp=True)
     write_qwen35(os.path.join(a.out, "qwen35moe-mtp-tiny.gguf"), vocab, 18, moe=True, mtp=True)
 
 

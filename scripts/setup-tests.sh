@@ -32,7 +32,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/../tests/python/requirements.txt"
 
-# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 21
+# The random-weight fixtures of the architectures with no fetchable weights (fixtures/*.gguf, 22
 # files, about 120 MB): written from seeds by scripts/make-fixtures.py (about 10 s), byte for byte
 # the same on every machine, rather than kept in git.
 models="$("$here/fetch-models.sh")"

@@ -2,7 +2,8 @@
 //! an MTP block: the trunk's hidden states of every row, then the head's logits and hidden states
 //! over a prompt (each token paired with the trunk's state of the row before it, zeros before
 //! the first) and over a chain of drafts fed the head's own states, bit for bit, with libllama's
-//! kernels on the CPU.
+//! kernels on the CPU; the trunk's last logits too (the fixtures with an MTP block are not in
+//! `oracle_fixtures.rs`).
 mod common;
 
 use axle_ggml::oracle::{MtpOracle, OracleOptions};
@@ -63,10 +64,14 @@ fn check_head(file: &str) {
         let n = tokens.len();
 
         // The trunk: every row's hidden state.
-        let (want_h, _) = oracle.trunk(&ids, 0).expect("oracle trunk");
+        let (want_h, want_last) = oracle.trunk(&ids, 0).expect("oracle trunk");
         let out = trunk
             .step(&[input(&tokens, 0, Vec::new())])
             .expect("trunk step");
+        common::assert_exact(
+            &[common::max_abs_diff(out.row(n - 1), &want_last)],
+            &format!("{file} trunk logits of the last row, {n} tokens"),
+        );
         common::assert_exact(
             &diffs(&rows(&out.hidden, e), &rows(&want_h, e)),
             &format!("{file} trunk hidden states, {n} tokens"),
@@ -125,4 +130,9 @@ fn qwen35_mtp_head_matches_libllama() {
 #[test]
 fn qwen35moe_mtp_head_matches_libllama() {
     check_head("qwen35moe-mtp-tiny.gguf");
+}
+
+#[test]
+fn deepseek2_mtp_head_matches_libllama() {
+    check_head("deepseek2-mtp-tiny.gguf");
 }

@@ -258,3 +258,8 @@ fn the_qwen35_mtp_head_drafts_and_changes_nothing() {
 fn the_qwen35moe_mtp_head_drafts_and_changes_nothing() {
     mtp_exact("qwen35moe-mtp-tiny.gguf");
 }
+
+#[test]
+fn the_deepseek2_mtp_head_drafts_and_changes_nothing() {
+    mtp_exact("deepseek2-mtp-tiny.gguf");
+}

@@ -17,7 +17,7 @@ setsid nohup bash -c "PYTHONPATH='$w/site' python3 '$root/scripts/make-bench-mod
   --vocab-from '$root/.device/llama-tiny.gguf' --out '$w/models/llama3-8b-q4_0.gguf' >'$w/logs/models.log' 2>&1; \
   echo \$? >'$w/logs/models.rc'" >/dev/null 2>&1 &
 echo "== profilers"; which nsys ncu; ls -d /usr/local/cuda* /opt/nvidia/* 2>/dev/null; nvcc --version | tail -2
-find / -xdev \( -name 'libcupti.so*' -o -name cupti_activity.h -o -name 'nsys' \) 2>/dev/null | grep -v '^/proc' | head -20
+find /usr/local /opt -maxdepth 6 \( -name 'libcupti.so' -o -name cupti_activity.h -o -name 'nsys' \) 2>/dev/null | head -20
 # The tracer, against the newest CUPTI headers here.
 export PATH="$PATH:/usr/local/cuda/bin"
 inc=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda*/ -name cupti_activity.h 2>/dev/null | head -n 1)")

@@ -15,8 +15,11 @@
 //!
 //! YaRN-scaled RoPE (DeepSeek V3, Kimi K2) corrects the attention scale by the `mscale` of
 //! `rope.scaling.yarn_log_multiplier`, as libllama does. Grouped expert selection (DeepSeek V3's
-//! router) comes with the MoE block. Refused by name: files without the split
-//! `attn_k_b`/`attn_v_b` (old GGUFs with `attn_kv_b`).
+//! router) comes with the MoE block. An MTP block after the trunk (`nextn_predict_layers`,
+//! GLM-4.7-Flash's files) is the model's MTP head ([`super::nextn`]): one MoE layer with a
+//! low-rank query. Refused by name: files without the split `attn_k_b`/`attn_v_b` (old GGUFs
+//! with `attn_kv_b`).
+use super::nextn::Nextn;
 use super::{bad, non_negative_float, Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
@@ -70,6 +73,12 @@ pub struct DeepSeek2 {
     kq_scale: f32,
     head: Head,
     layers: Vec<Layer>,
+    /// An MTP head's own input and output weights (set on the head, not the trunk).
+    nextn: Option<Nextn>,
+    /// The model's MTP head: the first block after the trunk, with its input and output.
+    mtp: Option<Box<DeepSeek2>>,
+    /// The model layer of the first of `layers`.
+    first_layer: usize,
 }
 
 /// Reads the config and binds the weights.
@@ -166,6 +175,15 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             )))
         }
     };
+    // Next-token-prediction blocks follow the trunk in the file.
+    let n_mtp = f.int_opt(&hp.key("nextn_predict_layers"))?.unwrap_or(0);
+    if n_mtp < 0 || n_mtp as usize >= hp.n_layer {
+        return Err(bad(
+            &hp.key("nextn_predict_layers"),
+            &format!("= {n_mtp} leaves no trunk of the {} layers", hp.n_layer),
+        ));
+    }
+    hp.n_layer -= n_mtp as usize;
     let moe = MoeConfig::from_gguf(f, ARCH, hp.n_ff, gating, false)?;
     let n_shared = f.int_opt(&hp.key("expert_shared_count"))?.unwrap_or(0);
     if !(0..=64).contains(&n_shared) {
@@ -179,9 +197,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let w = Weights::new(store);
     let (e, v, nh) = (hp.n_embd, hp.n_vocab, hp.n_head);
     let qk_nope = head_k - n_rot;
-    let head = Head::bind(&w, e, v)?;
-    let mut layers = Vec::with_capacity(hp.n_layer);
-    for il in 0..hp.n_layer {
+    let layer = |il: usize| -> Result<Layer, ModelError> {
         let n = |s: &str| format!("blk.{il}.{s}");
         let query = if q_lora > 0 {
             Query::LowRank {
@@ -197,7 +213,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         } else {
             FeedForward::Moe(Box::new(MoeLayer::bind(&w, il, e, &moe, shared_ff)?), moe)
         };
-        layers.push(Layer {
+        Ok(Layer {
             attn_norm: w.req(&n("attn_norm.weight"), &[e])?,
             query,
             wkv_a: w.req(&n("attn_kv_a_mqa.weight"), &[e, kv_lora + n_rot])?,
@@ -207,16 +223,42 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
             wo: w.req(&n("attn_output.weight"), &[nh * head_v, e])?,
             ffn_norm: w.req(&n("ffn_norm.weight"), &[e])?,
             ffn,
-        });
-    }
+        })
+    };
+    let layers = (0..hp.n_layer).map(layer).collect::<Result<Vec<_>, _>>()?;
+    let kq_scale = kq_mscale * kq_mscale / (head_k as f32).sqrt();
+    // The first MTP block, where the file carries one after the trunk.
+    let at = hp.n_layer;
+    let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(at)) {
+        false => None,
+        true => Some(Box::new(DeepSeek2 {
+            head: Head::bind(&w, e, v)?,
+            layers: vec![layer(at)?],
+            head_k,
+            head_v,
+            kv_lora,
+            n_rot,
+            kq_scale,
+            nextn: Some(Nextn::bind(&w, at, e, v)?),
+            mtp: None,
+            first_layer: at,
+            hp: Hparams {
+                n_layer: 1,
+                ..hp.clone()
+            },
+        })),
+    };
     Ok(Box::new(DeepSeek2 {
-        head,
+        head: Head::bind(&w, e, v)?,
         layers,
         head_k,
         head_v,
         kv_lora,
         n_rot,
-        kq_scale: kq_mscale * kq_mscale / (head_k as f32).sqrt(),
+        kq_scale,
+        nextn: None,
+        mtp,
+        first_layer: 0,
         hp,
     }))
 }
@@ -246,10 +288,15 @@ impl Family for DeepSeek2 {
             softcap: 0.0,
             sliding: false,
         };
-        let mut x = g
-            .get_rows(self.head.tok_embd.t(), s.tokens)
-            .named("inp_embd");
+        let mut x = match &self.nextn {
+            Some(nx) => nx.input(s, &self.head, eps),
+            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
+        }
+        .named("inp_embd");
         let last = self.layers.len() - 1;
+        // Output rows are picked before the last layer's residual, unless every row's hidden
+        // state is returned too (an MTP head reads them all).
+        let early = !s.returns_hidden;
         for (il, l) in self.layers.iter().enumerate() {
             let h = s.rms_norm(x, &l.attn_norm, eps);
             let q = match &l.query {
@@ -291,7 +338,7 @@ impl Family for DeepSeek2 {
             let att = g.cont(g.permute(s.head_matmul(&l.wv_b, att), [0, 2, 1, 3]));
             let mut o = s.matmul(&l.wo, g.reshape(att, &[self.head_v * nh, n]));
             let mut residual = x;
-            if il == last {
+            if il == last && early {
                 o = g.get_rows(o, s.out_ids);
                 residual = g.get_rows(residual, s.out_ids);
             }
@@ -300,7 +347,22 @@ impl Family for DeepSeek2 {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, ffn_inp).named(&format!("l_out-{il}"));
         }
-        let x = s.rms_norm(x, &self.head.output_norm, eps);
+        if let Some(nx) = &self.nextn {
+            return nx.output(s, &self.head, x, eps);
+        }
+        let mut x = s.rms_norm(x, &self.head.output_norm, eps);
+        if !early {
+            s.keep_hidden(x);
+            x = g.get_rows(x, s.out_ids);
+        }
         s.output(&self.head.output, x, 0.0)
+    }
+
+    fn mtp(&self) -> Option<&dyn Family> {
+        self.mtp.as_deref().map(|m| m as &dyn Family)
+    }
+
+    fn first_layer(&self) -> usize {
+        self.first_layer
     }
 }
