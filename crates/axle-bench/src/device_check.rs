@@ -3,12 +3,14 @@
 //! backend (flash attention on, as Axle runs), with libllama against itself (flash attention off)
 //! as the yardstick of how far two correct kernel choices drift apart; then the engine's greedy
 //! output with n-gram speculation on against off, each prompt alone and all of them batched.
+//! Models whose file carries an MTP block also get their head's logits compared with libllama's
+//! MTP context on the same device, fed the same hidden states.
 use crate::BenchError;
 use axle_core::TokenId;
-use axle_ggml::oracle::{LlamaOracle, OracleOptions};
+use axle_ggml::oracle::{LlamaOracle, MtpOracle, OracleOptions};
 use axle_models::device_step::DeviceProducts;
 use axle_models::kv::KvType;
-use axle_models::{Model, Runner, RunnerOptions, Sequence};
+use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, Sequence, StateSlots};
 use axle_sdk::{EngineConfig, EngineCore, RequestOptions};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -89,6 +91,89 @@ pub struct DeviceCheckReport {
     /// With a KV type other than F16: prompts whose greedy output equals F16 KV's.
     #[serde(default)]
     pub kv_f16_identical: Option<usize>,
+    /// Where the file carries an MTP block: its head against libllama's MTP context.
+    #[serde(default)]
+    pub mtp_head: Option<MtpHeadCheck>,
+}
+
+/// An MTP head's logits against libllama's MTP context on the same device: every row of each
+/// prompt, each token paired with libllama's trunk state of the row before.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MtpHeadCheck {
+    /// Prompts compared.
+    pub prompts: usize,
+    /// Rows compared (every position of each prompt).
+    pub rows: usize,
+    /// Rows whose top-1 token is libllama's.
+    pub top1_same: usize,
+    /// Rows whose logits are bit-identical to libllama's.
+    pub identical_rows: usize,
+    /// Worst max |dlogit| over the rows.
+    pub worst_max_abs_diff: f32,
+}
+
+/// The MTP head check (prompts up to one libllama batch long).
+fn mtp_head_check(
+    model: &Arc<Model>,
+    toks: &[Vec<u32>],
+    n_ctx: u32,
+    threads: usize,
+) -> Result<Option<MtpHeadCheck>, BenchError> {
+    if model.family().mtp().is_none() {
+        return Ok(None);
+    }
+    let e = model.family().hparams().n_embd as usize;
+    let mut oracle = MtpOracle::load(
+        model.path(),
+        &OracleOptions {
+            n_ctx,
+            n_threads: threads,
+            n_gpu_layers: crate::oracle_gpu_layers(model),
+            ..Default::default()
+        },
+    )?;
+    let mut head = Runner::new(
+        model.clone(),
+        RunnerOptions {
+            mtp: true,
+            ..RunnerOptions::like_llama_cpp(n_ctx)
+        },
+    )?;
+    let mut c = MtpHeadCheck {
+        prompts: 0,
+        rows: 0,
+        top1_same: 0,
+        identical_rows: 0,
+        worst_max_abs_diff: 0.0,
+    };
+    for p in toks.iter().filter(|p| !p.is_empty() && p.len() <= 512) {
+        oracle.clear();
+        let ids: Vec<i32> = p.iter().map(|&t| t as i32).collect();
+        let (h, _) = oracle.trunk(&ids, 0)?;
+        let mut paired = vec![0.0f32; e];
+        paired.extend_from_slice(&h[..(p.len() - 1) * e]);
+        let entries: Vec<(i32, i32)> = ids.iter().zip(0..).map(|(&t, i)| (t, i)).collect();
+        let want = oracle.head(&entries, &paired)?;
+        let got = head.step(&[SeqInput {
+            tokens: p.clone(),
+            start_pos: 0,
+            prompt_len: p.len() as u32,
+            block_table: (0..n_ctx / 16).collect(),
+            logits: LogitRows::All,
+            pick: false,
+            state: StateSlots::default(),
+            hidden: paired,
+        }])?;
+        for (i, w) in want.logits.iter().enumerate() {
+            let d = max_abs_diff(got.row(i), w);
+            c.rows += 1;
+            c.top1_same += usize::from(argmax(got.row(i)) == argmax(w));
+            c.identical_rows += usize::from(d == 0.0);
+            c.worst_max_abs_diff = c.worst_max_abs_diff.max(d);
+        }
+        c.prompts += 1;
+    }
+    Ok(Some(c))
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -240,6 +325,7 @@ pub fn run(
         bar.inc(1);
     }
     drop((fa_on, fa_off, runner));
+    let mtp_head = mtp_head_check(model, &toks, n_ctx, opts.threads)?;
 
     // Speculation: the engine's own kernels, greedy, 48 tokens, as the CPU test does.
     let cfg = |draft_len| EngineConfig {
@@ -316,6 +402,7 @@ pub fn run(
         accepted,
         kv_type: opts.kv_type.to_string(),
         kv_f16_identical: kv_f16.map(|r| same(&r.outputs)),
+        mtp_head,
     })
 }
 
@@ -377,6 +464,13 @@ pub fn render(r: &DeviceCheckReport) -> String {
         r.drafted,
         r.accepted
     );
+    if let Some(m) = &r.mtp_head {
+        s += &format!(
+            "MTP head vs libllama's MTP context: {} prompts, {} rows: top-1 same {}, logits \
+             bit-identical {}, worst max|dlogit| {:.5}\n",
+            m.prompts, m.rows, m.top1_same, m.identical_rows, m.worst_max_abs_diff
+        );
+    }
     if let Some(k) = r.kv_f16_identical {
         s += &format!(
             "KV {}: greedy output equal to F16 KV's {k}/{n}\n",
