@@ -110,6 +110,13 @@ pub struct MtpHeadCheck {
     pub identical_rows: usize,
     /// Worst max |dlogit| over the rows.
     pub worst_max_abs_diff: f32,
+    /// What the engine measured at start-up with the head drafting: a step verifying k draft
+    /// tokens against a decode step (k = 0..=4), and the head's step against a decode step.
+    #[serde(default)]
+    pub verify_cost: Vec<f64>,
+    /// See `verify_cost`.
+    #[serde(default)]
+    pub head_step_cost: Option<f64>,
 }
 
 /// The MTP head check (prompts up to one libllama batch long).
@@ -145,6 +152,8 @@ fn mtp_head_check(
         top1_same: 0,
         identical_rows: 0,
         worst_max_abs_diff: 0.0,
+        verify_cost: Vec::new(),
+        head_step_cost: None,
     };
     for p in toks.iter().filter(|p| !p.is_empty() && p.len() <= 512) {
         oracle.clear();
@@ -172,6 +181,20 @@ fn mtp_head_check(
             c.worst_max_abs_diff = c.worst_max_abs_diff.max(d);
         }
         c.prompts += 1;
+    }
+    drop((oracle, head));
+    let engine = EngineCore::new(
+        model.clone(),
+        &EngineConfig {
+            kv_slots: n_ctx.div_ceil(16) * 16,
+            draft_len: 4,
+            drafters: axle_sdk::DraftSources::parse("mtp").map_err(BenchError::Invalid)?,
+            ..Default::default()
+        },
+    )?;
+    if let Some(d) = engine.draft_config() {
+        c.verify_cost = d.verify_cost.clone();
+        c.head_step_cost = d.model_cost;
     }
     Ok(Some(c))
 }
@@ -467,8 +490,20 @@ pub fn render(r: &DeviceCheckReport) -> String {
     if let Some(m) = &r.mtp_head {
         s += &format!(
             "MTP head vs libllama's MTP context: {} prompts, {} rows: top-1 same {}, logits \
-             bit-identical {}, worst max|dlogit| {:.5}\n",
-            m.prompts, m.rows, m.top1_same, m.identical_rows, m.worst_max_abs_diff
+             bit-identical {}, worst max|dlogit| {:.5}\nverify step of k = 0.. draft tokens / \
+             decode step: {}; MTP head step / decode step: {}\n",
+            m.prompts,
+            m.rows,
+            m.top1_same,
+            m.identical_rows,
+            m.worst_max_abs_diff,
+            m.verify_cost
+                .iter()
+                .map(|c| format!("{c:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            m.head_step_cost
+                .map_or_else(|| "not measured".to_string(), |c| format!("{c:.3}"))
         );
     }
     if let Some(k) = r.kv_f16_identical {
