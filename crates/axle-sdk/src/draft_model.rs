@@ -18,13 +18,20 @@
 //! state for the next; a draft then starts from the sequence's last token and that state, and
 //! each further draft token reads the head's own state of the one before. Nothing a draft wrote
 //! stays valid (its states were the head's, not the target's): the next catch-up writes those
-//! positions again. A request that starts from a cached prefix lacks the target's state at the
-//! prefix's end, so the head does not draft for it.
+//! positions again. Its KV of a cached prefix's blocks is there already (the request that
+//! computed them caught up on them), and the target's state at each block's end is kept for a
+//! while ([`SAVED_STATES`]), keyed by the prefix's hash: a request that starts from a cached
+//! prefix picks it up there (zeros where it is gone: the head's first row then reads a state the
+//! trunk never gave, which only costs acceptance).
 use axle_core::sampler::argmax;
 use axle_core::{Event, ModelAsk, ModelDrafter, RequestId, RowLogits, StepPlan};
 use axle_models::{LogitRows, Model, Runner, RunnerOptions, SeqInput, StateSlots, TokenId};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+
+/// Target states kept at block ends for requests that start from a cached prefix (an MTP head):
+/// one row of the hidden size each (16 KB for a 4096-wide model), the oldest dropped first.
+pub const SAVED_STATES: usize = 1024;
 
 /// How far a sequence's draft KV is valid, and the draft in flight.
 #[derive(Debug, Clone, Default)]
@@ -35,8 +42,6 @@ struct DraftSeq {
     pending: Option<(usize, usize)>,
     /// An MTP head: the target's hidden state of position `computed - 1` (zeros before any).
     state: Vec<f32>,
-    /// An MTP head: the sequence started from a cached prefix, so the head does not draft.
-    blind: bool,
 }
 
 /// A draft model with its runner.
@@ -50,6 +55,10 @@ pub struct DraftModel {
     error: Option<String>,
     /// Hidden size where this is the model's MTP head (0: a separate draft model).
     mtp_width: usize,
+    /// An MTP head: the target's state at the end of prefixes of whole blocks, by prefix hash,
+    /// and their order (oldest first).
+    saved: HashMap<u64, Vec<f32>>,
+    saved_order: VecDeque<u64>,
 }
 
 impl DraftModel {
@@ -112,6 +121,8 @@ impl DraftModel {
             max_tokens,
             error: None,
             mtp_width,
+            saved: HashMap::new(),
+            saved_order: VecDeque::new(),
         })
     }
 
@@ -137,13 +148,20 @@ impl DraftModel {
 
     /// After a step: what each verified draft left valid, preempted and finished sequences
     /// forgotten; an MTP head catches up on the step's real tokens with `hidden`, the target's
-    /// hidden states of the step's tokens.
-    pub fn settle(&mut self, plan: &StepPlan, events: &[Event], hidden: &[f32]) {
+    /// hidden states of the step's tokens, and `prefix(id, n)` names a request's prefix of `n`
+    /// tokens where it is a whole number of blocks (the scheduler's prefix hash).
+    pub fn settle(
+        &mut self,
+        plan: &StepPlan,
+        events: &[Event],
+        hidden: &[f32],
+        prefix: &dyn Fn(RequestId, usize) -> Option<u64>,
+    ) {
         for id in &plan.preempted {
             self.seqs.remove(id);
         }
         if self.is_mtp() && self.error.is_none() {
-            if let Err(e) = self.catch_up(plan, events, hidden) {
+            if let Err(e) = self.catch_up(plan, events, hidden, prefix) {
                 self.error = Some(e.to_string());
             }
         }
@@ -175,8 +193,10 @@ impl DraftModel {
         plan: &StepPlan,
         events: &[Event],
         hidden: &[f32],
+        prefix: &dyn Fn(RequestId, usize) -> Option<u64>,
     ) -> Result<(), crate::SdkError> {
         let e = self.mtp_width;
+        let bs = self.runner.options().block_size as usize;
         let total: usize = plan.seqs.iter().map(|s| s.tokens.len()).sum();
         if hidden.len() != total * e {
             return Err(crate::SdkError::Config(format!(
@@ -189,21 +209,22 @@ impl DraftModel {
         for s in &plan.seqs {
             let first = row;
             row += s.tokens.len();
+            // A finished request's last tokens are caught up too: a later request may reuse its
+            // blocks.
             let event = events.iter().find(|ev| ev.id == s.id);
-            if event.is_some_and(|ev| ev.finished.is_some()) {
-                continue;
-            }
             let real = match (s.n_draft, event) {
                 (0, _) => s.tokens.len(),
                 (_, Some(ev)) => ev.accepted.min(s.n_draft) + 1,
                 (_, None) => continue,
             };
-            let st = self.seqs.entry(s.id).or_default();
             let start = s.start_pos as usize;
-            if st.blind || start != st.computed {
-                // A cached prefix (or a gap this drafter did not see): no state to pair with.
-                st.blind = true;
-                continue;
+            let st = self.seqs.entry(s.id).or_default();
+            if start != st.computed {
+                // A cached prefix: its blocks hold the head's KV already; the target's state at
+                // its end where it was kept, else zeros.
+                st.state = prefix(s.id, start)
+                    .and_then(|h| self.saved.get(&h).cloned())
+                    .unwrap_or_default();
             }
             let mut paired = Vec::with_capacity(real * e);
             match st.state.len() == e {
@@ -213,6 +234,24 @@ impl DraftModel {
             paired.extend_from_slice(&hidden[first * e..(first + real - 1) * e]);
             st.state = hidden[(first + real - 1) * e..(first + real) * e].to_vec();
             st.computed = start + real;
+            // The target's state at each block end the step's real tokens reach.
+            for end in (start + 1..=start + real).filter(|q| q % bs == 0) {
+                if let Some(h) = prefix(s.id, end) {
+                    let row = first + end - 1 - start;
+                    if self
+                        .saved
+                        .insert(h, hidden[row * e..(row + 1) * e].to_vec())
+                        .is_none()
+                    {
+                        self.saved_order.push_back(h);
+                    }
+                }
+            }
+            while self.saved_order.len() > SAVED_STATES {
+                if let Some(old) = self.saved_order.pop_front() {
+                    self.saved.remove(&old);
+                }
+            }
             inputs.push(SeqInput {
                 tokens: s.tokens[..real].to_vec(),
                 start_pos: s.start_pos,
@@ -260,7 +299,7 @@ impl DraftModel {
             .enumerate()
             .filter_map(|(i, a)| {
                 let st = self.seqs.get(&a.id)?;
-                let ready = !st.blind && st.computed + 1 == a.tokens.len() && st.state.len() == e;
+                let ready = st.computed + 1 == a.tokens.len() && st.state.len() == e;
                 (ready && a.len > 0).then(|| (i, st.state.clone()))
             })
             .collect();
@@ -436,8 +475,14 @@ mod tests {
 
     /// The MTP head's greedy chain computed in one go: a fresh head runner over the whole known
     /// sequence, each token paired with the trunk's state of the row before (`states`, one row
-    /// per position up to the last but one), then `k` draft steps fed its own states.
-    fn chain(model: &Arc<Model>, tokens: &[TokenId], states: &[f32], k: usize) -> Vec<TokenId> {
+    /// per position up to the last but one), then `k` draft steps fed its own states; and the
+    /// logits of the first draft.
+    fn chain(
+        model: &Arc<Model>,
+        tokens: &[TokenId],
+        states: &[f32],
+        k: usize,
+    ) -> (Vec<TokenId>, Vec<f32>) {
         let e = model.family().hparams().n_embd as usize;
         let mut head = Runner::new(
             model.clone(),
@@ -462,17 +507,38 @@ mod tests {
                 }])
                 .unwrap();
             let last = out.hidden.len() - e;
-            (argmax(out.row(0)), out.hidden[last..].to_vec())
+            (out.row(0).to_vec(), out.hidden[last..].to_vec())
         };
         let mut paired = vec![0.0; e];
         paired.extend_from_slice(&states[..(tokens.len() - 1) * e]);
-        let (mut t, mut h) = step(&mut head, tokens, 0, paired);
-        let mut out = vec![t];
+        let (first, mut h) = step(&mut head, tokens, 0, paired);
+        let mut out = vec![argmax(&first)];
         for j in 1..k {
-            (t, h) = step(&mut head, &[t], tokens.len() - 1 + j, h);
-            out.push(t);
+            let (l, next) = step(&mut head, &out[j - 1..j], tokens.len() - 1 + j, h);
+            out.push(argmax(&l));
+            h = next;
         }
-        out
+        (out, first)
+    }
+
+    /// The head's logits for the draft after `known` from the drafter's own KV and kept state
+    /// (what its first draft step computes).
+    fn first_draft_logits(mtp: &mut DraftModel, id: RequestId, known: &[TokenId]) -> Vec<f32> {
+        let state = mtp.seqs[&id].state.clone();
+        let out = mtp
+            .runner
+            .step(&[SeqInput {
+                tokens: known[known.len() - 1..].to_vec(),
+                start_pos: known.len() as u32 - 1,
+                prompt_len: known.len() as u32,
+                block_table: (0..8).collect(),
+                logits: LogitRows::Last,
+                pick: false,
+                state: StateSlots::default(),
+                hidden: state,
+            }])
+            .unwrap();
+        out.row(0).to_vec()
     }
 
     /// The drafter's catch-up after a prefill and after a verify step with one draft token
@@ -543,7 +609,7 @@ mod tests {
                 logprobs: Vec::new(),
                 accepted,
             };
-            mtp.settle(&plan, &[event], &out.hidden);
+            mtp.settle(&plan, &[event], &out.hidden, &|_, _| None);
             start = known.len() - 1;
             drafts = mtp
                 .draft(&[ModelAsk {
@@ -555,7 +621,106 @@ mod tests {
                 }])
                 .remove(0);
             assert_eq!(mtp.error(), None);
-            assert_eq!(drafts, chain(&model, &known, &states, 3), "round {round}");
+            let (want, logits) = chain(&model, &known, &states, 3);
+            assert_eq!(drafts, want, "round {round}");
+            assert_eq!(
+                first_draft_logits(&mut mtp, 1, &known),
+                logits,
+                "round {round}"
+            );
+        }
+    }
+
+    /// A request that starts from a cached prefix (its first block computed by an earlier
+    /// request) drafts what the head drafts over the whole sequence: the head's KV of the
+    /// prefix's block is the earlier request's, and the target's state at the block's end the
+    /// one kept under the prefix's hash.
+    #[test]
+    fn mtp_drafts_after_a_cached_prefix_are_the_heads_greedy_chain() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/glm4moe-tiny.gguf");
+        let model = Arc::new(Model::load(&path, &ModelOptions::cpu(2)).unwrap());
+        let e = model.family().hparams().n_embd as usize;
+        let mut target = Runner::new(
+            model.clone(),
+            RunnerOptions {
+                returns_hidden: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut mtp = DraftModel::mtp(model.clone(), 4096, 16, 64, 4).unwrap();
+        let table: Vec<u32> = (0..8).collect();
+        let prompt: Vec<TokenId> = model.tokenizer.encode(
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen \
+             fifteen sixteen seventeen eighteen nineteen twenty",
+            true,
+            false,
+        );
+        let n = prompt.len();
+        assert!(n > 16, "{n} tokens: the prompt must pass the first block");
+        // The same prompt twice; the second request computes only what follows the first block.
+        let prefix = |_: RequestId, end: usize| (end == 16).then_some(42u64);
+        let mut states = Vec::new();
+        for (id, start) in [(1u64, 0usize), (2, 16)] {
+            let out = target
+                .step(&[SeqInput {
+                    tokens: prompt[start..].to_vec(),
+                    start_pos: start as u32,
+                    prompt_len: n as u32,
+                    block_table: table.clone(),
+                    logits: LogitRows::Last,
+                    pick: false,
+                    state: StateSlots::default(),
+                    hidden: Vec::new(),
+                }])
+                .unwrap();
+            if start == 0 {
+                states = out.hidden.clone();
+            } else {
+                assert_eq!(out.hidden, states[start * e..], "the target's states again");
+            }
+            let plan = StepPlan {
+                seqs: vec![PlannedSeq {
+                    id,
+                    tokens: prompt[start..].to_vec(),
+                    start_pos: start as u32,
+                    prompt_len: n,
+                    block_table: table.clone(),
+                    wants_logits: true,
+                    n_draft: 0,
+                    state_slot: None,
+                    pick: false,
+                }],
+                preempted: Vec::new(),
+            };
+            let event = Event {
+                id,
+                tokens: Vec::new(),
+                finished: None,
+                logprobs: Vec::new(),
+                accepted: 0,
+            };
+            mtp.settle(&plan, &[event], &out.hidden, &prefix);
+            let mut known = prompt.clone();
+            known.push(argmax(out.row(0)));
+            let drafts = mtp
+                .draft(&[ModelAsk {
+                    id,
+                    tokens: &known,
+                    prompt_len: n,
+                    block_table: &table,
+                    len: 3,
+                }])
+                .remove(0);
+            assert_eq!(mtp.error(), None);
+            let (want, logits) = chain(&model, &known, &states, 3);
+            assert_eq!(drafts, want, "request {id}");
+            assert_eq!(
+                first_draft_logits(&mut mtp, id, &known),
+                logits,
+                "request {id}"
+            );
         }
     }
 }

@@ -861,7 +861,10 @@ impl EngineCore {
         let events: Vec<Event> = self.sched.apply(&plan, |i, j| out.find_row(i, j));
         self.runner.recycle(out.logits);
         if let Some(d) = &mut self.draft_model {
-            d.settle(&plan, &events, &out.hidden);
+            let sched = &self.sched;
+            d.settle(&plan, &events, &out.hidden, &|id, n| {
+                sched.prefix_hash(id, n)
+            });
         }
         if let Some(st) = &mut self.states {
             // Where each sequence's next step starts: after a verify step of d drafts with a

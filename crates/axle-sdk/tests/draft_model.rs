@@ -7,8 +7,8 @@
 //!
 //! The model's own next-token-prediction head drafts the same way and changes no output either:
 //! on the seeds' fixtures whose files carry an MTP block, each prompt alone and all batched, and
-//! with prefix caching on (requests that start from a cached prefix are served, undrafted by the
-//! head, with the same tokens).
+//! with prefix caching on (each prompt twice in one engine: the second copy starts from the
+//! first's cached blocks and the target state kept at their end).
 use axle_sdk::{
     DraftSource, DraftSources, EngineConfig, EngineCore, Model, ModelOptions, RequestOptions,
     SamplingParams,
