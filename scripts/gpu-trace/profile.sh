@@ -3,8 +3,8 @@
 # Q8_0 KV: plain (timing), then under the CUPTI tracer (every kernel with timestamps), then each
 # trace summarized per decode step by analyze.py. Outputs in $OUT (few files: the device returns 8).
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
-here="$root/benchmarks/artifacts/gpu/kv-q8_0-profile"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+here="$root/scripts/gpu-trace"
 w=/root/axle-gpu
 SECONDS=0
 for ((i = 0; i < ${WAIT:-400}; i += 5)); do

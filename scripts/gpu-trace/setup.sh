@@ -2,8 +2,8 @@
 # Call 1 on the lent GPU: what `scripts/gpu-machine.sh start 8b` does, without llama.cpp's own tools
 # (not needed here) and with only the Q4_0 file; plus the CUPTI tracer and a look at the profilers.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)"
-here="$root/benchmarks/artifacts/gpu/kv-q8_0-profile"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+here="$root/scripts/gpu-trace"
 w=/root/axle-gpu
 mkdir -p "$w/models" "$w/logs" "$w/bin"
 rm -f "$w/logs/"*.rc
