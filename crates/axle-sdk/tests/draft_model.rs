@@ -8,7 +8,8 @@
 //! The model's own next-token-prediction head drafts the same way and changes no output either:
 //! on the seeds' fixtures whose files carry an MTP block, each prompt alone and all batched, and
 //! with prefix caching on (each prompt twice in one engine: the second copy starts from the
-//! first's cached blocks and the target state kept at their end).
+//! first's cached blocks and the target state kept at their end); seeded sampling gives the same
+//! tokens with the head drafting as without.
 use axle_sdk::{
     DraftSource, DraftSources, EngineConfig, EngineCore, Model, ModelOptions, RequestOptions,
     SamplingParams,
@@ -262,4 +263,29 @@ fn the_qwen35moe_mtp_head_drafts_and_changes_nothing() {
 #[test]
 fn the_deepseek2_mtp_head_drafts_and_changes_nothing() {
     mtp_exact("deepseek2-mtp-tiny.gguf");
+}
+
+#[test]
+fn seeded_sampling_with_the_mtp_head_drafting_matches_plain_sampling() {
+    let m = model("glm4moe-tiny.gguf");
+    let prompt = m.tokenizer.encode("alpha beta gamma delta", true, false);
+    let mut drafted = 0;
+    for seed in 0..40u64 {
+        let opts = RequestOptions {
+            max_tokens: 12,
+            ignore_eos: true,
+            sampling: SamplingParams {
+                temperature: 0.7,
+                seed,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let one = std::slice::from_ref(&prompt);
+        let (a, ..) = run_by(&m, &mtp_cfg(false, false), one, &opts, DraftSource::Mtp);
+        let (b, d, _) = run_by(&m, &mtp_cfg(true, false), one, &opts, DraftSource::Mtp);
+        assert_eq!(a, b, "seed {seed}");
+        drafted += d;
+    }
+    assert!(drafted > 100, "the MTP head drafted {drafted} tokens");
 }
