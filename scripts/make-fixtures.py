@@ -354,10 +354,7 @@ def write_deepseek2(path, vocab, seed, v3=False, mtp=False):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", e)
         if i == nl:
-            mat(p + "nextn.eh_proj.weight", e, 2 * e)
-            vec(p + "nextn.enorm.weight", e)
-            vec(p + "nextn.hnorm.weight", e)
-            vec(p + "nextn.shared_head_norm.weight", e)
+            nextn_block(t, p, e)
         if q_lora:
             mat(p + "attn_q_a.weight", q_lora, e)
             vec(p + "attn_q_a_norm.weight", q_lora)
@@ -437,10 +434,7 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False, mtp=Fals
         vec(p + "attn_norm.weight", e)
         vec(p + "post_attention_norm.weight", e)
         if i == nl:
-            mat(p + "nextn.eh_proj.weight", e, 2 * e)
-            vec(p + "nextn.enorm.weight", e)
-            vec(p + "nextn.hnorm.weight", e)
-            vec(p + "nextn.shared_head_norm.weight", e)
+            nextn_block(t, p, e)
         if (i + 1) % 4 != 0 and i < nl:
             mat(p + "attn_qkv.weight", conv_dim, e)
             mat(p + "attn_gate.weight", value_dim, e)
@@ -481,6 +475,14 @@ def write_qwen35(path, vocab, seed, moe=False, tied=False, next_=False, mtp=Fals
 
 
 # Files main() writes (setup-tests.sh regenerates them when some are missing).
+def nextn_block(t, p, e):
+    """An MTP block's own tensors (`nextn.*`): the input projection, its two norms, a head norm."""
+    t.mat(p + "nextn.eh_proj.weight", e, 2 * e)
+    t.vec(p + "nextn.enorm.weight", e)
+    t.vec(p + "nextn.hnorm.weight", e)
+    t.vec(p + "nextn.shared_head_norm.weight", e)
+
+
 def biased_attention(t, p, e, nh, nkv, hd):
     """A layer's attention norm, Q/K/V projections with biases and output projection."""
     t.vec(p + "attn_norm.weight", e)
@@ -585,10 +587,7 @@ def write_glm4moe(path, vocab, seed):
         mat(p + "ffn_up_shexp.weight", eff, e)
         mat(p + "ffn_down_shexp.weight", e, eff)
         if i == nl - 1:
-            mat(p + "nextn.eh_proj.weight", e, 2 * e)
-            vec(p + "nextn.enorm.weight", e)
-            vec(p + "nextn.hnorm.weight", e)
-            vec(p + "nextn.shared_head_norm.weight", e)
+            nextn_block(t, p, e)
     finish(w, path)
 
 

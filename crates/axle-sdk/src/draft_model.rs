@@ -471,7 +471,7 @@ impl ModelDrafter for DraftModel {
 mod tests {
     use super::*;
     use axle_core::PlannedSeq;
-    use axle_models::ModelOptions;
+    use axle_models::{ModelOptions, StepOutput};
 
     /// The MTP head's greedy chain computed in one go: a fresh head runner over the whole known
     /// sequence, each token paired with the trunk's state of the row before (`states`, one row
@@ -541,41 +541,58 @@ mod tests {
         out.row(0).to_vec()
     }
 
-    /// The drafter's catch-up after a prefill and after a verify step with one draft token
-    /// accepted, and its drafts, against the head's chain computed in one go: an off-by-one in
-    /// pairing tokens with states, or a state kept from a rejected row, changes the drafts.
-    #[test]
-    fn mtp_drafts_are_the_heads_greedy_chain_after_prefill_and_after_a_verify_step() {
-        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../fixtures/glm4moe-tiny.gguf");
-        let model = Arc::new(Model::load(&path, &ModelOptions::cpu(2)).unwrap());
-        let e = model.family().hparams().n_embd as usize;
-        let mut target = Runner::new(
-            model.clone(),
-            RunnerOptions {
-                returns_hidden: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut mtp = DraftModel::mtp(model.clone(), 4096, 16, 64, 4).unwrap();
-        let table: Vec<u32> = (0..8).collect();
-        let mut known: Vec<TokenId> =
-            model
-                .tokenizer
-                .encode("one two three four five", true, false);
-        let mut states: Vec<f32> = Vec::new();
-        let (mut start, mut drafts) = (0usize, Vec::new());
-        for round in 0..3 {
-            // A target step over the tokens not yet computed (the prompt, or the last token and
-            // the drafts); the first draft is accepted in round 2.
-            let tokens: Vec<TokenId> = known[start..].iter().chain(&drafts).copied().collect();
-            let n_draft = drafts.len();
-            let out = target
+    /// The glm4moe fixture, a target runner that returns its hidden states, and the drafter of
+    /// its MTP head; one sequence at a time in blocks 0..8, with prompts of `prompt_len` tokens.
+    struct Setup {
+        model: Arc<Model>,
+        e: usize,
+        prompt_len: usize,
+        target: Runner,
+        mtp: DraftModel,
+    }
+
+    impl Setup {
+        fn new(prompt: &str) -> (Setup, Vec<TokenId>) {
+            let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fixtures/glm4moe-tiny.gguf");
+            let model = Arc::new(Model::load(&path, &ModelOptions::cpu(2)).unwrap());
+            let target = Runner::new(
+                model.clone(),
+                RunnerOptions {
+                    returns_hidden: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let tokens = model.tokenizer.encode(prompt, true, false);
+            let t = Setup {
+                e: model.family().hparams().n_embd as usize,
+                prompt_len: tokens.len(),
+                mtp: DraftModel::mtp(model.clone(), 4096, 16, 64, 4).unwrap(),
+                target,
+                model,
+            };
+            (t, tokens)
+        }
+
+        /// A target step of request `id`'s `tokens` from `start` (the last `n_draft` of them
+        /// drafts, `accepted` of those accepted), settled into the drafter with `prefix`.
+        fn step(
+            &mut self,
+            id: RequestId,
+            tokens: &[TokenId],
+            start: usize,
+            n_draft: usize,
+            accepted: usize,
+            prefix: &dyn Fn(RequestId, usize) -> Option<u64>,
+        ) -> StepOutput {
+            let table: Vec<u32> = (0..8).collect();
+            let out = self
+                .target
                 .step(&[SeqInput {
-                    tokens: tokens.clone(),
+                    tokens: tokens.to_vec(),
                     start_pos: start as u32,
-                    prompt_len: 6,
+                    prompt_len: self.prompt_len as u32,
                     block_table: table.clone(),
                     logits: LogitRows::All,
                     pick: false,
@@ -583,112 +600,15 @@ mod tests {
                     hidden: Vec::new(),
                 }])
                 .unwrap();
-            let accepted = usize::from(round == 2).min(n_draft);
-            let real = tokens.len() - n_draft + accepted;
-            states.extend_from_slice(&out.hidden[..real * e]);
-            known.extend_from_slice(&drafts[..accepted]);
-            known.push(argmax(out.row(real - 1)));
-            let plan = StepPlan {
-                seqs: vec![PlannedSeq {
-                    id: 1,
-                    tokens,
-                    start_pos: start as u32,
-                    prompt_len: 6,
-                    block_table: table.clone(),
-                    wants_logits: true,
-                    n_draft,
-                    state_slot: None,
-                    pick: false,
-                }],
-                preempted: Vec::new(),
-            };
-            let event = Event {
-                id: 1,
-                tokens: Vec::new(),
-                finished: None,
-                logprobs: Vec::new(),
-                accepted,
-            };
-            mtp.settle(&plan, &[event], &out.hidden, &|_, _| None);
-            start = known.len() - 1;
-            drafts = mtp
-                .draft(&[ModelAsk {
-                    id: 1,
-                    tokens: &known,
-                    prompt_len: 6,
-                    block_table: &table,
-                    len: 3,
-                }])
-                .remove(0);
-            assert_eq!(mtp.error(), None);
-            let (want, logits) = chain(&model, &known, &states, 3);
-            assert_eq!(drafts, want, "round {round}");
-            assert_eq!(
-                first_draft_logits(&mut mtp, 1, &known),
-                logits,
-                "round {round}"
-            );
-        }
-    }
-
-    /// A request that starts from a cached prefix (its first block computed by an earlier
-    /// request) drafts what the head drafts over the whole sequence: the head's KV of the
-    /// prefix's block is the earlier request's, and the target's state at the block's end the
-    /// one kept under the prefix's hash.
-    #[test]
-    fn mtp_drafts_after_a_cached_prefix_are_the_heads_greedy_chain() {
-        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../fixtures/glm4moe-tiny.gguf");
-        let model = Arc::new(Model::load(&path, &ModelOptions::cpu(2)).unwrap());
-        let e = model.family().hparams().n_embd as usize;
-        let mut target = Runner::new(
-            model.clone(),
-            RunnerOptions {
-                returns_hidden: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut mtp = DraftModel::mtp(model.clone(), 4096, 16, 64, 4).unwrap();
-        let table: Vec<u32> = (0..8).collect();
-        let prompt: Vec<TokenId> = model.tokenizer.encode(
-            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen \
-             fifteen sixteen seventeen eighteen nineteen twenty",
-            true,
-            false,
-        );
-        let n = prompt.len();
-        assert!(n > 16, "{n} tokens: the prompt must pass the first block");
-        // The same prompt twice; the second request computes only what follows the first block.
-        let prefix = |_: RequestId, end: usize| (end == 16).then_some(42u64);
-        let mut states = Vec::new();
-        for (id, start) in [(1u64, 0usize), (2, 16)] {
-            let out = target
-                .step(&[SeqInput {
-                    tokens: prompt[start..].to_vec(),
-                    start_pos: start as u32,
-                    prompt_len: n as u32,
-                    block_table: table.clone(),
-                    logits: LogitRows::Last,
-                    pick: false,
-                    state: StateSlots::default(),
-                    hidden: Vec::new(),
-                }])
-                .unwrap();
-            if start == 0 {
-                states = out.hidden.clone();
-            } else {
-                assert_eq!(out.hidden, states[start * e..], "the target's states again");
-            }
             let plan = StepPlan {
                 seqs: vec![PlannedSeq {
                     id,
-                    tokens: prompt[start..].to_vec(),
+                    tokens: tokens.to_vec(),
                     start_pos: start as u32,
-                    prompt_len: n,
-                    block_table: table.clone(),
+                    prompt_len: self.prompt_len,
+                    block_table: table,
                     wants_logits: true,
-                    n_draft: 0,
+                    n_draft,
                     state_slot: None,
                     pick: false,
                 }],
@@ -699,28 +619,92 @@ mod tests {
                 tokens: Vec::new(),
                 finished: None,
                 logprobs: Vec::new(),
-                accepted: 0,
+                accepted,
             };
-            mtp.settle(&plan, &[event], &out.hidden, &prefix);
-            let mut known = prompt.clone();
-            known.push(argmax(out.row(0)));
-            let drafts = mtp
+            self.mtp.settle(&plan, &[event], &out.hidden, prefix);
+            out
+        }
+
+        /// The drafter's three drafts after `known`, checked against the head's chain computed
+        /// in one go over `states`: the tokens, and the first draft's logits bit for bit.
+        fn drafts(&mut self, id: RequestId, known: &[TokenId], states: &[f32]) -> Vec<TokenId> {
+            let table: Vec<u32> = (0..8).collect();
+            let drafts = self
+                .mtp
                 .draft(&[ModelAsk {
                     id,
-                    tokens: &known,
-                    prompt_len: n,
+                    tokens: known,
+                    prompt_len: self.prompt_len,
                     block_table: &table,
                     len: 3,
                 }])
                 .remove(0);
-            assert_eq!(mtp.error(), None);
-            let (want, logits) = chain(&model, &known, &states, 3);
-            assert_eq!(drafts, want, "request {id}");
+            assert_eq!(self.mtp.error(), None);
+            let (want, logits) = chain(&self.model, known, states, 3);
+            assert_eq!(drafts, want, "request {id}, {} tokens", known.len());
             assert_eq!(
-                first_draft_logits(&mut mtp, id, &known),
+                first_draft_logits(&mut self.mtp, id, known),
                 logits,
-                "request {id}"
+                "request {id}, {} tokens",
+                known.len()
             );
+            drafts
+        }
+    }
+
+    /// The drafter's catch-up after a prefill and after a verify step with one draft token
+    /// accepted, and its drafts, against the head's chain computed in one go: an off-by-one in
+    /// pairing tokens with states, or a state kept from a rejected row, changes the drafts.
+    #[test]
+    fn mtp_drafts_are_the_heads_greedy_chain_after_prefill_and_after_a_verify_step() {
+        let (mut t, mut known) = Setup::new("one two three four five");
+        let mut states: Vec<f32> = Vec::new();
+        let (mut start, mut drafts) = (0usize, Vec::new());
+        for round in 0..3 {
+            // A target step over the tokens not yet computed (the prompt, or the last token and
+            // the drafts); the first draft is accepted in round 2.
+            let tokens: Vec<TokenId> = known[start..].iter().chain(&drafts).copied().collect();
+            let n_draft = drafts.len();
+            let accepted = usize::from(round == 2).min(n_draft);
+            let out = t.step(1, &tokens, start, n_draft, accepted, &|_, _| None);
+            let real = tokens.len() - n_draft + accepted;
+            states.extend_from_slice(&out.hidden[..real * t.e]);
+            known.extend_from_slice(&drafts[..accepted]);
+            known.push(argmax(out.row(real - 1)));
+            start = known.len() - 1;
+            drafts = t.drafts(1, &known, &states);
+        }
+    }
+
+    /// A request that starts from a cached prefix (its first block computed by an earlier
+    /// request) drafts what the head drafts over the whole sequence: the head's KV of the
+    /// prefix's block is the earlier request's, and the target's state at the block's end the
+    /// one kept under the prefix's hash.
+    #[test]
+    fn mtp_drafts_after_a_cached_prefix_are_the_heads_greedy_chain() {
+        let (mut t, prompt) = Setup::new(
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen \
+             fifteen sixteen seventeen eighteen nineteen twenty",
+        );
+        let n = prompt.len();
+        assert!(n > 16, "{n} tokens: the prompt must pass the first block");
+        // The same prompt twice; the second request computes only what follows the first block.
+        let prefix = |_: RequestId, end: usize| (end == 16).then_some(42u64);
+        let mut states = Vec::new();
+        for (id, start) in [(1u64, 0usize), (2, 16)] {
+            let out = t.step(id, &prompt[start..], start, 0, 0, &prefix);
+            if start == 0 {
+                states = out.hidden.clone();
+            } else {
+                assert_eq!(
+                    out.hidden,
+                    states[start * t.e..],
+                    "the target's states again"
+                );
+            }
+            let mut known = prompt.clone();
+            known.push(argmax(out.row(n - start - 1)));
+            t.drafts(id, &known, &states);
         }
     }
 }

@@ -267,30 +267,7 @@ impl LlamaOracle {
         if self.ctx.is_null() {
             return Err(Error::Oracle("vocab-only oracle cannot decode".into()));
         }
-        if entries.is_empty() || entries.len() > self.n_batch {
-            return Err(Error::Oracle(format!(
-                "batch of {} entries (max {})",
-                entries.len(),
-                self.n_batch
-            )));
-        }
-        // SAFETY: batch allocated for entries.len() tokens and one seq id each; all writes are in
-        // bounds; `after` runs only on a successful decode; batch freed before return.
-        unsafe {
-            let mut batch = sys::llama_batch_init(entries.len() as i32, 0, 1);
-            for (i, &(tok, pos, seq, logits)) in entries.iter().enumerate() {
-                *batch.token.add(i) = tok;
-                *batch.pos.add(i) = pos;
-                *batch.n_seq_id.add(i) = 1;
-                *(*batch.seq_id.add(i)) = seq;
-                *batch.logits.add(i) = logits as i8;
-            }
-            batch.n_tokens = entries.len() as i32;
-            let rc = sys::llama_decode(self.ctx, batch);
-            let out = (rc == 0).then(|| after(self.ctx, self.n_vocab));
-            sys::llama_batch_free(batch);
-            out.ok_or_else(|| Error::Oracle(format!("llama_decode returned {rc}")))
-        }
+        decode_on(self.ctx, self.n_vocab, self.n_batch, entries, after)
     }
 
     /// The pooled embedding of `tokens` as sequence 0 of a context loaded with
@@ -336,6 +313,41 @@ impl LlamaOracle {
             }
         }
         Ok(last)
+    }
+}
+
+/// Decodes one batch of (token, position, sequence, wants_logits) entries in `ctx` (at most
+/// `n_batch`) and runs `after` on the context and `n_vocab` once the decode succeeded.
+fn decode_on<T>(
+    ctx: *mut sys::llama_context,
+    n_vocab: usize,
+    n_batch: usize,
+    entries: &[(Token, i32, i32, bool)],
+    after: impl FnOnce(*mut sys::llama_context, usize) -> T,
+) -> Result<T> {
+    if entries.is_empty() || entries.len() > n_batch {
+        return Err(Error::Oracle(format!(
+            "batch of {} entries (max {n_batch})",
+            entries.len()
+        )));
+    }
+    // SAFETY: `ctx` is a live context (the callers own it); batch allocated for entries.len()
+    // tokens and one seq id each; all writes are in bounds; `after` runs only on a successful
+    // decode; batch freed before return.
+    unsafe {
+        let mut batch = sys::llama_batch_init(entries.len() as i32, 0, 1);
+        for (i, &(tok, pos, seq, logits)) in entries.iter().enumerate() {
+            *batch.token.add(i) = tok;
+            *batch.pos.add(i) = pos;
+            *batch.n_seq_id.add(i) = 1;
+            *(*batch.seq_id.add(i)) = seq;
+            *batch.logits.add(i) = logits as i8;
+        }
+        batch.n_tokens = entries.len() as i32;
+        let rc = sys::llama_decode(ctx, batch);
+        let out = (rc == 0).then(|| after(ctx, n_vocab));
+        sys::llama_batch_free(batch);
+        out.ok_or_else(|| Error::Oracle(format!("llama_decode returned {rc}")))
     }
 }
 

@@ -2,7 +2,7 @@
 //! of every row from a context that returns it, and the head's logits from an MTP context
 //! (`LLAMA_CONTEXT_TYPE_MTP`) over the same model, fed each token with the hidden state of the
 //! row before it, as llama.cpp's MTP drafter feeds it.
-use super::{load_model, new_context, OracleOptions, Token};
+use super::{decode_on, load_model, new_context, OracleOptions, Token};
 use crate::backend::ThreadPool;
 use crate::{Error, Result};
 use llama_cpp_sys_2 as sys;
@@ -120,44 +120,34 @@ impl MtpOracle {
     /// and returns every row's final-normed hidden state (`n_embd` floats a row) and the last
     /// row's logits.
     pub fn trunk(&mut self, tokens: &[Token], start: i32) -> Result<(Vec<f32>, Vec<f32>)> {
-        if tokens.is_empty() || tokens.len() > self.n_batch {
-            return Err(Error::Oracle(format!(
-                "batch of {} tokens (max {})",
-                tokens.len(),
-                self.n_batch
-            )));
-        }
         let n = tokens.len();
-        // SAFETY: batch allocated for n tokens and one seq id each, written in bounds; rows are
-        // read only after a successful decode, within the n rows libllama holds; batch freed
-        // before return.
-        unsafe {
-            let mut batch = sys::llama_batch_init(n as i32, 0, 1);
-            for (i, &t) in tokens.iter().enumerate() {
-                *batch.token.add(i) = t;
-                *batch.pos.add(i) = start + i as i32;
-                *batch.n_seq_id.add(i) = 1;
-                *(*batch.seq_id.add(i)) = 0;
-                *batch.logits.add(i) = (i + 1 == n) as i8;
-            }
-            batch.n_tokens = n as i32;
-            let rc = sys::llama_decode(self.trunk, batch);
-            sys::llama_batch_free(batch);
-            if rc != 0 {
-                return Err(Error::Oracle(format!("llama_decode returned {rc}")));
-            }
-            let mut hidden = Vec::with_capacity(n * self.n_embd);
-            for i in 0..n {
-                let p = llama_get_embeddings_nextn_ith(self.trunk, i as i32);
-                if p.is_null() {
-                    return Err(Error::Oracle(format!("no hidden state for row {i}")));
+        let entries: Vec<_> = (0..n)
+            .map(|i| (tokens[i], start + i as i32, 0, i + 1 == n))
+            .collect();
+        let e = self.n_embd;
+        decode_on(
+            self.trunk,
+            self.n_vocab,
+            self.n_batch,
+            &entries,
+            |ctx, n_vocab| {
+                // SAFETY: the decode succeeded: libllama holds the hidden state of each of the n
+                // rows (unmasked) and the last row's n_vocab logits until the next decode.
+                unsafe {
+                    let mut hidden = Vec::with_capacity(n * e);
+                    for i in 0..n {
+                        let p = llama_get_embeddings_nextn_ith(ctx, i as i32);
+                        if p.is_null() {
+                            return Err(Error::Oracle(format!("no hidden state for row {i}")));
+                        }
+                        hidden.extend_from_slice(std::slice::from_raw_parts(p, e));
+                    }
+                    let p = sys::llama_get_logits_ith(ctx, n as i32 - 1);
+                    let logits = std::slice::from_raw_parts(p, n_vocab).to_vec();
+                    Ok((hidden, logits))
                 }
-                hidden.extend_from_slice(std::slice::from_raw_parts(p, self.n_embd));
-            }
-            let p = sys::llama_get_logits_ith(self.trunk, n as i32 - 1);
-            let logits = std::slice::from_raw_parts(p, self.n_vocab).to_vec();
-            Ok((hidden, logits))
-        }
+            },
+        )?
     }
 
     /// Runs the MTP head over `entries` (token, position) of sequence 0 in one batch, entry `i`

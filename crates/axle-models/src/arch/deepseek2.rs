@@ -19,7 +19,7 @@
 //! GLM-4.7-Flash's files) is the model's MTP head ([`super::nextn`]): one MoE layer with a
 //! low-rank query. Refused by name: files without the split `attn_k_b`/`attn_v_b` (old GGUFs
 //! with `attn_kv_b`).
-use super::nextn::Nextn;
+use super::nextn::{self, Nextn};
 use super::{bad, non_negative_float, Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
@@ -176,14 +176,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
         }
     };
     // Next-token-prediction blocks follow the trunk in the file.
-    let n_mtp = f.int_opt(&hp.key("nextn_predict_layers"))?.unwrap_or(0);
-    if n_mtp < 0 || n_mtp as usize >= hp.n_layer {
-        return Err(bad(
-            &hp.key("nextn_predict_layers"),
-            &format!("= {n_mtp} leaves no trunk of the {} layers", hp.n_layer),
-        ));
-    }
-    hp.n_layer -= n_mtp as usize;
+    nextn::split_off(f, &mut hp)?;
     let moe = MoeConfig::from_gguf(f, ARCH, hp.n_ff, gating, false)?;
     let n_shared = f.int_opt(&hp.key("expert_shared_count"))?.unwrap_or(0);
     if !(0..=64).contains(&n_shared) {
@@ -229,7 +222,7 @@ pub fn load(f: &GgufFile, store: &TensorStore) -> Result<Box<dyn Family>, ModelE
     let kq_scale = kq_mscale * kq_mscale / (head_k as f32).sqrt();
     // The first MTP block, where the file carries one after the trunk.
     let at = hp.n_layer;
-    let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(at)) {
+    let mtp = match nextn::is_block(f, at) {
         false => None,
         true => Some(Box::new(DeepSeek2 {
             head: Head::bind(&w, e, v)?,
@@ -288,11 +281,7 @@ impl Family for DeepSeek2 {
             softcap: 0.0,
             sliding: false,
         };
-        let mut x = match &self.nextn {
-            Some(nx) => nx.input(s, &self.head, eps),
-            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
-        }
-        .named("inp_embd");
+        let mut x = nextn::input(self.nextn.as_ref(), s, &self.head, eps);
         let last = self.layers.len() - 1;
         // Output rows are picked before the last layer's residual, unless every row's hidden
         // state is returned too (an MTP head reads them all).
@@ -347,15 +336,7 @@ impl Family for DeepSeek2 {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, ffn_inp).named(&format!("l_out-{il}"));
         }
-        if let Some(nx) = &self.nextn {
-            return nx.output(s, &self.head, x, eps);
-        }
-        let mut x = s.rms_norm(x, &self.head.output_norm, eps);
-        if !early {
-            s.keep_hidden(x);
-            x = g.get_rows(x, s.out_ids);
-        }
-        s.output(&self.head.output, x, 0.0)
+        nextn::output(self.nextn.as_ref(), s, &self.head, x, eps, early)
     }
 
     fn mtp(&self) -> Option<&dyn Family> {

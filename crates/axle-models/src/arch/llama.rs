@@ -4,7 +4,7 @@
 //! does), SwiGLU feed-forward, tied or separate output matrix. The Qwen families and GLM-4.5 are
 //! this graph with a different [`Variant`] (NeoX RoPE; QKV biases for Qwen2 and GLM, per-head QK
 //! norm for Qwen3 and some GLM files; mixtures of experts, after leading dense layers for GLM).
-use super::nextn::Nextn;
+use super::nextn::{self, Nextn};
 use super::{Family, Head, Hparams, Weights};
 use crate::layers::{AttnSpec, FusedProduct, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer, SharedGate};
@@ -150,17 +150,7 @@ pub fn load_variant(
     let mut hp = Hparams::from_gguf(f, variant.arch, variant.rope_mode)?;
     // Multi-token-prediction layers (GLM-4.5's `nextn`) follow the trunk in the file; the trunk
     // alone makes the next-token graph.
-    let nextn = f
-        .int_opt(&format!("{}.nextn_predict_layers", variant.arch))?
-        .unwrap_or(0);
-    if nextn < 0 || nextn as usize >= hp.n_layer {
-        return Err(super::bad(
-            &format!("{}.nextn_predict_layers", variant.arch),
-            &format!("= {nextn} leaves no trunk of the {} layers", hp.n_layer),
-        ));
-    }
-    let n_trunk = hp.n_layer - nextn as usize;
-    hp.n_layer = n_trunk;
+    nextn::split_off(f, &mut hp)?;
     hp.sliding_window = f
         .int_opt(&format!("{}.attention.sliding_window", variant.arch))?
         .filter(|&w| w > 0)
@@ -271,7 +261,7 @@ impl Llama {
         let rope_freqs = w.opt("rope_freqs.weight", &[hp.rope.n_dims as i64 / 2])?;
         // The first MTP block, where the file carries one after the trunk.
         let at = hp.n_layer;
-        let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(at)) {
+        let mtp = match nextn::is_block(f, at) {
             false => None,
             true => Some(Box::new(Llama {
                 head: Head::bind(&w, e, v)?,
@@ -346,11 +336,7 @@ impl Family for Llama {
         let g = s.ctx;
         let (hp, n) = (&self.hp, s.n_tokens);
         let rope_freqs = self.rope_freqs.as_ref().map(|t| t.t());
-        let mut x = match &self.nextn {
-            Some(nx) => nx.input(s, &self.head, hp.rms_eps),
-            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
-        }
-        .named("inp_embd");
+        let mut x = nextn::input(self.nextn.as_ref(), s, &self.head, hp.rms_eps);
         let last = self.layers.len() - 1;
         // Output rows are picked before the last layer's residual, unless every row's hidden
         // state is returned too (an MTP head reads them all).
@@ -406,15 +392,7 @@ impl Family for Llama {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, x_attn).named(&format!("l_out-{il}"));
         }
-        if let Some(nx) = &self.nextn {
-            return nx.output(s, &self.head, x, hp.rms_eps);
-        }
-        let mut x = s.rms_norm(x, &self.head.output_norm, hp.rms_eps);
-        if !early {
-            s.keep_hidden(x);
-            x = g.get_rows(x, s.out_ids);
-        }
-        s.output(&self.head.output, x, 0.0)
+        nextn::output(self.nextn.as_ref(), s, &self.head, x, hp.rms_eps, early)
     }
 
     fn mtp(&self) -> Option<&dyn Family> {

@@ -18,7 +18,7 @@
 //! the other sequences of the step. The op sequence is libllama's (with its fused delta-rule op),
 //! so that logits match it. An MTP block after the trunk (`nextn_predict_layers`) is the model's
 //! MTP head ([`super::nextn`]): a gated full-attention layer with the trunk's FFN kind.
-use super::nextn::Nextn;
+use super::nextn::{self, Nextn};
 use super::{arch_key, bad, Family, Head, Hparams, NormedAttention, Weights};
 use crate::layers::{AttnSpec, Step};
 use crate::moe::{FeedForward, Gating, MoeConfig, MoeLayer};
@@ -169,14 +169,7 @@ fn load_arch(
     let rope_mode = if variant.mrope { ROPE_TYPE_IMROPE } else { 2 };
     let mut hp = Hparams::from_gguf(f, arch, rope_mode)?;
     // Next-token-prediction blocks follow the trunk in the file.
-    let n_mtp = f.int_opt(&key("nextn_predict_layers"))?.unwrap_or(0);
-    if n_mtp < 0 || n_mtp as usize >= hp.n_layer {
-        return Err(bad(
-            &key("nextn_predict_layers"),
-            &format!("= {n_mtp} leaves no trunk of the {} layers", hp.n_layer),
-        ));
-    }
-    hp.n_layer -= n_mtp as usize;
+    let n_mtp = nextn::split_off(f, &mut hp)?;
     let nl = hp.n_layer;
     let sections = if !variant.mrope {
         [0; MROPE_SECTIONS]
@@ -237,7 +230,7 @@ fn load_arch(
         .ok()
         .flatten()
     {
-        Some(arr) if arr.len() == nl || arr.len() == nl + n_mtp as usize => arr
+        Some(arr) if arr.len() == nl || arr.len() == nl + n_mtp => arr
             .iter()
             .take(nl)
             .map(|v| matches!(v, axle_ggml::MetaValue::Bool(true)) || v.as_i64().unwrap_or(0) != 0)
@@ -340,7 +333,7 @@ fn load_arch(
         });
     }
     // The first MTP block, where the file carries one after the trunk.
-    let mtp = match f.tensors().iter().any(|t| t.name == Nextn::marker(nl)) {
+    let mtp = match nextn::is_block(f, nl) {
         false => None,
         true => {
             let (attn_norm, post_norm) = norms(nl)?;
@@ -577,11 +570,7 @@ impl Family for Qwen35 {
     fn forward<'a>(&'a self, s: &mut Step<'a>) -> Tensor<'a> {
         let g = s.ctx;
         let eps = self.hp.rms_eps;
-        let mut x = match &self.nextn {
-            Some(nx) => nx.input(s, &self.head, eps),
-            None => g.get_rows(self.head.tok_embd.t(), s.tokens),
-        }
-        .named("inp_embd");
+        let mut x = nextn::input(self.nextn.as_ref(), s, &self.head, eps);
         for (il, l) in self.layers.iter().enumerate() {
             let h = s.rms_norm(x, &l.attn_norm, eps);
             let mixed = match &l.mixer {
@@ -593,14 +582,8 @@ impl Family for Qwen35 {
             let f = s.feed_forward(h, &l.ffn);
             x = g.add(f, res).named(&format!("l_out-{il}"));
         }
-        if let Some(nx) = &self.nextn {
-            return nx.output(s, &self.head, x, eps);
-        }
         // libllama runs the last layer on every row and picks the output rows after the norm.
-        let x = s.rms_norm(x, &self.head.output_norm, eps);
-        s.keep_hidden(x);
-        let x = g.get_rows(x, s.out_ids);
-        s.output(&self.head.output, x, 0.0)
+        nextn::output(self.nextn.as_ref(), s, &self.head, x, eps, false)
     }
 
     fn mtp(&self) -> Option<&dyn Family> {
