@@ -4,7 +4,7 @@
 # the vendored llama.cpp source, the gguf wheel and the real models in chunks. Work happens in
 # $AXLE_GPU_WORK (default /root/axle-gpu), which lives as long as the machine.
 #
-#   scripts/gpu-machine.sh start [8b|draft|70b|gpt-oss|none]  unpack, build the CUDA backend and
+#   scripts/gpu-machine.sh start [8b|8b-q4_0|draft|70b|gpt-oss|none]  unpack, build the CUDA backend and
 #                                     llama.cpp's own tools (the reference) in the background,
 #                                     write the random-weight 8B files (or the 70B
 #                                     Q4_K_M one for the several-GPU benchmarks, or a gpt-oss-20b
@@ -50,6 +50,7 @@ case "$cmd" in
     size="$1" vocab="$2"
     case "$size" in
       8b) files=("llama3-8b q4_0" "llama3-8b q4_k_m") extra=() ;;
+      8b-q4_0) files=("llama3-8b q4_0") extra=() ;;
       # A target and a draft model of one vocabulary (the draft model's step cost on the GPU).
       draft) files=("llama3-8b q4_0" "llama3-1b q4_0") extra=() ;;
       # 40 GiB: the same random bytes in every layer (--reuse-layers), written in about a minute.

@@ -191,7 +191,7 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         rows.push(CompareRow {
             test: name,
             tok_s: Paired::new(a, l),
-            profile: (!prefill).then_some(profile),
+            profile: Some(profile),
         });
     }
     bar.finish_and_clear();

@@ -111,9 +111,11 @@ pub enum WeightPlacement {
 }
 
 /// Weights stored as one tensor: the rows of `parts`, one part after another, bound as `name`.
-/// Each part stays bound under its own name, as a view of its rows. One product with the fused
-/// weight does the work of one per part (one pass of the kernel, one quantization of the
-/// activations, one launch).
+/// Each part stays bound under its own name, as a tensor of its own placed on its rows (not a
+/// ggml view: a view is a graph node, which would sit between a gate product and an up product and
+/// keep ggml's CUDA backend from fusing the two with their gated unit, as it does for libllama's
+/// separate weights). One product with the fused weight does the work of one per part (one pass
+/// of the kernel, one quantization of the activations, one launch).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FusedWeight {
     /// Name the fused tensor is bound as.
@@ -246,7 +248,8 @@ impl TensorStore {
         let host_placement = matches!(placement, WeightPlacement::Host { .. });
         let mut fused_parts = HashSet::new();
         let mut fused_names = Vec::new();
-        let mut views = Vec::new();
+        // The parts of each fused weight (by the fused tensor): each with its offset in it.
+        let mut parts_of: HashMap<usize, Vec<(*mut sys::ggml_tensor, usize)>> = HashMap::new();
         for group in &fusion.groups {
             let Some((buft, parts)) =
                 fusable(infos, group, &target_of, host_placement, fusion.on_host)
@@ -258,15 +261,17 @@ impl TensorStore {
             let fused = ctx
                 .tensor(first.dtype, &[first.shape[0], rows])
                 .named(&group.name);
-            let row_size = first.dtype.row_size(first.shape[0]);
             let mut offset = 0;
             for &i in &parts {
                 let part = ctx
-                    .view(fused, &infos[i].shape, &[row_size], offset)
+                    .tensor(first.dtype, &infos[i].shape)
                     .named(&infos[i].name);
+                parts_of
+                    .entry(fused.raw() as usize)
+                    .or_default()
+                    .push((part.raw(), offset));
                 offset += infos[i].nbytes as usize;
                 by_name.insert(infos[i].name.clone(), part.raw());
-                views.push(part.raw());
                 fused_parts.insert(i);
             }
             by_name.insert(group.name.clone(), fused.raw());
@@ -399,6 +404,28 @@ impl TensorStore {
                             sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
                         )
                     };
+                    // Each part of a fused weight is bound to its rows before the weight's bytes
+                    // are written (a backend may clear a tensor's padding when it is bound; the
+                    // write then restores the next part's rows).
+                    for &(_, t) in &tensors {
+                        for &(part, offset) in parts_of.get(&(t as usize)).into_iter().flatten() {
+                            // SAFETY: t was placed in buf above and the part's rows lie inside
+                            // it at `offset` (the parts fill it one after another); the part is
+                            // a fresh tensor of the context, not yet bound.
+                            let st = unsafe {
+                                sys::ggml_backend_tensor_alloc(
+                                    buf.0,
+                                    part,
+                                    (*t).data.cast::<u8>().add(offset).cast(),
+                                )
+                            };
+                            if st != sys::GGML_STATUS_SUCCESS {
+                                return Err(Error::Alloc(
+                                    "binding a part of a fused weight".into(),
+                                ));
+                            }
+                        }
+                    }
                     for (src, t) in tensors {
                         let mut offset = 0;
                         for &i in src.parts() {
@@ -442,13 +469,6 @@ impl TensorStore {
                 progress(done, total);
             }
             buffers.push(buf);
-        }
-        for view in views {
-            // SAFETY: every view's source (a fused weight) was placed in a buffer above.
-            let st = unsafe { sys::ggml_backend_view_init(view) };
-            if st != sys::GGML_STATUS_SUCCESS {
-                return Err(Error::Alloc("binding a part of a fused weight".into()));
-            }
         }
         let split_ctx = (!split_ctx.tensors().is_empty()).then_some(split_ctx);
         Ok(TensorStore {

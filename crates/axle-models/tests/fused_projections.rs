@@ -37,6 +37,33 @@ fn check(path: &Path, fused_per_layer: usize) {
     );
     let separate = load(path, FusedProjections::Off);
     assert!(separate.fused_weights().is_empty());
+    // Each part of a fused weight reads its own rows: the bytes of the separate weight.
+    let bytes = |t: &axle_ggml::StoredTensor| {
+        let mut b = vec![0u8; t.t().nbytes()];
+        t.t().read_bytes_at(0, &mut b).expect("read");
+        b
+    };
+    let mut parts = 0;
+    for t in fused.tensors() {
+        let name = t.t().name();
+        if fused.fused_weights().contains(&name) {
+            continue;
+        }
+        let Some(s) = separate
+            .tensors()
+            .into_iter()
+            .find(|s| s.t().name() == name)
+        else {
+            continue;
+        };
+        assert_eq!(bytes(&t), bytes(&s), "{}: part {name}", path.display());
+        parts += 1;
+    }
+    assert!(
+        parts > fused_per_layer * n_layer,
+        "{}: {parts} parts",
+        path.display()
+    );
     // On the host the default fuses nothing: the CPU keeps libllama's products.
     assert!(load(path, FusedProjections::Devices)
         .fused_weights()

@@ -25,8 +25,8 @@ fn own_table(key: &str) -> bool {
         || key.starts_with("step_")
 }
 
-/// Where a decode step's time goes (compare runs): Axle's phases per step beside libllama's
-/// whole step, in microseconds.
+/// Where a step's time goes (compare runs): Axle's phases per step beside libllama's time for the
+/// same tokens, in microseconds (a decode row's steps are its tokens, a prefill row's its chunks).
 fn step_table(a: &Artifact) -> Option<String> {
     let phases = super::workloads::STEP_PHASES;
     let rows: Vec<Vec<String>> = a
@@ -52,9 +52,9 @@ fn step_table(a: &Artifact) -> Option<String> {
         return None;
     }
     Some(format!(
-        "\nWhere a decode step's time goes (microseconds per step; prepare: block tables, positions and masks on the host; build: graph building and allocation, amortized; inputs: uploads; compute: the graph until the device is done; logits: the read-back):\n\n{}",
+        "\nWhere a step's time goes (microseconds per step: a decode step, or a prefill chunk; prepare: block tables, positions and masks on the host; build: graph building and allocation, amortized; inputs: uploads; compute: the graph until the device is done; logits: the read-back):\n\n{}",
         markdown_table(
-            &["workload", "prepare", "build", "inputs", "compute", "logits", "Axle step", "libllama step", "graphs built per step"],
+            &["workload", "prepare", "build", "inputs", "compute", "logits", "Axle step", "libllama, same tokens", "graphs built per step"],
             &rows
         )
     ))

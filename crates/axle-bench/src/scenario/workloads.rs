@@ -54,9 +54,18 @@ pub fn run(
                         "decode_tok_s"
                     };
                     let (profile, t) = (row.profile, row.tok_s);
-                    let llama_us = 1e6 / t.llama_median;
+                    // Tokens a run feeds (the number in `pp512` or `tg128`).
+                    let tokens: f64 = row
+                        .test
+                        .trim_start_matches(char::is_alphabetic)
+                        .parse()
+                        .unwrap_or(1.0);
                     let mut r = Row::new(row.test, metric, t.axle, Some((&reference, t.llama)));
                     if let Some(p) = profile {
+                        // libllama's time for as many tokens as one of Axle's steps took (a
+                        // decode step's one, a prefill chunk's).
+                        let per_step = tokens * reps as f64 / p.steps.max(1) as f64;
+                        let llama_us = 1e6 * per_step / t.llama_median;
                         for (k, v) in STEP_PHASES.iter().zip(p.per_step_us()) {
                             r.extra.insert(format!("step_{k}_us"), v);
                         }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 52, after the gate-up fusion fix: Axle's own measurements as soon as the CUDA backend is
+# built, then exactness and llama.cpp's references where its tools were built. Parts, each within
+# one device call:
+#   scripts/gpu-trace/issue52-after.sh axle    compare pp512/pp4096/tg128 with the host split of
+#                                              each step; the scheduler's splits of a prefill
+#                                              chunk (GGML_SCHED_DEBUG); a traced decode (the
+#                                              fused gate-up kernel)
+#   scripts/gpu-trace/issue52-after.sh rest    the device-check on the 8B file; llama-bench
+#                                              pp512/pp4096/tg128 and one-sequence batched decode
+#                                              at 512 and 2,048, llama.cpp's tools where built
+# Outputs in $OUT.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+here="$root/scripts/gpu-trace"
+w="${AXLE_GPU_WORK:-/root/axle-gpu}"
+out="${OUT:?OUT}"
+SECONDS=0
+export AXLE_BACKENDS_DIR="$w/bin/backends" AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
+m="$w/models/llama3-8b-q4_0.gguf"
+tools="$w/bin/llama-tools"
+axle="$w/bin/axle"
+logs=/tmp/alogs; mkdir -p $logs
+S="$out/summary.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt" >>"$S"
+cp "$root/.device/commit" "$out/axle-commit.txt"
+left() { [ $SECONDS -lt "${BUDGET:-560}" ] || { echo "out of time at ${SECONDS}s" | tee -a "$S"; return 1; }; }
+case "${1:?axle|rest}" in
+  axle)
+    for ((i = 0; i < ${WAIT:-560}; i += 5)); do [ -e "$w/logs/build.rc" ] && break; sleep 5; done
+    echo "backend rc $(cat $w/logs/build.rc 2>/dev/null || echo running) after ${SECONDS}s" | tee -a "$S"
+    [ "$(cat $w/logs/build.rc 2>/dev/null)" = 0 ] || exit 1
+    left && { "$axle" bench compare --model "$m" --device cuda0 --prefill 512,4096 --decode 128 --reps 3 \
+      --output-root "$out" 2>&1 | grep -v "CUDA Graph" >"$out/axle-compare.txt"; tail -n 8 "$out/axle-compare.txt" | tee -a "$S"; }
+    left && { GGML_SCHED_DEBUG=1 AXLE_GGML_LOG=1 "$axle" bench compare --model "$m" --device cuda0 --prefill 4096 \
+      --decode 0 --reps 1 --output-root $logs/sd >$logs/sched.log 2>&1
+      grep -E "SPLIT" $logs/sched.log | sort | uniq -c | sort -rn | head -n 12 | tee -a "$S"; }
+    tr="$w/bin/libcupti-trace.so"
+    left && [ -f "$tr" ] && { CUDA_INJECTION64_PATH="$tr" TRACE_OUT=/tmp/ax-tg2.tsv "$axle" bench batched --model "$m" \
+      --device cuda0 --prompt 32 --steps 64 --reps 1 --concurrency 1 --output-root $logs/tg >$logs/tg.log 2>&1
+      python3 "$here/analyze.py" /tmp/ax-tg2.tsv --label "axle 1 sequence, fused gate-up" --region axle_pa_chunk \
+        --steps 32 2>&1 | head -n 22 | tee -a "$S"
+      gzip -6 /tmp/ax-tg2.tsv && cp /tmp/ax-tg2.tsv.gz "$out/"; }
+    ;;
+  rest)
+    left && { "$axle" bench device-check --model "$m" --device cuda0 --output "$out/device-check.json" 2>&1 \
+      | grep -v "CUDA Graph" | tail -n 30 >"$out/device-check.txt"; tail -n 14 "$out/device-check.txt" | tee -a "$S"; }
+    [ -x "$tools/llama-bench" ] && left && { "$tools/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512,4096 -n 128 -r 3 -o json \
+      >"$out/llama-bench.json" 2>"$out/llama-bench.txt"; python3 -c "
+import json,sys
+for r in json.load(open(sys.argv[1])): print('llama-bench', 'pp%d'%r['n_prompt'] if r['n_prompt'] else 'tg%d'%r['n_gen'], round(r['avg_ts'],1))" \
+      "$out/llama-bench.json" | tee -a "$S"; }
+    for p in 512 2048; do
+      left || break
+      [ -x "$tools/llama-batched-bench" ] && "$tools/llama-batched-bench" -m "$m" -ngl 99 -fa 1 -c $((p * 2 + 256)) \
+        -b 2048 -ub 512 -npp $p -ntg 128 -npl 1 2>/dev/null | grep -E '^\|' | tail -n 1 | tee -a "$S"
+      "$axle" bench batched --model "$m" --device cuda0 --prompt $p --steps 128 --reps 1 --concurrency 1 \
+        --output-root "$out/b$p" 2>&1 | grep -E '^\| seqs' | tee -a "$S"
+    done
+    ;;
+esac
+echo "part done in ${SECONDS}s" | tee -a "$S"
