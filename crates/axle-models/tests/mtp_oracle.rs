@@ -136,3 +136,30 @@ fn qwen35moe_mtp_head_matches_libllama() {
 fn deepseek2_mtp_head_matches_libllama() {
     check_head("deepseek2-mtp-tiny.gguf");
 }
+
+/// The KV budget counts the head's cache layer when the head may draft: its layers come after
+/// the trunk's, with the head family's widths, and the slots that fit shrink by its share.
+#[test]
+fn the_kv_budget_counts_the_mtp_head() {
+    let path = common::fixture("glm4moe-tiny.gguf");
+    let model = Model::load(&path, &ModelOptions::cpu(2)).expect("load");
+    let trunk = model.family().kv_dims();
+    let head = model.family().mtp().expect("an MTP head").kv_dims();
+    let (without, _) = axle_models::runner::kv_layers(&model, false);
+    let (with, bufts) = axle_models::runner::kv_layers(&model, true);
+    assert_eq!(without, trunk);
+    assert_eq!(with.len(), trunk.len() + head.len());
+    assert_eq!(bufts.len(), with.len());
+    assert_eq!(&with[trunk.len()..], &head[..]);
+    let bytes = |d: &[(i64, i64)]| d.iter().map(|(k, v)| k + v).sum::<i64>() as f64;
+    let fit = |h| {
+        axle_models::runner::kv_slots_that_fit(&model, 16, Default::default(), h)
+            .expect("the host tells its free memory") as f64
+    };
+    let ratio = fit(true) / fit(false);
+    let expected = bytes(&without) / bytes(&with);
+    assert!(
+        (ratio - expected).abs() < 0.02,
+        "slots with the head / without: {ratio:.3}, expected {expected:.3}"
+    );
+}

@@ -89,8 +89,15 @@ impl EngineConfig {
             let wanted =
                 u32::try_from(ctx.saturating_mul(sizing.kv_contexts.max(1))).unwrap_or(u32::MAX);
             // The tightest memory (a device's share of the layers, or the host's) caps the default
-            // pool; below one full context the runner refuses with the count that would fit.
-            match axle_models::runner::kv_slots_that_fit(model, block_size, sizing.kv_type) {
+            // pool; below one full context the runner refuses with the count that would fit. A
+            // model whose MTP head may draft keeps the head's KV beside the trunk's.
+            let mtp_head = sizing.draft_len > 0 && model.family().mtp().is_some();
+            match axle_models::runner::kv_slots_that_fit(
+                model,
+                block_size,
+                sizing.kv_type,
+                mtp_head,
+            ) {
                 Some(fit) if fit as usize >= ctx => wanted.min(fit),
                 _ => wanted,
             }

@@ -61,15 +61,39 @@ pub(super) fn kv_budget(free: usize) -> usize {
     free.saturating_sub(reserve)
 }
 
+/// The K and V widths of each layer that keeps KV in the pool, and the memory that holds it:
+/// the trunk's layers, then, with `mtp_head`, the layers of the model's next-token-prediction head
+/// where it has one (its cache layers sit where its blocks' layers are placed, and take the same
+/// slots as the trunk's).
+pub fn kv_layers(model: &Model, mtp_head: bool) -> (Vec<(i64, i64)>, Vec<BufferType>) {
+    let family = model.family();
+    let mut dims = family.kv_dims();
+    let mut bufts: Vec<BufferType> = (0..dims.len() as u32)
+        .map(|il| model.placement().layer_buffer(il))
+        .collect();
+    if let Some(head) = family.mtp().filter(|_| mtp_head) {
+        let first = head.first_layer() as u32;
+        for (il, d) in head.kv_dims().into_iter().enumerate() {
+            dims.push(d);
+            bufts.push(model.placement().layer_buffer(first + il as u32));
+        }
+    }
+    (dims, bufts)
+}
+
 /// The most KV slots (a multiple of `block_size`) that the memories holding `model`'s KV can
 /// take, leaving room for compute buffers; None when no memory tells its free size. The
 /// engine caps its default pool with it, so that a model spread over devices of different
-/// sizes gets the pool the tightest one allows instead of an allocation failure.
-pub fn kv_slots_that_fit(model: &Model, block_size: u32, ty: KvType) -> Option<u32> {
-    let dims = model.family().kv_dims();
-    let bufts: Vec<BufferType> = (0..dims.len() as u32)
-        .map(|il| model.placement().layer_buffer(il))
-        .collect();
+/// sizes gets the pool the tightest one allows instead of an allocation failure. With
+/// `mtp_head` the head's cache layers count too (see [`kv_layers`]): an engine whose head drafts
+/// holds a second cache of the same slots for them.
+pub fn kv_slots_that_fit(
+    model: &Model,
+    block_size: u32,
+    ty: KvType,
+    mtp_head: bool,
+) -> Option<u32> {
+    let (dims, bufts) = kv_layers(model, mtp_head);
     let bs = block_size.max(1) as usize;
     kv_memories(model, &bufts, &dims, ty)
         .iter()

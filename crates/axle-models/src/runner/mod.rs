@@ -27,7 +27,7 @@ mod step_io;
 use arithmetic::{takes_device_layout, Arithmetic};
 use graph::{graph_slots, CachedGraph, GraphKey};
 use kv_budget::check_kv_fits;
-pub use kv_budget::kv_slots_that_fit;
+pub use kv_budget::{kv_layers, kv_slots_that_fit};
 use prepare::{tiled_product_cols, HostInputs};
 use products::all_cuda;
 pub use products::{column_types, default_products, replay_types, WIDE_FROM_SEQS};
