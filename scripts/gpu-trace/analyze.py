@@ -2,6 +2,7 @@
 """Per-step kernel table from a cupti-trace.cpp trace (Axle or llama.cpp's tools alike).
 
 analyze.py TRACE[.gz] [--marker SUBSTR] [--per-step N] [--region SUBSTR] [--steps N] [--first]
+analyze.py TRACE[.gz] --gaps MS [--after SUBSTR]
 
 A step is the stretch between two device-to-host copies (the logits, or the picked token, read at
 the end of each step). Steps holding exactly N kernels whose name contains the marker (default
@@ -9,8 +10,14 @@ the end of each step). Steps holding exactly N kernels whose name contains the m
 the last N of them (the first with --first). --region SUBSTR keeps only the part of the trace
 from the first to the last kernel whose name holds SUBSTR (Axle's part of a bench run that also
 runs libllama: `axle_pa_chunk`). Prints per step: wall (copy to copy), kernel span, GPU busy, idle
-gaps inside the span, host time before the first kernel, kernels by name (us per step, calls,
-mean), runtime-API calls, copies.
+gaps inside the span, host time before the first kernel, the time of a layer's attention and
+feed-forward halves and of the head (with the default marker), kernels by name (us per step,
+calls, mean), runtime-API calls, copies. Kernels launched with programmatic dependent launch
+start before the one ahead ends and wait inside, so their durations overlap: busy time and the
+halves' spans, not the sum of durations, are what a step costs.
+With --gaps, lists instead where the device sat idle for more than MS milliseconds between two
+kernels (from the first kernel whose name holds --after on), with the runtime-API calls made
+meanwhile: host work between graphs, such as a prefill's between chunks.
 """
 import argparse, bisect, collections, gzip
 
@@ -60,10 +67,27 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--first", action="store_true")
     ap.add_argument("--label", default="")
+    ap.add_argument("--gaps", type=float, default=0.0)
+    ap.add_argument("--after", default="")
     a = ap.parse_args()
     K, M, R, D = load(a.trace)
     print(f"== {a.label or a.trace}: {len(K)} kernels, {len(M)} copies, {len(R)} runtime calls, dropped {D}")
     if not K:
+        return
+    if a.gaps:
+        # The device idle between consecutive kernels, from the first kernel whose name holds
+        # --after on: every gap over --gaps ms, in order, with the runtime calls inside it.
+        first = next((i for i, k in enumerate(K) if a.after in k[7]), 0)
+        rs = [r[0] for r in R]
+        t0 = K[first][0]
+        for x, y in zip(K[first:], K[first + 1:]):
+            gap = (y[0] - x[1]) / 1e3
+            if gap < a.gaps * 1e3:
+                continue
+            calls = R[bisect.bisect_left(rs, x[1]):bisect.bisect_right(rs, y[0])]
+            busy = sum(r[1] - r[0] for r in calls) / 1e3
+            print(f"at {(x[1] - t0) / 1e3:10.1f} us: idle {gap:8.0f} us ({len(calls)} runtime calls, "
+                  f"{busy:.0f} us in them)  {x[7][:34]} -> {y[7][:34]}")
         return
     lo, hi = K[0][0] - 1, float("inf")
     if a.region:
@@ -113,6 +137,15 @@ def main():
     print(f"steps used: {n}; per step: wall {wall_sum/n:.1f} us, kernel span {span_sum/n:.1f} us, "
           f"GPU busy {busy_sum/n:.1f} us, idle inside span {idle_sum/n:.1f} us, host before first "
           f"kernel {host_sum/n:.1f} us; kernels {tot_k/n:.1f}, graph-launched {100*graph_k/max(tot_k,1):.0f}%")
+    norms = [[k for k in ks if a.marker in k[7]] for (_, _, ks, _) in dec]
+    if a.marker == "rms_norm" and a.per_step % 2 == 1:
+        # Per layer: attention (its norm to the FFN's norm) and FFN (to the next layer's norm);
+        # the head: the final norm to the step's last kernel.
+        attn = [(n[2 * l + 1][0] - n[2 * l][0]) / 1e3 for n in norms for l in range(a.per_step // 2 - 1)]
+        ffn = [(n[2 * l + 2][0] - n[2 * l + 1][0]) / 1e3 for n in norms for l in range(a.per_step // 2 - 1)]
+        head = [(s[2][-1][1] - n[-1][0]) / 1e3 for s, n in zip(dec, norms)]
+        print(f"per layer: attention {sum(attn)/len(attn):.2f} us, feed-forward {sum(ffn)/len(ffn):.2f} us; "
+              f"head {sum(head)/len(head):.1f} us (from the final norm)")
     print(f"{'us/step':>9} {'calls':>7} {'mean us':>8}  kernel")
     tot = 0.0
     for name, (c, t) in sorted(per.items(), key=lambda kv: -kv[1][1]):

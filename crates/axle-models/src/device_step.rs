@@ -398,14 +398,19 @@ pub fn layout_with(
                 kv_len: len as i64,
                 mask_off: mask.len() as i64,
             });
+            // Row p sees slots 0..=p (and, through a window w, only the last w of them): each
+            // mask row is runs of equal values, filled as runs.
             for r in 0..rows {
                 let p = s.start_pos + (first - row + r) as u32;
-                for q in 0..len {
-                    let visible = q <= p;
-                    mask.push(if visible { 0 } else { neg });
-                    if let Some(w) = window {
-                        mask_swa.push(if visible && p - q < w { 0 } else { neg });
-                    }
+                let seen = (p + 1).min(len) as usize;
+                let hidden = len as usize - seen;
+                mask.resize(mask.len() + seen, 0);
+                mask.resize(mask.len() + hidden, neg);
+                if let Some(w) = window {
+                    let before = ((p + 1).saturating_sub(w) as usize).min(seen);
+                    mask_swa.resize(mask_swa.len() + before, neg);
+                    mask_swa.resize(mask_swa.len() + seen - before, 0);
+                    mask_swa.resize(mask_swa.len() + hidden, neg);
                 }
             }
         }
@@ -447,6 +452,43 @@ pub fn layout_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every op's mask rows, element by element: slot q is visible to row p where q <= p (and,
+    /// through window w, p - q < w), as the runs the layout fills must give.
+    #[test]
+    fn masks_hide_the_future_and_what_lies_past_the_window() {
+        let neg = half::f16::NEG_INFINITY.to_bits();
+        let slots: Vec<u32> = (0..2048).collect();
+        for (start, n, window) in [
+            (0, 300, None),
+            (700, 333, Some(256)),
+            (0, 100, Some(4096)),
+            (1000, 24, Some(1)),
+            (37, 1, Some(3)),
+            (300, 2, None),
+        ] {
+            let seqs = [seq(start, n, &slots[..start as usize + n])];
+            let d = layout(&seqs, 4096, window);
+            for op in &d.step.attn {
+                for r in 0..op.rows {
+                    let p = start as i64 + op.first + r;
+                    for q in 0..op.kv_len {
+                        let at = (op.mask_off + r * op.kv_len + q) as usize;
+                        let want = if q <= p { 0 } else { neg };
+                        assert_eq!(d.mask[at], want, "start {start} row {r} slot {q}");
+                        if let Some(w) = window {
+                            let want = if q <= p && p - q < w as i64 { 0 } else { neg };
+                            assert_eq!(d.mask_swa[at], want, "window {w} row {r} slot {q}");
+                        }
+                    }
+                }
+            }
+            assert_eq!(
+                d.mask_swa.len(),
+                if window.is_some() { d.mask.len() } else { 0 }
+            );
+        }
+    }
 
     /// The layout of a step of one sequence decoding its first token.
     fn one_decode_row() -> DeviceStep {
