@@ -9,6 +9,10 @@
 #   scripts/gpu-trace/issue52-after.sh rest    the device-check on the 8B file; llama-bench
 #                                              pp512/pp4096/tg128 and one-sequence batched decode
 #                                              at 512 and 2,048, llama.cpp's tools where built
+#   scripts/gpu-trace/issue52-after.sh next    what the traces left open: ggml's mat-vec kernels'
+#                                              registers in both builds, the device-check with
+#                                              column-invariant products, a prefill chunk's
+#                                              scheduler assignment
 # Outputs in $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -25,7 +29,7 @@ S="$out/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt" >>"$S"
 cp "$root/.device/commit" "$out/axle-commit.txt"
 left() { [ $SECONDS -lt "${BUDGET:-560}" ] || { echo "out of time at ${SECONDS}s" | tee -a "$S"; return 1; }; }
-case "${1:?axle|rest}" in
+case "${1:?axle|rest|next}" in
   axle)
     for ((i = 0; i < ${WAIT:-560}; i += 5)); do [ -e "$w/logs/build.rc" ] && break; sleep 5; done
     echo "backend rc $(cat $w/logs/build.rc 2>/dev/null || echo running) after ${SECONDS}s" | tee -a "$S"
@@ -41,6 +45,26 @@ case "${1:?axle|rest}" in
       python3 "$here/analyze.py" /tmp/ax-tg2.tsv --label "axle 1 sequence, fused gate-up" --region axle_pa_chunk \
         --steps 32 2>&1 | head -n 22 | tee -a "$S"
       gzip -6 /tmp/ax-tg2.tsv && cp /tmp/ax-tg2.tsv.gz "$out/"; }
+    ;;
+  next)
+    # What this session's traces left open (docs/gpu.md, "Where a step's time goes"):
+    # registers and shared memory of ggml's mat-vec kernels in Axle's backend (ggml 0.26.0) and in
+    # the tools' build (0.25.3); the device-check with the column-invariant products, whose one-
+    # column steps take ggml's fused gate-up kernel; the scheduler's node assignment of a prefill
+    # chunk.
+    export PATH="$PATH:/usr/local/cuda/bin"
+    for lib in "$w/bin/backends/libggml-cuda.so" "$(find "$w/bin/llama-tools" /tmp -name 'libggml-cuda*' \
+        -o -name 'llama-bench' 2>/dev/null | grep -v backends | head -n 1)"; do
+      [ -e "$lib" ] || continue
+      echo "== $lib" | tee -a "$S"
+      cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 'mul_mat_vec_q' | grep -oE 'REG:[0-9]+|SHARED:[0-9]+' \
+        | paste -sd' ' | tr ' ' '\n' | sort | uniq -c | tee -a "$S"
+    done
+    left && { AXLE_DEVICE_PRODUCTS=columns "$axle" bench device-check --model "$m" --device cuda0 \
+      --output "$out/device-check-columns.json" 2>&1 | grep -v "CUDA Graph" | tail -n 6 | tee -a "$S"; }
+    left && { GGML_SCHED_DEBUG=2 AXLE_GGML_LOG=1 "$axle" bench compare --model "$m" --device cuda0 --prefill 1024 \
+      --decode 0 --reps 1 --output-root $logs/sd2 >$logs/sched2.log 2>&1
+      grep -E "^node #|SPLIT" $logs/sched2.log | grep -B2 -A40 "SPLIT #0: CPU" | head -n 80 >"$out/sched-nodes.txt"; }
     ;;
   rest)
     left && { "$axle" bench device-check --model "$m" --device cuda0 --output "$out/device-check.json" 2>&1 \
