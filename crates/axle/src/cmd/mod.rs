@@ -146,7 +146,9 @@ pub struct EngineArgs {
     /// n-gram speculation reproduces plain decoding) or `fast` (ggml's kernels for each step's
     /// shape, as llama.cpp runs: more tokens/s for many concurrent sequences on a GPU, where
     /// exactness costs extra passes over the weights and one attention op per decoding row;
-    /// outputs may then change with the batch at close calls).
+    /// outputs may then change with the batch at close calls). How exact rows compute on each
+    /// device is chosen for you; `--device-products`, `--device-attention` and `--host-kernels`
+    /// (not listed here) pin one of the exact arithmetics, for measurements: docs/correctness.md.
     #[arg(long, value_enum, default_value_t = KernelChoice::Exact)]
     pub kernels: KernelChoice,
     /// With `--kernels exact` on GPUs: how decode and verify rows multiply quantized weights.
@@ -158,14 +160,14 @@ pub struct EngineArgs {
     /// MMQ): tiled ops of up to 128 columns, one pass over the weights a step, the choice for
     /// serving many concurrent sequences (level with libllama for a lone one, below `columns`
     /// for a few). All exact; one engine keeps one choice.
-    #[arg(long)]
+    #[arg(long, hide = true)]
     pub device_products: Option<DeviceProducts>,
     /// With `--kernels exact` on GPUs: how decode and verify rows attend. `paged` (the default):
     /// Axle's paged attention, one op per layer for all of a step's decode and verify rows,
     /// reading each row's keys through its block table (where the CUDA backend carries it and
     /// the model's heads are ones it takes; else `rows`). `rows`: an op of ggml's per row, over
     /// that row's sequence's slots with a mask of its own. Both exact.
-    #[arg(long, default_value_t = DeviceAttention::Paged)]
+    #[arg(long, hide = true, default_value_t = DeviceAttention::Paged)]
     pub device_attention: DeviceAttention,
     /// How the KV cache stores keys and values. `f16` (the default): two bytes a value. `q8_0`:
     /// ggml's Q8_0, 34 bytes per 32 values, so about twice the contexts fit; each token's row is
@@ -182,7 +184,7 @@ pub struct EngineArgs {
     /// arithmetic for every row (attention ops of at most 63 rows, K-quant products in 4-column
     /// slices: slower prefill). `tiled`: ggml's tiled kernels' arithmetic for every row (greedy
     /// output parts from libllama's sooner). All are exact.
-    #[arg(long)]
+    #[arg(long, hide = true)]
     pub host_kernels: Option<HostKernels>,
 }
 
