@@ -2,8 +2,9 @@
 //! `cargo run --release -p axle-models --example prefill_cost -- MODEL.gguf [tokens] [reps]
 //! [device-layout]`
 //! (default 512 tokens, 10 times; the CPU, 2 threads, weights repacked as libllama has them, the
-//! runner's default kernels; `device-layout` lays steps out as on an accelerator). Each repetition prefills the same synthetic prompt into a fresh
-//! sequence and prints its tok/s and where the runner's time went (host work: prepare, build, inputs), e.g. under
+//! runner's default kernels; `device-layout` lays steps out as on an accelerator). Each repetition
+//! prefills the same synthetic prompt into a fresh sequence and prints its tok/s and where the
+//! runner's time went (host work: prepare, build, inputs; compute), e.g. under
 //! `perf record -e cpu-clock target/release/examples/prefill_cost MODEL 512 12`.
 use axle_models::{Model, ModelOptions, Runner, RunnerOptions, Sequence};
 use std::sync::Arc;
