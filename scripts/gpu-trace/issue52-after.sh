@@ -13,6 +13,9 @@
 #                                              registers in both builds, the device-check with
 #                                              column-invariant products, a prefill chunk's
 #                                              scheduler assignment
+#   scripts/gpu-trace/issue52-after.sh vendored-bench  llama-bench built against the crate's
+#                                              vendored tree (ggml 0.26.0) beside the sdist's
+#                                              (0.25.3): the ggml version's share of the gap
 # Outputs in $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -29,7 +32,7 @@ S="$out/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt" >>"$S"
 cp "$root/.device/commit" "$out/axle-commit.txt"
 left() { [ $SECONDS -lt "${BUDGET:-560}" ] || { echo "out of time at ${SECONDS}s" | tee -a "$S"; return 1; }; }
-case "${1:?axle|rest|next}" in
+case "${1:?axle|rest|next|vendored-bench}" in
   axle)
     for ((i = 0; i < ${WAIT:-560}; i += 5)); do [ -e "$w/logs/build.rc" ] && break; sleep 5; done
     echo "backend rc $(cat $w/logs/build.rc 2>/dev/null || echo running) after ${SECONDS}s" | tee -a "$S"
@@ -65,6 +68,27 @@ case "${1:?axle|rest|next}" in
     left && { GGML_SCHED_DEBUG=2 AXLE_GGML_LOG=1 "$axle" bench compare --model "$m" --device cuda0 --prefill 1024 \
       --decode 0 --reps 1 --output-root $logs/sd2 >$logs/sched2.log 2>&1
       grep -E "^node #|SPLIT" $logs/sched2.log | grep -B2 -A40 "SPLIT #0: CPU" | head -n 80 >"$out/sched-nodes.txt"; }
+    ;;
+  vendored-bench)
+    # llama-bench from the sdist's sources, built against the crate's vendored tree (ggml 0.26.0,
+    # the kernels Axle and its in-process libllama run), plainly (no Axle patches): beside the
+    # sdist's own build it tells the ggml version's share of the single-stream gap.
+    export PATH="$PATH:/usr/local/cuda/bin"
+    vt=/tmp/vendored-tree; rm -rf $vt /tmp/sdist-tree; mkdir -p $vt /tmp/sdist-tree
+    tar xzf "$w/llama-src.tgz" -C $vt && tar xzf "$root/.device/llama-tools-src.tgz" -C /tmp/sdist-tree ./tools/llama-bench
+    rm -rf $vt/tools/llama-bench && cp -r /tmp/sdist-tree/tools/llama-bench $vt/tools/
+    printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' >$vt/tools/CMakeLists.txt
+    gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+    cmake -S $vt -B $vt/build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
+      -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF >$logs/vt-cmake.log 2>&1 \
+      && cmake --build $vt/build -j "$(nproc)" --target llama-bench >$logs/vt-build.log 2>&1 \
+      || { tail -n 20 $logs/vt-cmake.log $logs/vt-build.log | tee -a "$S"; exit 1; }
+    b="$(find $vt/build -name llama-bench -type f | head -n 1)"
+    for bench in "$b" "$tools/llama-bench"; do
+      [ -x "$bench" ] && left && "$bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | grep -E 'pp512|tg128' \
+        | sed "s|^|$bench: |" | tee -a "$S"
+    done
     ;;
   rest)
     left && { "$axle" bench device-check --model "$m" --device cuda0 --output "$out/device-check.json" 2>&1 \
