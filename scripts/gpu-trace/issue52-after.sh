@@ -18,15 +18,8 @@
 #                                              (0.25.3): the ggml version's share of the gap
 # Outputs in $OUT.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-here="$root/scripts/gpu-trace"
-w="${AXLE_GPU_WORK:-/root/axle-gpu}"
-out="${OUT:?OUT}"
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 SECONDS=0
-export AXLE_BACKENDS_DIR="$w/bin/backends" AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
-m="$w/models/llama3-8b-q4_0.gguf"
-tools="$w/bin/llama-tools"
-axle="$w/bin/axle"
 logs=/tmp/alogs; mkdir -p $logs
 S="$out/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt" >>"$S"

@@ -7,17 +7,10 @@
 # then untraced timings of one sequence with each of Axle's arithmetic choices. Outputs in $OUT:
 # summary.txt (analyze.py's tables), traces.tgz (the raw traces, gzip), logs.tgz.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-here="$root/scripts/gpu-trace"
-w="${AXLE_GPU_WORK:-/root/axle-gpu}"
-out="${OUT:?OUT}"
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 SECONDS=0
 for ((i = 0; i < 400; i += 5)); do [ -e "$w/logs/build.rc" ] && break; sleep 5; done
 echo "backend rc $(cat $w/logs/build.rc) after ${SECONDS}s"
-export AXLE_BACKENDS_DIR="$w/bin/backends" AXLE_GIT_COMMIT="$(cat "$root/.device/commit")"
-m="$w/models/llama3-8b-q4_0.gguf"
-tools="$w/bin/llama-tools"
-axle="$w/bin/axle"
 t=/tmp/traces; logs=/tmp/tlogs; rm -rf $t $logs; mkdir -p $t $logs
 S="$out/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt" >"$S"

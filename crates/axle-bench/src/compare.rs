@@ -35,11 +35,15 @@ pub struct CompareOptions {
 pub struct CompareRow {
     /// "pp128", "tg128", ...
     pub test: String,
+    /// Tokens a repetition feeds (the number in the test's name).
+    #[serde(skip)]
+    pub tokens: usize,
     /// Tok/s, Axle against libllama.
     #[serde(flatten)]
     pub tok_s: Paired,
-    /// Decode rows: where Axle's steps spent their time, over every timed repetition.
-    pub profile: Option<StepProfile>,
+    /// Where Axle's steps (decode steps, or prefill chunks) spent their time, over every timed
+    /// repetition.
+    pub profile: StepProfile,
 }
 
 /// The whole result.
@@ -190,8 +194,9 @@ pub fn run(model: &Arc<Model>, opts: &CompareOptions) -> Result<CompareReport, B
         }
         rows.push(CompareRow {
             test: name,
+            tokens: n,
             tok_s: Paired::new(a, l),
-            profile: Some(profile),
+            profile,
         });
     }
     bar.finish_and_clear();

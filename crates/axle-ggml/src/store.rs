@@ -127,7 +127,7 @@ pub struct FusedWeight {
 /// Which weights [`TensorStore::load_weights`] stores fused, and where.
 ///
 /// A group is fused where its parts are 2-D, of one type and width, and go to one buffer that is
-/// not a repacking one (a repacked layout interleaves rows, so a part could not be a view of
+/// not a repacking one (a repacked layout interleaves rows, so a part could not be placed on
 /// its rows); otherwise its parts are loaded as they are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WeightFusion {
@@ -675,7 +675,7 @@ impl Source {
 /// The buffer and the file tensors of a fusion group, where it can be fused: every part present,
 /// 2-D, of one type and width, all bound for one buffer that is an accelerator's (or, with
 /// `on_host`, host memory used in place, which gets a plain host buffer instead). Not for
-/// repacking or split buffers: a part must be a view of its rows.
+/// repacking or split buffers: a part must lie on its rows.
 fn fusable(
     infos: &[TensorInfo],
     group: &FusedWeight,

@@ -43,20 +43,21 @@ fn check(path: &Path, fused_per_layer: usize) {
         t.t().read_bytes_at(0, &mut b).expect("read");
         b
     };
+    let separate_by_name: std::collections::HashMap<String, axle_ggml::StoredTensor> = separate
+        .tensors()
+        .into_iter()
+        .map(|s| (s.t().name(), s))
+        .collect();
     let mut parts = 0;
     for t in fused.tensors() {
         let name = t.t().name();
         if fused.fused_weights().contains(&name) {
             continue;
         }
-        let Some(s) = separate
-            .tensors()
-            .into_iter()
-            .find(|s| s.t().name() == name)
-        else {
+        let Some(s) = separate_by_name.get(&name) else {
             continue;
         };
-        assert_eq!(bytes(&t), bytes(&s), "{}: part {name}", path.display());
+        assert_eq!(bytes(&t), bytes(s), "{}: part {name}", path.display());
         parts += 1;
     }
     assert!(

@@ -53,28 +53,20 @@ pub fn run(
                     } else {
                         "decode_tok_s"
                     };
-                    let (profile, t) = (row.profile, row.tok_s);
-                    // Tokens a run feeds (the number in `pp512` or `tg128`).
-                    let tokens: f64 = row
-                        .test
-                        .trim_start_matches(char::is_alphabetic)
-                        .parse()
-                        .unwrap_or(1.0);
+                    let (p, t) = (row.profile, row.tok_s);
                     let mut r = Row::new(row.test, metric, t.axle, Some((&reference, t.llama)));
-                    if let Some(p) = profile {
-                        // libllama's time for as many tokens as one of Axle's steps took (a
-                        // decode step's one, a prefill chunk's).
-                        let per_step = tokens * reps as f64 / p.steps.max(1) as f64;
-                        let llama_us = 1e6 * per_step / t.llama_median;
-                        for (k, v) in STEP_PHASES.iter().zip(p.per_step_us()) {
-                            r.extra.insert(format!("step_{k}_us"), v);
-                        }
-                        r.extra.insert(
-                            "step_builds".into(),
-                            p.builds as f64 / p.steps.max(1) as f64,
-                        );
-                        r.extra.insert("step_llama_us".into(), llama_us);
+                    // libllama's time for as many tokens as one of Axle's steps took (a decode
+                    // step's one, a prefill chunk's).
+                    let per_step = (row.tokens * reps) as f64 / p.steps.max(1) as f64;
+                    for (k, v) in STEP_PHASES.iter().zip(p.per_step_us()) {
+                        r.extra.insert(format!("step_{k}_us"), v);
                     }
+                    r.extra.insert(
+                        "step_builds".into(),
+                        p.builds as f64 / p.steps.max(1) as f64,
+                    );
+                    r.extra
+                        .insert("step_llama_us".into(), 1e6 * per_step / t.llama_median);
                     r
                 })
                 .collect()

@@ -66,18 +66,26 @@ pub(super) fn kv_budget(free: usize) -> usize {
 /// where it has one (its cache layers sit where its blocks' layers are placed, and take the same
 /// slots as the trunk's).
 pub fn kv_layers(model: &Model, mtp_head: bool) -> (Vec<(i64, i64)>, Vec<BufferType>) {
-    let family = model.family();
-    let mut dims = family.kv_dims();
-    let mut bufts: Vec<BufferType> = (0..dims.len() as u32)
-        .map(|il| model.placement().layer_buffer(il))
-        .collect();
-    if let Some(head) = family.mtp().filter(|_| mtp_head) {
-        let first = head.first_layer() as u32;
-        for (il, d) in head.kv_dims().into_iter().enumerate() {
-            dims.push(d);
-            bufts.push(model.placement().layer_buffer(first + il as u32));
-        }
+    let (mut dims, mut bufts) = cache_layers(model.family(), model);
+    if let Some(head) = model.family().mtp().filter(|_| mtp_head) {
+        let (d, b) = cache_layers(head, model);
+        dims.extend(d);
+        bufts.extend(b);
     }
+    (dims, bufts)
+}
+
+/// The K and V widths of `family`'s cache layers (a trunk's, or an MTP head's) and the memory
+/// each is placed in: where the model layer it stands for runs.
+pub(super) fn cache_layers(
+    family: &dyn crate::arch::Family,
+    model: &Model,
+) -> (Vec<(i64, i64)>, Vec<BufferType>) {
+    let dims = family.kv_dims();
+    let first = family.first_layer() as u32;
+    let bufts = (0..dims.len() as u32)
+        .map(|il| model.placement().layer_buffer(first + il))
+        .collect();
     (dims, bufts)
 }
 

@@ -218,17 +218,13 @@ impl Runner {
             )));
         }
         let family = family_of(&model, opts.mtp);
-        let dims = family.kv_dims();
-        let first_layer = family.first_layer() as u32;
+        let (dims, bufts) = kv_budget::cache_layers(family, &model);
         let placement = model.placement();
         let mut backends = placement
             .accelerators()
             .into_iter()
             .map(Backend::on)
             .collect::<Result<Vec<_>, _>>()?;
-        let bufts: Vec<BufferType> = (0..dims.len() as u32)
-            .map(|il| placement.layer_buffer(first_layer + il))
-            .collect();
         backends.push(Backend::cpu(model.threads())?);
         // With the device layout a sequence whose slots are consecutive is read in place over
         // its padded range (up to KV_ALIGN slots past its end): slots past the pool's own keep
